@@ -1,0 +1,28 @@
+# The two Quick start commands (README.md): `make demo` and `make test`.
+# Both build .venv from scratch with the Python 3.11 on PATH; nothing else is installed by hand.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: install demo test bench clean
+
+$(BIN)/.installed: setup.cfg pyproject.toml
+	@echo "==> creating $(VENV) and installing federator with its test dependencies (about a minute)"
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet --progress-bar off -e '.[test]'
+	@touch $@
+
+install: $(BIN)/.installed
+
+demo: install
+	$(BIN)/federator demo
+
+test: install
+	$(BIN)/python -m pytest
+
+bench: install
+	$(BIN)/python -m pytest tests/bench -s
+
+clean:
+	rm -rf $(VENV) .federator

@@ -1,0 +1,125 @@
+"""The catalog: store definitions kept in the compacted ``<application-id>-catalog`` topic.
+
+Every node and every job reads the same topic, so they all agree on what a store is.
+The record key is the store name, the value its definition as JSON (null = dropped).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from confluent_kafka import KafkaError, Message, TopicPartition
+
+from federator import kafka
+from federator.catalog.definition import DefinitionError, StoreDefinition
+
+log = logging.getLogger(__name__)
+
+COMPACTED = {"cleanup.policy": "compact"}
+
+
+class CatalogConflict(ValueError):
+    """A store of that name exists with another definition."""
+
+
+def catalog_topic(application_id: str) -> str:
+    return f"{application_id}-catalog"
+
+
+def changelog_topic(application_id: str, store: str) -> str:
+    return f"{application_id}-{store}-changelog"
+
+
+def apply_catalog_message(stores: dict[str, StoreDefinition], msg: Message) -> str | None:
+    """Fold one catalog record into ``stores``; returns the store name it changed."""
+    key = msg.key()
+    if key is None:
+        return None
+    name = key.decode("utf-8", "replace")
+    if msg.value() is None:
+        return name if stores.pop(name, None) is not None else None
+    try:
+        defn = StoreDefinition.from_json(msg.value())
+    except DefinitionError as e:
+        # Another writer's bad record must not hide every other store.
+        log.warning("catalog record for %r at offset %s is not a valid definition, skipped: %s", name, msg.offset(), e)
+        return None
+    if stores.get(name) == defn:
+        return None
+    stores[name] = defn
+    return name
+
+
+@dataclass
+class Catalog:
+    bootstrap_servers: str
+    application_id: str
+    timeout: float = 15.0
+
+    @property
+    def topic(self) -> str:
+        return catalog_topic(self.application_id)
+
+    def ensure_topic(self) -> None:
+        kafka.check_reachable(self.bootstrap_servers)
+        kafka.ensure_topic(kafka.admin(self.bootstrap_servers), self.topic, 1, COMPACTED, self.timeout)
+
+    def load(self) -> dict[str, StoreDefinition]:
+        """Every store definition, read from the start of the catalog topic to its end."""
+        self.ensure_topic()
+        consumer = kafka.reader(self.bootstrap_servers)
+        stores: dict[str, StoreDefinition] = {}
+        try:
+            consumer.assign([TopicPartition(self.topic, 0, 0)])
+            deadline = time.monotonic() + self.timeout
+            while True:
+                if time.monotonic() > deadline:
+                    raise kafka.KafkaUnavailable(
+                        f"reading catalog topic {self.topic!r} timed out after {self.timeout:.0f}s; "
+                        f"is the broker at {self.bootstrap_servers} healthy?"
+                    )
+                msg = consumer.poll(0.5)
+                if msg is None:
+                    continue
+                if msg.error():
+                    if msg.error().code() == KafkaError._PARTITION_EOF:
+                        return stores
+                    raise kafka.KafkaUnavailable(f"reading catalog topic {self.topic!r}: {msg.error().str()}")
+                apply_catalog_message(stores, msg)
+        finally:
+            consumer.close()
+
+    def get(self, name: str) -> StoreDefinition | None:
+        return self.load().get(name)
+
+    def register(self, defn: StoreDefinition) -> bool:
+        """Create the changelog topic and record the definition. False if it was already there.
+
+        The same definition again succeeds; a different one raises CatalogConflict naming the differences.
+        """
+        defn.validate()
+        existing = self.load().get(defn.name)
+        if existing is not None:
+            if existing == defn:
+                kafka.ensure_topic(kafka.admin(self.bootstrap_servers), defn.topic, defn.partitions, COMPACTED, self.timeout)
+                return False
+            diffs = "; ".join(existing.differences(defn))
+            raise CatalogConflict(
+                f"store {defn.name!r} already exists with another definition (existing vs requested: {diffs}); "
+                "use the existing definition or another store name"
+            )
+        kafka.ensure_topic(kafka.admin(self.bootstrap_servers), defn.topic, defn.partitions, COMPACTED, self.timeout)
+        producer = kafka.producer(self.bootstrap_servers)
+        errors: list[str] = []
+        producer.produce(
+            self.topic, key=defn.name.encode(), value=defn.to_json(),
+            on_delivery=lambda err, _msg: errors.append(err.str()) if err else None,
+        )
+        remaining = producer.flush(self.timeout)
+        if remaining or errors:
+            raise kafka.KafkaUnavailable(
+                f"could not record store {defn.name!r} in {self.topic!r}: {errors[0] if errors else 'timed out'}"
+            )
+        return True

@@ -1,0 +1,152 @@
+"""The `federator` command."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Sequence
+
+DEFAULT_BOOTSTRAP = os.environ.get("FEDERATOR_BOOTSTRAP_SERVERS", "127.0.0.1:9092")
+
+
+def _connection_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--bootstrap-servers", default=DEFAULT_BOOTSTRAP, metavar="HOST:PORT",
+        help="Kafka bootstrap servers (default: $FEDERATOR_BOOTSTRAP_SERVERS or 127.0.0.1:9092)",
+    )
+    p.add_argument(
+        "--application-id", default=os.environ.get("FEDERATOR_APPLICATION_ID"), metavar="APP",
+        required="FEDERATOR_APPLICATION_ID" not in os.environ,
+        help="application id: names the catalog topic <APP>-catalog (default: $FEDERATOR_APPLICATION_ID)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="federator", description="SQL over the live state of a data pipeline.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    b = sub.add_parser("broker", help="run the local development broker (tansu, memory only) in the foreground")
+    b.add_argument("--host", default="127.0.0.1")
+    b.add_argument("--port", type=int, default=9092)
+
+    s = sub.add_parser("store", help="create, list and describe stores")
+    ssub = s.add_subparsers(dest="store_command", required=True, metavar="ACTION")
+    c = ssub.add_parser("create", help="create a store's changelog topic and register its definition")
+    c.add_argument("name")
+    _connection_args(c)
+    c.add_argument("--type", required=True, help="kv, window, session, or a plugin's store type")
+    c.add_argument("--partitions", type=int, required=True)
+    c.add_argument("--key", required=True, metavar="FORMAT", help="string, long, int, double or bytes")
+    c.add_argument("--key-name", default="key", metavar="COL")
+    value = c.add_mutually_exclusive_group(required=True)
+    value.add_argument("--value", metavar="FORMAT", help="string, long, int, double or bytes")
+    value.add_argument("--value-fields", metavar="NAME:TYPE,...", help="a JSON record value with these fields")
+    c.add_argument("--value-name", default="value", metavar="COL")
+    c.add_argument("--window-size-ms", type=int, metavar="MS", help="window length (window stores)")
+    c.add_argument("--topic", help="changelog topic (default <APP>-<NAME>-changelog)")
+
+    ls = ssub.add_parser("list", help="list the stores in the catalog")
+    _connection_args(ls)
+    ls.add_argument("--json", action="store_true", help="print definitions as JSON lines")
+    d = ssub.add_parser("describe", help="show one store's definition and columns")
+    d.add_argument("name")
+    _connection_args(d)
+
+    demo = sub.add_parser("demo", help="the main job: broker, pipeline, nodes and example queries")
+    demo.add_argument("--dir", default=".federator/demo", help="where state lives (default .federator/demo)")
+    demo.add_argument("--events", type=int, default=1_000_000, help="game events to generate")
+    demo.add_argument("--exit", action="store_true", help="stop after the examples instead of serving")
+    demo.add_argument("--port", type=int, default=9092, help="broker port")
+    return parser
+
+
+def _store_create(args: argparse.Namespace) -> int:
+    from federator.catalog import Catalog, StoreDefinition, changelog_topic, parse_value_fields
+
+    value: dict = {}
+    if args.value_fields:
+        value = {"format": "json", "fields": [{"name": n, "type": t} for n, t in parse_value_fields(args.value_fields)]}
+    else:
+        value = {"format": args.value, "name": args.value_name}
+    d = {
+        "name": args.name,
+        "type": args.type,
+        "topic": args.topic or changelog_topic(args.application_id, args.name),
+        "partitions": args.partitions,
+        "key": {"name": args.key_name, "format": args.key},
+        "value": value,
+    }
+    if args.window_size_ms is not None:
+        d["window_size_ms"] = args.window_size_ms
+    defn = StoreDefinition.from_dict(d)
+    created = Catalog(args.bootstrap_servers, args.application_id).register(defn)
+    verb = "created" if created else "already exists with this definition:"
+    print(f"store {defn.name} {verb} topic {defn.topic}, {defn.partitions} partitions")
+    return 0
+
+
+def _store_list(args: argparse.Namespace) -> int:
+    from federator.catalog import Catalog
+
+    stores = Catalog(args.bootstrap_servers, args.application_id).load()
+    if args.json:
+        for defn in stores.values():
+            print(json.dumps(defn.to_dict(), sort_keys=True))
+        return 0
+    if not stores:
+        print(f"no stores in application {args.application_id!r}; create one with `federator store create`")
+        return 0
+    rows = [("NAME", "TYPE", "PARTITIONS", "KEY", "VALUE", "TOPIC")]
+    for defn in sorted(stores.values(), key=lambda s: s.name):
+        value = ",".join(f"{n}:{t}" for n, t in defn.value_fields) if defn.value_fields else f"{defn.value_name}:{defn.value_format}"
+        rows.append((defn.name, defn.type, str(defn.partitions), f"{defn.key_name}:{defn.key_format}", value, defn.topic))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+    return 0
+
+
+def _store_describe(args: argparse.Namespace) -> int:
+    from federator.catalog import Catalog
+
+    defn = Catalog(args.bootstrap_servers, args.application_id).get(args.name)
+    if defn is None:
+        print(f"error: no store {args.name!r} in application {args.application_id!r}; "
+              "see `federator store list`", file=sys.stderr)
+        return 2
+    print(json.dumps(defn.to_dict(), indent=2, sort_keys=True))
+    print("columns:")
+    for f in defn.arrow_schema():
+        print(f"  {f.name}: {f.type}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from federator.catalog import CatalogConflict, DefinitionError
+    from federator.formats import FormatError
+    from federator.kafka import KafkaUnavailable
+
+    try:
+        if args.command == "broker":
+            from federator.broker import run_foreground
+
+            return run_foreground(args.host, args.port)
+        if args.command == "store":
+            return {"create": _store_create, "list": _store_list, "describe": _store_describe}[args.store_command](args)
+        if args.command == "demo":
+            from federator.demo import run_demo
+
+            return run_demo(args)
+    except (DefinitionError, CatalogConflict, FormatError, KafkaUnavailable, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

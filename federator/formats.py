@@ -1,0 +1,406 @@
+"""Key and value formats, byte-compatible with Kafka's standard serializers.
+
+Each format turns Python values into the bytes Kafka's serializers write
+(StringSerializer, LongSerializer, IntegerSerializer, DoubleSerializer,
+ByteArraySerializer, or a JSON object) and decodes many at once into Arrow
+columns of one fixed type. Key formats also say how a value range maps onto
+byte ranges, so that range scans return keys in value order.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import struct
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Sequence
+
+import pyarrow as pa
+
+
+class FormatError(ValueError):
+    """A value that does not fit its format, or a format that does not exist."""
+
+
+@dataclass(frozen=True)
+class ByteRange:
+    """A contiguous run of encoded keys; ``reverse`` when byte order is the reverse of value order."""
+
+    start: bytes | None  # inclusive; None = from the first key
+    stop: bytes | None  # exclusive; None = to the last key
+    reverse: bool = False
+
+
+def _after(b: bytes) -> bytes:
+    """The smallest byte string greater than ``b``: turns an inclusive bound into an exclusive one."""
+    return b + b"\x00"
+
+
+class Format:
+    """A serializer: one Arrow column from many byte strings."""
+
+    name: ClassVar[str]
+    arrow_type: ClassVar[pa.DataType]
+    key_capable: ClassVar[bool] = True
+
+    def serialize(self, value: Any) -> bytes:
+        raise NotImplementedError
+
+    def deserialize(self, data: bytes) -> Any:
+        raise NotImplementedError
+
+    def decode_many(self, data: Sequence[bytes]) -> pa.Array:
+        return pa.array([self.deserialize(d) for d in data], self.arrow_type)
+
+    def parse(self, text: str) -> Any:
+        """A value from its string form (URLs, the command line)."""
+        return text
+
+    def coerce(self, value: Any) -> Any:
+        """``value`` as this format's Python type, or FormatError saying why not."""
+        return value
+
+    def byte_ranges(
+        self, lower: Any, upper: Any, lower_inclusive: bool = True, upper_inclusive: bool = True
+    ) -> list[ByteRange]:
+        """Byte ranges covering [lower, upper] in ascending value order (None = open)."""
+        start = None if lower is None else self.serialize(lower)
+        stop = None if upper is None else self.serialize(upper)
+        if start is not None and not lower_inclusive:
+            start = _after(start)
+        if stop is not None and upper_inclusive:
+            stop = _after(stop)
+        return [ByteRange(start, stop)]
+
+
+class StringFormat(Format):
+    name = "string"
+    arrow_type = pa.string()
+
+    def serialize(self, value: Any) -> bytes:
+        return self.coerce(value).encode("utf-8")
+
+    def deserialize(self, data: bytes) -> str:
+        return data.decode("utf-8")
+
+    def decode_many(self, data: Sequence[bytes]) -> pa.Array:
+        if len(data) < 64:  # a cast has a fixed cost that only pays off on many values
+            return pa.array([d.decode("utf-8") for d in data], pa.string())
+        # One validated cast instead of a Python decode per value.
+        return pa.array(data, pa.binary()).cast(pa.string())
+
+    def coerce(self, value: Any) -> str:
+        if not isinstance(value, str):
+            raise FormatError(f"string format expects str, got {type(value).__name__} {value!r}")
+        return value
+
+
+class BytesFormat(Format):
+    name = "bytes"
+    arrow_type = pa.binary()
+
+    def serialize(self, value: Any) -> bytes:
+        return self.coerce(value)
+
+    def deserialize(self, data: bytes) -> bytes:
+        return data
+
+    def decode_many(self, data: Sequence[bytes]) -> pa.Array:
+        return pa.array(data, pa.binary())
+
+    def parse(self, text: str) -> bytes:
+        return text.encode("utf-8")
+
+    def coerce(self, value: Any) -> bytes:
+        if isinstance(value, (bytearray, memoryview)):
+            return bytes(value)
+        if isinstance(value, str):
+            return value.encode("utf-8")
+        if not isinstance(value, bytes):
+            raise FormatError(f"bytes format expects bytes, got {type(value).__name__} {value!r}")
+        return value
+
+
+class _FixedWidth(Format):
+    """Big-endian fixed-width numbers (Kafka's Long/Integer/DoubleSerializer)."""
+
+    code: ClassVar[str]
+    width: ClassVar[int]
+
+    def serialize(self, value: Any) -> bytes:
+        return struct.pack(">" + self.code, self.coerce(value))
+
+    def deserialize(self, data: bytes) -> Any:
+        if len(data) != self.width:
+            raise FormatError(f"{self.name} format expects {self.width} bytes, got {len(data)}")
+        return struct.unpack(">" + self.code, data)[0]
+
+    def decode_many(self, data: Sequence[bytes]) -> pa.Array:
+        joined = b"".join(data)
+        if len(joined) != self.width * len(data):
+            bad = next(d for d in data if len(d) != self.width)
+            raise FormatError(f"{self.name} format expects {self.width} bytes, got {len(bad)}")
+        return pa.array(struct.unpack(f">{len(data)}{self.code}", joined), self.arrow_type)
+
+
+class _SignedInteger(_FixedWidth):
+    bits: ClassVar[int]
+
+    def parse(self, text: str) -> int:
+        try:
+            return int(text)
+        except ValueError:
+            raise FormatError(f"{self.name} format expects an integer, got {text!r}") from None
+
+    def coerce(self, value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, float) and value.is_integer():
+                value = int(value)
+            else:
+                raise FormatError(f"{self.name} format expects int, got {type(value).__name__} {value!r}")
+        limit = 1 << (self.bits - 1)
+        if not -limit <= value < limit:
+            raise FormatError(f"{self.name} format holds {-limit}..{limit - 1}, got {value}")
+        return value
+
+    def byte_ranges(self, lower, upper, lower_inclusive=True, upper_inclusive=True):
+        # Two's complement big-endian puts negatives (0x80..) after non-negatives (0x00..):
+        # scan the negative part first, then the non-negative part, each in byte order.
+        if lower is not None and not lower_inclusive:
+            lower, lower_inclusive = lower + 1, True
+        if upper is not None and not upper_inclusive:
+            upper, upper_inclusive = upper - 1, True
+        ranges: list[ByteRange] = []
+        if lower is not None and upper is not None and lower > upper:
+            return ranges
+        if lower is None or lower < 0:
+            neg_hi = -1 if upper is None else min(upper, -1)
+            start = b"\x80" + b"\x00" * (self.width - 1) if lower is None else self.serialize(lower)
+            ranges.append(ByteRange(start, _after(self.serialize(neg_hi))))
+        if upper is None or upper >= 0:
+            start = b"\x00" * self.width if lower is None else self.serialize(max(lower, 0))
+            stop = b"\x80" if upper is None else _after(self.serialize(upper))
+            ranges.append(ByteRange(start, stop))
+        return ranges
+
+
+class LongFormat(_SignedInteger):
+    name = "long"
+    arrow_type = pa.int64()
+    code = "q"
+    width = 8
+    bits = 64
+
+
+class IntFormat(_SignedInteger):
+    name = "int"
+    arrow_type = pa.int32()
+    code = "i"
+    width = 4
+    bits = 32
+
+
+class DoubleFormat(_FixedWidth):
+    name = "double"
+    arrow_type = pa.float64()
+    code = "d"
+    width = 8
+
+    def parse(self, text: str) -> float:
+        try:
+            return float(text)
+        except ValueError:
+            raise FormatError(f"double format expects a number, got {text!r}") from None
+
+    def coerce(self, value: Any) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise FormatError(f"double format expects a number, got {type(value).__name__} {value!r}")
+        return float(value)
+
+    def byte_ranges(self, lower, upper, lower_inclusive=True, upper_inclusive=True):
+        # IEEE 754 bytes: non-negatives sort in value order; negatives sort in reverse
+        # (bigger magnitude, bigger bytes), so the negative part is scanned backwards.
+        if lower is not None and upper is not None and (
+            lower > upper or (lower == upper and not (lower_inclusive and upper_inclusive))
+        ):
+            return []
+        ranges: list[ByteRange] = []
+        if lower is None or lower < 0 or (lower == 0 and lower_inclusive):
+            # value range [lower, min(upper, -0.0)] -> bytes [enc(min(upper,-0.0)), enc(lower)]
+            if upper is not None and upper < 0:
+                start = self.serialize(upper)
+                if not upper_inclusive:
+                    start = _after(start)
+            else:
+                start = self.serialize(-0.0)
+            if lower is None:
+                stop = None
+            else:
+                stop = self.serialize(-0.0 if lower == 0 else lower)
+                if lower_inclusive:
+                    stop = _after(stop)
+            ranges.append(ByteRange(start, stop, reverse=True))
+        if upper is None or upper > 0 or (upper == 0 and upper_inclusive):
+            if lower is not None and (lower > 0 or (lower == 0 and not lower_inclusive)):
+                start = self.serialize(lower)
+                if not lower_inclusive:
+                    start = _after(start)
+            else:
+                start = self.serialize(0.0)
+            if upper is None:
+                stop = b"\x80"  # every non-negative double starts below 0x80
+            else:
+                stop = self.serialize(upper)
+                if upper_inclusive:
+                    stop = _after(stop)
+            ranges.append(ByteRange(start, stop))
+        return ranges
+
+
+# JSON record fields: declared type -> (Arrow type, coercion of a decoded JSON value)
+def _to_int(bits: int) -> Callable[[Any], int | None]:
+    limit = 1 << (bits - 1)
+
+    def convert(v: Any) -> int | None:
+        if v is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not v.is_integer()):
+            raise FormatError(f"expected an integer, got {v!r}")
+        if not -limit <= int(v) < limit:
+            raise FormatError(f"{v} does not fit in {bits} bits")
+        return int(v)
+
+    return convert
+
+
+def _to_float(v: Any) -> float | None:
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise FormatError(f"expected a number, got {v!r}")
+    return float(v)
+
+
+def _to_str(v: Any) -> str | None:
+    if v is None or isinstance(v, str):
+        return v
+    raise FormatError(f"expected a string, got {v!r}")
+
+
+def _to_bool(v: Any) -> bool | None:
+    if v is None or isinstance(v, bool):
+        return v
+    raise FormatError(f"expected true or false, got {v!r}")
+
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+
+
+def _to_millis(v: Any) -> int | None:
+    """Timestamps travel as epoch milliseconds; ISO-8601 strings and datetimes are accepted too."""
+    if v is None:
+        return None
+    if isinstance(v, dt.datetime):
+        if v.tzinfo is None:
+            v = v.replace(tzinfo=dt.timezone.utc)
+        return (v - _EPOCH) // dt.timedelta(milliseconds=1)
+    if isinstance(v, str):
+        try:
+            return _to_millis(dt.datetime.fromisoformat(v.replace("Z", "+00:00")))
+        except ValueError:
+            raise FormatError(f"expected epoch milliseconds or an ISO-8601 time, got {v!r}") from None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not math.isfinite(v)):
+        raise FormatError(f"expected epoch milliseconds or an ISO-8601 time, got {v!r}")
+    return int(v)
+
+
+TIMESTAMP = pa.timestamp("ms", tz="UTC")
+
+JSON_FIELD_TYPES: dict[str, tuple[pa.DataType, Callable[[Any], Any]]] = {
+    "string": (pa.string(), _to_str),
+    "long": (pa.int64(), _to_int(64)),
+    "int": (pa.int32(), _to_int(32)),
+    "double": (pa.float64(), _to_float),
+    "boolean": (pa.bool_(), _to_bool),
+    "timestamp": (TIMESTAMP, _to_millis),
+}
+
+
+class JsonFormat(Format):
+    """A UTF-8 JSON object with declared fields; each field is its own column (missing = null)."""
+
+    name = "json"
+    arrow_type = pa.struct([])
+    key_capable = False
+
+    def __init__(self, fields: Sequence[tuple[str, str]]):
+        unknown = [t for _, t in fields if t not in JSON_FIELD_TYPES]
+        if unknown:
+            raise FormatError(f"json field type {unknown[0]!r} is not one of {', '.join(JSON_FIELD_TYPES)}")
+        self.fields = list(fields)
+        self._converters = [(n, JSON_FIELD_TYPES[t][1]) for n, t in self.fields]
+        self.arrow_type = pa.struct([pa.field(n, JSON_FIELD_TYPES[t][0]) for n, t in self.fields])
+
+    def coerce(self, value: Any) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise FormatError(f"json format expects an object (dict), got {type(value).__name__}")
+        out = {}
+        for name, convert in self._converters:
+            try:
+                out[name] = convert(value.get(name))
+            except FormatError as e:
+                raise FormatError(f"json field {name!r}: {e}") from None
+        return out
+
+    def serialize(self, value: Any) -> bytes:
+        return json.dumps(self.coerce(value), separators=(",", ":")).encode("utf-8")
+
+    def deserialize(self, data: bytes) -> dict[str, Any]:
+        try:
+            obj = json.loads(data)
+        except ValueError as e:
+            raise FormatError(f"json format: not valid JSON ({e})") from None
+        return self.coerce(obj)
+
+    def parse(self, text: str) -> dict[str, Any]:
+        return self.deserialize(text.encode("utf-8"))
+
+    def decode_columns(self, data: Sequence[bytes]) -> list[pa.Array]:
+        """One Arrow array per declared field."""
+        rows = [self.deserialize(d) for d in data]
+        return [
+            pa.array([r[name] for r in rows], self.arrow_type.field(i).type)
+            for i, (name, _) in enumerate(self.fields)
+        ]
+
+    def decode_many(self, data: Sequence[bytes]) -> pa.Array:
+        return pa.StructArray.from_arrays(self.decode_columns(data), fields=list(self.arrow_type))
+
+
+SIMPLE_FORMATS: dict[str, Format] = {
+    f.name: f for f in (StringFormat(), BytesFormat(), LongFormat(), IntFormat(), DoubleFormat())
+}
+
+
+def register_format(fmt: Format) -> None:
+    """Add a value format (plugins). A name is registered once."""
+    if fmt.name in SIMPLE_FORMATS or fmt.name == "json":
+        raise FormatError(f"format {fmt.name!r} is already registered")
+    SIMPLE_FORMATS[fmt.name] = fmt
+
+
+def format_names() -> list[str]:
+    return [*SIMPLE_FORMATS, "json"]
+
+
+def get_format(name: str, fields: Sequence[tuple[str, str]] | None = None) -> Format:
+    """The format called ``name``; ``json`` needs its declared fields."""
+    if name == "json":
+        if not fields:
+            raise FormatError("json format needs declared fields (name:type,...)")
+        return JsonFormat(fields)
+    try:
+        return SIMPLE_FORMATS[name]
+    except KeyError:
+        raise FormatError(f"unknown format {name!r}; use one of {', '.join(format_names())}") from None

@@ -1,0 +1,33 @@
+"""The query model (Kafka Streams IQv2, KIP-796): queries, requests, per-partition results, positions."""
+
+from federator.query.position import Position, PositionBound
+from federator.query.queries import (
+    KeyQuery,
+    Query,
+    RangeQuery,
+    SessionQuery,
+    WindowKeyQuery,
+    WindowRangeQuery,
+    query_from_dict,
+    query_types,
+    register_query_type,
+)
+from federator.query.request import StateQueryRequest
+from federator.query.result import FailureReason, QueryResult
+
+__all__ = [
+    "FailureReason",
+    "KeyQuery",
+    "Position",
+    "PositionBound",
+    "Query",
+    "QueryResult",
+    "RangeQuery",
+    "SessionQuery",
+    "StateQueryRequest",
+    "WindowKeyQuery",
+    "WindowRangeQuery",
+    "query_from_dict",
+    "query_types",
+    "register_query_type",
+]

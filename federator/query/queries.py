@@ -1,0 +1,132 @@
+"""IQv2 query types and the registry that plugins extend.
+
+Queries hold typed key values (str, int, float, bytes); the store serializes them
+with its key format. They travel between nodes as JSON dicts named by ``type``.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeVar
+
+
+class UnknownQueryType(KeyError):
+    """A query type this process has no class for (a plugin that is not installed here)."""
+
+    def __init__(self, type_name: str):
+        super().__init__(type_name)
+        self.type_name = type_name
+
+    def __str__(self) -> str:
+        return f"unknown query type {self.type_name!r}: install the plugin that provides it on every node"
+
+
+def encode_value(v: Any) -> Any:
+    """JSON-safe form of a key value (bytes become {"$b64": ...})."""
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        return {"$b64": base64.b64encode(bytes(v)).decode()}
+    return v
+
+
+def decode_value(v: Any) -> Any:
+    if isinstance(v, dict) and set(v) == {"$b64"}:
+        return base64.b64decode(v["$b64"])
+    return v
+
+
+@dataclass(frozen=True)
+class Query:
+    """Base of all query types. Subclasses are frozen dataclasses with a unique ``type_name``."""
+
+    type_name: ClassVar[str] = "Query"
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {f.name: encode_value(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        d["type"] = self.type_name
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Query:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: decode_value(v) for k, v in d.items() if k in names})
+
+
+@dataclass(frozen=True)
+class KeyQuery(Query):
+    """The value of one key (kv stores)."""
+
+    type_name: ClassVar[str] = "KeyQuery"
+    key: Any
+
+
+@dataclass(frozen=True)
+class RangeQuery(Query):
+    """Keys in [lower, upper] (either bound open when None), in key order; no bounds = all keys."""
+
+    type_name: ClassVar[str] = "RangeQuery"
+    lower: Any = None
+    upper: Any = None
+    lower_inclusive: bool = True
+    upper_inclusive: bool = True
+    descending: bool = False
+
+
+@dataclass(frozen=True)
+class WindowKeyQuery(Query):
+    """Windows of one key whose start lies in [time_from, time_to] (epoch ms, None = open)."""
+
+    type_name: ClassVar[str] = "WindowKeyQuery"
+    key: Any
+    time_from: int | None = None
+    time_to: int | None = None
+
+
+@dataclass(frozen=True)
+class WindowRangeQuery(Query):
+    """Windows of all keys whose start lies in [time_from, time_to] (epoch ms, None = open)."""
+
+    type_name: ClassVar[str] = "WindowRangeQuery"
+    time_from: int | None = None
+    time_to: int | None = None
+
+
+@dataclass(frozen=True)
+class SessionQuery(Query):
+    """Sessions of one key that overlap [time_from, time_to]: end >= time_from and start <= time_to."""
+
+    type_name: ClassVar[str] = "SessionQuery"
+    key: Any
+    time_from: int | None = None
+    time_to: int | None = None
+
+
+_REGISTRY: dict[str, type[Query]] = {}
+
+Q = TypeVar("Q", bound=type[Query])
+
+
+def register_query_type(cls: Q) -> Q:
+    """Make a query type known to this process (usable as a class decorator)."""
+    existing = _REGISTRY.get(cls.type_name)
+    if existing is not None and existing is not cls:
+        raise ValueError(f"query type {cls.type_name!r} is already registered by {existing.__module__}")
+    _REGISTRY[cls.type_name] = cls
+    return cls
+
+
+for _cls in (KeyQuery, RangeQuery, WindowKeyQuery, WindowRangeQuery, SessionQuery):
+    register_query_type(_cls)
+
+
+def query_types() -> dict[str, type[Query]]:
+    return dict(_REGISTRY)
+
+
+def query_from_dict(d: dict[str, Any]) -> Query:
+    type_name = d.get("type")
+    cls = _REGISTRY.get(type_name)  # type: ignore[arg-type]
+    if cls is None:
+        raise UnknownQueryType(str(type_name))
+    return cls.from_dict(d)

@@ -1,0 +1,46 @@
+"""A state query request: one store, one query, some partitions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from federator.query.position import PositionBound
+from federator.query.queries import Query, query_from_dict
+
+
+@dataclass(frozen=True)
+class StateQueryRequest:
+    store: str
+    query: Query
+    partitions: tuple[int, ...] | None = None  # None = all partitions
+    bound: PositionBound = field(default_factory=PositionBound.unbounded)
+    require_active: bool = False
+    collect_execution_info: bool = False
+
+    def with_partitions(self, partitions: list[int] | tuple[int, ...]) -> StateQueryRequest:
+        return StateQueryRequest(
+            self.store, self.query, tuple(partitions), self.bound, self.require_active, self.collect_execution_info
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "store": self.store,
+            "query": self.query.to_dict(),
+            "partitions": None if self.partitions is None else list(self.partitions),
+            "bound": self.bound.to_dict(),
+            "require_active": self.require_active,
+            "collect_execution_info": self.collect_execution_info,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> StateQueryRequest:
+        parts = d.get("partitions")
+        return cls(
+            store=d["store"],
+            query=query_from_dict(d["query"]),
+            partitions=None if parts is None else tuple(int(p) for p in parts),
+            bound=PositionBound.from_dict(d.get("bound")),
+            require_active=bool(d.get("require_active", False)),
+            collect_execution_info=bool(d.get("collect_execution_info", False)),
+        )

@@ -1,0 +1,47 @@
+"""Per-partition query results: an Arrow batch with the partition's Position, or a typed failure."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+from federator.query.position import Position
+
+
+class FailureReason(str, enum.Enum):
+    UNKNOWN_QUERY_TYPE = "UNKNOWN_QUERY_TYPE"  # the store type (or this node) does not know the query
+    NOT_ACTIVE = "NOT_ACTIVE"  # a standby or restoring shard, and the request required an active one
+    NOT_UP_TO_BOUND = "NOT_UP_TO_BOUND"  # the shard is behind the request's position bound
+    NOT_PRESENT = "NOT_PRESENT"  # this node does not host the partition
+    DOES_NOT_EXIST = "DOES_NOT_EXIST"  # no such store or partition
+    STORE_EXCEPTION = "STORE_EXCEPTION"  # the store failed while answering
+
+
+@dataclass
+class QueryResult:
+    partition: int
+    batch: pa.RecordBatch | None = None
+    position: Position | None = None
+    failure: FailureReason | None = None
+    message: str = ""
+    execution_info: list[str] = field(default_factory=list)
+
+    @classmethod
+    def success(cls, partition: int, batch: pa.RecordBatch, position: Position) -> QueryResult:
+        return cls(partition, batch=batch, position=position)
+
+    @classmethod
+    def failed(cls, partition: int, reason: FailureReason, message: str) -> QueryResult:
+        return cls(partition, failure=reason, message=message)
+
+    @property
+    def ok(self) -> bool:
+        return self.failure is None
+
+    def __repr__(self) -> str:
+        if self.ok:
+            rows = 0 if self.batch is None else self.batch.num_rows
+            return f"QueryResult(partition={self.partition}, rows={rows}, position={self.position})"
+        return f"QueryResult(partition={self.partition}, failure={self.failure.value}, message={self.message!r})"

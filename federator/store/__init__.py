@@ -1,0 +1,15 @@
+"""State stores: one RocksDB shard per store partition, its store type, and its query handlers."""
+
+from federator.store.record import ChangelogRecord
+from federator.store.shard import Shard, UnsupportedQuery
+from federator.store.types import StoreType, get_store_type, register_store_type, store_type_names
+
+__all__ = [
+    "ChangelogRecord",
+    "Shard",
+    "StoreType",
+    "UnsupportedQuery",
+    "get_store_type",
+    "register_store_type",
+    "store_type_names",
+]

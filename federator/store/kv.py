@@ -1,0 +1,43 @@
+"""Key-value stores: KeyQuery and RangeQuery."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from federator.catalog.definition import StoreDefinition
+from federator.query.queries import KeyQuery, RangeQuery
+from federator.store.arrow import build_batch, empty_batch
+from federator.store.shard import ShardView
+from federator.store.types import StoreType, register_store_type, rowtime_field
+
+
+def key_query(view: ShardView, q: KeyQuery) -> pa.RecordBatch:
+    kb = view.definition.key.serialize(q.key)
+    stored = view.get(kb)
+    if stored is None:
+        return empty_batch(view.schema)
+    return build_batch(view.schema, view.definition, [kb], [stored])
+
+
+def range_query(view: ShardView, q: RangeQuery) -> pa.RecordBatch:
+    keys: list[bytes] = []
+    stored: list[bytes] = []
+    ranges = view.definition.key.byte_ranges(q.lower, q.upper, q.lower_inclusive, q.upper_inclusive)
+    if q.descending:
+        ranges = [r.__class__(r.start, r.stop, not r.reverse) for r in reversed(ranges)]
+    for r in ranges:
+        for k, v in view.scan(r.start, r.stop, r.reverse):
+            keys.append(k)
+            stored.append(v)
+    return build_batch(view.schema, view.definition, keys, stored)
+
+
+class KeyValueStoreType(StoreType):
+    name = "kv"
+    handlers = {KeyQuery: key_query, RangeQuery: range_query}
+
+    def schema(self, defn: StoreDefinition) -> pa.Schema:
+        return pa.schema([pa.field(defn.key_name, defn.key.arrow_type), *defn.value_arrow_fields(), rowtime_field()])
+
+
+register_store_type(KeyValueStoreType())

@@ -1,0 +1,187 @@
+"""One store partition on disk: a RocksDB database whose data and Position change in one write."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import shutil
+import threading
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import pyarrow as pa
+from rocksdict import Options, ReadOptions, Rdict, WriteBatch
+
+from federator.catalog.definition import StoreDefinition
+from federator.query.position import Position, PositionBound
+from federator.query.queries import Query
+from federator.query.result import FailureReason, QueryResult
+from federator.store.record import ChangelogRecord
+from federator.store.types import StoreType, get_store_type
+
+META_CF = "federator_meta"
+_POSITION = b"position"
+_DEFINITION = b"definition"
+
+
+class UnsupportedQuery(Exception):
+    """The store type has no handler for this query."""
+
+
+def _options() -> Options:
+    opts = Options(raw_mode=True)
+    opts.create_if_missing(True)
+    opts.create_missing_column_families(True)
+    return opts
+
+
+class ShardView:
+    """A consistent read view (one RocksDB snapshot) handed to query handlers."""
+
+    __slots__ = ("definition", "schema", "partition", "_snap")
+
+    def __init__(self, definition: StoreDefinition, schema: pa.Schema, partition: int, snap) -> None:
+        self.definition = definition
+        self.schema = schema
+        self.partition = partition
+        self._snap = snap
+
+    def get(self, key: bytes) -> bytes | None:
+        try:
+            return self._snap[key]
+        except KeyError:
+            return None
+
+    def scan(self, start: bytes | None = None, stop: bytes | None = None, reverse: bool = False) -> Iterator[tuple[bytes, bytes]]:
+        """Entries with start <= key < stop in byte order (or reversed)."""
+        ro = ReadOptions()
+        if stop is not None:
+            ro.set_iterate_upper_bound(stop)
+        # rocksdict honours the upper bound natively but not the lower one: seek to it going
+        # forward, and stop at it by hand going backward.
+        if not reverse:
+            if start is None:
+                return iter(self._snap.items(read_opt=ro))
+            return iter(self._snap.items(from_key=start, read_opt=ro))
+        it = iter(self._snap.items(backwards=True, read_opt=ro))
+        if start is None:
+            return it
+        return itertools.takewhile(lambda kv: kv[0] >= start, it)
+
+
+class Shard:
+    """A store partition: open, apply changelog batches, answer queries."""
+
+    def __init__(self, path: str | Path, definition: StoreDefinition, partition: int) -> None:
+        self.path = Path(path)
+        self.definition = definition
+        self.partition = partition
+        self.topic = definition.topic
+        self.store_type: StoreType = get_store_type(definition.type)
+        self.schema = self.store_type.schema(definition)
+        self._lock = threading.Lock()
+        self._open()
+
+    def _open(self) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.db = Rdict(str(self.path), _options(), column_families={META_CF: Options(raw_mode=True)})
+        self._meta_handle = self.db.get_column_family_handle(META_CF)
+        meta = self.db.get_column_family(META_CF)
+        stored_defn = meta.get(_DEFINITION)
+        raw_pos = meta.get(_POSITION)
+        if stored_defn is not None and stored_defn != self.definition.to_json():
+            # The store was redefined (new topic, formats or layout): what is on disk means nothing now.
+            self._meta_handle = None
+            del meta
+            self.db.close()
+            self._wipe_and_open()
+            return
+        self._position = Position.from_dict(json.loads(raw_pos)) if raw_pos else Position()
+        if stored_defn is None:
+            meta[_DEFINITION] = self.definition.to_json()
+
+    def _wipe_and_open(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+        self._open()
+
+    # ---- writing -------------------------------------------------------------------------
+    @property
+    def position(self) -> Position:
+        return self._position
+
+    @property
+    def offset(self) -> int | None:
+        """Offset of the last changelog record applied, None before the first."""
+        return self._position.get(self.topic, self.partition)
+
+    def apply(self, records: Sequence[ChangelogRecord]) -> None:
+        """Apply records (in offset order) and move the position past them, in one atomic write."""
+        if not records:
+            return
+        wb = WriteBatch(raw_mode=True)
+        with self._lock:
+            view = ShardView(self.definition, self.schema, self.partition, self.db)
+            self.store_type.apply(wb, records, view)
+            position = self._position.with_offset(self.topic, self.partition, records[-1].offset)
+            wb.put(_POSITION, json.dumps(position.to_dict()).encode(), self._meta_handle)
+            self.db.write(wb)
+            self._position = position
+
+    def reset(self) -> None:
+        """Drop all data and the position in one write: the changelog it came from is gone."""
+        with self._lock:
+            it = self.db.iter()
+            it.seek_to_last()
+            wb = WriteBatch(raw_mode=True)
+            if it.valid():
+                wb.delete_range(b"", it.key() + b"\x00")
+            del it
+            wb.delete(_POSITION, self._meta_handle)
+            self.db.write(wb)
+            self._position = Position()
+
+    def close(self) -> None:
+        """Close the database; snapshots still held by readers keep it open until they go."""
+        with self._lock:
+            self._meta_handle = None
+            self.db.close()
+
+    # ---- reading -------------------------------------------------------------------------
+    def view(self) -> tuple[ShardView, Position]:
+        """A snapshot and the position it reflects, taken together."""
+        with self._lock:
+            snap = self.db.snapshot()
+            position = self._position
+        return ShardView(self.definition, self.schema, self.partition, snap), position
+
+    def query(self, query: Query) -> tuple[pa.RecordBatch, Position]:
+        handler = self.store_type.handler_for(query)
+        if handler is None:
+            raise UnsupportedQuery(
+                f"store {self.definition.name!r} of type {self.definition.type!r} does not answer "
+                f"{query.type_name}"
+            )
+        view, position = self.view()
+        return handler(view, query), position
+
+    def run(self, query: Query, bound: PositionBound = PositionBound.unbounded()) -> QueryResult:
+        """Answer ``query`` as a per-partition IQv2 result (never raises for store problems)."""
+        if not bound.is_satisfied_by(self._position, self.topic, self.partition):
+            wanted = bound.position.get(self.topic, self.partition) if bound.position else None
+            return QueryResult.failed(
+                self.partition,
+                FailureReason.NOT_UP_TO_BOUND,
+                f"partition {self.partition} of store {self.definition.name!r} is at offset {self.offset}, "
+                f"the bound asks for {wanted}",
+            )
+        try:
+            batch, position = self.query(query)
+        except UnsupportedQuery as e:
+            return QueryResult.failed(self.partition, FailureReason.UNKNOWN_QUERY_TYPE, str(e))
+        except Exception as e:  # noqa: BLE001 - any store failure becomes a typed per-partition failure
+            return QueryResult.failed(
+                self.partition,
+                FailureReason.STORE_EXCEPTION,
+                f"store {self.definition.name!r} partition {self.partition}: {type(e).__name__}: {e}",
+            )
+        return QueryResult.success(self.partition, batch, position)

@@ -1,0 +1,74 @@
+"""Window stores (fixed-size windows): WindowKeyQuery and WindowRangeQuery.
+
+Entries are kept under their changelog key (key + window start + seqnum), so the
+windows of one key are contiguous and ordered by start.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from federator.catalog.definition import StoreDefinition
+from federator.formats import TIMESTAMP
+from federator.query.queries import WindowKeyQuery, WindowRangeQuery
+from federator.store.arrow import build_batch
+from federator.store.layout import MAX_TIME, WINDOW_SUFFIX_LEN, split_window_key, time_bytes
+from federator.store.shard import ShardView
+from federator.store.types import StoreType, register_store_type, rowtime_field
+
+
+def windowed_schema(defn: StoreDefinition) -> pa.Schema:
+    return pa.schema(
+        [
+            pa.field(defn.key_name, defn.key.arrow_type),
+            pa.field("window_start", TIMESTAMP),
+            pa.field("window_end", TIMESTAMP),
+            *defn.value_arrow_fields(),
+            rowtime_field(),
+        ]
+    )
+
+
+def _in(t: int, lo: int | None, hi: int | None) -> bool:
+    return (lo is None or t >= lo) and (hi is None or t <= hi)
+
+
+def window_key_query(view: ShardView, q: WindowKeyQuery) -> pa.RecordBatch:
+    kb = view.definition.key.serialize(q.key)
+    size = view.definition.window_size_ms or 0
+    # Every entry between these bounds starts with kb; longer keys that share the prefix are skipped.
+    start = kb + time_bytes(max(q.time_from or 0, 0))
+    stop = kb + time_bytes(MAX_TIME if q.time_to is None else q.time_to) + b"\xff\xff\xff\xff\x00"
+    want = len(kb) + WINDOW_SUFFIX_LEN
+    keys, starts, stored = [], [], []
+    for k, v in view.scan(start, stop):
+        if len(k) != want:
+            continue
+        _, ws, _ = split_window_key(k)
+        keys.append(kb)
+        starts.append(ws)
+        stored.append(v)
+    return build_batch(view.schema, view.definition, keys, stored, starts, [s + size for s in starts])
+
+
+def window_range_query(view: ShardView, q: WindowRangeQuery) -> pa.RecordBatch:
+    size = view.definition.window_size_ms or 0
+    keys, starts, stored = [], [], []
+    for k, v in view.scan():
+        kb, ws, _ = split_window_key(k)
+        if _in(ws, q.time_from, q.time_to):
+            keys.append(kb)
+            starts.append(ws)
+            stored.append(v)
+    return build_batch(view.schema, view.definition, keys, stored, starts, [s + size for s in starts])
+
+
+class WindowStoreType(StoreType):
+    name = "window"
+    handlers = {WindowKeyQuery: window_key_query, WindowRangeQuery: window_range_query}
+
+    def schema(self, defn: StoreDefinition) -> pa.Schema:
+        return windowed_schema(defn)
+
+
+register_store_type(WindowStoreType())
