@@ -44,6 +44,16 @@ def _answers_metadata(bootstrap: str, timeout: float) -> bool:
         return False
 
 
+def _die_with_parent() -> None:
+    """In the child: have Linux stop the broker if we die without stopping it (SIGKILL)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
 class BrokerProcess:
     """A tansu broker in a child process; ``start()`` returns once it answers Kafka requests."""
 
@@ -64,11 +74,14 @@ class BrokerProcess:
                 "(another `federator broker`?) or pass --port"
             )
         url = f"tcp://{self.host}:{self.port}"
+        # The broker's own log goes to our stderr (or ``output``): stdout carries only our lines.
+        out = self.output if self.output is not None else sys.stderr
         self.proc = subprocess.Popen(
             [broker_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url],
-            stdout=self.output,
-            stderr=subprocess.STDOUT if self.output is not None else None,
+            stdout=out,
+            stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
+            preexec_fn=_die_with_parent,
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -137,10 +137,11 @@ class _FixedWidth(Format):
         return struct.unpack(">" + self.code, data)[0]
 
     def decode_many(self, data: Sequence[bytes]) -> pa.Array:
+        width = self.width
+        for d in data:
+            if len(d) != width:
+                raise FormatError(f"{self.name} format expects {width} bytes, got {len(d)}")
         joined = b"".join(data)
-        if len(joined) != self.width * len(data):
-            bad = next(d for d in data if len(d) != self.width)
-            raise FormatError(f"{self.name} format expects {self.width} bytes, got {len(bad)}")
         return pa.array(struct.unpack(f">{len(data)}{self.code}", joined), self.arrow_type)
 
 
@@ -167,9 +168,14 @@ class _SignedInteger(_FixedWidth):
     def byte_ranges(self, lower, upper, lower_inclusive=True, upper_inclusive=True):
         # Two's complement big-endian puts negatives (0x80..) after non-negatives (0x00..):
         # scan the negative part first, then the non-negative part, each in byte order.
+        limit = 1 << (self.bits - 1)
         if lower is not None and not lower_inclusive:
+            if lower >= limit - 1:
+                return []
             lower, lower_inclusive = lower + 1, True
         if upper is not None and not upper_inclusive:
+            if upper <= -limit:
+                return []
             upper, upper_inclusive = upper - 1, True
         ranges: list[ByteRange] = []
         if lower is not None and upper is not None and lower > upper:
@@ -219,42 +225,51 @@ class DoubleFormat(_FixedWidth):
         return float(value)
 
     def byte_ranges(self, lower, upper, lower_inclusive=True, upper_inclusive=True):
-        # IEEE 754 bytes: non-negatives sort in value order; negatives sort in reverse
-        # (bigger magnitude, bigger bytes), so the negative part is scanned backwards.
+        # IEEE 754 bytes: non-negatives (sign bit clear) sort in value order; negatives, -0.0
+        # included, sort in reverse (bigger magnitude, bigger bytes), so that part is scanned
+        # backwards. -0.0 and 0.0 are equal values, so each side decides about zero on its own.
         if lower is not None and upper is not None and (
             lower > upper or (lower == upper and not (lower_inclusive and upper_inclusive))
         ):
             return []
+        enc = self.serialize
         ranges: list[ByteRange] = []
-        if lower is None or lower < 0 or (lower == 0 and lower_inclusive):
-            # value range [lower, min(upper, -0.0)] -> bytes [enc(min(upper,-0.0)), enc(lower)]
-            if upper is not None and upper < 0:
-                start = self.serialize(upper)
-                if not upper_inclusive:
-                    start = _after(start)
-            else:
-                start = self.serialize(-0.0)
-            if lower is None:
-                stop = None
-            else:
-                stop = self.serialize(-0.0 if lower == 0 else lower)
-                if lower_inclusive:
-                    stop = _after(stop)
-            ranges.append(ByteRange(start, stop, reverse=True))
+        # negative side: bytes from the value nearest zero (upper) to the most negative (lower)
+        neg_start: bytes | None
         if upper is None or upper > 0 or (upper == 0 and upper_inclusive):
-            if lower is not None and (lower > 0 or (lower == 0 and not lower_inclusive)):
-                start = self.serialize(lower)
-                if not lower_inclusive:
-                    start = _after(start)
-            else:
-                start = self.serialize(0.0)
-            if upper is None:
-                stop = b"\x80"  # every non-negative double starts below 0x80
-            else:
-                stop = self.serialize(upper)
-                if upper_inclusive:
-                    stop = _after(stop)
-            ranges.append(ByteRange(start, stop))
+            neg_start = enc(-0.0)
+        elif upper == 0:
+            neg_start = _after(enc(-0.0))
+        else:
+            neg_start = enc(upper) if upper_inclusive else _after(enc(upper))
+        neg_stop: bytes | None
+        if lower is None:
+            neg_stop = None
+        elif lower < 0:
+            neg_stop = _after(enc(lower)) if lower_inclusive else enc(lower)
+        elif lower == 0 and lower_inclusive:
+            neg_stop = _after(enc(-0.0))
+        else:
+            neg_stop = b""  # nothing negative qualifies
+        if neg_stop is None or neg_start < neg_stop:
+            ranges.append(ByteRange(neg_start, neg_stop, reverse=True))
+        # non-negative side
+        if lower is None or lower < 0 or (lower == 0 and lower_inclusive):
+            pos_start = enc(0.0)
+        elif lower == 0:
+            pos_start = _after(enc(0.0))
+        else:
+            pos_start = enc(lower) if lower_inclusive else _after(enc(lower))
+        if upper is None:
+            pos_stop = b"\x80"  # every non-negative double starts below 0x80
+        elif upper > 0:
+            pos_stop = _after(enc(upper)) if upper_inclusive else enc(upper)
+        elif upper == 0 and upper_inclusive:
+            pos_stop = _after(enc(0.0))
+        else:
+            pos_stop = b""
+        if pos_start < pos_stop:
+            ranges.append(ByteRange(pos_start, pos_stop))
         return ranges
 
 

@@ -46,6 +46,8 @@ def producer(bootstrap_servers: str, **overrides: Any) -> Producer:
         "enable.idempotence": True,
         "linger.ms": 5,
         "compression.type": "none",
+        # a typo'd topic must fail, not appear with the broker's default partition count
+        "allow.auto.create.topics": False,
     }
     conf.update(overrides)
     return Producer(conf)

@@ -85,7 +85,10 @@ class WindowKeyQuery(Query):
 
 @dataclass(frozen=True)
 class WindowRangeQuery(Query):
-    """Windows of all keys whose start lies in [time_from, time_to] (epoch ms, None = open)."""
+    """All keys' windows whose start lies in [time_from, time_to] (epoch ms, None = open).
+
+    Session stores answer it with the sessions that overlap [time_from, time_to].
+    """
 
     type_name: ClassVar[str] = "WindowRangeQuery"
     time_from: int | None = None

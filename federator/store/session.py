@@ -9,7 +9,7 @@ import pyarrow as pa
 
 from federator.catalog.definition import StoreDefinition
 from federator.query.queries import SessionQuery, WindowRangeQuery
-from federator.store.arrow import build_batch
+from federator.store.arrow import build_batch, empty_batch
 from federator.store.layout import MAX_TIME, SESSION_SUFFIX_LEN, split_session_key, time_bytes
 from federator.store.shard import ShardView
 from federator.store.types import StoreType, register_store_type
@@ -22,6 +22,8 @@ def _overlaps(start: int, end: int, lo: int | None, hi: int | None) -> bool:
 
 def session_query(view: ShardView, q: SessionQuery) -> pa.RecordBatch:
     kb = view.definition.key.serialize(q.key)
+    if q.time_to is not None and q.time_to < 0:
+        return empty_batch(view.schema)  # session times are non-negative epoch ms
     # Sessions of kb are ordered by end: start the scan at the earliest end that can overlap.
     start = kb + time_bytes(max(q.time_from or 0, 0))
     stop = kb + time_bytes(MAX_TIME) + b"\xff" * 8 + b"\x00"

@@ -6,6 +6,7 @@ import itertools
 import json
 import shutil
 import threading
+import time
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -36,21 +37,18 @@ def _options() -> Options:
 
 
 class ShardView:
-    """A consistent read view (one RocksDB snapshot) handed to query handlers."""
+    """What query handlers read through: point gets and bounded scans of one shard."""
 
-    __slots__ = ("definition", "schema", "partition", "_snap")
+    __slots__ = ("definition", "schema", "partition", "_db")
 
-    def __init__(self, definition: StoreDefinition, schema: pa.Schema, partition: int, snap) -> None:
+    def __init__(self, definition: StoreDefinition, schema: pa.Schema, partition: int, db: Rdict) -> None:
         self.definition = definition
         self.schema = schema
         self.partition = partition
-        self._snap = snap
+        self._db = db
 
     def get(self, key: bytes) -> bytes | None:
-        try:
-            return self._snap[key]
-        except KeyError:
-            return None
+        return self._db.get(key)
 
     def scan(self, start: bytes | None = None, stop: bytes | None = None, reverse: bool = False) -> Iterator[tuple[bytes, bytes]]:
         """Entries with start <= key < stop in byte order (or reversed)."""
@@ -61,9 +59,9 @@ class ShardView:
         # forward, and stop at it by hand going backward.
         if not reverse:
             if start is None:
-                return iter(self._snap.items(read_opt=ro))
-            return iter(self._snap.items(from_key=start, read_opt=ro))
-        it = iter(self._snap.items(backwards=True, read_opt=ro))
+                return iter(self._db.items(read_opt=ro))
+            return iter(self._db.items(from_key=start, read_opt=ro))
+        it = iter(self._db.items(backwards=True, read_opt=ro))
         if start is None:
             return it
         return itertools.takewhile(lambda kv: kv[0] >= start, it)
@@ -79,7 +77,11 @@ class Shard:
         self.topic = definition.topic
         self.store_type: StoreType = get_store_type(definition.type)
         self.schema = self.store_type.schema(definition)
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # serializes writers
+        # A sequence lock lets readers run without blocking writers: odd while a write is in
+        # flight; a read that saw the same even number before and after saw one consistent
+        # state, the one ``_position`` names. (rocksdict snapshots do not cover iterators.)
+        self._seq = 0
         self._open()
 
     def _open(self) -> None:
@@ -124,8 +126,12 @@ class Shard:
             self.store_type.apply(wb, records, view)
             position = self._position.with_offset(self.topic, self.partition, records[-1].offset)
             wb.put(_POSITION, json.dumps(position.to_dict()).encode(), self._meta_handle)
-            self.db.write(wb)
-            self._position = position
+            self._seq += 1
+            try:
+                self.db.write(wb)
+                self._position = position
+            finally:
+                self._seq += 1
 
     def reset(self) -> None:
         """Drop all data and the position in one write: the changelog it came from is gone."""
@@ -137,8 +143,12 @@ class Shard:
                 wb.delete_range(b"", it.key() + b"\x00")
             del it
             wb.delete(_POSITION, self._meta_handle)
-            self.db.write(wb)
-            self._position = Position()
+            self._seq += 1
+            try:
+                self.db.write(wb)
+                self._position = Position()
+            finally:
+                self._seq += 1
 
     def close(self) -> None:
         """Close the database; snapshots still held by readers keep it open until they go."""
@@ -147,22 +157,26 @@ class Shard:
             self.db.close()
 
     # ---- reading -------------------------------------------------------------------------
-    def view(self) -> tuple[ShardView, Position]:
-        """A snapshot and the position it reflects, taken together."""
-        with self._lock:
-            snap = self.db.snapshot()
-            position = self._position
-        return ShardView(self.definition, self.schema, self.partition, snap), position
-
-    def query(self, query: Query) -> tuple[pa.RecordBatch, Position]:
+    def query(self, query: Query, optimistic_tries: int = 3) -> tuple[pa.RecordBatch, Position]:
+        """The answer and the Position it reflects exactly."""
         handler = self.store_type.handler_for(query)
         if handler is None:
             raise UnsupportedQuery(
                 f"store {self.definition.name!r} of type {self.definition.type!r} does not answer "
                 f"{query.type_name}"
             )
-        view, position = self.view()
-        return handler(view, query), position
+        view = ShardView(self.definition, self.schema, self.partition, self.db)
+        for _ in range(optimistic_tries):
+            seq = self._seq
+            if seq & 1:
+                time.sleep(0)  # a write is in flight; let it finish
+                continue
+            position = self._position
+            batch = handler(view, query)
+            if self._seq == seq:
+                return batch, position
+        with self._lock:  # writes kept coming: read while holding them off
+            return handler(view, query), self._position
 
     def run(self, query: Query, bound: PositionBound = PositionBound.unbounded()) -> QueryResult:
         """Answer ``query`` as a per-partition IQv2 result (never raises for store problems)."""

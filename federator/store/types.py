@@ -85,5 +85,5 @@ def store_type_names() -> list[str]:
 
 
 def _ensure_builtins() -> None:
-    if "kv" not in _STORE_TYPES:
-        from federator.store import kv, session, window  # noqa: F401  (they register themselves)
+    # The built-in modules import this one, so they are loaded on first use rather than at import.
+    from federator.store import kv, session, window  # noqa: F401  (they register themselves)

@@ -11,7 +11,7 @@ import pyarrow as pa
 from federator.catalog.definition import StoreDefinition
 from federator.formats import TIMESTAMP
 from federator.query.queries import WindowKeyQuery, WindowRangeQuery
-from federator.store.arrow import build_batch
+from federator.store.arrow import build_batch, empty_batch
 from federator.store.layout import MAX_TIME, WINDOW_SUFFIX_LEN, split_window_key, time_bytes
 from federator.store.shard import ShardView
 from federator.store.types import StoreType, register_store_type, rowtime_field
@@ -36,6 +36,8 @@ def _in(t: int, lo: int | None, hi: int | None) -> bool:
 def window_key_query(view: ShardView, q: WindowKeyQuery) -> pa.RecordBatch:
     kb = view.definition.key.serialize(q.key)
     size = view.definition.window_size_ms or 0
+    if q.time_to is not None and (q.time_to < 0 or (q.time_from is not None and q.time_from > q.time_to)):
+        return empty_batch(view.schema)  # window starts are non-negative epoch ms
     # Every entry between these bounds starts with kb; longer keys that share the prefix are skipped.
     start = kb + time_bytes(max(q.time_from or 0, 0))
     stop = kb + time_bytes(MAX_TIME if q.time_to is None else q.time_to) + b"\xff\xff\xff\xff\x00"

@@ -1,0 +1,71 @@
+"""Shared fixtures: one real broker for the test session, started with our own command."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from typing import Iterator
+
+import pytest
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def federator_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "federator.cli", *args]
+
+
+class RunningBroker:
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.bootstrap_servers = f"127.0.0.1:{port}"
+        self.proc = subprocess.Popen(
+            federator_cmd("broker", "--port", str(port)),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        assert self.proc.stdout is not None
+        self.ready_line = self.proc.stdout.readline()  # our stdout carries only this line
+        if "ready" not in self.ready_line:
+            self.proc.kill()
+            raise RuntimeError(f"`federator broker` did not start; it printed {self.ready_line!r}")
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                return self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                return self.proc.wait()
+        return self.proc.returncode
+
+
+@pytest.fixture(scope="session")
+def broker() -> Iterator[RunningBroker]:
+    """A tansu broker on a free port, started by `federator broker`, for the whole session."""
+    b = RunningBroker(free_port())
+    yield b
+    b.stop()
+
+
+@pytest.fixture
+def app_id() -> str:
+    """A fresh application id, so tests never see each other's topics."""
+    return f"t{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture(autouse=True)
+def _quiet_kafka_debug(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("FEDERATOR_KAFKA_DEBUG", raising=False)
+
+
+os.environ.setdefault("PYTHONUNBUFFERED", "1")
