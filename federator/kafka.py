@@ -62,9 +62,21 @@ def reader(bootstrap_servers: str, **overrides: Any) -> Consumer:
         "enable.auto.offset.store": False,
         "auto.offset.reset": "earliest",
         "enable.partition.eof": True,
+        "fetch.wait.max.ms": 50,  # tailing a changelog: new records should show up fast
     }
     conf.update(overrides)
     return Consumer(conf)
+
+
+def next_batch(consumer: Consumer, max_messages: int, timeout: float) -> list:
+    """Wait up to ``timeout`` for a first message, then take what is already queued, up to
+    ``max_messages``. (``Consumer.consume`` alone waits out its timeout unless the batch fills.)"""
+    first = consumer.poll(timeout)
+    if first is None:
+        return []
+    if max_messages <= 1:
+        return [first]
+    return [first, *consumer.consume(max_messages - 1, 0)]
 
 
 def admin(bootstrap_servers: str) -> AdminClient:
@@ -74,13 +86,27 @@ def admin(bootstrap_servers: str) -> AdminClient:
 def topic_partitions(adm: AdminClient, topic: str, timeout: float = 10.0) -> int | None:
     """Partition count of ``topic``, None if it does not exist."""
     try:
-        md = adm.list_topics(topic=topic, timeout=timeout)
+        # Not list_topics(topic=...): that asks for one topic, which some brokers (tansu) create.
+        md = adm.list_topics(timeout=timeout)
     except KafkaException as e:
         raise KafkaUnavailable(f"cannot read topic metadata: {e}; is the broker running?") from None
     t = md.topics.get(topic)
     if t is None or t.error is not None and t.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
         return None
     return len(t.partitions)
+
+
+def topic_id(adm: AdminClient, topic: str, timeout: float = 10.0) -> str | None:
+    """The broker's id of ``topic`` (it changes when a topic is deleted and created again)."""
+    from confluent_kafka import TopicCollection
+
+    try:
+        desc = adm.describe_topics(TopicCollection([topic]), request_timeout=timeout)[topic].result(timeout)
+    except KafkaException as e:
+        if e.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+            return None
+        raise KafkaUnavailable(f"cannot describe topic {topic!r}: {e.args[0].str()}") from None
+    return str(desc.topic_id) if desc.topic_id is not None else None
 
 
 def ensure_topic(

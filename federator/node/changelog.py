@@ -30,6 +30,12 @@ def catch_up(
     A shard whose recorded offset the topic no longer has (truncated, deleted, the broker
     restarted empty) is emptied and rebuilt from the beginning, never served as current.
     """
+    current = kafka.topic_id(kafka.admin(bootstrap_servers), shard.topic)
+    if current is None:
+        raise kafka.KafkaUnavailable(f"changelog topic {shard.topic!r} does not exist")
+    # Some brokers (tansu among them) never answer OFFSET_OUT_OF_RANGE for a topic created
+    # anew; its new id tells us instead.
+    shard.set_source(current)
     own = consumer is None
     consumer = consumer or kafka.reader(bootstrap_servers, **{"auto.offset.reset": "error"})
     applied = 0
@@ -42,7 +48,7 @@ def catch_up(
                 raise TimeoutError(
                     f"catching up {shard.topic}[{shard.partition}] took over {timeout:.0f}s ({applied} records applied)"
                 )
-            messages = consumer.consume(batch_size, 0.5)
+            messages = kafka.next_batch(consumer, batch_size, 0.5)
             data = [m for m in messages if not m.error()]
             if data:
                 shard.apply(to_records(data))

@@ -23,6 +23,7 @@ from federator.store.types import StoreType, get_store_type
 META_CF = "federator_meta"
 _POSITION = b"position"
 _DEFINITION = b"definition"
+_SOURCE = b"source"  # the broker's id of the changelog topic the data came from
 
 
 class UnsupportedQuery(Exception):
@@ -99,6 +100,8 @@ class Shard:
             self._wipe_and_open()
             return
         self._position = Position.from_dict(json.loads(raw_pos)) if raw_pos else Position()
+        raw_source = meta.get(_SOURCE)
+        self._source = raw_source.decode() if raw_source else None
         if stored_defn is None:
             meta[_DEFINITION] = self.definition.to_json()
 
@@ -133,7 +136,24 @@ class Shard:
             finally:
                 self._seq += 1
 
-    def reset(self) -> None:
+    @property
+    def source(self) -> str | None:
+        """The id of the changelog topic this shard was built from (None before it knows)."""
+        return self._source
+
+    def set_source(self, topic_id: str) -> bool:
+        """Record the changelog's topic id; a different one than before empties the shard first.
+
+        Returns True if the shard was emptied. A topic deleted and created again (or a broker
+        restarted empty) gets a new id, and offsets of the old topic mean nothing in the new one.
+        """
+        if topic_id == self._source:
+            return False
+        wiped = self._source is not None or self.offset is not None
+        self.reset(source=topic_id)
+        return wiped
+
+    def reset(self, source: str | None = None) -> None:
         """Drop all data and the position in one write: the changelog it came from is gone."""
         with self._lock:
             it = self.db.iter()
@@ -143,10 +163,14 @@ class Shard:
                 wb.delete_range(b"", it.key() + b"\x00")
             del it
             wb.delete(_POSITION, self._meta_handle)
+            if source is not None:
+                wb.put(_SOURCE, source.encode(), self._meta_handle)
             self._seq += 1
             try:
                 self.db.write(wb)
                 self._position = Position()
+                if source is not None:
+                    self._source = source
             finally:
                 self._seq += 1
 

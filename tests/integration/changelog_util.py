@@ -1,0 +1,42 @@
+"""Helpers for tests that write changelogs and read them back."""
+
+from __future__ import annotations
+
+from confluent_kafka import KafkaError, TopicPartition
+
+from federator import kafka
+from federator.catalog import Catalog, StoreDefinition
+from federator.partitioner import partition_for
+
+
+def register(broker, app_id: str, d: dict) -> StoreDefinition:
+    d = {"topic": f"{app_id}-{d['name']}-changelog", **d}
+    defn = StoreDefinition.from_dict(d)
+    Catalog(broker.bootstrap_servers, app_id).register(defn)
+    return defn
+
+
+def produce(broker, topic: str, partitions: int, records: list[tuple[bytes, bytes, bytes | None, int]]) -> None:
+    """records: (plain key for partitioning, changelog key, value or None, timestamp)."""
+    p = kafka.producer(broker.bootstrap_servers, **{"linger.ms": 20})
+    for plain, key, value, ts in records:
+        p.produce(topic, key=key, value=value, partition=partition_for(plain, partitions), timestamp=ts)
+    assert p.flush(30) == 0
+
+
+def read_partition(broker, topic: str, partition: int) -> list[tuple[int, bytes, bytes | None, int]]:
+    """Every record of one partition: (offset, key, value, timestamp)."""
+    c = kafka.reader(broker.bootstrap_servers)
+    c.assign([TopicPartition(topic, partition, 0)])
+    out = []
+    try:
+        while True:
+            msgs = kafka.next_batch(c, 1000, 10)
+            assert msgs, f"timed out reading {topic}[{partition}]"
+            for m in msgs:
+                if m.error():
+                    assert m.error().code() == KafkaError._PARTITION_EOF, m.error()
+                    return out
+                out.append((m.offset(), m.key(), m.value(), m.timestamp()[1]))
+    finally:
+        c.close()

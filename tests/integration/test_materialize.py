@@ -1,0 +1,212 @@
+"""Shards built from real changelogs on the real broker: every store type, restarts, rebuilds, crashes."""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import subprocess
+import sys
+import time
+
+from federator import kafka
+from federator.node.changelog import catch_up
+from federator.partitioner import partition_for
+from federator.query import KeyQuery, RangeQuery, SessionQuery, WindowKeyQuery, WindowRangeQuery
+from federator.store import Shard
+from federator.store.layout import session_key, window_key
+from tests.integration.changelog_util import produce, read_partition, register
+
+P = 4
+
+
+def shards(defn, tmp_path) -> list[Shard]:
+    return [Shard(tmp_path / defn.name / str(p), defn, p) for p in range(defn.partitions)]
+
+
+def rows(shard_list, query) -> list[dict]:
+    out = []
+    for s in shard_list:
+        r = s.run(query)
+        assert r.ok, r
+        out.extend(r.batch.to_pylist())
+    return out
+
+
+def test_kv_store_materializes_with_tombstones_and_json_values(broker, app_id, tmp_path) -> None:
+    defn = register(broker, app_id, {
+        "name": "players", "type": "kv", "partitions": P, "key": {"name": "player", "format": "string"},
+        "value": {"format": "json", "fields": [{"name": "games", "type": "long"}, {"name": "best", "type": "double"}]},
+    })
+    model: dict[str, dict] = {}
+    recs = []
+    rnd = random.Random(7)
+    for i in range(3000):
+        k = f"p{rnd.randrange(400)}"
+        if rnd.random() < 0.1:
+            model.pop(k, None)
+            recs.append((k.encode(), k.encode(), None, 1_700_000_000_000 + i))
+        else:
+            v = {"games": i, "best": rnd.random()}
+            model[k] = v
+            recs.append((k.encode(), k.encode(), json.dumps(v).encode(), 1_700_000_000_000 + i))
+    produce(broker, defn.topic, P, recs)
+
+    sl = shards(defn, tmp_path)
+    applied = sum(catch_up(s, broker.bootstrap_servers) for s in sl)
+    assert applied == len(recs)
+    got = {r["player"]: {"games": r["games"], "best": r["best"]} for r in rows(sl, RangeQuery())}
+    assert got == model
+    # every key is answered by exactly the partition the partitioner names
+    k = next(iter(model))
+    owner = partition_for(k.encode(), P)
+    assert [r["games"] for r in sl[owner].run(KeyQuery(k)).batch.to_pylist()] == [model[k]["games"]]
+    assert all(sl[p].run(KeyQuery(k)).batch.num_rows == 0 for p in range(P) if p != owner)
+    # positions name the last offset of each partition
+    for s in sl:
+        assert s.offset == read_partition(broker, defn.topic, s.partition)[-1][0]
+
+
+def test_long_keys_range_in_numeric_order_across_the_broker(broker, app_id, tmp_path) -> None:
+    defn = register(broker, app_id, {"name": "scores", "type": "kv", "partitions": 1, "key": {"format": "long"}, "value": {"format": "long"}})
+    keys = [-(2**63), -500, -1, 0, 1, 42, 2**40, 2**63 - 1]
+    enc = defn.key.serialize
+    produce(broker, defn.topic, 1, [(enc(k), enc(k), defn.value.serialize(k * 0 + 1), 1) for k in keys])
+    (s,) = shards(defn, tmp_path)
+    catch_up(s, broker.bootstrap_servers)
+    assert [r["key"] for r in rows([s], RangeQuery())] == sorted(keys)
+    assert [r["key"] for r in rows([s], RangeQuery(-500, 42))] == [-500, -1, 0, 1, 42]
+    assert [r["key"] for r in rows([s], RangeQuery(-501, 2, descending=True))] == [1, 0, -1, -500]
+
+
+def test_window_and_session_stores(broker, app_id, tmp_path) -> None:
+    wdefn = register(broker, app_id, {"name": "per_minute", "type": "window", "partitions": P, "key": {"format": "string"},
+                                      "value": {"format": "long"}, "window_size_ms": 60_000})
+    sdefn = register(broker, app_id, {"name": "sessions", "type": "session", "partitions": P, "key": {"format": "string"},
+                                      "value": {"format": "long"}})
+    base = 1_700_000_000_000 - 1_700_000_000_000 % 60_000
+    wrecs, srecs = [], []
+    for player in ("alice", "bob", "carol"):
+        for m in range(5):
+            ws = base + m * 60_000
+            wrecs.append((player.encode(), window_key(player.encode(), ws), wdefn.value.serialize(m * 10), ws))
+        srecs.append((player.encode(), session_key(player.encode(), base, base + 100_000), sdefn.value.serialize(3), base))
+        srecs.append((player.encode(), session_key(player.encode(), base + 3_600_000, base + 3_700_000), sdefn.value.serialize(1), base))
+    # a merged session replaces bob's first one: delete old, write merged
+    srecs.append((b"bob", session_key(b"bob", base, base + 100_000), None, base))
+    srecs.append((b"bob", session_key(b"bob", base, base + 200_000), sdefn.value.serialize(4), base))
+    produce(broker, wdefn.topic, P, wrecs)
+    produce(broker, sdefn.topic, P, srecs)
+
+    wl, sl = shards(wdefn, tmp_path), shards(sdefn, tmp_path)
+    for s in wl + sl:
+        catch_up(s, broker.bootstrap_servers)
+    got = rows(wl, WindowKeyQuery("bob", base + 60_000, base + 180_000))
+    assert [(r["window_start"].timestamp() * 1000 - base, r["value"]) for r in got] == [(60_000, 10), (120_000, 20), (180_000, 30)]
+    assert all((r["window_end"] - r["window_start"]).total_seconds() == 60 for r in got)
+    assert len(rows(wl, WindowRangeQuery(base + 240_000, None))) == 3
+
+    bob = rows(sl, SessionQuery("bob"))
+    assert [(r["window_start"].timestamp() * 1000 - base, r["window_end"].timestamp() * 1000 - base, r["value"]) for r in bob] == [
+        (0, 200_000, 4), (3_600_000, 3_700_000, 1)]
+    assert {r["key"] for r in rows(sl, WindowRangeQuery(base + 3_650_000, base + 3_650_000))} == {"alice", "bob", "carol"}
+
+
+def test_a_reopened_shard_reads_only_what_is_new(broker, app_id, tmp_path) -> None:
+    defn = register(broker, app_id, {"name": "counts", "type": "kv", "partitions": 1, "key": {"format": "string"}, "value": {"format": "long"}})
+    enc = defn.value.serialize
+    produce(broker, defn.topic, 1, [(f"k{i}".encode(), f"k{i}".encode(), enc(i), 1) for i in range(2000)])
+    (s,) = shards(defn, tmp_path)
+    assert catch_up(s, broker.bootstrap_servers) == 2000
+    s.close()
+    produce(broker, defn.topic, 1, [(f"k{i}".encode(), f"k{i}".encode(), enc(-i), 2) for i in range(50)])
+    (again,) = shards(defn, tmp_path)
+    assert again.offset == 1999
+    assert catch_up(again, broker.bootstrap_servers) == 50
+    assert again.run(KeyQuery("k7")).batch.column("value").to_pylist() == [-7]
+    assert again.run(KeyQuery("k1999")).batch.column("value").to_pylist() == [1999]
+
+
+def test_a_recreated_changelog_rebuilds_the_shard_and_old_data_is_never_served(broker, app_id, tmp_path) -> None:
+    defn = register(broker, app_id, {"name": "gone", "type": "kv", "partitions": 1, "key": {"format": "string"}, "value": {"format": "long"}})
+    enc = defn.value.serialize
+    produce(broker, defn.topic, 1, [(f"old{i}".encode(), f"old{i}".encode(), enc(i), 1) for i in range(100)])
+    (s,) = shards(defn, tmp_path)
+    catch_up(s, broker.bootstrap_servers)
+    assert s.offset == 99
+    adm = kafka.admin(broker.bootstrap_servers)
+    adm.delete_topics([defn.topic])[defn.topic].result(10)
+    deadline = time.monotonic() + 10
+    while kafka.topic_partitions(adm, defn.topic) is not None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    kafka.ensure_topic(adm, defn.topic, 1)
+    produce(broker, defn.topic, 1, [(b"new", b"new", enc(1), 2)])
+    assert catch_up(s, broker.bootstrap_servers) == 1
+    assert [r["key"] for r in rows([s], RangeQuery())] == ["new"]
+    assert s.offset == 0
+
+
+def expected_state(records, upto: int) -> dict[bytes, bytes]:
+    state: dict[bytes, bytes] = {}
+    for off, k, v, _ in records:
+        if off > upto:
+            break
+        if v is None:
+            state.pop(k, None)
+        else:
+            state[k] = v
+    return state
+
+
+def shard_state(defn, path) -> tuple[dict[bytes, bytes], int | None]:
+    s = Shard(path, defn, 0)
+    try:
+        r = s.run(RangeQuery())
+        assert r.ok, r
+        keys = [defn.key.serialize(k) for k in r.batch.column("key").to_pylist()]
+        vals = [defn.value.serialize(v) for v in r.batch.column("value").to_pylist()]
+        return dict(zip(keys, vals)), s.offset
+    finally:
+        s.close()
+
+
+def test_a_writer_killed_at_random_leaves_data_and_position_in_step(broker, app_id, tmp_path) -> None:
+    defn = register(broker, app_id, {"name": "crash", "type": "kv", "partitions": 1, "key": {"format": "string"}, "value": {"format": "long"}})
+    rnd = random.Random(11)
+    recs = []
+    for i in range(20_000):
+        k = f"k{rnd.randrange(700)}".encode()
+        recs.append((k, k, None if rnd.random() < 0.05 else defn.value.serialize(i), 1))
+    produce(broker, defn.topic, 1, recs)
+    changelog = read_partition(broker, defn.topic, 0)
+    path = tmp_path / "crash-shard"
+    positions = []
+    for round_ in range(4):
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.integration.crash_writer", broker.bootstrap_servers, defn.to_json().decode(), str(path)],
+            stdout=subprocess.PIPE, text=True,
+        )
+        assert proc.stdout is not None
+        start = proc.stdout.readline()
+        assert start.startswith("start"), start
+        for _ in range(rnd.randrange(5, 60)):  # let it apply a random number of batches, then kill it mid-flight
+            line = proc.stdout.readline()
+            if not line.startswith("applied"):
+                break
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        data, offset = shard_state(defn, path)
+        assert offset is not None
+        positions.append(offset)
+        assert data == expected_state(changelog, offset), f"round {round_}: data and position {offset} disagree"
+    assert positions == sorted(positions) and positions[-1] < len(changelog) - 1, positions
+    # and the survivor finishes the job from where the last one stopped
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.integration.crash_writer", broker.bootstrap_servers, defn.to_json().decode(), str(path)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0] == f"start {positions[-1]}"
+    data, offset = shard_state(defn, path)
+    assert offset == changelog[-1][0]
+    assert data == expected_state(changelog, offset)
