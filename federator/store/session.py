@@ -20,30 +20,12 @@ def _overlaps(start: int, end: int, lo: int | None, hi: int | None) -> bool:
     return (lo is None or end >= lo) and (hi is None or start <= hi)
 
 
-def session_query(view: ShardView, q: SessionQuery) -> pa.RecordBatch:
-    kb = view.definition.key.serialize(q.key)
-    if q.time_to is not None and q.time_to < 0:
-        return empty_batch(view.schema)  # session times are non-negative epoch ms
-    # Sessions of kb are ordered by end: start the scan at the earliest end that can overlap.
-    start = kb + time_bytes(max(q.time_from or 0, 0))
-    stop = kb + time_bytes(MAX_TIME) + b"\xff" * 8 + b"\x00"
-    want = len(kb) + SESSION_SUFFIX_LEN
+def _sessions(view: ShardView, entries, q, key_len: int | None = None) -> pa.RecordBatch:
+    """Sessions among ``entries`` that overlap q's times (of keys ``key_len`` long, if given)."""
     keys, starts, ends, stored = [], [], [], []
-    for k, v in view.scan(start, stop):
-        if len(k) != want:
-            continue
-        _, s, e = split_session_key(k)
-        if _overlaps(s, e, q.time_from, q.time_to):
-            keys.append(kb)
-            starts.append(s)
-            ends.append(e)
-            stored.append(v)
-    return build_batch(view.schema, view.definition, keys, stored, starts, ends)
-
-
-def session_range_query(view: ShardView, q: WindowRangeQuery) -> pa.RecordBatch:
-    keys, starts, ends, stored = [], [], [], []
-    for k, v in view.scan():
+    for k, v in entries:
+        if key_len is not None and len(k) != key_len + SESSION_SUFFIX_LEN:
+            continue  # a longer key that shares the prefix
         kb, s, e = split_session_key(k)
         if _overlaps(s, e, q.time_from, q.time_to):
             keys.append(kb)
@@ -51,6 +33,20 @@ def session_range_query(view: ShardView, q: WindowRangeQuery) -> pa.RecordBatch:
             ends.append(e)
             stored.append(v)
     return build_batch(view.schema, view.definition, keys, stored, starts, ends)
+
+
+def session_query(view: ShardView, q: SessionQuery) -> pa.RecordBatch:
+    kb = view.definition.key.serialize(q.key)
+    if q.time_to is not None and q.time_to < 0:
+        return empty_batch(view.schema)  # session times are non-negative epoch ms
+    # Sessions of kb are ordered by end: start the scan at the earliest end that can overlap.
+    start = kb + time_bytes(max(q.time_from or 0, 0))
+    stop = kb + time_bytes(MAX_TIME) + b"\xff" * 8 + b"\x00"
+    return _sessions(view, view.scan(start, stop), q, len(kb))
+
+
+def session_range_query(view: ShardView, q: WindowRangeQuery) -> pa.RecordBatch:
+    return _sessions(view, view.scan(), q)
 
 
 class SessionStoreType(StoreType):

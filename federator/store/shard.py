@@ -202,8 +202,21 @@ class Shard:
         with self._lock:  # writes kept coming: read while holding them off
             return handler(view, query), self._position
 
-    def run(self, query: Query, bound: PositionBound = PositionBound.unbounded()) -> QueryResult:
+    def run(
+        self, query: Query, bound: PositionBound = PositionBound.unbounded(), collect_execution_info: bool = False
+    ) -> QueryResult:
         """Answer ``query`` as a per-partition IQv2 result (never raises for store problems)."""
+        if collect_execution_info:
+            started = time.perf_counter()
+            result = self.run(query, bound)
+            took = (time.perf_counter() - started) * 1e6
+            rows = result.batch.num_rows if result.batch is not None else 0
+            outcome = "ok" if result.ok else result.failure.value  # type: ignore[union-attr]
+            result.execution_info.append(
+                f"{self.definition.type} store {self.definition.name!r} partition {self.partition}: "
+                f"{query.type_name} {outcome}, {rows} rows in {took:.0f} us at offset {self.offset}"
+            )
+            return result
         if not bound.is_satisfied_by(self._position, self.topic, self.partition):
             wanted = bound.position.get(self.topic, self.partition) if bound.position else None
             return QueryResult.failed(

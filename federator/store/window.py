@@ -33,36 +33,33 @@ def _in(t: int, lo: int | None, hi: int | None) -> bool:
     return (lo is None or t >= lo) and (hi is None or t <= hi)
 
 
-def window_key_query(view: ShardView, q: WindowKeyQuery) -> pa.RecordBatch:
-    kb = view.definition.key.serialize(q.key)
-    size = view.definition.window_size_ms or 0
-    if q.time_to is not None and (q.time_to < 0 or (q.time_from is not None and q.time_from > q.time_to)):
-        return empty_batch(view.schema)  # window starts are non-negative epoch ms
-    # Every entry between these bounds starts with kb; longer keys that share the prefix are skipped.
-    start = kb + time_bytes(max(q.time_from or 0, 0))
-    stop = kb + time_bytes(MAX_TIME if q.time_to is None else q.time_to) + b"\xff\xff\xff\xff\x00"
-    want = len(kb) + WINDOW_SUFFIX_LEN
-    keys, starts, stored = [], [], []
-    for k, v in view.scan(start, stop):
-        if len(k) != want:
-            continue
-        _, ws, _ = split_window_key(k)
-        keys.append(kb)
-        starts.append(ws)
-        stored.append(v)
-    return build_batch(view.schema, view.definition, keys, stored, starts, [s + size for s in starts])
-
-
-def window_range_query(view: ShardView, q: WindowRangeQuery) -> pa.RecordBatch:
+def _windows(view: ShardView, entries, q, key_len: int | None = None) -> pa.RecordBatch:
+    """Windows among ``entries`` whose start lies in q's times (of keys ``key_len`` long, if given)."""
     size = view.definition.window_size_ms or 0
     keys, starts, stored = [], [], []
-    for k, v in view.scan():
+    for k, v in entries:
+        if key_len is not None and len(k) != key_len + WINDOW_SUFFIX_LEN:
+            continue  # a longer key that shares the prefix
         kb, ws, _ = split_window_key(k)
         if _in(ws, q.time_from, q.time_to):
             keys.append(kb)
             starts.append(ws)
             stored.append(v)
     return build_batch(view.schema, view.definition, keys, stored, starts, [s + size for s in starts])
+
+
+def window_key_query(view: ShardView, q: WindowKeyQuery) -> pa.RecordBatch:
+    kb = view.definition.key.serialize(q.key)
+    if q.time_to is not None and (q.time_to < 0 or (q.time_from is not None and q.time_from > q.time_to)):
+        return empty_batch(view.schema)  # window starts are non-negative epoch ms
+    # Every entry between these bounds starts with kb; longer keys that share the prefix are skipped.
+    start = kb + time_bytes(max(q.time_from or 0, 0))
+    stop = kb + time_bytes(MAX_TIME if q.time_to is None else q.time_to) + b"\xff\xff\xff\xff\x00"
+    return _windows(view, view.scan(start, stop), q, len(kb))
+
+
+def window_range_query(view: ShardView, q: WindowRangeQuery) -> pa.RecordBatch:
+    return _windows(view, view.scan(), q)
 
 
 class WindowStoreType(StoreType):

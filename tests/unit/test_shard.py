@@ -646,3 +646,11 @@ def test_result_schema_is_shard_schema_even_when_empty(open_shard, rec, type: st
         if qcls in (WindowKeyQuery, SessionQuery):
             r = shard.run(qcls(other))
             assert r.ok and r.batch.num_rows == 0 and r.batch.schema == shard.schema
+
+
+def test_execution_info_is_collected_only_when_asked(open_shard, rec) -> None:
+    shard = open_shard(definition())
+    shard.apply([rec(b"a", b"1"), rec(b"b", b"2")])
+    assert shard.run(RangeQuery()).execution_info == []
+    info = shard.run(RangeQuery(), collect_execution_info=True).execution_info
+    assert len(info) == 1 and "RangeQuery ok, 2 rows" in info[0] and "partition 1" in info[0] and "offset 1" in info[0]
