@@ -54,6 +54,17 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("name")
     _connection_args(d)
 
+    n = sub.add_parser("node", help="run a node: materialize stores, own partitions, answer queries over HTTP")
+    _connection_args(n)
+    n.add_argument("--listen", default="127.0.0.1:8080", metavar="HOST:PORT", help="HTTP address (default 127.0.0.1:8080)")
+    n.add_argument("--advertise", metavar="HOST:PORT", help="address other nodes and clients use (default --listen)")
+    n.add_argument("--state-dir", required=True, metavar="DIR", help="where this node keeps its RocksDB shards")
+    n.add_argument("--standby-replicas", type=int, default=0, metavar="N", help="extra copies of each partition (default 0)")
+    n.add_argument("--node-id", metavar="ID", help="stable node id (default: one kept in --state-dir)")
+    n.add_argument("--cluster-secret", default=os.environ.get("FEDERATOR_CLUSTER_SECRET"), metavar="S",
+                   help="shared secret for node-to-node calls (default $FEDERATOR_CLUSTER_SECRET)")
+    n.add_argument("--threads", type=int, default=8, help="HTTP worker threads (default 8)")
+
     demo = sub.add_parser("demo", help="the main job: broker, pipeline, nodes and example queries")
     demo.add_argument("--dir", default=".federator/demo", help="where state lives (default .federator/demo)")
     demo.add_argument("--events", type=int, default=1_000_000, help="game events to generate")
@@ -136,6 +147,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_foreground(args.host, args.port)
         if args.command == "store":
             return {"create": _store_create, "list": _store_list, "describe": _store_describe}[args.store_command](args)
+        if args.command == "node":
+            from federator.node.run import run_node
+
+            return run_node(args)
         if args.command == "demo":
             from federator.demo import run_demo
 

@@ -23,7 +23,7 @@ if not os.environ.get("FEDERATOR_KAFKA_DEBUG"):
     _client_log.propagate = False
 
 
-def _base(bootstrap_servers: str) -> dict[str, Any]:
+def base_config(bootstrap_servers: str) -> dict[str, Any]:
     return {"bootstrap.servers": bootstrap_servers, "logger": _client_log}
 
 
@@ -41,7 +41,7 @@ def check_reachable(bootstrap_servers: str, timeout: float = 5.0) -> None:
 def producer(bootstrap_servers: str, **overrides: Any) -> Producer:
     """An idempotent producer whose partitioner matches Java's (murmur2), as store topics need."""
     conf: dict[str, Any] = {
-        **_base(bootstrap_servers),
+        **base_config(bootstrap_servers),
         "partitioner": "murmur2_random",
         "enable.idempotence": True,
         "linger.ms": 5,
@@ -56,7 +56,7 @@ def producer(bootstrap_servers: str, **overrides: Any) -> Producer:
 def reader(bootstrap_servers: str, **overrides: Any) -> Consumer:
     """A consumer for reading assigned partitions by offset; it never joins a group or commits."""
     conf: dict[str, Any] = {
-        **_base(bootstrap_servers),
+        **base_config(bootstrap_servers),
         "group.id": "federator-reader",  # required by librdkafka even when only assign() is used
         "enable.auto.commit": False,
         "enable.auto.offset.store": False,
@@ -80,7 +80,7 @@ def next_batch(consumer: Consumer, max_messages: int, timeout: float) -> list:
 
 
 def admin(bootstrap_servers: str) -> AdminClient:
-    return AdminClient(_base(bootstrap_servers))
+    return AdminClient(base_config(bootstrap_servers))
 
 
 def topic_partitions(adm: AdminClient, topic: str, timeout: float = 10.0) -> int | None:

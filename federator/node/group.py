@@ -1,0 +1,111 @@
+"""Active partitions come from Kafka's group protocol: the node joins the consumer group of
+its application id, subscribed to every store's changelog.
+
+The range assignor gives partition p of every topic with the same partition count to the
+same member, so stores written with the same partitioner are co-partitioned. This consumer
+only takes part in the group: its partitions are paused, and the materializer reads the
+changelogs with its own consumer.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Callable
+
+from confluent_kafka import Consumer, TopicPartition
+
+from federator import kafka
+
+log = logging.getLogger(__name__)
+
+# Measured on tansu: a join or rebalance waits about session.timeout/2; 3 s gives joins in
+# 2-3 s and a killed member's partitions move in about 5 s.
+GROUP_CONFIG: dict[str, Any] = {
+    "partition.assignment.strategy": "range",
+    "session.timeout.ms": 3000,
+    "heartbeat.interval.ms": 500,
+    "max.poll.interval.ms": 10000,
+    "topic.metadata.refresh.interval.ms": 2000,
+    "enable.auto.commit": False,
+    "auto.offset.reset": "earliest",
+    "enable.partition.eof": False,
+}
+
+
+class GroupMember:
+    """Runs the group consumer in its own thread; reports assignments as sets of (topic, partition)."""
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        group_id: str,
+        on_assignment: Callable[[set[tuple[str, int]]], None],
+        on_rebalancing: Callable[[], None],
+        client_id: str,
+    ) -> None:
+        self.bootstrap_servers = bootstrap_servers
+        self.group_id = group_id
+        self.on_assignment = on_assignment
+        self.on_rebalancing = on_rebalancing
+        self.client_id = client_id
+        self._topics: list[str] = []
+        self._wanted: list[str] | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="group", daemon=True)
+        self.closed = threading.Event()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def subscribe(self, topics: list[str]) -> None:
+        with self._lock:
+            self._wanted = sorted(topics)
+
+    def stop(self) -> None:
+        """Leave the group (a clean close hands partitions over at once)."""
+        self._stop.set()
+        self._thread.join(15)
+
+    def _run(self) -> None:
+        conf = {**kafka.base_config(self.bootstrap_servers), **GROUP_CONFIG, "group.id": self.group_id, "client.id": self.client_id}
+        consumer = Consumer(conf)
+
+        def assigned(c: Consumer, partitions: list[TopicPartition]) -> None:
+            c.assign(partitions)
+            if partitions:
+                c.pause(partitions)  # membership only; never fetch here
+            self.on_assignment({(tp.topic, tp.partition) for tp in partitions})
+
+        def revoked(c: Consumer, partitions: list[TopicPartition]) -> None:
+            self.on_rebalancing()
+            c.unassign()
+
+        def lost(c: Consumer, partitions: list[TopicPartition]) -> None:
+            log.warning("group membership lost (session timed out or broker gone); rejoining")
+            self.on_rebalancing()
+            c.unassign()
+
+        try:
+            while not self._stop.is_set():
+                with self._lock:
+                    wanted, self._wanted = self._wanted, None
+                if wanted is not None and wanted != self._topics:
+                    self._topics = wanted
+                    if wanted:
+                        self.on_rebalancing()
+                        consumer.subscribe(wanted, on_assign=assigned, on_revoke=revoked, on_lost=lost)
+                    else:
+                        consumer.unsubscribe()
+                        self.on_assignment(set())
+                msg = consumer.poll(0.1)
+                if msg is not None and msg.error():
+                    log.debug("group consumer: %s", msg.error().str())
+        except Exception:  # noqa: BLE001
+            log.exception("group member failed")
+        finally:
+            try:
+                consumer.close()
+            finally:
+                self.closed.set()

@@ -1,0 +1,240 @@
+"""Materializing: keep every hosted shard (active or standby) current from its changelog.
+
+One thread and one assign-mode consumer serve every hosted partition, so a node's cost
+does not grow with its shard count. Records are applied in batches, each batch in one
+atomic write with the shard's new position.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
+
+from federator import kafka
+from federator.catalog.definition import StoreDefinition
+from federator.node.changelog import to_records
+from federator.store.shard import Shard
+
+log = logging.getLogger(__name__)
+
+ACTIVE = "active"
+STANDBY = "standby"
+TOPIC_CHECK_SECONDS = 2.0
+
+
+@dataclass
+class HostedShard:
+    shard: Shard
+    role: str
+    restored: bool = False  # reached the log end since it was (re)assigned
+    end_offset: int | None = None  # next offset the log will write, as last seen
+    gone: bool = False  # its changelog topic no longer exists
+    applied: int = 0  # records applied since this process opened it
+
+    @property
+    def lag(self) -> int | None:
+        if self.end_offset is None:
+            return None
+        nxt = (self.shard.offset + 1) if self.shard.offset is not None else 0
+        return max(0, self.end_offset - nxt)
+
+
+Key = tuple[str, int]  # (store, partition)
+
+
+@dataclass
+class Desired:
+    definitions: dict[str, StoreDefinition] = field(default_factory=dict)
+    roles: dict[Key, str] = field(default_factory=dict)
+
+
+class Materializer:
+    def __init__(self, bootstrap_servers: str, state_dir: Path, on_change: Callable[[], None] = lambda: None) -> None:
+        self.bootstrap_servers = bootstrap_servers
+        self.state_dir = state_dir
+        self.on_change = on_change
+        self._hosted: dict[Key, HostedShard] = {}
+        self._desired: Desired | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="materializer", daemon=True)
+        self._topic_ids: dict[str, str | None] = {}
+
+    # ---- called from other threads ---------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(15)
+        with self._lock:
+            for hs in self._hosted.values():
+                hs.shard.close()
+            self._hosted.clear()
+
+    def set_desired(self, definitions: dict[str, StoreDefinition], roles: dict[Key, str]) -> None:
+        with self._lock:
+            self._desired = Desired(dict(definitions), dict(roles))
+
+    def hosted(self, store: str, partition: int) -> HostedShard | None:
+        return self._hosted.get((store, partition))
+
+    def snapshot(self) -> dict[Key, HostedShard]:
+        with self._lock:
+            return dict(self._hosted)
+
+    # ---- the materializer thread -----------------------------------------------------------
+    def _run(self) -> None:
+        admin = kafka.admin(self.bootstrap_servers)
+        consumer = kafka.reader(self.bootstrap_servers, **{"auto.offset.reset": "error", "fetch.max.bytes": 52428800})
+        next_check = 0.0
+        try:
+            while not self._stop.is_set():
+                reassign = False
+                with self._lock:
+                    desired, self._desired = self._desired, None
+                if desired is not None:
+                    reassign = self._reconcile(desired, admin)
+                if time.monotonic() >= next_check:
+                    next_check = time.monotonic() + TOPIC_CHECK_SECONDS
+                    reassign = self._check_topics(admin) or reassign
+                if reassign:
+                    self._assign(consumer)
+                if not self._hosted:
+                    self._stop.wait(0.1)
+                    continue
+                self._consume(consumer)
+        except Exception:  # noqa: BLE001
+            log.exception("materializer failed")
+        finally:
+            consumer.close()
+
+    def _reconcile(self, desired: Desired, admin) -> bool:
+        changed = False
+        for key in list(self._hosted):
+            hs = self._hosted[key]
+            defn = desired.definitions.get(key[0])
+            if key not in desired.roles or defn is None or defn != hs.shard.definition:
+                # Closed, not deleted: if the partition comes back here, it restores from this checkpoint.
+                with self._lock:
+                    del self._hosted[key]
+                hs.shard.close()
+                changed = True
+        for key, role in desired.roles.items():
+            hs = self._hosted.get(key)
+            if hs is not None:
+                if hs.role != role:
+                    hs.role = role
+                    if role == ACTIVE:
+                        hs.restored = hs.lag == 0 and hs.end_offset is not None
+                    self.on_change()
+                continue
+            store, partition = key
+            defn = desired.definitions[store]
+            shard = Shard(self.state_dir / store / str(partition), defn, partition)
+            topic_id = self._topic_ids.get(defn.topic) or kafka.topic_id(admin, defn.topic, timeout=5)
+            self._topic_ids[defn.topic] = topic_id
+            hs = HostedShard(shard, role)
+            if topic_id is None:
+                shard.reset()
+                hs.gone = True
+            elif shard.set_source(topic_id):
+                log.warning("%s[%d]: changelog was created anew; rebuilding the shard", defn.topic, partition)
+            with self._lock:
+                self._hosted[key] = hs
+            changed = True
+        if changed:
+            self.on_change()
+        return changed
+
+    def _check_topics(self, admin) -> bool:
+        """Find changelogs deleted or created anew (a broker restarted empty gives new topic ids)."""
+        topics = {hs.shard.topic for hs in self._hosted.values()}
+        changed = False
+        for topic in topics:
+            try:
+                current = kafka.topic_id(admin, topic, timeout=5)
+            except kafka.KafkaUnavailable as e:
+                log.warning("cannot check changelog %s: %s", topic, e)
+                continue
+            self._topic_ids[topic] = current
+            for hs in self._hosted.values():
+                if hs.shard.topic != topic:
+                    continue
+                if current is None:
+                    if not hs.gone:
+                        log.warning("%s is gone: dropping the data of partition %d", topic, hs.shard.partition)
+                        hs.shard.reset()
+                        hs.gone, hs.restored, hs.end_offset = True, False, None
+                        changed = True
+                elif hs.shard.source != current or hs.gone:
+                    if hs.shard.set_source(current):
+                        log.warning("%s was created anew: rebuilding partition %d", topic, hs.shard.partition)
+                    hs.gone, hs.restored, hs.end_offset = False, False, None
+                    changed = True
+        if changed:
+            self.on_change()
+        return changed
+
+    def _assign(self, consumer) -> None:
+        tps = []
+        for hs in self._hosted.values():
+            if hs.gone:
+                continue
+            off = hs.shard.offset
+            tps.append(TopicPartition(hs.shard.topic, hs.shard.partition, OFFSET_BEGINNING if off is None else off + 1))
+        consumer.assign(tps)
+
+    def _consume(self, consumer) -> None:
+        messages = kafka.next_batch(consumer, 5000, 0.1)
+        if not messages:
+            return
+        by_tp: dict[tuple[str, int], list] = defaultdict(list)
+        eof: list[tuple[str, int, int]] = []
+        for m in messages:
+            err = m.error()
+            if err is None:
+                by_tp[(m.topic(), m.partition())].append(m)
+            elif err.code() == KafkaError._PARTITION_EOF:
+                eof.append((m.topic(), m.partition(), m.offset()))
+            elif err.code() == KafkaError._AUTO_OFFSET_RESET:
+                self._rebuild(m.topic(), m.partition(), consumer)
+            else:
+                log.warning("reading %s[%s]: %s", m.topic(), m.partition(), err.str())
+        index = {(hs.shard.topic, hs.shard.partition): hs for hs in self._hosted.values()}
+        changed = False
+        for tp, msgs in by_tp.items():
+            hs = index.get(tp)
+            if hs is None or hs.gone:
+                continue
+            hs.shard.apply(to_records(msgs))
+            hs.applied += len(msgs)
+            _, high = consumer.get_watermark_offsets(TopicPartition(*tp), cached=True)
+            if high is not None and high >= 0:
+                hs.end_offset = high
+        for topic, partition, offset in eof:
+            hs = index.get((topic, partition))
+            if hs is None:
+                continue
+            hs.end_offset = offset
+            if not hs.restored:
+                hs.restored = True
+                changed = True
+        if changed:
+            self.on_change()
+
+    def _rebuild(self, topic: str, partition: int, consumer) -> None:
+        """The recorded offset is out of the log's range (truncated, reset): start over."""
+        for hs in self._hosted.values():
+            if hs.shard.topic == topic and hs.shard.partition == partition:
+                log.warning("%s[%d]: offset out of range; rebuilding the shard", topic, partition)
+                hs.shard.reset()
+                hs.restored, hs.end_offset = False, None
+        self._assign(consumer)

@@ -1,0 +1,149 @@
+"""Membership: every node's heartbeat in the compacted ``<APP>-nodes`` topic, and the routing
+view every node builds from them. (DescribeGroups is not used: not every broker lists members.)"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import Message
+
+STATES = ("CREATED", "REBALANCING", "RUNNING", "PENDING_SHUTDOWN", "ERROR")
+HEARTBEAT_SECONDS = 1.0
+DEAD_AFTER_SECONDS = 6.0
+
+
+def nodes_topic(application_id: str) -> str:
+    return f"{application_id}-nodes"
+
+
+@dataclass
+class NodeInfo:
+    node_id: str
+    endpoint: str
+    state: str
+    active: dict[str, list[int]] = field(default_factory=dict)  # store -> partitions
+    standby: dict[str, list[int]] = field(default_factory=dict)
+    positions: dict[str, dict[int, int]] = field(default_factory=dict)  # store -> partition -> offset
+    lags: dict[str, dict[int, int]] = field(default_factory=dict)  # store -> partition -> records behind
+    restoring: dict[str, list[int]] = field(default_factory=dict)  # active partitions not yet caught up
+    timestamp_ms: int = 0
+
+    def to_json(self) -> bytes:
+        return json.dumps(
+            {
+                "node_id": self.node_id,
+                "endpoint": self.endpoint,
+                "state": self.state,
+                "active": self.active,
+                "standby": self.standby,
+                "positions": {s: {str(p): o for p, o in d.items()} for s, d in self.positions.items()},
+                "lags": {s: {str(p): o for p, o in d.items()} for s, d in self.lags.items()},
+                "restoring": self.restoring,
+                "timestamp_ms": self.timestamp_ms,
+            },
+            separators=(",", ":"),
+        ).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> NodeInfo:
+        d = json.loads(data)
+        return cls(
+            node_id=d["node_id"],
+            endpoint=d["endpoint"],
+            state=d["state"],
+            active={s: list(ps) for s, ps in d.get("active", {}).items()},
+            standby={s: list(ps) for s, ps in d.get("standby", {}).items()},
+            positions={s: {int(p): o for p, o in m.items()} for s, m in d.get("positions", {}).items()},
+            lags={s: {int(p): o for p, o in m.items()} for s, m in d.get("lags", {}).items()},
+            restoring={s: list(ps) for s, ps in d.get("restoring", {}).items()},
+            timestamp_ms=int(d.get("timestamp_ms", 0)),
+        )
+
+    def to_public(self) -> dict[str, Any]:
+        return {
+            "node_id": self.node_id,
+            "endpoint": self.endpoint,
+            "state": self.state,
+            "active": self.active,
+            "standby": self.standby,
+            "restoring": self.restoring,
+            "lags": {s: {str(p): o for p, o in d.items()} for s, d in self.lags.items()},
+            "positions": {s: {str(p): o for p, o in d.items()} for s, d in self.positions.items()},
+            "last_heartbeat_ms": self.timestamp_ms,
+        }
+
+
+class ClusterView:
+    """The live nodes, from their heartbeats: who is active and standby for each partition."""
+
+    def __init__(self, dead_after: float = DEAD_AFTER_SECONDS) -> None:
+        self._nodes: dict[str, NodeInfo] = {}
+        self._lock = threading.Lock()
+        self.dead_after = dead_after
+        self.changed = threading.Event()
+
+    def apply(self, msg: Message) -> None:
+        key = msg.key()
+        if key is None:
+            return
+        node_id = key.decode()
+        with self._lock:
+            if msg.value() is None:
+                self._nodes.pop(node_id, None)
+            else:
+                try:
+                    self._nodes[node_id] = NodeInfo.from_json(msg.value())
+                except (ValueError, KeyError):
+                    return
+        self.changed.set()
+
+    def update_local(self, info: NodeInfo) -> None:
+        """Our own heartbeat counts at once, before it comes back from the topic."""
+        with self._lock:
+            self._nodes[info.node_id] = info
+
+    def clear(self) -> None:
+        with self._lock:
+            self._nodes.clear()
+
+    def live(self) -> list[NodeInfo]:
+        now_ms = time.time() * 1000
+        with self._lock:
+            return sorted(
+                (n for n in self._nodes.values()
+                 if now_ms - n.timestamp_ms < self.dead_after * 1000 and n.state != "PENDING_SHUTDOWN"),
+                key=lambda n: n.node_id,
+            )
+
+    def get(self, node_id: str) -> NodeInfo | None:
+        return next((n for n in self.live() if n.node_id == node_id), None)
+
+    def active_owner(self, store: str, partition: int) -> NodeInfo | None:
+        for n in self.live():
+            if partition in n.active.get(store, ()):
+                return n
+        return None
+
+    def standbys(self, store: str, partition: int) -> list[NodeInfo]:
+        return [n for n in self.live() if partition in n.standby.get(store, ())]
+
+    def to_public(self) -> dict[str, Any]:
+        return {"nodes": [n.to_public() for n in self.live()]}
+
+
+def place_standbys(live_ids: list[str], active_owner: str | None, partition: int, replicas: int) -> list[str]:
+    """Deterministic standby placement: the ``replicas`` nodes after the active one in id order.
+
+    Every node computes the same answer from the same view. Without a known active owner the
+    walk starts at ``partition`` so standbys still spread evenly.
+    """
+    ids = sorted(live_ids)
+    if replicas <= 0 or not ids:
+        return []
+    start = ids.index(active_owner) + 1 if active_owner in ids else partition % len(ids)
+    ring = [ids[(start + i) % len(ids)] for i in range(len(ids))]
+    return [n for n in ring if n != active_owner][:replicas]

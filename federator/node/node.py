@@ -1,0 +1,272 @@
+"""A Federator node: follows the catalog, owns partitions through the Kafka group, keeps standby
+copies, publishes its heartbeat, and answers per-partition queries for the shards it hosts."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from confluent_kafka import Message
+
+from federator import kafka
+from federator.catalog.catalog import COMPACTED, Catalog, apply_catalog_message, catalog_topic
+from federator.catalog.definition import StoreDefinition
+from federator.node.group import GroupMember
+from federator.node.materializer import ACTIVE, STANDBY, Materializer
+from federator.node.membership import HEARTBEAT_SECONDS, ClusterView, NodeInfo, nodes_topic, place_standbys
+from federator.node.topic_tail import TopicTail
+from federator.partitioner import partition_for
+from federator.query.request import StateQueryRequest
+from federator.query.result import FailureReason, QueryResult
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class NodeConfig:
+    bootstrap_servers: str
+    application_id: str
+    listen: str
+    state_dir: Path
+    advertise: str | None = None
+    standby_replicas: int = 0
+    node_id: str | None = None
+    cluster_secret: str | None = None
+
+
+def _node_id(state_dir: Path) -> str:
+    """A node id kept in the state dir, so a restarted node is the same node."""
+    path = state_dir / "node-id"
+    if path.exists():
+        return path.read_text().strip()
+    node_id = f"node-{uuid.uuid4().hex[:8]}"
+    path.write_text(node_id + "\n")
+    return node_id
+
+
+class Node:
+    def __init__(self, config: NodeConfig) -> None:
+        self.config = config
+        self.state_dir = Path(config.state_dir)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.node_id = config.node_id or _node_id(self.state_dir)
+        self.endpoint = config.advertise or config.listen
+        self.cluster_secret = config.cluster_secret
+        self.state = "CREATED"
+        self.stores: dict[str, StoreDefinition] = {}
+        self._assigned: frozenset[tuple[str, int]] = frozenset()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        app, bootstrap = config.application_id, config.bootstrap_servers
+        self.view = ClusterView()
+        self.materializer = Materializer(bootstrap, self.state_dir, on_change=self._wake.set)
+        self.catalog_tail = TopicTail(bootstrap, catalog_topic(app), self._on_catalog, self._on_catalog_reset, "catalog")
+        self.members_tail = TopicTail(bootstrap, nodes_topic(app), self._on_member, self.view.clear, "membership")
+        self.group = GroupMember(bootstrap, app, self._on_assignment, self._on_rebalancing, client_id=self.node_id)
+        # Not idempotent: an idempotent producer never recovers from a broker restarted empty.
+        self._producer = kafka.producer(bootstrap, **{"enable.idempotence": False, "linger.ms": 0})
+        self._loop_thread = threading.Thread(target=self._loop, name="heartbeat", daemon=True)
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    def start(self) -> None:
+        kafka.check_reachable(self.config.bootstrap_servers)
+        Catalog(self.config.bootstrap_servers, self.config.application_id).ensure_topic()
+        kafka.ensure_topic(kafka.admin(self.config.bootstrap_servers), nodes_topic(self.config.application_id), 1, COMPACTED)
+        self.materializer.start()
+        self.members_tail.start()
+        self.catalog_tail.start()
+        self.group.start()
+        self._loop_thread.start()
+
+    def stop(self) -> None:
+        """Hand partitions over cleanly: say so, leave the group, remove our record."""
+        self.state = "PENDING_SHUTDOWN"
+        self._publish()
+        self.group.stop()
+        self._stop.set()
+        self._loop_thread.join(10)
+        self._producer.produce(nodes_topic(self.config.application_id), key=self.node_id.encode(), value=None)
+        self._producer.flush(5)
+        self.catalog_tail.stop()
+        self.members_tail.stop()
+        self.materializer.stop()
+
+    # ---- events from the threads -----------------------------------------------------------
+    def _on_catalog(self, msg: Message) -> None:
+        stores = dict(self.stores)
+        if apply_catalog_message(stores, msg) is not None:
+            self.stores = stores
+            self.group.subscribe(sorted({d.topic for d in stores.values()}))
+            self._wake.set()
+
+    def _on_catalog_reset(self) -> None:
+        self.stores = {}
+        self.group.subscribe([])
+        self._wake.set()
+
+    def _on_member(self, msg: Message) -> None:
+        self.view.apply(msg)
+        if msg.key() is not None and msg.key().decode() != self.node_id:
+            self._wake.set()
+
+    def _on_assignment(self, partitions: set[tuple[str, int]]) -> None:
+        self._assigned = frozenset(partitions)
+        self.state = "RUNNING"
+        self._wake.set()
+
+    def _on_rebalancing(self) -> None:
+        if self.state != "PENDING_SHUTDOWN":
+            self.state = "REBALANCING"
+        self._wake.set()
+
+    # ---- reconcile and heartbeat -----------------------------------------------------------
+    def _loop(self) -> None:
+        next_beat = 0.0
+        while not self._stop.is_set():
+            self._wake.wait(max(0.0, next_beat - time.monotonic()))
+            self._wake.clear()
+            if self._stop.is_set():
+                break
+            try:
+                if self.state == "CREATED" and self.catalog_tail.caught_up.is_set() and not self.stores:
+                    self.state = "RUNNING"  # nothing to own yet
+                self._reconcile()
+                self._publish()
+            except Exception:  # noqa: BLE001
+                log.exception("reconcile/heartbeat failed")
+            next_beat = time.monotonic() + HEARTBEAT_SECONDS
+
+    def _roles(self) -> dict[tuple[str, int], str]:
+        stores = self.stores
+        topic_stores: dict[str, list[str]] = {}
+        for d in stores.values():
+            topic_stores.setdefault(d.topic, []).append(d.name)
+        roles = {(s, p): ACTIVE for (t, p) in self._assigned for s in topic_stores.get(t, ())}
+        replicas = self.config.standby_replicas
+        if replicas <= 0:
+            return roles
+        others = [n for n in self.view.live() if n.node_id != self.node_id]
+        live_ids = [self.node_id, *(n.node_id for n in others)]
+        for name, defn in stores.items():
+            for p in range(defn.partitions):
+                if (name, p) in roles:
+                    continue
+                owner = next((n.node_id for n in others if p in n.active.get(name, ())), None)
+                if owner is None:
+                    # Nobody claims it right now (a rebalance): keep a copy we have, it may serve stale reads.
+                    if self.materializer.hosted(name, p) is not None:
+                        roles[(name, p)] = STANDBY
+                    continue
+                if self.node_id in place_standbys(live_ids, owner, p, replicas):
+                    roles[(name, p)] = STANDBY
+        return roles
+
+    def _reconcile(self) -> None:
+        self.materializer.set_desired(self.stores, self._roles())
+
+    def local_info(self) -> NodeInfo:
+        info = NodeInfo(self.node_id, self.endpoint, self.state, timestamp_ms=int(time.time() * 1000))
+        for (store, p), hs in sorted(self.materializer.snapshot().items()):
+            (info.active if hs.role == ACTIVE else info.standby).setdefault(store, []).append(p)
+            if hs.shard.offset is not None:
+                info.positions.setdefault(store, {})[p] = hs.shard.offset
+            lag = hs.lag
+            if lag is not None:
+                info.lags.setdefault(store, {})[p] = lag
+            if hs.role == ACTIVE and not hs.restored:
+                info.restoring.setdefault(store, []).append(p)
+        return info
+
+    def _publish(self) -> None:
+        info = self.local_info()
+        self.view.update_local(info)
+        self._producer.produce(nodes_topic(self.config.application_id), key=self.node_id.encode(), value=info.to_json())
+        self._producer.poll(0)
+
+    # ---- what the HTTP layer asks ----------------------------------------------------------
+    def schema_for(self, store: str) -> pa.Schema | None:
+        defn = self.stores.get(store)
+        return None if defn is None else defn.arrow_schema()
+
+    def execute(self, request: StateQueryRequest) -> list[QueryResult]:
+        defn = self.stores.get(request.store)
+        partitions = request.partitions if request.partitions is not None else range(defn.partitions if defn else 0)
+        results = []
+        for p in partitions:
+            if defn is None or not 0 <= p < defn.partitions:
+                what = f"store {request.store!r}" if defn is None else f"partition {p} of store {request.store!r}"
+                results.append(QueryResult.failed(p, FailureReason.DOES_NOT_EXIST, f"{what} does not exist"))
+                continue
+            hs = self.materializer.hosted(request.store, p)
+            if hs is None:
+                results.append(QueryResult.failed(
+                    p, FailureReason.NOT_PRESENT,
+                    f"node {self.node_id} does not host partition {p} of store {request.store!r}; "
+                    "GET /v1/metadata names its owner"))
+                continue
+            if hs.gone:
+                results.append(QueryResult.failed(
+                    p, FailureReason.DOES_NOT_EXIST,
+                    f"the changelog {hs.shard.topic!r} of store {request.store!r} no longer exists"))
+                continue
+            if request.require_active and (hs.role != ACTIVE or not hs.restored):
+                why = "a standby copy" if hs.role != ACTIVE else f"still restoring (lag {hs.lag})"
+                results.append(QueryResult.failed(
+                    p, FailureReason.NOT_ACTIVE,
+                    f"node {self.node_id} holds partition {p} of store {request.store!r} as {why}"))
+                continue
+            results.append(hs.shard.run(request.query, request.bound, request.collect_execution_info))
+        return results
+
+    def metadata(self) -> dict[str, Any]:
+        view = self.view.to_public()
+        view["node_id"] = self.node_id
+        view["application_id"] = self.config.application_id
+        view["stores"] = {
+            name: {"partitions": d.partitions, "topic": d.topic, "type": d.type} for name, d in sorted(self.stores.items())
+        }
+        view["local"] = {
+            "records_applied": {
+                f"{store}/{p}": hs.applied for (store, p), hs in sorted(self.materializer.snapshot().items())
+            }
+        }
+        return view
+
+    def key_metadata(self, store: str, key: str) -> dict[str, Any]:
+        defn = self.stores.get(store)
+        if defn is None:
+            raise KeyError(f"no store {store!r}; GET /v1/metadata lists the stores")
+        kb = defn.key.serialize(defn.key.parse(key))
+        p = partition_for(kb, defn.partitions)
+        owner = self.view.active_owner(store, p)
+        return {
+            "store": store,
+            "key": key,
+            "partition": p,
+            "active": None if owner is None else {"node_id": owner.node_id, "endpoint": owner.endpoint},
+            "standbys": [
+                {"node_id": n.node_id, "endpoint": n.endpoint, "lag": n.lags.get(store, {}).get(p)}
+                for n in self.view.standbys(store, p)
+            ],
+        }
+
+    def ready(self) -> tuple[bool, list[str]]:
+        reasons = []
+        if self.state != "RUNNING":
+            reasons.append(f"state is {self.state}")
+        hosted = self.materializer.snapshot()
+        for (store, p), role in sorted(self._roles().items()):
+            hs = hosted.get((store, p))
+            if role != ACTIVE:
+                continue
+            if hs is None or hs.role != ACTIVE:
+                reasons.append(f"store {store} partition {p} is being opened")
+            elif not hs.restored:
+                reasons.append(f"store {store} partition {p} is restoring (lag {hs.lag})")
+        return not reasons, reasons

@@ -1,0 +1,117 @@
+"""Per-partition query results on the wire: one Arrow IPC stream for a whole request.
+
+The stream's schema is the store's schema. Each partition's result is one record batch
+whose batch-level custom metadata holds a small JSON header (partition, position, failure,
+message, execution info); a failed partition is a 0-row batch with its header. Keeping the
+header per batch (not per row) means encoding and decoding do no per-row Python work, and
+the Arrow buffers are read zero-copy from the received bytes.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import IO, Any, Iterable
+
+import pyarrow as pa
+
+from federator.query.position import Position
+from federator.query.result import FailureReason, QueryResult
+
+MEDIA_TYPE = "application/vnd.apache.arrow.stream"
+
+# Batch metadata key. Versioned so that a node running a newer layout fails loudly, not subtly.
+_HEADER_KEY = b"federator.result"
+_VERSION = 1
+
+
+class WireError(ValueError):
+    """Bytes that are not a Federator result stream (or one this version cannot read)."""
+
+
+def _header(r: QueryResult) -> bytes:
+    return json.dumps(
+        {
+            "v": _VERSION,
+            "partition": r.partition,
+            "position": None if r.position is None else r.position.to_dict(),
+            "failure": None if r.failure is None else r.failure.value,
+            "message": r.message,
+            "execution_info": list(r.execution_info),
+        },
+        separators=(",", ":"),
+    ).encode()
+
+
+def _batch_for(r: QueryResult, schema: pa.Schema, empty: pa.RecordBatch) -> pa.RecordBatch:
+    if r.failure is not None or r.batch is None:
+        # A failure carries no rows; a success without a batch is sent as a 0-row success.
+        return empty
+    if not r.batch.schema.equals(schema):
+        # Arrow would refuse the batch anyway; this says which partition and what differs.
+        raise ValueError(
+            f"partition {r.partition}'s batch has schema {r.batch.schema} but the stream's schema is {schema}; "
+            "a store's handlers must build batches with the store's schema"
+        )
+    return r.batch
+
+
+def write_results(sink: Any, results: Iterable[QueryResult], schema: pa.Schema) -> None:
+    """Write ``results`` as one Arrow IPC stream to ``sink`` (a file-like object or pyarrow NativeFile)."""
+    empty = pa.RecordBatch.from_pylist([], schema=schema)
+    with pa.ipc.new_stream(sink, schema) as writer:
+        for r in results:
+            writer.write_batch(_batch_for(r, schema, empty), custom_metadata={_HEADER_KEY: _header(r)})
+
+
+def encode_results(results: Iterable[QueryResult], schema: pa.Schema) -> bytes:
+    """The Arrow IPC stream of ``results`` as bytes (an HTTP body)."""
+    sink = pa.BufferOutputStream()
+    write_results(sink, results, schema)
+    return sink.getvalue().to_pybytes()
+
+
+def _result_from(batch: pa.RecordBatch, meta: pa.KeyValueMetadata | None) -> QueryResult:
+    raw = None if meta is None else meta.get(_HEADER_KEY)
+    if raw is None:
+        raise WireError("an Arrow batch in the result stream has no Federator header; the peer is not a Federator node")
+    try:
+        h: dict[str, Any] = json.loads(raw)
+        if h.get("v") != _VERSION:
+            raise WireError(
+                f"result stream layout version {h.get('v')!r} is not {_VERSION}; run the same Federator version on every node"
+            )
+        failure = None if h["failure"] is None else FailureReason(h["failure"])
+        position = None if h["position"] is None else Position.from_dict(h["position"])
+        return QueryResult(
+            partition=int(h["partition"]),
+            batch=None if failure is not None else batch,
+            position=position,
+            failure=failure,
+            message=str(h.get("message", "")),
+            execution_info=list(h.get("execution_info") or []),
+        )
+    except WireError:
+        raise
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise WireError(f"malformed result header {raw[:200]!r}: {e}") from e
+
+
+def read_results(source: Any) -> tuple[pa.Schema, list[QueryResult]]:
+    """Read a result stream from bytes, a pyarrow Buffer or a file-like object; also return its schema.
+
+    The schema matters when no partition returned rows (or there are no results at all).
+    """
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        source = pa.py_buffer(source)
+    try:
+        reader = pa.ipc.open_stream(source)
+        return reader.schema, [_result_from(b, m) for b, m in reader.iter_batches_with_custom_metadata()]
+    except WireError:
+        raise
+    except (pa.ArrowInvalid, OSError) as e:
+        raise WireError(f"not an Arrow IPC result stream: {e}") from e
+
+
+def decode_results(data: bytes | pa.Buffer | IO[bytes]) -> list[QueryResult]:
+    """The per-partition results carried by ``data`` (see :func:`encode_results`)."""
+    return read_results(data)[1]
