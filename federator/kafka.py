@@ -102,6 +102,8 @@ def topic_id(adm: AdminClient, topic: str, timeout: float = 10.0) -> str | None:
 
     try:
         desc = adm.describe_topics(TopicCollection([topic]), request_timeout=timeout)[topic].result(timeout)
+    except concurrent.futures.TimeoutError:
+        raise KafkaUnavailable(f"describing topic {topic!r} timed out after {timeout:.0f}s; is the broker up?") from None
     except KafkaException as e:
         if e.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
             return None

@@ -27,6 +27,8 @@ GROUP_CONFIG: dict[str, Any] = {
     "heartbeat.interval.ms": 500,
     "max.poll.interval.ms": 10000,
     "topic.metadata.refresh.interval.ms": 2000,
+    # a request the broker never answers (seen after a broker restart) fails in 10 s, not 60
+    "socket.timeout.ms": 10000,
     "enable.auto.commit": False,
     "auto.offset.reset": "earliest",
     "enable.partition.eof": False,
@@ -73,6 +75,7 @@ class GroupMember:
         consumer = Consumer(conf)
 
         def assigned(c: Consumer, partitions: list[TopicPartition]) -> None:
+            log.info("group assigned %d partitions", len(partitions))
             c.assign(partitions)
             if partitions:
                 c.pause(partitions)  # membership only; never fetch here
@@ -93,6 +96,7 @@ class GroupMember:
                     wanted, self._wanted = self._wanted, None
                 if wanted is not None and wanted != self._topics:
                     self._topics = wanted
+                    log.info("subscribing to %s", wanted)
                     if wanted:
                         self.on_rebalancing()
                         consumer.subscribe(wanted, on_assign=assigned, on_revoke=revoked, on_lost=lost)
@@ -101,7 +105,7 @@ class GroupMember:
                         self.on_assignment(set())
                 msg = consumer.poll(0.1)
                 if msg is not None and msg.error():
-                    log.debug("group consumer: %s", msg.error().str())
+                    log.info("group consumer: %s", msg.error().str())
         except Exception:  # noqa: BLE001
             log.exception("group member failed")
         finally:

@@ -33,7 +33,8 @@ TOPIC_CHECK_SECONDS = 2.0
 class HostedShard:
     shard: Shard
     role: str
-    restored: bool = False  # reached the log end since it was (re)assigned
+    restored: bool = False  # reached the log end since it was (re)assigned: current
+    caught_up: bool = False  # reached the log end at least once since opened: fit for stale reads
     end_offset: int | None = None  # next offset the log will write, as last seen
     gone: bool = False  # its changelog topic no longer exists
     applied: int = 0  # records applied since this process opened it
@@ -66,6 +67,9 @@ class Materializer:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="materializer", daemon=True)
         self._topic_ids: dict[str, str | None] = {}
+        # Set when the broker connection broke: until the changelogs are checked again, no shard
+        # counts as current (the broker may come back empty, with new topics).
+        self._unverified = False
 
     # ---- called from other threads ---------------------------------------------------------
     def start(self) -> None:
@@ -93,28 +97,49 @@ class Materializer:
     # ---- the materializer thread -----------------------------------------------------------
     def _run(self) -> None:
         admin = kafka.admin(self.bootstrap_servers)
-        consumer = kafka.reader(self.bootstrap_servers, **{"auto.offset.reset": "error", "fetch.max.bytes": 52428800})
+        consumer = kafka.reader(
+            self.bootstrap_servers,
+            **{"auto.offset.reset": "error", "fetch.max.bytes": 52428800, "error_cb": self._on_client_error},
+        )
         next_check = 0.0
         try:
             while not self._stop.is_set():
-                reassign = False
-                with self._lock:
-                    desired, self._desired = self._desired, None
-                if desired is not None:
-                    reassign = self._reconcile(desired, admin)
-                if time.monotonic() >= next_check:
-                    next_check = time.monotonic() + TOPIC_CHECK_SECONDS
-                    reassign = self._check_topics(admin) or reassign
-                if reassign:
-                    self._assign(consumer)
-                if not self._hosted:
-                    self._stop.wait(0.1)
-                    continue
-                self._consume(consumer)
-        except Exception:  # noqa: BLE001
-            log.exception("materializer failed")
+                try:
+                    next_check = self._step(consumer, admin, next_check)
+                except Exception:  # noqa: BLE001 - keep materializing; the next step tries again
+                    log.exception("materializer step failed; retrying")
+                    self._stop.wait(1.0)
         finally:
             consumer.close()
+
+    def _step(self, consumer, admin, next_check: float) -> float:
+        reassign = False
+        with self._lock:
+            desired, self._desired = self._desired, None
+        if desired is not None:
+            try:
+                reassign = self._reconcile(desired, admin)
+            except Exception:
+                with self._lock:  # try this wish again next step, unless a newer one came
+                    self._desired = self._desired or desired
+                raise
+        if time.monotonic() >= next_check:
+            next_check = time.monotonic() + TOPIC_CHECK_SECONDS
+            unverified = self._unverified
+            try:
+                reassign = self._check_topics(admin) or reassign
+                if unverified:
+                    self._unverified = False
+                    reassign = True  # fetch again so the log end is seen anew
+            except kafka.KafkaUnavailable as e:
+                log.warning("cannot check changelogs: %s", e)
+        if reassign:
+            self._assign(consumer)
+        if not self._hosted:
+            self._stop.wait(0.1)
+            return next_check
+        self._consume(consumer)
+        return next_check
 
     def _reconcile(self, desired: Desired, admin) -> bool:
         changed = False
@@ -159,11 +184,7 @@ class Materializer:
         topics = {hs.shard.topic for hs in self._hosted.values()}
         changed = False
         for topic in topics:
-            try:
-                current = kafka.topic_id(admin, topic, timeout=5)
-            except kafka.KafkaUnavailable as e:
-                log.warning("cannot check changelog %s: %s", topic, e)
-                continue
+            current = kafka.topic_id(admin, topic, timeout=5)
             self._topic_ids[topic] = current
             for hs in self._hosted.values():
                 if hs.shard.topic != topic:
@@ -172,12 +193,12 @@ class Materializer:
                     if not hs.gone:
                         log.warning("%s is gone: dropping the data of partition %d", topic, hs.shard.partition)
                         hs.shard.reset()
-                        hs.gone, hs.restored, hs.end_offset = True, False, None
+                        hs.gone, hs.restored, hs.caught_up, hs.end_offset = True, False, False, None
                         changed = True
                 elif hs.shard.source != current or hs.gone:
                     if hs.shard.set_source(current):
                         log.warning("%s was created anew: rebuilding partition %d", topic, hs.shard.partition)
-                    hs.gone, hs.restored, hs.end_offset = False, False, None
+                    hs.gone, hs.restored, hs.caught_up, hs.end_offset = False, False, False, None
                     changed = True
         if changed:
             self.on_change()
@@ -206,6 +227,8 @@ class Materializer:
                 eof.append((m.topic(), m.partition(), m.offset()))
             elif err.code() == KafkaError._AUTO_OFFSET_RESET:
                 self._rebuild(m.topic(), m.partition(), consumer)
+            elif err.code() in (KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT):
+                self._on_client_error(err)
             else:
                 log.warning("reading %s[%s]: %s", m.topic(), m.partition(), err.str())
         index = {(hs.shard.topic, hs.shard.partition): hs for hs in self._hosted.values()}
@@ -225,10 +248,21 @@ class Materializer:
                 continue
             hs.end_offset = offset
             if not hs.restored:
-                hs.restored = True
+                hs.restored = hs.caught_up = True
                 changed = True
         if changed:
             self.on_change()
+
+    def _on_client_error(self, err: KafkaError) -> None:
+        """Connection trouble (runs inside consume): the broker may come back empty, so no shard
+        counts as current until its changelog has been checked again."""
+        if err.code() not in (KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT) or self._unverified:
+            return
+        log.warning("lost the broker (%s): shards are not current until their changelogs are checked", err.str())
+        self._unverified = True
+        for hs in self._hosted.values():
+            hs.restored = False
+        self.on_change()
 
     def _rebuild(self, topic: str, partition: int, consumer) -> None:
         """The recorded offset is out of the log's range (truncated, reset): start over."""
@@ -236,5 +270,5 @@ class Materializer:
             if hs.shard.topic == topic and hs.shard.partition == partition:
                 log.warning("%s[%d]: offset out of range; rebuilding the shard", topic, partition)
                 hs.shard.reset()
-                hs.restored, hs.end_offset = False, None
+                hs.restored, hs.caught_up, hs.end_offset = False, False, None
         self._assign(consumer)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-from confluent_kafka import Message
+from confluent_kafka import KafkaException, Message
 
 from federator import kafka
 from federator.catalog.catalog import COMPACTED, Catalog, apply_catalog_message, catalog_topic
@@ -66,8 +66,11 @@ class Node:
         app, bootstrap = config.application_id, config.bootstrap_servers
         self.view = ClusterView()
         self.materializer = Materializer(bootstrap, self.state_dir, on_change=self._wake.set)
-        self.catalog_tail = TopicTail(bootstrap, catalog_topic(app), self._on_catalog, self._on_catalog_reset, "catalog")
-        self.members_tail = TopicTail(bootstrap, nodes_topic(app), self._on_member, self.view.clear, "membership")
+        # Both topics are created again if they vanish (a broker restarted empty).
+        self.catalog_tail = TopicTail(
+            bootstrap, catalog_topic(app), self._on_catalog, self._on_catalog_reset, "catalog", COMPACTED
+        )
+        self.members_tail = TopicTail(bootstrap, nodes_topic(app), self._on_member, self.view.clear, "membership", COMPACTED)
         self.group = GroupMember(bootstrap, app, self._on_assignment, self._on_rebalancing, client_id=self.node_id)
         # Not idempotent: an idempotent producer never recovers from a broker restarted empty.
         self._producer = kafka.producer(bootstrap, **{"enable.idempotence": False, "linger.ms": 0})
@@ -91,8 +94,11 @@ class Node:
         self.group.stop()
         self._stop.set()
         self._loop_thread.join(10)
-        self._producer.produce(nodes_topic(self.config.application_id), key=self.node_id.encode(), value=None)
-        self._producer.flush(5)
+        try:
+            self._producer.produce(nodes_topic(self.config.application_id), key=self.node_id.encode(), value=None)
+            self._producer.flush(5)
+        except KafkaException as e:
+            log.warning("could not remove this node's membership record: %s", e.args[0].str())
         self.catalog_tail.stop()
         self.members_tail.stop()
         self.materializer.stop()
@@ -106,8 +112,9 @@ class Node:
             self._wake.set()
 
     def _on_catalog_reset(self) -> None:
+        # The subscription stays: the group notices the changelogs when they come back
+        # (re-subscribing instead made a join wait for half a minute on tansu).
         self.stores = {}
-        self.group.subscribe([])
         self._wake.set()
 
     def _on_member(self, msg: Message) -> None:
@@ -186,7 +193,10 @@ class Node:
     def _publish(self) -> None:
         info = self.local_info()
         self.view.update_local(info)
-        self._producer.produce(nodes_topic(self.config.application_id), key=self.node_id.encode(), value=info.to_json())
+        try:
+            self._producer.produce(nodes_topic(self.config.application_id), key=self.node_id.encode(), value=info.to_json())
+        except KafkaException as e:  # the topic is being created again; the next beat goes through
+            log.warning("heartbeat not published: %s", e.args[0].str())
         self._producer.poll(0)
 
     # ---- what the HTTP layer asks ----------------------------------------------------------
@@ -215,8 +225,14 @@ class Node:
                     p, FailureReason.DOES_NOT_EXIST,
                     f"the changelog {hs.shard.topic!r} of store {request.store!r} no longer exists"))
                 continue
-            if request.require_active and (hs.role != ACTIVE or not hs.restored):
-                why = "a standby copy" if hs.role != ACTIVE else f"still restoring (lag {hs.lag})"
+            if not hs.caught_up or (request.require_active and (hs.role != ACTIVE or not hs.restored)):
+                # A copy that never reached its log end is no answer at all, even a stale one.
+                if not hs.caught_up:
+                    why = f"a copy still restoring (lag {hs.lag})"
+                elif hs.role != ACTIVE:
+                    why = "a standby copy"
+                else:
+                    why = f"an active copy that is catching up (lag {hs.lag})"
                 results.append(QueryResult.failed(
                     p, FailureReason.NOT_ACTIVE,
                     f"node {self.node_id} holds partition {p} of store {request.store!r} as {why}"))

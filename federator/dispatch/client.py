@@ -1,0 +1,57 @@
+"""A client for one node's internal query endpoint."""
+
+from __future__ import annotations
+
+import json
+
+import urllib3
+
+from federator.http.app import SECRET_HEADER
+from federator.query.request import StateQueryRequest
+from federator.query.result import QueryResult
+from federator.query.wire import MEDIA_TYPE, decode_results
+
+_POOL = urllib3.PoolManager(maxsize=16, retries=False)
+
+
+class NodeCallError(RuntimeError):
+    """The node did not answer, or answered with an error instead of per-partition results."""
+
+    def __init__(self, endpoint: str, message: str, status: int | None = None, code: str | None = None) -> None:
+        super().__init__(f"node {endpoint}: {message}")
+        self.endpoint, self.status, self.code = endpoint, status, code
+
+
+class NodeClient:
+    def __init__(self, endpoint: str, cluster_secret: str | None = None, timeout: float = 10.0) -> None:
+        self.endpoint = endpoint
+        self.base = endpoint if endpoint.startswith("http") else f"http://{endpoint}"
+        self.headers = {"Content-Type": "application/json", "Accept": MEDIA_TYPE}
+        if cluster_secret:
+            self.headers[SECRET_HEADER] = cluster_secret
+        self.timeout = timeout
+
+    def query(self, request: StateQueryRequest, timeout: float | None = None) -> list[QueryResult]:
+        """One call carrying every partition of ``request``; per-partition failures come back as results."""
+        try:
+            resp = _POOL.request(
+                "POST", f"{self.base}/internal/v1/query", body=json.dumps(request.to_dict()).encode(),
+                headers=self.headers, timeout=timeout or self.timeout,
+            )
+        except urllib3.exceptions.HTTPError as e:
+            raise NodeCallError(self.endpoint, f"no answer ({type(e).__name__}: {e})") from None
+        if resp.status != 200:
+            try:
+                err = json.loads(resp.data)["error"]
+                code, message = err["code"], err["message"]
+            except (ValueError, KeyError, TypeError):
+                code, message = None, resp.data[:200].decode("utf-8", "replace")
+            raise NodeCallError(self.endpoint, f"HTTP {resp.status} {code}: {message}", resp.status, code)
+        return decode_results(resp.data)
+
+    def get_json(self, path: str, timeout: float | None = None) -> tuple[int, dict]:
+        try:
+            resp = _POOL.request("GET", f"{self.base}{path}", timeout=timeout or self.timeout)
+        except urllib3.exceptions.HTTPError as e:
+            raise NodeCallError(self.endpoint, f"no answer ({type(e).__name__}: {e})") from None
+        return resp.status, json.loads(resp.data)

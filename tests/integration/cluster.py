@@ -1,0 +1,119 @@
+"""Nodes as real subprocesses (`federator node`) for integration tests."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Callable, TypeVar
+
+from federator.dispatch import NodeCallError, NodeClient
+from tests.conftest import federator_cmd, free_port
+
+T = TypeVar("T")
+
+
+def wait_for(cond: Callable[[], T], timeout: float = 30.0, what: str = "condition", interval: float = 0.2) -> T:
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            last = cond()
+            if last:
+                return last
+        except (NodeCallError, OSError):
+            pass
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+
+
+class NodeProcess:
+    def __init__(self, bootstrap: str, app_id: str, node_id: str, state_dir: Path, standby_replicas: int = 1,
+                 secret: str | None = None, port: int | None = None) -> None:
+        self.bootstrap, self.app_id, self.node_id, self.state_dir = bootstrap, app_id, node_id, state_dir
+        self.standby_replicas, self.secret = standby_replicas, secret
+        self.port = port or free_port()
+        self.endpoint = f"127.0.0.1:{self.port}"
+        self.client = NodeClient(self.endpoint, secret, timeout=10)
+        self.proc: subprocess.Popen | None = None
+        self.log = state_dir.parent / f"{node_id}.log"
+
+    def start(self) -> NodeProcess:
+        args = ["node", "--bootstrap-servers", self.bootstrap, "--application-id", self.app_id,
+                "--listen", self.endpoint, "--state-dir", str(self.state_dir), "--node-id", self.node_id,
+                "--standby-replicas", str(self.standby_replicas)]
+        if self.secret:
+            args += ["--cluster-secret", self.secret]
+        self.state_dir.parent.mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen(federator_cmd(*args), stdout=open(self.log, "a"), stderr=subprocess.STDOUT)
+        wait_for(lambda: self.client.get_json("/healthz", timeout=1)[0] == 200, 30, f"{self.node_id} to answer /healthz")
+        return self
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+    def metadata(self) -> dict:
+        return self.client.get_json("/v1/metadata")[1]
+
+    def ready(self) -> bool:
+        return self.client.get_json("/readyz", timeout=2)[0] == 200
+
+
+class Cluster:
+    def __init__(self, bootstrap: str, app_id: str, root: Path, size: int = 3, standby_replicas: int = 1,
+                 secret: str | None = None) -> None:
+        self.nodes = [
+            NodeProcess(bootstrap, app_id, f"n{i}", root / f"n{i}", standby_replicas, secret) for i in range(size)
+        ]
+
+    def start(self) -> Cluster:
+        for n in self.nodes:
+            n.start()
+        return self
+
+    def stop(self) -> None:
+        for n in self.nodes:
+            n.stop()
+
+    def running(self) -> list[NodeProcess]:
+        return [n for n in self.nodes if n.proc is not None and n.proc.poll() is None]
+
+    def active_map(self, store: str, via: NodeProcess | None = None) -> dict[int, str]:
+        """partition -> node id that is active for it, as the routing view says."""
+        md = (via or self.running()[0]).metadata()
+        out: dict[int, str] = {}
+        for n in md["nodes"]:
+            for p in n["active"].get(store, []):
+                out[p] = n["node_id"]
+        return out
+
+    def wait_settled(self, store: str, partitions: int, timeout: float = 40.0) -> dict[int, str]:
+        """Every partition active on exactly one running node, every running node ready and agreeing."""
+        ids = {n.node_id for n in self.running()}
+
+        def settled():
+            views = [n.metadata() for n in self.running()]
+            maps = []
+            for md in views:
+                owners: dict[int, list[str]] = {}
+                for n in md["nodes"]:
+                    for p in n["active"].get(store, []):
+                        owners.setdefault(p, []).append(n["node_id"])
+                if {n["node_id"] for n in md["nodes"]} != ids:
+                    return None
+                if sorted(owners) != list(range(partitions)) or any(len(v) != 1 for v in owners.values()):
+                    return None
+                maps.append({p: v[0] for p, v in owners.items()})
+            if any(m != maps[0] for m in maps) or not all(n.ready() for n in self.running()):
+                return None
+            return maps[0]
+
+        return wait_for(settled, timeout, f"store {store} to settle on {sorted(ids)}")

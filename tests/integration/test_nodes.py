@@ -1,0 +1,269 @@
+"""Nodes as subprocesses over the real broker: ownership, handover, standbys, restarts, rebuilds."""
+
+from __future__ import annotations
+
+import random
+import signal
+import threading
+import time
+from collections import Counter
+
+import pytest
+
+from federator.dispatch import NodeCallError, NodeClient
+from federator.partitioner import partition_for
+from federator.query import FailureReason, KeyQuery, RangeQuery, StateQueryRequest
+from tests.conftest import RunningBroker, free_port
+from tests.integration.changelog_util import produce, register
+from tests.integration.cluster import Cluster, NodeProcess, wait_for
+
+P = 8
+SECRET = "s3cret"
+
+
+def make_store(broker, app_id: str, name: str = "counts"):
+    return register(broker, app_id, {"name": name, "type": "kv", "partitions": P,
+                                     "key": {"format": "string"}, "value": {"format": "long"}})
+
+
+def write(broker, defn, model: dict[str, int]) -> None:
+    enc = defn.value.serialize
+    produce(broker, defn.topic, P, [(k.encode(), k.encode(), enc(v), 1) for k, v in model.items()])
+
+
+def ask(node: NodeProcess, store: str, key: str, require_active: bool = True):
+    p = partition_for(key.encode(), P)
+    (r,) = node.client.query(StateQueryRequest(store, KeyQuery(key), (p,), require_active=require_active))
+    return r
+
+
+def value_of(r) -> int | None:
+    assert r.ok, r
+    vals = r.batch.column("value").to_pylist()
+    return vals[0] if vals else None
+
+
+@pytest.fixture
+def cluster(broker, app_id, tmp_path):
+    clusters: list[Cluster] = []
+
+    def make(size: int = 3, standby_replicas: int = 1, secret: str | None = SECRET, bootstrap: str | None = None):
+        c = Cluster(bootstrap or broker.bootstrap_servers, app_id, tmp_path / "nodes", size, standby_replicas, secret)
+        clusters.append(c)
+        return c.start()
+
+    yield make
+    for c in clusters:
+        c.stop()
+
+
+def test_three_nodes_split_eight_partitions_and_each_owner_answers(broker, app_id, cluster) -> None:
+    defn = make_store(broker, app_id)
+    model = {f"user-{i}": i for i in range(2000)}
+    write(broker, defn, model)
+    c = cluster()
+    owners = c.wait_settled("counts", P)
+    assert sorted(Counter(owners.values()).values()) == [2, 3, 3]
+    by_id = {n.node_id: n for n in c.nodes}
+
+    for key in random.Random(3).sample(sorted(model), 150):
+        p = partition_for(key.encode(), P)
+        owner = by_id[owners[p]]
+        assert value_of(ask(owner, "counts", key)) == model[key]
+        # any node routes the key the same way (IQv2's queryMetadataForKey)
+        status, meta = random.choice(c.nodes).client.get_json(f"/v1/metadata/stores/counts/keys/{key}")
+        assert status == 200 and meta["partition"] == p and meta["active"]["node_id"] == owner.node_id
+        assert [s["node_id"] for s in meta["standbys"]] and owner.node_id not in [s["node_id"] for s in meta["standbys"]]
+
+    # a full scan through the owners returns exactly what was written
+    rows = {}
+    for node in c.nodes:
+        mine = tuple(p for p, n in owners.items() if n == node.node_id)
+        for r in node.client.query(StateQueryRequest("counts", RangeQuery(), mine, require_active=True)):
+            assert r.ok, r
+            rows.update(zip(r.batch.column("key").to_pylist(), r.batch.column("value").to_pylist()))
+    assert rows == model
+
+    # the standby answers stale reads, refuses when an active is required; others say NOT_PRESENT
+    key = "user-7"
+    p = partition_for(key.encode(), P)
+    _, meta = c.nodes[0].client.get_json(f"/v1/metadata/stores/counts/keys/{key}")
+    standby = by_id[meta["standbys"][0]["node_id"]]
+    assert ask(standby, "counts", key).failure is FailureReason.NOT_ACTIVE
+    assert value_of(ask(standby, "counts", key, require_active=False)) == 7
+    stranger = next(n for n in c.nodes if n.node_id not in (owners[p], standby.node_id))
+    assert ask(stranger, "counts", key, require_active=False).failure is FailureReason.NOT_PRESENT
+
+    # internal calls need the cluster secret
+    with pytest.raises(NodeCallError) as e:
+        NodeClient(c.nodes[0].endpoint).query(StateQueryRequest("counts", KeyQuery(key), (p,)))
+    assert e.value.status == 403
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_a_stopped_node_hands_over_within_15s_and_standbys_serve_meanwhile(broker, app_id, cluster, sig) -> None:
+    defn = make_store(broker, app_id)
+    model = {f"k{i}": i * 3 for i in range(800)}
+    write(broker, defn, model)
+    c = cluster()
+    owners = c.wait_settled("counts", P)
+    victim = c.nodes[1]
+    lost = sorted(p for p, n in owners.items() if n == victim.node_id)
+    keys = [k for k in model if partition_for(k.encode(), P) in lost][:40]
+    md = c.nodes[0].metadata()
+    standby_of = {p: n["node_id"] for n in md["nodes"] for p in n["standby"].get("counts", [])}
+    by_id = {n.node_id: n for n in c.nodes}
+
+    started = time.monotonic()
+    victim.stop(sig)
+    # meanwhile: the standbys answer stale reads with the right data
+    for k in keys:
+        holder = by_id[standby_of[partition_for(k.encode(), P)]]
+        assert value_of(ask(holder, "counts", k, require_active=False)) == model[k]
+    # and the survivors take every partition over
+    survivors = c.running()
+    wait_for(lambda: sorted(c.active_map("counts", survivors[0])) == list(range(P))
+             and set(c.active_map("counts", survivors[0]).values()) <= {n.node_id for n in survivors},
+             15, "the survivors to own every partition")
+    assert time.monotonic() - started < 15
+    owners = c.wait_settled("counts", P)
+    for k in keys:
+        assert value_of(ask(by_id[owners[partition_for(k.encode(), P)]], "counts", k)) == model[k]
+
+
+def test_a_restarted_node_restores_from_its_checkpoint(broker, app_id, cluster) -> None:
+    defn = make_store(broker, app_id)
+    model = {f"k{i}": i for i in range(3000)}
+    write(broker, defn, model)
+    c = cluster(standby_replicas=0)
+    c.wait_settled("counts", P)
+    node = c.nodes[2]
+    first_run = sum(node.metadata()["local"]["records_applied"].values())
+    assert first_run > 0
+    node.stop()
+    update = {f"k{i}": -i for i in range(0, 3000, 30)}  # 100 new records
+    write(broker, defn, update)
+    model.update(update)
+    node.start()
+    owners = c.wait_settled("counts", P)
+    applied = node.metadata()["local"]["records_applied"]
+    assert applied, "the restarted node hosts nothing"
+    mine = [int(k.split("/")[1]) for k in applied]
+    new_in_mine = sum(1 for k in update if partition_for(k.encode(), P) in mine)
+    # only the records written while it was down, not the 3000 + 100 of the whole changelog
+    assert sum(applied.values()) == new_in_mine
+    by_id = {n.node_id: n for n in c.nodes}
+    for k in list(update)[:30]:
+        assert value_of(ask(by_id[owners[partition_for(k.encode(), P)]], "counts", k)) == model[k]
+
+
+def test_the_broker_restarted_empty_never_serves_old_data_and_rebuilds(app_id, tmp_path) -> None:
+    b = RunningBroker(free_port())
+    nodes: list[NodeProcess] = []
+    try:
+        defn = make_store(b, app_id)
+        write(b, defn, {f"k{i}": 1 for i in range(300)})
+        c = Cluster(b.bootstrap_servers, app_id, tmp_path / "nodes", size=2, standby_replicas=0)
+        nodes = c.nodes
+        c.start()
+        owners = c.wait_settled("counts", P)
+        by_id = {n.node_id: n for n in c.nodes}
+        assert value_of(ask(by_id[owners[partition_for(b"k1", P)]], "counts", "k1")) == 1
+
+        b.stop(signal.SIGKILL)
+        from federator.broker import port_open
+
+        wait_for(lambda: not port_open("127.0.0.1", b.port), 10, "the killed broker to let go of its port")
+        b = RunningBroker(b.port)  # the same address, nothing in it
+        seen: Counter = Counter()
+        deadline = time.monotonic() + 8
+        while time.monotonic() < deadline:  # the old data is gone: never answered as current
+            for n in c.nodes:
+                try:
+                    results = n.client.query(StateQueryRequest("counts", RangeQuery(), require_active=True))
+                except NodeCallError as e:  # the catalog is gone too, so the store is unknown: also fine
+                    assert e.code == "UNKNOWN_STORE", e
+                    seen[e.code] += 1
+                    continue
+                for r in results:
+                    seen["ok" if r.ok else r.failure.value] += 1
+                    assert not r.ok or r.batch.num_rows == 0, f"{n.node_id} served old data as current: {r}"
+            time.sleep(0.3)
+        assert sum(seen.values()) > 0
+
+        # the pipeline runs again on the new broker: nodes rebuild from the new changelog
+        defn = make_store(b, app_id)
+        new = {f"k{i}": 2 for i in range(0, 300, 3)}
+        write(b, defn, new)
+
+        def rebuilt() -> bool:
+            owners = c.active_map("counts")
+            if sorted(owners) != list(range(P)):
+                return False
+            got = {}
+            for node in c.nodes:
+                mine = tuple(p for p, n in owners.items() if n == node.node_id)
+                for r in node.client.query(StateQueryRequest("counts", RangeQuery(), mine, require_active=True)):
+                    if not r.ok:
+                        return False
+                    got.update(zip(r.batch.column("key").to_pylist(), r.batch.column("value").to_pylist()))
+            assert set(got.values()) <= {2}, "old data came back"
+            return got == new
+
+        wait_for(rebuilt, 60, "the nodes to rebuild from the new changelog")
+    finally:
+        for n in nodes:
+            n.stop()
+        b.stop()
+
+
+def test_queries_racing_a_rebalance_get_right_data_or_typed_failures(broker, app_id, cluster) -> None:
+    defn = make_store(broker, app_id)
+    model = {f"k{i}": i * 7 for i in range(1000)}
+    write(broker, defn, model)
+    c = cluster()
+    c.wait_settled("counts", P)
+    outcomes: Counter = Counter()
+    wrong: list[str] = []
+    stop = threading.Event()
+
+    def hammer() -> None:
+        rnd = random.Random(5)
+        owners: dict[int, str] = {}
+        while not stop.is_set():
+            key = rnd.choice(sorted(model))
+            p = partition_for(key.encode(), P)
+            alive = {n.node_id: n for n in c.running()}
+            node = alive.get(owners.get(p, ""), None) or rnd.choice(list(alive.values()))
+            try:
+                r = ask(node, "counts", key, require_active=rnd.random() < 0.5)
+            except NodeCallError:
+                outcomes["node-down"] += 1
+                continue
+            if r.ok:
+                got = value_of(r)
+                if got != model[key]:
+                    wrong.append(f"{key}: {got} != {model[key]} from {node.node_id}")
+                outcomes["ok"] += 1
+            else:
+                assert isinstance(r.failure, FailureReason)
+                outcomes[r.failure.value] += 1
+                try:
+                    owners = c.active_map("counts", node)
+                except NodeCallError:
+                    pass
+
+    t = threading.Thread(target=hammer)
+    t.start()
+    try:
+        c.nodes[2].stop(signal.SIGTERM)
+        time.sleep(4)
+        c.nodes[2].start()
+        time.sleep(4)
+        c.nodes[0].stop(signal.SIGKILL)
+        time.sleep(6)
+    finally:
+        stop.set()
+        t.join(30)
+    assert not wrong, wrong[:5]
+    assert outcomes["ok"] > 50, outcomes
