@@ -65,6 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="shared secret for node-to-node calls (default $FEDERATOR_CLUSTER_SECRET)")
     n.add_argument("--threads", type=int, default=8, help="HTTP worker threads (default 8)")
 
+    from federator.client.sql_cli import add_sql_parser
+
+    add_sql_parser(sub)
+
     demo = sub.add_parser("demo", help="the main job: broker, pipeline, nodes and example queries")
     demo.add_argument("--dir", default=".federator/demo", help="where state lives (default .federator/demo)")
     demo.add_argument("--events", type=int, default=1_000_000, help="game events to generate")
@@ -151,6 +155,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from federator.node.run import run_node
 
             return run_node(args)
+        if args.command == "sql":
+            from federator.client.sql_cli import run_sql
+
+            return run_sql(args)
         if args.command == "demo":
             from federator.demo import run_demo
 

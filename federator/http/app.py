@@ -45,6 +45,19 @@ class ApiError(Exception):
         self.status, self.code, self.message = status, code, message
 
 
+def _pipeline_schema(results: list[QueryResult], store_schema: pa.Schema) -> pa.Schema:
+    """SQL work done at the owner reshapes the rows: the stream takes the first answer's schema,
+    and the others are cast to it (an empty partition may have inferred looser types)."""
+    ok = [r for r in results if r.ok and r.batch is not None]
+    if not ok:
+        return store_schema
+    schema = ok[0].batch.schema
+    for r in ok[1:]:
+        if not r.batch.schema.equals(schema):
+            r.batch = r.batch.cast(schema)
+    return schema
+
+
 def error_response(status: int, code: str, message: str) -> Response:
     resp = jsonify({"error": {"code": code, "message": message}})
     resp.status_code = status
@@ -190,6 +203,8 @@ def create_app(node: Node) -> Flask:
             _bad_request(f"the body is not a valid StateQueryRequest: {_describe(e)}")
         else:
             results = node.execute(req)
+            if req.pipeline is not None:
+                schema = _pipeline_schema(results, schema)
         return Response(encode_results(results, schema), mimetype=MEDIA_TYPE)
 
     @app.errorhandler(ApiError)
@@ -213,4 +228,8 @@ def create_app(node: Node) -> Flask:
         app.logger.exception("unexpected error on %s %s", request.method, request.path)
         return error_response(500, "INTERNAL", f"{type(e).__name__}: {e}")
 
+    if hasattr(node, "sql"):  # a node without the SQL engine still serves the internal API
+        from federator.http.sql_routes import register_sql_routes
+
+        register_sql_routes(app, node)  # type: ignore[arg-type]
     return app

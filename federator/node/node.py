@@ -3,6 +3,7 @@ copies, publishes its heartbeat, and answers per-partition queries for the shard
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -48,6 +49,17 @@ def _node_id(state_dir: Path) -> str:
     node_id = f"node-{uuid.uuid4().hex[:8]}"
     path.write_text(node_id + "\n")
     return node_id
+
+
+def _apply_pipeline(spec: dict[str, Any], result: QueryResult) -> QueryResult:
+    """Run the SQL work that belongs where the rows are (filter, partial aggregate, top-k)."""
+    from federator.sql.pipeline import Pipeline, as_batch, run
+
+    try:
+        result.batch = as_batch(run(Pipeline.from_dict(spec), result.batch))
+    except Exception as e:  # noqa: BLE001 - a bad pipeline is this partition's typed failure
+        return QueryResult.failed(result.partition, FailureReason.STORE_EXCEPTION, f"{type(e).__name__}: {e}")
+    return result
 
 
 class Node:
@@ -237,8 +249,63 @@ class Node:
                     p, FailureReason.NOT_ACTIVE,
                     f"node {self.node_id} holds partition {p} of store {request.store!r} as {why}"))
                 continue
-            results.append(hs.shard.run(request.query, request.bound, request.collect_execution_info))
+            result = hs.shard.run(request.query, request.bound, request.collect_execution_info)
+            if request.pipeline is not None and result.ok:
+                result = _apply_pipeline(request.pipeline, result)
+            results.append(result)
         return results
+
+    # ---- SQL and the REST views of stores ------------------------------------------------
+    @functools.cached_property
+    def sql_engine(self):
+        from federator.sql.engine import SqlEngine
+
+        return SqlEngine(self)
+
+    def sql(self, request):
+        return self.sql_engine.execute(request)
+
+    def stores_info(self) -> list[dict[str, Any]]:
+        from federator.sql.types import sql_type
+
+        return [
+            {**d.to_dict(), "columns": [{"name": f.name, "type": sql_type(f.type)} for f in d.arrow_schema()]}
+            for _, d in sorted(self.stores.items())
+        ]
+
+    def store_info(self, name: str) -> dict[str, Any]:
+        defn = self.sql_engine._store(name)
+        info = next(s for s in self.stores_info() if s["name"] == defn.name)
+        parts = []
+        for p in range(defn.partitions):
+            owner = self.view.active_owner(defn.name, p)
+            parts.append({
+                "partition": p,
+                "active": None if owner is None else {
+                    "node_id": owner.node_id, "endpoint": owner.endpoint,
+                    "lag": owner.lags.get(defn.name, {}).get(p), "position": owner.positions.get(defn.name, {}).get(p),
+                },
+                "standbys": [
+                    {"node_id": n.node_id, "endpoint": n.endpoint, "lag": n.lags.get(defn.name, {}).get(p)}
+                    for n in self.view.standbys(defn.name, p)
+                ],
+            })
+        info["partition_owners"] = parts
+        return info
+
+    def lookup(self, store: str, key: str) -> dict[str, Any] | None:
+        """A routed point lookup: the row of ``key`` (given as its string form), None if absent."""
+        from federator.sql.errors import SqlError
+        from federator.sql.result import SqlRequest
+
+        defn = self.sql_engine._store(store)
+        try:
+            value = defn.key.parse(key)
+        except ValueError as e:
+            raise SqlError("INVALID_PARAMETER", f"key {key!r} is not a {defn.key_format}: {e}") from None
+        result = self.sql(SqlRequest(f'SELECT * FROM "{defn.name}" WHERE "{defn.key_name}" = ?', [value]))
+        rows = pa.Table.from_batches(list(result.batches), schema=result.schema).to_pylist()
+        return rows[0] if rows else None
 
     def metadata(self) -> dict[str, Any]:
         view = self.view.to_public()

@@ -3,6 +3,7 @@
 from federator.query.position import Position, PositionBound
 from federator.query.queries import (
     KeyQuery,
+    KeysQuery,
     Query,
     RangeQuery,
     SessionQuery,
@@ -18,6 +19,7 @@ from federator.query.result import FailureReason, QueryResult
 __all__ = [
     "FailureReason",
     "KeyQuery",
+    "KeysQuery",
     "Position",
     "PositionBound",
     "Query",

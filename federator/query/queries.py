@@ -62,6 +62,21 @@ class KeyQuery(Query):
 
 
 @dataclass(frozen=True)
+class KeysQuery(Query):
+    """The values of several keys (kv stores): each partition answers for the keys it holds."""
+
+    type_name: ClassVar[str] = "KeysQuery"
+    keys: tuple[Any, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.type_name, "keys": [encode_value(k) for k in self.keys]}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Query:
+        return cls(tuple(decode_value(k) for k in d["keys"]))
+
+
+@dataclass(frozen=True)
 class RangeQuery(Query):
     """Keys in [lower, upper] (either bound open when None), in key order; no bounds = all keys."""
 
@@ -119,7 +134,7 @@ def register_query_type(cls: Q) -> Q:
     return cls
 
 
-for _cls in (KeyQuery, RangeQuery, WindowKeyQuery, WindowRangeQuery, SessionQuery):
+for _cls in (KeyQuery, KeysQuery, RangeQuery, WindowKeyQuery, WindowRangeQuery, SessionQuery):
     register_query_type(_cls)
 
 

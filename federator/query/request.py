@@ -17,10 +17,13 @@ class StateQueryRequest:
     bound: PositionBound = field(default_factory=PositionBound.unbounded)
     require_active: bool = False
     collect_execution_info: bool = False
+    # SQL work done where the rows are (federator.sql.pipeline.Pipeline as a dict), None = raw rows
+    pipeline: dict[str, Any] | None = None
 
     def with_partitions(self, partitions: list[int] | tuple[int, ...]) -> StateQueryRequest:
         return StateQueryRequest(
-            self.store, self.query, tuple(partitions), self.bound, self.require_active, self.collect_execution_info
+            self.store, self.query, tuple(partitions), self.bound, self.require_active, self.collect_execution_info,
+            self.pipeline,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -31,6 +34,7 @@ class StateQueryRequest:
             "bound": self.bound.to_dict(),
             "require_active": self.require_active,
             "collect_execution_info": self.collect_execution_info,
+            "pipeline": self.pipeline,
         }
 
     @classmethod
@@ -43,4 +47,5 @@ class StateQueryRequest:
             bound=PositionBound.from_dict(d.get("bound")),
             require_active=bool(d.get("require_active", False)),
             collect_execution_info=bool(d.get("collect_execution_info", False)),
+            pipeline=d.get("pipeline"),
         )

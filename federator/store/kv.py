@@ -5,7 +5,8 @@ from __future__ import annotations
 import pyarrow as pa
 
 from federator.catalog.definition import StoreDefinition
-from federator.query.queries import KeyQuery, RangeQuery
+from federator.partitioner import partition_for
+from federator.query.queries import KeyQuery, KeysQuery, RangeQuery
 from federator.store.arrow import build_batch, empty_batch
 from federator.store.shard import ShardView
 from federator.store.types import StoreType, register_store_type, rowtime_field
@@ -17,6 +18,23 @@ def key_query(view: ShardView, q: KeyQuery) -> pa.RecordBatch:
     if stored is None:
         return empty_batch(view.schema)
     return build_batch(view.schema, view.definition, [kb], [stored])
+
+
+def keys_query(view: ShardView, q: KeysQuery) -> pa.RecordBatch:
+    """A multi-get of the keys that live in this partition, in the order given."""
+    defn = view.definition
+    keys, stored = [], []
+    for k in q.keys:
+        kb = defn.key.serialize(k)
+        if partition_for(kb, defn.partitions) != view.partition:
+            continue
+        v = view.get(kb)
+        if v is not None:
+            keys.append(kb)
+            stored.append(v)
+    if not keys:
+        return empty_batch(view.schema)
+    return build_batch(view.schema, defn, keys, stored)
 
 
 def range_query(view: ShardView, q: RangeQuery) -> pa.RecordBatch:
@@ -34,7 +52,7 @@ def range_query(view: ShardView, q: RangeQuery) -> pa.RecordBatch:
 
 class KeyValueStoreType(StoreType):
     name = "kv"
-    handlers = {KeyQuery: key_query, RangeQuery: range_query}
+    handlers = {KeyQuery: key_query, KeysQuery: keys_query, RangeQuery: range_query}
 
     def schema(self, defn: StoreDefinition) -> pa.Schema:
         return pa.schema([pa.field(defn.key_name, defn.key.arrow_type), *defn.value_arrow_fields(), rowtime_field()])

@@ -1,0 +1,1 @@
+"""Clients of a Federator node's public HTTP API (the `federator sql` command)."""

@@ -1,0 +1,148 @@
+"""Dispatch: one call per owning node carrying all its partitions, in parallel, with retries.
+
+Partitions this node hosts run in-process. On NOT_PRESENT, NOT_ACTIVE, NOT_UP_TO_BOUND or a
+node that does not answer, the routing view (kept current by heartbeats) is read again and
+the partition retried with backoff until the deadline. The internal endpoint never forwards,
+so calls cannot loop between nodes that disagree during a rebalance. No silent partial
+answers: every partition answers, or the query fails naming the ones that did not.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from federator.dispatch.client import NodeCallError, NodeClient
+from federator.plan.keys import SubQuery
+from federator.query.position import Position, PositionBound
+from federator.query.request import StateQueryRequest
+from federator.query.result import FailureReason, QueryResult
+from federator.route.router import targets_for
+from federator.sql.errors import SqlError
+
+RETRYABLE = {FailureReason.NOT_PRESENT, FailureReason.NOT_ACTIVE, FailureReason.NOT_UP_TO_BOUND, FailureReason.DOES_NOT_EXIST}
+
+
+@dataclass
+class Gathered:
+    batches: list[pa.RecordBatch] = field(default_factory=list)
+    position: Position = field(default_factory=Position)
+    partitions: set[tuple[int, int]] = field(default_factory=set)  # (subquery, partition)
+    nodes: set[str] = field(default_factory=set)
+    calls: list[dict[str, Any]] = field(default_factory=list)
+
+
+class Dispatcher:
+    def __init__(self, node: Any, max_workers: int = 16) -> None:
+        self.node = node
+        self.pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="dispatch")
+        self._clients: dict[str, NodeClient] = {}
+
+    def _client(self, endpoint: str) -> NodeClient:
+        c = self._clients.get(endpoint)
+        if c is None:
+            c = self._clients[endpoint] = NodeClient(endpoint, self.node.cluster_secret)
+        return c
+
+    def gather(
+        self,
+        store: str,
+        partitions_total: int,
+        subqueries: list[SubQuery],
+        pipeline: dict[str, Any] | None,
+        bound: PositionBound,
+        allow_stale: bool,
+        max_lag: int | None,
+        deadline: float,
+    ) -> Gathered:
+        out = Gathered()
+        pending: set[tuple[int, int]] = {
+            (i, p) for i, sq in enumerate(subqueries) for p in (sq.partitions if sq.partitions is not None else range(partitions_total))
+        }
+        reasons: dict[tuple[int, int], str] = {}
+        avoid: dict[tuple[int, int], set[str]] = defaultdict(set)
+        delay = 0.02
+        view = self.node.view
+        while pending:
+            # route every pending partition; group into one request per (node, subquery)
+            groups: dict[tuple[str, str, int], list[int]] = defaultdict(list)
+            for item in sorted(pending):
+                i, p = item
+                targets = targets_for(view, store, p, allow_stale, max_lag, frozenset(avoid[item]))
+                if not targets:
+                    reasons[item] = "no node serves it (a rebalance may be under way)"
+                    continue
+                t = targets[0]
+                groups[(t.node_id, t.endpoint, i)].append(p)
+            local, remote = [], []
+            for (node_id, endpoint, i), parts in groups.items():
+                req = StateQueryRequest(
+                    store, subqueries[i].query, tuple(parts), bound,
+                    require_active=not allow_stale, pipeline=pipeline,
+                )
+                (local if node_id == self.node.node_id else remote).append((node_id, endpoint, i, req))
+            futures = {self.pool.submit(self._client(ep).query, req, max(0.05, deadline - time.monotonic())): (nid, ep, i, req)
+                       for nid, ep, i, req in remote}
+            answered: list[tuple[str, int, list[QueryResult]]] = []
+            for nid, _, i, req in local:
+                answered.append((nid, i, self.node.execute(req)))
+            done, not_done = wait(futures, timeout=max(0.0, deadline - time.monotonic()))
+            if not_done:
+                names = sorted({futures[f][0] for f in not_done})
+                raise SqlError("TIMEOUT", f"nodes {', '.join(names)} did not answer in time; raise timeout_ms or retry",
+                               partitions=sorted(p for (_, p) in pending))
+            for f in done:
+                nid, _, i, req = futures[f]
+                try:
+                    answered.append((nid, i, f.result()))
+                except NodeCallError as e:
+                    for p in req.partitions or ():
+                        reasons[(i, p)] = f"node {nid} did not answer ({e})"
+                        avoid[(i, p)].add(nid)
+            for nid, i, results in answered:
+                out.calls.append({"node": nid, "subquery": i, "partitions": [r.partition for r in results]})
+                for r in results:
+                    item = (i, r.partition)
+                    if r.ok:
+                        if item in pending:
+                            pending.discard(item)
+                            out.partitions.add(item)
+                            out.nodes.add(nid)
+                            if r.batch is not None:
+                                out.batches.append(r.batch)
+                            if r.position is not None:
+                                out.position = out.position.merge(r.position)
+                        continue
+                    if r.failure is FailureReason.UNKNOWN_QUERY_TYPE:
+                        raise SqlError("UNKNOWN_QUERY_TYPE", f"{r.message} (partition {r.partition} on node {nid})")
+                    if r.failure not in RETRYABLE:
+                        raise SqlError("INTERNAL", f"partition {r.partition} on node {nid}: {r.failure.value}: {r.message}")
+                    reasons[item] = f"{r.failure.value} on node {nid}: {r.message}"
+                    if r.failure is not FailureReason.NOT_UP_TO_BOUND and allow_stale:
+                        avoid[item].add(nid)
+            if not pending:
+                break
+            if time.monotonic() + delay >= deadline:
+                self._fail(pending, reasons)
+            time.sleep(delay)
+            delay = min(delay * 2, 0.4)
+            for item in pending:  # every node may have moved on by now: try them all again
+                if len(avoid[item]) > 2:
+                    avoid[item].clear()
+        return out
+
+    @staticmethod
+    def _fail(pending: set[tuple[int, int]], reasons: dict[tuple[int, int], str]) -> None:
+        parts = sorted({p for _, p in pending})
+        why = "; ".join(f"partition {p}: {reasons.get((i, p), 'no answer')}" for i, p in sorted(pending))
+        if all("NOT_UP_TO_BOUND" in reasons.get(item, "") for item in pending):
+            raise SqlError("NOT_UP_TO_BOUND",
+                           f"partitions {parts} have not caught up with the consistency token in time: {why}; "
+                           "retry, or raise timeout_ms", partitions=parts)
+        raise SqlError("UNAVAILABLE", f"partitions {parts} are unavailable: {why}; retry shortly, or pass "
+                       "allow_stale to read a standby", partitions=parts, retry_after=1)

@@ -1,0 +1,413 @@
+"""Response bodies for SQL results: JSON, NDJSON, CSV and Arrow IPC, streamed batch by batch.
+
+Each serializer is a generator of ``bytes`` that converts one record batch at a time, so a
+large result is never held whole in memory; the WSGI server sends chunks as they come.
+
+Value conventions (JSON and NDJSON; CSV uses the same text for the same values):
+
+* integers are JSON numbers, exact at any size (int64/uint64 are never turned into floats;
+  a JavaScript reader loses precision beyond 2**53, a Python or Java reader does not);
+* floats are numbers in shortest round-trip form; NaN and ±infinity, which JSON cannot
+  carry, become ``null`` (in CSV an empty field);
+* timestamps are ISO-8601 in UTC with a ``Z`` suffix, ``2024-05-01T12:00:00.000Z``, with as
+  many fraction digits as the column's unit (none for s, 3 for ms, 6 for us, 9 for ns).
+  Naive timestamps are taken to be UTC: Federator's own are epoch milliseconds;
+* dates ``YYYY-MM-DD``; times ``HH:MM:SS[.fff]``; durations ISO-8601 (``PT1.5S``);
+* decimals are strings, so no digit is lost to a float;
+* binary is standard base64 (with padding); booleans true/false; NULL is ``null``;
+* lists are arrays, structs objects, maps arrays of ``[key, value]`` pairs.
+
+CSV: a header line, then one line per row; strings are always quoted, so ``""`` is the
+empty string and an empty unquoted field is NULL. Nested values are JSON text.
+
+A failure after the first chunk has been sent can no longer change the HTTP status. JSON
+then ends with an ``"error"`` member in place of the token and stats, NDJSON with an
+``{"error": ...}`` line; CSV and Arrow, which have no place for it, are cut off (the chunked
+response never ends properly, so a client sees an incomplete body, not a short result).
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+import io
+import json
+import logging
+import math
+from functools import lru_cache
+from decimal import Decimal
+from typing import Any, Callable, Iterable, Iterator, Mapping
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pa_csv
+import pyarrow.ipc as pa_ipc
+
+from federator.sql.errors import SqlError
+
+log = logging.getLogger(__name__)
+
+# Format name -> media type. Names are what the "format" field takes.
+MEDIA_TYPES: dict[str, str] = {
+    "json": "application/json",
+    "ndjson": "application/x-ndjson",
+    "csv": "text/csv",
+    "arrow": "application/vnd.apache.arrow.stream",
+}
+DEFAULT_FORMAT = "json"
+_BY_MEDIA_TYPE = {m: n for n, m in MEDIA_TYPES.items()}
+
+# Below this many rows per batch, per-value Python beats Arrow kernels: each kernel call
+# costs ~10 us of fixed overhead, which would dominate the common one-row answer.
+_VECTOR_MIN_ROWS = 32
+
+_EPOCH = _dt.datetime(1970, 1, 1)
+_UTC = _dt.timezone.utc
+_UNIT_DIGITS = {"s": 0, "ms": 3, "us": 6, "ns": 9}
+_UNIT_PER_SECOND = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}
+
+# One encoder for everything: compact, UTF-8 text (smaller than \u escapes), and
+# allow_nan=False so a stray NaN fails loudly instead of writing invalid JSON.
+# check_circular=False: values come from to_pylist and cannot be cyclic, and skipping the
+# check saves ~20% per row.
+_encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False, check_circular=False,
+                            default=lambda o: jsonable(o))
+_encode = _encoder.encode
+
+Converter = Callable[[pa.Array], list]
+
+
+def choose_format(requested: Any, accept: Any) -> str:
+    """The format name: the body's "format" field, else the Accept header, else JSON.
+
+    ``requested`` may be a name or a media type; ``accept`` is Werkzeug's MIMEAccept. An
+    Accept header that names nothing we serve (a browser's text/html) falls back to JSON.
+    """
+    if requested is not None:
+        if isinstance(requested, str):
+            key = requested.strip().lower()
+            name = key if key in MEDIA_TYPES else _BY_MEDIA_TYPE.get(key)
+            if name:
+                return name
+        valid = ", ".join(MEDIA_TYPES)
+        raise SqlError("INVALID_PARAMETER", f"field 'format' must be one of {valid} (or their media types), got {requested!r}")
+    if accept:
+        best = accept.best_match(list(_BY_MEDIA_TYPE), default=None)
+        if best:
+            return _BY_MEDIA_TYPE[best]
+    return DEFAULT_FORMAT
+
+
+def sql_type_name(t: pa.DataType) -> str:
+    """A readable SQL name for an Arrow type (DuckDB's spelling where there is a choice)."""
+    if pa.types.is_dictionary(t):
+        return sql_type_name(t.value_type)
+    if isinstance(t, pa.ExtensionType):
+        return sql_type_name(t.storage_type)
+    for test, name in _TYPE_NAMES:
+        if test(t):
+            return name
+    if pa.types.is_decimal(t):
+        return f"DECIMAL({t.precision},{t.scale})"
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t) or _is(t, "is_list_view"):
+        return f"{sql_type_name(t.value_type)}[]"
+    if pa.types.is_struct(t):
+        return "STRUCT(" + ", ".join(f"{f.name} {sql_type_name(f.type)}" for f in t) + ")"
+    if pa.types.is_map(t):
+        return f"MAP({sql_type_name(t.key_type)}, {sql_type_name(t.item_type)})"
+    return str(t).upper()
+
+
+def _is(t: pa.DataType, predicate: str) -> bool:
+    # Newer Arrow types (views) are missing from older pyarrow; treat them as absent there.
+    fn = getattr(pa.types, predicate, None)
+    return bool(fn and fn(t))
+
+
+_TYPE_NAMES: list[tuple[Callable[[pa.DataType], bool], str]] = [
+    (pa.types.is_boolean, "BOOLEAN"),
+    (pa.types.is_int8, "TINYINT"),
+    (pa.types.is_int16, "SMALLINT"),
+    (pa.types.is_int32, "INTEGER"),
+    (pa.types.is_int64, "BIGINT"),
+    (pa.types.is_uint8, "UTINYINT"),
+    (pa.types.is_uint16, "USMALLINT"),
+    (pa.types.is_uint32, "UINTEGER"),
+    (pa.types.is_uint64, "UBIGINT"),
+    (pa.types.is_float16, "FLOAT"),
+    (pa.types.is_float32, "FLOAT"),
+    (pa.types.is_float64, "DOUBLE"),
+    (lambda t: pa.types.is_string(t) or pa.types.is_large_string(t) or _is(t, "is_string_view"), "VARCHAR"),
+    (lambda t: pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t)
+     or _is(t, "is_binary_view"), "BLOB"),
+    (pa.types.is_timestamp, "TIMESTAMP"),
+    (pa.types.is_date, "DATE"),
+    (pa.types.is_time, "TIME"),
+    (lambda t: pa.types.is_duration(t) or pa.types.is_interval(t), "INTERVAL"),
+    (pa.types.is_null, "NULL"),
+]
+
+
+# --- Python values ---------------------------------------------------------------------
+
+
+def jsonable(v: Any) -> Any:
+    """A Python value (from to_pylist, or a node's lookup row) in the conventions above."""
+    if v is None or isinstance(v, (bool, int, str)):
+        return v
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, _dt.datetime):
+        return _iso_datetime(v)
+    if isinstance(v, (_dt.date, _dt.time)):
+        return v.isoformat()
+    if isinstance(v, _dt.timedelta):
+        return _iso_duration(v)
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        return base64.b64encode(v).decode("ascii")
+    if isinstance(v, Decimal):
+        return str(v)
+    if isinstance(v, Mapping):
+        return {str(k): jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [jsonable(x) for x in v]
+    if isinstance(v, pa.Scalar):
+        return jsonable(v.as_py())
+    return str(v)
+
+
+def _iso_datetime(d: _dt.datetime) -> str:
+    if d.tzinfo is not None:
+        d = d.astimezone(_UTC).replace(tzinfo=None)
+    return d.isoformat() + "Z"
+
+
+def _iso_duration(td: _dt.timedelta) -> str:
+    us = td // _dt.timedelta(microseconds=1)
+    sign, us = ("-", -us) if us < 0 else ("", us)
+    secs, frac = divmod(us, 1_000_000)
+    return f"{sign}PT{secs}.{frac:06d}".rstrip("0").rstrip(".") + "S"
+
+
+# --- per-column converters to lists of JSON-ready values ----------------------------------
+
+
+def _plain(col: pa.Array) -> list:
+    return col.to_pylist()
+
+
+def _floats(col: pa.Array) -> list:
+    vals = col.to_pylist()
+    # A sum that is finite proves every term is (NaN and inf propagate); filter(None) drops
+    # nulls and zeros, which are finite anyway. So the per-value check runs only when needed.
+    if math.isfinite(sum(filter(None, vals))):
+        return vals
+    return [v if v is None or math.isfinite(v) else None for v in vals]
+
+
+def _timestamp_converter(unit: str) -> Converter:
+    digits, per_second = _UNIT_DIGITS[unit], _UNIT_PER_SECOND[unit]
+    naive = pa.timestamp(unit)
+
+    def small(col: pa.Array) -> list:
+        out: list = []
+        append = out.append
+        for v in col.view(_INT64).to_pylist():
+            if v is None:
+                append(None)
+                continue
+            secs, frac = divmod(v, per_second)
+            text = (_EPOCH + _dt.timedelta(seconds=secs)).isoformat()
+            append(f"{text}.{frac:0{digits}d}Z" if digits else text + "Z")
+        return out
+
+    def vectorized(col: pa.Array) -> list:
+        # The int64 values are UTC instants whatever the zone; viewing them as a naive
+        # timestamp formats them in UTC without consulting a time zone database.
+        text = col.view(_INT64).view(naive).cast(pa.string())
+        text = pc.replace_substring(text, " ", "T", max_replacements=1)
+        return pc.binary_join_element_wise(text, _Z, _EMPTY).to_pylist()
+
+    def convert(col: pa.Array) -> list:
+        if len(col) >= _VECTOR_MIN_ROWS:
+            return vectorized(col)
+        try:
+            return small(col)
+        except OverflowError:  # beyond datetime's years 1..9999; Arrow still writes something
+            return vectorized(col)
+
+    return convert
+
+
+_Z, _EMPTY, _INT64 = pa.scalar("Z"), pa.scalar(""), pa.int64()
+
+
+def _dates(col: pa.Array) -> list:
+    if len(col) >= _VECTOR_MIN_ROWS:
+        return col.cast(pa.date32()).cast(pa.string()).to_pylist()
+    return [None if d is None else d.isoformat() for d in col.to_pylist()]
+
+
+def _as_text(col: pa.Array) -> list:
+    return col.cast(pa.string()).to_pylist()
+
+
+def _binary(col: pa.Array) -> list:
+    b64 = base64.b64encode
+    return [None if v is None else b64(v).decode("ascii") for v in col.to_pylist()]
+
+
+def _nested(col: pa.Array) -> list:
+    return [jsonable(v) for v in col.to_pylist()]
+
+
+def converter_for(t: pa.DataType) -> Converter:
+    """How to turn a column of type ``t`` into a list of JSON-ready Python values."""
+    if pa.types.is_dictionary(t):
+        inner = converter_for(t.value_type)
+        return lambda col: inner(col.dictionary_decode())
+    if isinstance(t, pa.ExtensionType):
+        inner = converter_for(t.storage_type)
+        return lambda col: inner(col.storage)
+    if pa.types.is_floating(t):
+        return _floats
+    if pa.types.is_timestamp(t):
+        return _timestamp_converter(t.unit)
+    if pa.types.is_date(t):
+        return _dates
+    if pa.types.is_time(t) or pa.types.is_decimal(t):
+        return _as_text
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t) or _is(t, "is_binary_view"):
+        return _binary
+    if (pa.types.is_integer(t) or pa.types.is_boolean(t) or pa.types.is_string(t) or pa.types.is_large_string(t)
+            or _is(t, "is_string_view") or pa.types.is_null(t)):
+        return _plain
+    return _nested  # lists, structs, maps, durations, intervals
+
+
+@lru_cache(maxsize=256)
+def _layout(schema: pa.Schema) -> tuple[list[Converter], str]:
+    """Converters and the JSON "columns" text per schema; cached because building them
+    costs ~20 us, as much as the rest of a one-row answer, while hashing a schema costs ~5 us."""
+    columns = [{"name": f.name, "type": sql_type_name(f.type)} for f in schema]
+    return [converter_for(f.type) for f in schema], _encode(columns)
+
+
+def _columns(batch: pa.RecordBatch, converters: list[Converter]) -> list[list]:
+    return [conv(col) for conv, col in zip(converters, batch.columns)]
+
+
+def error_body(e: BaseException) -> dict:
+    """The ``{"error": ...}`` object for an exception raised while streaming."""
+    if isinstance(e, SqlError):
+        return e.to_dict()
+    return {"error": {"code": "INTERNAL", "message": f"{type(e).__name__}: {e}"}}
+
+
+# --- the four formats -----------------------------------------------------------------------
+
+
+def json_chunks(schema: pa.Schema, batches: Iterable[pa.RecordBatch], trailer: Callable[[], Mapping[str, Any]]) -> Iterator[bytes]:
+    """``{"columns": [...], "rows": [...], <trailer>}``; the trailer is read after the last row.
+
+    The trailer comes last because the engine fills in the row count and elapsed time
+    only as the batches are consumed.
+    """
+    converters, columns = _layout(schema)
+    yield ('{"columns":' + columns + ',"rows":[').encode()
+    sep = ""
+    try:
+        for batch in batches:
+            if batch.num_rows:
+                # One encode call per batch: the C encoder does the whole list of row tuples.
+                rows = _encode(list(zip(*_columns(batch, converters))))
+                yield (sep + rows[1:-1]).encode()
+                sep = ","
+        tail = _encode(dict(trailer()))
+    except Exception as e:  # the status is sent already: say so in the body (see module doc)
+        log.warning("SQL result failed while streaming JSON: %s", e, exc_info=not isinstance(e, SqlError))
+        tail = _encode(error_body(e))
+    yield ("]," + tail[1:] if tail != "{}" else "]}").encode()
+
+
+def ndjson_chunks(schema: pa.Schema, batches: Iterable[pa.RecordBatch]) -> Iterator[bytes]:
+    """One JSON object per row keyed by column name (a repeated name keeps its last value)."""
+    converters = _layout(schema)[0]
+    names = schema.names
+    try:
+        for batch in batches:
+            if batch.num_rows:
+                lines = [_encode(dict(zip(names, row))) for row in zip(*_columns(batch, converters))]
+                lines.append("")
+                yield "\n".join(lines).encode()
+    except Exception as e:
+        log.warning("SQL result failed while streaming NDJSON: %s", e, exc_info=not isinstance(e, SqlError))
+        yield (_encode(error_body(e)) + "\n").encode()
+
+
+def _csv_column(field: pa.Field, col: pa.Array, conv: Converter) -> pa.Array:
+    """The column as Arrow's CSV writer should see it, so its text follows our conventions."""
+    t = field.type
+    if pa.types.is_dictionary(t):
+        return _csv_column(pa.field(field.name, t.value_type), col.dictionary_decode(), converter_for(t.value_type))
+    if isinstance(t, pa.ExtensionType):
+        return _csv_column(pa.field(field.name, t.storage_type), col.storage, converter_for(t.storage_type))
+    if pa.types.is_floating(t):
+        return pa.array(conv(col), type=t)  # NaN/inf -> null, not Arrow's "nan"/"inf"
+    if conv is _plain or conv is _as_text or pa.types.is_date(t):
+        return col  # Arrow writes these exactly as JSON does
+    if conv is _nested:
+        return pa.array([None if v is None else (v if isinstance(v, str) else _encode(v)) for v in conv(col)], pa.string())
+    return pa.array(conv(col), pa.string())  # timestamps, binary
+
+
+def csv_chunks(schema: pa.Schema, batches: Iterable[pa.RecordBatch]) -> Iterator[bytes]:
+    converters = [converter_for(f.type) for f in schema]
+    sink = io.BytesIO()
+    writer: pa_csv.CSVWriter | None = None
+    for batch in batches:
+        arrays = [_csv_column(f, col, conv) for f, col, conv in zip(schema, batch.columns, converters)]
+        out = pa.RecordBatch.from_arrays(arrays, names=schema.names)
+        if writer is None:  # the header needs the converted schema, known at the first batch
+            writer = pa_csv.CSVWriter(sink, out.schema)
+        writer.write_batch(out)
+        yield _drain(sink)
+    if writer is None:  # no batches at all: still write the header
+        empty = [_csv_column(f, pa.array([], f.type), conv) for f, conv in zip(schema, converters)]
+        writer = pa_csv.CSVWriter(sink, pa.RecordBatch.from_arrays(empty, names=schema.names).schema)
+    writer.close()
+    if tail := _drain(sink):
+        yield tail
+
+
+def arrow_chunks(schema: pa.Schema, batches: Iterable[pa.RecordBatch]) -> Iterator[bytes]:
+    """The Arrow IPC stream format: schema, each batch as it comes, end-of-stream marker."""
+    sink = io.BytesIO()
+    with pa_ipc.new_stream(sink, schema) as writer:
+        yield _drain(sink)
+        for batch in batches:
+            writer.write_batch(batch)
+            yield _drain(sink)
+    if tail := _drain(sink):
+        yield tail
+
+
+def _drain(sink: io.BytesIO) -> bytes:
+    data = sink.getvalue()
+    sink.seek(0)
+    sink.truncate()
+    return data
+
+
+def body_chunks(fmt: str, schema: pa.Schema, batches: Iterable[pa.RecordBatch],
+                trailer: Callable[[], Mapping[str, Any]]) -> Iterator[bytes]:
+    """The response body in format ``fmt`` (a key of MEDIA_TYPES)."""
+    if fmt == "json":
+        return json_chunks(schema, batches, trailer)
+    if fmt == "ndjson":
+        return ndjson_chunks(schema, batches)
+    if fmt == "csv":
+        return csv_chunks(schema, batches)
+    if fmt == "arrow":
+        return arrow_chunks(schema, batches)
+    raise ValueError(f"unknown format {fmt!r}")

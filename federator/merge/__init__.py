@@ -1,0 +1,1 @@
+"""Merging per-partition Arrow results at the receiving node."""

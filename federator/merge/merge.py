@@ -1,0 +1,39 @@
+"""What the receiving node finishes: final aggregation, HAVING, ORDER BY (a merge of the
+per-partition top-k), OFFSET/LIMIT and the select list, all on Arrow."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from federator.sql.aggregate import AggSpec, final
+from federator.sql.evaluate import compile_expr
+from federator.sql.pipeline import run, sort_indices
+from federator.sql.planner import SelectPlan
+
+
+def _concat(batches: list[pa.RecordBatch]) -> pa.Table:
+    schema = batches[0].schema
+    return pa.Table.from_batches([b if b.schema.equals(schema) else b.cast(schema) for b in batches])
+
+
+def finish(plan: SelectPlan, batches: list[pa.RecordBatch]) -> pa.Table:
+    if not batches:
+        # nothing came back (no partition could hold a match): run the owner's part on no rows
+        owner_part = run(plan.pipeline, pa.Table.from_pylist([], schema=plan.source_schema))
+        batches = owner_part.to_batches() or [pa.RecordBatch.from_pylist([], schema=owner_part.schema)]
+    table = _concat(batches)
+    if plan.aggregate:
+        specs = [AggSpec(f, None, d, n) for f, _, d, n in plan.aggs]
+        table = final([table], plan.n_keys, specs)
+        table = table.rename_columns([f"__g{i}" for i in range(plan.n_keys)] + [f"__a{i}" for i in range(len(plan.aggs))])
+    if plan.having is not None:
+        mask = compile_expr(plan.having, table.schema)(table)
+        table = table.filter(pc.fill_null(mask, False))
+    if plan.order:
+        keys = [(compile_expr(e, table.schema)(table), d, n) for e, d, n in plan.order]
+        table = table.take(sort_indices(table, keys))
+    if plan.offset or plan.limit is not None:
+        table = table.slice(plan.offset, plan.limit)
+    columns = [compile_expr(e, table.schema)(table) for _, e in plan.outputs]
+    return pa.Table.from_arrays(columns, names=[n for n, _ in plan.outputs])

@@ -1,0 +1,1 @@
+"""Routing: which node answers which partition."""

@@ -1,0 +1,52 @@
+"""Tables Federator makes from its catalog: SHOW TABLES, DESCRIBE, information_schema."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from federator.catalog.definition import StoreDefinition
+from federator.sql.types import sql_type
+
+
+def show_tables(stores: dict[str, StoreDefinition]) -> pa.Table:
+    return pa.table({"name": pa.array(sorted(stores), pa.string())})
+
+
+def describe(defn: StoreDefinition) -> pa.Table:
+    schema = defn.arrow_schema()
+    return pa.table({
+        "column_name": pa.array([f.name for f in schema], pa.string()),
+        "column_type": pa.array([sql_type(f.type) for f in schema], pa.string()),
+        "null": pa.array(["NO" if f.name == defn.key_name else "YES" for f in schema], pa.string()),
+        "key": pa.array(["PRI" if f.name == defn.key_name else None for f in schema], pa.string()),
+        "default": pa.array([None] * len(schema), pa.string()),
+        "extra": pa.array([None] * len(schema), pa.string()),
+    })
+
+
+def information_schema(name: str, stores: dict[str, StoreDefinition]) -> pa.Table | None:
+    if name == "tables":
+        names = sorted(stores)
+        return pa.table({
+            "table_catalog": pa.array(["federator"] * len(names), pa.string()),
+            "table_schema": pa.array(["main"] * len(names), pa.string()),
+            "table_name": pa.array(names, pa.string()),
+            "table_type": pa.array(["BASE TABLE"] * len(names), pa.string()),
+            "store_type": pa.array([stores[n].type for n in names], pa.string()),
+            "partitions": pa.array([stores[n].partitions for n in names], pa.int64()),
+        })
+    if name == "columns":
+        rows: dict[str, list] = {k: [] for k in ("table_catalog", "table_schema", "table_name", "column_name",
+                                                 "ordinal_position", "data_type", "is_nullable")}
+        for n in sorted(stores):
+            defn = stores[n]
+            for i, f in enumerate(defn.arrow_schema(), start=1):
+                rows["table_catalog"].append("federator")
+                rows["table_schema"].append("main")
+                rows["table_name"].append(n)
+                rows["column_name"].append(f.name)
+                rows["ordinal_position"].append(i)
+                rows["data_type"].append(sql_type(f.type))
+                rows["is_nullable"].append("NO" if f.name == defn.key_name else "YES")
+        return pa.table({k: pa.array(v, pa.int64() if k == "ordinal_position" else pa.string()) for k, v in rows.items()})
+    return None

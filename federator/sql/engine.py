@@ -1,0 +1,126 @@
+"""The SQL front door of a node: parse → plan → route → dispatch → merge."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pyarrow as pa
+
+from federator.catalog.definition import StoreDefinition
+from federator.dispatch.dispatcher import Dispatcher
+from federator.merge.merge import finish
+from federator.query.position import Position, PositionBound
+from federator.sql.catalog_tables import describe, information_schema, show_tables
+from federator.sql.errors import SqlError
+from federator.sql.parse import Statement, parse
+from federator.sql.pipeline import run
+from federator.sql.planner import SelectPlan, bind_parameters, plan_select
+from federator.sql.result import SqlRequest, SqlResult
+
+
+class SqlEngine:
+    def __init__(self, node: Any) -> None:
+        self.node = node
+        self.dispatcher = Dispatcher(node)
+
+    def _stores(self) -> dict[str, StoreDefinition]:
+        return self.node.stores
+
+    def _store(self, name: str) -> StoreDefinition:
+        stores = self._stores()
+        defn = stores.get(name) or next((d for n, d in stores.items() if n.lower() == name.lower()), None)
+        if defn is None:
+            known = ", ".join(sorted(stores)) or "none yet"
+            raise SqlError("UNKNOWN_STORE", f"unknown store {name!r}; stores are: {known} (SHOW TABLES lists them)")
+        return defn
+
+    def execute(self, req: SqlRequest) -> SqlResult:
+        started = time.perf_counter()
+        deadline = time.monotonic() + req.timeout_ms / 1000
+        try:
+            position = Position.from_token(req.consistency_token) if req.consistency_token else Position()
+        except ValueError as e:
+            raise SqlError("INVALID_PARAMETER", str(e)) from None
+        stmt = parse(req.sql)
+        stats: dict[str, Any] = {"partitions_queried": 0, "nodes": 0, "rows": 0, "elapsed_ms": 0.0}
+        if stmt.kind == "show_tables":
+            table = show_tables(self._stores())
+        elif stmt.kind == "describe":
+            table = describe(self._store(stmt.table or ""))
+        else:
+            table, position, stats = self._select(stmt, req, position, deadline, stats)
+        stats["rows"] = table.num_rows
+        stats["elapsed_ms"] = round((time.perf_counter() - started) * 1000, 3)
+        return SqlResult(table.schema, iter(table.to_batches()), position.to_token(), stats)
+
+    def _select(self, stmt: Statement, req: SqlRequest, position: Position, deadline: float,
+                stats: dict[str, Any]) -> tuple[pa.Table, Position, dict[str, Any]]:
+        select = bind_parameters(stmt.select, list(req.parameters), stmt.param_count)  # type: ignore[arg-type]
+        source = select.args.get("from_") or select.args.get("from")
+        if source is None:
+            virtual = pa.table({"__one": pa.array([1], pa.int64())})  # SELECT 1: one row, no store
+            plan = plan_select(select, virtual.schema, None, virtual, [])
+        else:
+            tbl = source.this
+            if not hasattr(tbl, "db") or tbl.__class__.__name__ != "Table":
+                raise SqlError("UNSUPPORTED", f"FROM {tbl.sql()[:60]} is not supported; name one store")
+            if tbl.db and tbl.db.lower() == "information_schema":
+                virtual = information_schema(tbl.name.lower(), self._stores())
+                if virtual is None:
+                    raise SqlError("UNKNOWN_STORE", f"information_schema has tables and columns, not {tbl.name!r}")
+                plan = plan_select(select, virtual.schema, None, virtual, [])
+            elif tbl.db:
+                raise SqlError("UNKNOWN_STORE", f"unknown schema {tbl.db!r}; stores live in the default schema")
+            else:
+                defn = self._store(tbl.name)
+                plan = plan_select(select, defn.arrow_schema(), defn, None, [])
+        if stmt.explain:
+            return self._explain(plan), position, stats
+        if plan.store is None:
+            assert plan.virtual is not None
+            batches = run(plan.pipeline, plan.virtual).to_batches()
+            return finish(plan, batches), position, stats
+        gathered = self.dispatcher.gather(
+            plan.store.name, plan.store.partitions, plan.subqueries, plan.pipeline.to_dict(),
+            PositionBound.at(position) if not position.is_empty() else PositionBound.unbounded(),
+            req.allow_stale, req.max_lag, deadline,
+        )
+        stats["partitions_queried"] = len({p for _, p in gathered.partitions})
+        stats["nodes"] = len(gathered.nodes)
+        return finish(plan, gathered.batches), position.merge(gathered.position), stats
+
+    def _explain(self, plan: SelectPlan) -> pa.Table:
+        rows: dict[str, list] = {k: [] for k in ("store", "query", "partitions", "node", "pushed_down", "at_receiver")}
+        remaining = []
+        if plan.aggregate:
+            remaining.append("final aggregate")
+        if plan.having is not None:
+            remaining.append(f"having {plan.having.sql()}")
+        if plan.order:
+            remaining.append("merge sort " + ", ".join(f"{e.sql()} {'DESC' if d else 'ASC'}" for e, d, _ in plan.order))
+        if plan.offset or plan.limit is not None:
+            remaining.append(f"offset {plan.offset} limit {plan.limit}")
+        remaining.append("select " + ", ".join(n for n, _ in plan.outputs))
+        view = self.node.view
+        for sq in plan.subqueries if plan.store is not None else []:
+            parts = sq.partitions if sq.partitions is not None else range(plan.store.partitions)
+            by_node: dict[str, list[int]] = {}
+            for p in parts:
+                owner = view.active_owner(plan.store.name, p)
+                by_node.setdefault(owner.node_id if owner else "(no owner)", []).append(p)
+            for node_id, ps in sorted(by_node.items()):
+                rows["store"].append(plan.store.name)
+                rows["query"].append(repr(sq.query))
+                rows["partitions"].append(",".join(map(str, ps)))
+                rows["node"].append(node_id + (" (local)" if node_id == self.node.node_id else ""))
+                rows["pushed_down"].append(plan.pipeline.describe())
+                rows["at_receiver"].append("; ".join(remaining))
+        if plan.store is None:
+            rows["store"].append("(catalog)")
+            rows["query"].append("local table")
+            rows["partitions"].append("")
+            rows["node"].append(self.node.node_id + " (local)")
+            rows["pushed_down"].append(plan.pipeline.describe())
+            rows["at_receiver"].append("; ".join(remaining))
+        return pa.table({k: pa.array(v, pa.string()) for k, v in rows.items()})

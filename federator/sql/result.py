@@ -1,0 +1,26 @@
+"""What the SQL engine hands the HTTP layer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import pyarrow as pa
+
+
+@dataclass
+class SqlRequest:
+    sql: str
+    parameters: list[Any] = field(default_factory=list)
+    consistency_token: str | None = None
+    allow_stale: bool = False
+    max_lag: int | None = None
+    timeout_ms: int = 10_000
+
+
+@dataclass
+class SqlResult:
+    schema: pa.Schema
+    batches: Iterator[pa.RecordBatch]  # may be consumed once; large results arrive batch by batch
+    consistency_token: str
+    stats: dict[str, Any]  # partitions_queried, nodes, rows, elapsed_ms (rows/elapsed final once batches are consumed)

@@ -1,0 +1,322 @@
+"""POST /v1/sql and /v1/stores against a fake node; `federator sql` against a real waitress server."""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+import json
+from typing import Any, Iterator
+
+import pyarrow as pa
+import pytest
+
+from federator.cli import build_parser
+from federator.cli import main as cli_main
+from federator.client.sql_cli import format_table, parse_param, run_sql
+from federator.http import bound_port, create_app, serve, shutdown, start
+from federator.sql.errors import SqlError
+from federator.sql.result import SqlRequest, SqlResult
+
+SCHEMA = pa.schema([("player", pa.string()), ("score", pa.int64()), ("rowtime", pa.timestamp("ms", tz="UTC"))])
+ROWS = [
+    {"player": "alice", "score": 120, "rowtime": 1_700_000_000_000},
+    {"player": "bob", "score": 7, "rowtime": 1_700_000_001_000},
+    {"player": "日本", "score": None, "rowtime": None},
+]
+
+
+class FakeSqlNode:
+    """Answers every statement with ROWS (one batch per row), or raises what the test sets."""
+
+    node_id, state, cluster_secret = "node-a", "RUNNING", None
+
+    def __init__(self) -> None:
+        self.requests: list[SqlRequest] = []
+        self.fail_with: Exception | None = None
+        self.fail_in_first_batch: Exception | None = None
+
+    def sql(self, request: SqlRequest) -> SqlResult:
+        self.requests.append(request)
+        if self.fail_with is not None:
+            raise self.fail_with
+        stats = {"partitions_queried": 4, "nodes": 2, "rows": 0, "elapsed_ms": 0}
+
+        def batches() -> Iterator[pa.RecordBatch]:
+            if self.fail_in_first_batch is not None:
+                raise self.fail_in_first_batch
+            for row in ROWS:
+                stats["rows"] += 1
+                stats["elapsed_ms"] = 12
+                yield pa.RecordBatch.from_pylist([row], schema=SCHEMA)
+
+        return SqlResult(SCHEMA, batches(), "tok-abc", stats)
+
+    def stores_info(self) -> list[dict]:
+        return [{"name": "scores", "type": "kv", "partitions": 8}]
+
+    def store_info(self, name: str) -> dict:
+        if name != "scores":
+            raise SqlError("UNKNOWN_STORE", f"unknown store {name!r}")
+        return {"name": "scores", "type": "kv", "partitions": 8, "columns": [{"name": "player", "type": "VARCHAR"}]}
+
+    def lookup(self, store: str, key: str) -> dict | None:
+        self.store_info(store)
+        if key in ("alice", "a/b"):
+            return {"player": key, "score": 120, "avatar": b"\x89PNG",
+                    "rowtime": dt.datetime(2023, 11, 14, 22, 13, 20, tzinfo=dt.timezone.utc)}
+        return None
+
+
+@pytest.fixture
+def node() -> FakeSqlNode:
+    return FakeSqlNode()
+
+
+@pytest.fixture
+def client(node: FakeSqlNode) -> Any:
+    return create_app(node).test_client()
+
+
+def assert_error(resp: Any, status: int, code: str, *fragments: str) -> dict:
+    assert resp.status_code == status, resp.get_data(as_text=True)
+    assert resp.mimetype == "application/json"
+    err = resp.get_json()["error"]
+    assert err["code"] == code
+    for f in fragments:
+        assert f in err["message"], err["message"]
+    return err
+
+
+# --- POST /v1/sql ----------------------------------------------------------------------------
+
+
+def test_sql_json_answer(client: Any, node: FakeSqlNode) -> None:
+    body = {"sql": "SELECT * FROM scores WHERE player = ?", "parameters": ["alice", 3, 1.5, None],
+            "consistency_token": "t0", "allow_stale": True, "max_lag": 0, "timeout_ms": 500}
+    resp = client.post("/v1/sql", json=body)
+    assert resp.status_code == 200 and resp.mimetype == "application/json"
+    assert resp.get_json() == {
+        "columns": [{"name": "player", "type": "VARCHAR"}, {"name": "score", "type": "BIGINT"},
+                    {"name": "rowtime", "type": "TIMESTAMP"}],
+        "rows": [["alice", 120, "2023-11-14T22:13:20.000Z"], ["bob", 7, "2023-11-14T22:13:21.000Z"], ["日本", None, None]],
+        "consistency_token": "tok-abc",
+        "stats": {"partitions_queried": 4, "nodes": 2, "rows": 3, "elapsed_ms": 12},  # final, read after the rows
+    }
+    assert node.requests == [SqlRequest("SELECT * FROM scores WHERE player = ?", ["alice", 3, 1.5, None], "t0",
+                                        True, 0, 500)]
+
+
+def test_defaults(client: Any, node: FakeSqlNode) -> None:
+    assert client.post("/v1/sql", json={"sql": "SELECT 1", "parameters": None, "max_lag": None}).status_code == 200
+    assert node.requests == [SqlRequest("SELECT 1")]
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({}, "sql"),
+        ({"sql": ""}, "sql"),
+        ({"sql": "   "}, "sql"),
+        ({"sql": 5}, "sql"),
+        ({"sql": "SELECT 1", "parameters": "alice"}, "parameters"),
+        ({"sql": "SELECT 1", "parameters": {"a": 1}}, "parameters"),
+        ({"sql": "SELECT 1", "allow_stale": "yes"}, "allow_stale"),
+        ({"sql": "SELECT 1", "allow_stale": 1}, "allow_stale"),
+        ({"sql": "SELECT 1", "max_lag": -1}, "max_lag"),
+        ({"sql": "SELECT 1", "max_lag": True}, "max_lag"),
+        ({"sql": "SELECT 1", "max_lag": 1.5}, "max_lag"),
+        ({"sql": "SELECT 1", "timeout_ms": 0}, "timeout_ms"),
+        ({"sql": "SELECT 1", "timeout_ms": "100"}, "timeout_ms"),
+        ({"sql": "SELECT 1", "timeout_ms": True}, "timeout_ms"),
+        ({"sql": "SELECT 1", "timeout_ms": None}, "timeout_ms"),
+        ({"sql": "SELECT 1", "consistency_token": 5}, "consistency_token"),
+        ({"sql": "SELECT 1", "format": "xml"}, "format"),
+        ({"sql": "SELECT 1", "paramters": [1]}, "paramters"),
+    ],
+)
+def test_bad_fields_are_named(client: Any, node: FakeSqlNode, body: dict, field: str) -> None:
+    assert_error(client.post("/v1/sql", json=body), 400, "INVALID_PARAMETER", f"'{field}'")
+    assert node.requests == []
+
+
+@pytest.mark.parametrize(("data", "fragment"), [(b"", "empty"), (b"{nope", "not valid JSON"),
+                                                 (b"[1]", "JSON object"), (b"\xff", "not valid JSON")])
+def test_bad_bodies(client: Any, data: bytes, fragment: str) -> None:
+    resp = client.post("/v1/sql", data=data, content_type="application/json")
+    assert_error(resp, 400, "INVALID_PARAMETER", fragment)
+
+
+@pytest.mark.parametrize(
+    ("error", "status"),
+    [
+        (SqlError("SQL_PARSE_ERROR", "unexpected token FORM", line=1, col=10), 400),
+        (SqlError("UNKNOWN_STORE", "unknown store 'nope'"), 404),
+        (SqlError("UNKNOWN_COLUMN", "no column 'x' in store 'scores'"), 404),
+        (SqlError("UNSUPPORTED", "JOIN is not supported"), 422),
+        (SqlError("NOT_UP_TO_BOUND", "partition 2 is behind the token", partitions=[2]), 409),
+        (SqlError("TIMEOUT", "partitions 1, 2 did not answer within 500 ms", partitions=[1, 2]), 504),
+    ],
+)
+def test_sql_errors_map_to_status_and_body(client: Any, node: FakeSqlNode, error: SqlError, status: int) -> None:
+    node.fail_with = error
+    resp = client.post("/v1/sql", json={"sql": "SELECT 1"})
+    assert resp.status_code == status and resp.get_json() == error.to_dict()
+    assert "Retry-After" not in resp.headers
+
+
+@pytest.mark.parametrize(("retry_after", "header"), [(0.05, "1"), (1.0, "1"), (2.5, "3"), (0, "1")])
+def test_unavailable_sets_retry_after(client: Any, node: FakeSqlNode, retry_after: float, header: str) -> None:
+    node.fail_with = SqlError("UNAVAILABLE", "no replica of partition 3 is up", partitions=[3], retry_after=retry_after)
+    resp = client.post("/v1/sql", json={"sql": "SELECT 1"})
+    err = assert_error(resp, 503, "UNAVAILABLE", "partition 3")
+    assert err["partitions"] == [3] and resp.headers["Retry-After"] == header
+
+
+def test_error_in_the_first_batch_still_gets_its_status(client: Any, node: FakeSqlNode) -> None:
+    node.fail_in_first_batch = SqlError("UNAVAILABLE", "partition 0 is rebalancing", retry_after=2)
+    resp = client.post("/v1/sql", json={"sql": "SELECT 1", "format": "csv"})
+    assert_error(resp, 503, "UNAVAILABLE", "rebalancing")
+    assert resp.headers["Retry-After"] == "2"
+
+
+def test_unexpected_exception_is_a_json_500(client: Any, node: FakeSqlNode) -> None:
+    node.fail_with = RuntimeError("boom")
+    assert_error(client.post("/v1/sql", json={"sql": "SELECT 1"}), 500, "INTERNAL", "boom")
+
+
+def test_wrong_method_is_json(client: Any) -> None:
+    assert_error(client.get("/v1/sql"), 405, "METHOD_NOT_ALLOWED", "POST")
+
+
+def test_node_without_sql_has_no_sql_routes() -> None:
+    class Bare:
+        node_id, state, cluster_secret = "n", "RUNNING", None
+
+    c = create_app(Bare()).test_client()  # type: ignore[arg-type]
+    assert c.post("/v1/sql", json={"sql": "SELECT 1"}).status_code == 404
+    assert c.get("/v1/stores").status_code == 404
+
+
+# --- /v1/stores --------------------------------------------------------------------------------
+
+
+def test_stores(client: Any) -> None:
+    resp = client.get("/v1/stores")
+    assert resp.status_code == 200 and resp.get_json() == {"stores": [{"name": "scores", "type": "kv", "partitions": 8}]}
+    assert client.get("/v1/stores/scores").get_json()["partitions"] == 8
+    assert_error(client.get("/v1/stores/nope"), 404, "UNKNOWN_STORE", "'nope'")
+
+
+def test_key_lookup(client: Any) -> None:
+    resp = client.get("/v1/stores/scores/keys/alice")
+    assert resp.status_code == 200
+    # The same value conventions as /v1/sql, not Flask's RFC 822 dates.
+    assert resp.get_json() == {"player": "alice", "score": 120, "avatar": "iVBORw==", "rowtime": "2023-11-14T22:13:20Z"}
+    assert client.get("/v1/stores/scores/keys/a/b").get_json()["player"] == "a/b"
+    err = assert_error(client.get("/v1/stores/scores/keys/zed"), 404, "KEY_NOT_FOUND", "'zed'", "'scores'")
+    assert err["key"] == "zed"
+    assert_error(client.get("/v1/stores/nope/keys/alice"), 404, "UNKNOWN_STORE")
+
+
+# --- federator sql -------------------------------------------------------------------------------
+
+
+def test_parse_param() -> None:
+    assert [parse_param(v) for v in ["42", "-7", "+3", "1.5", "2e3", "-.5", "alice", "true", "null", "0x1f", "1_000",
+                                     "", "nan", "inf", "1.2.3"]] == \
+        [42, -7, 3, 1.5, 2000.0, -0.5, "alice", "true", "null", "0x1f", "1_000", "", "nan", "inf", "1.2.3"]
+
+
+def test_format_table() -> None:
+    cols = [{"name": "player", "type": "VARCHAR"}, {"name": "score", "type": "BIGINT"}, {"name": "ok", "type": "BOOLEAN"}]
+    text = format_table(cols, [["日本", 5, True], ["a\nb", None, None], ["bob", 120, False]], {"elapsed_ms": 3.4})
+    assert text.splitlines() == [
+        "player  score  ok",
+        "------  -----  -----",
+        "日本        5  true",
+        "a\\nb     NULL  NULL",
+        "bob       120  false",
+        "(3 rows, 3 ms)",
+    ]
+    assert format_table(cols, [["x", 1, True]], {}).splitlines()[-1] == "(1 row)"
+    assert format_table([], [], {"elapsed_ms": 0}) == "(0 rows, 0 ms)"
+
+
+@pytest.fixture
+def server_url(node: FakeSqlNode) -> Iterator[str]:
+    server = serve(create_app(node), "127.0.0.1", 0, threads=2)
+    thread = start(server)
+    yield f"http://127.0.0.1:{bound_port(server)}"
+    shutdown(server, thread)
+
+
+def run(argv: list[str]) -> tuple[int, str, str, bytes]:
+    out_bytes = io.BytesIO()
+    out = io.TextIOWrapper(out_bytes, encoding="utf-8", write_through=True)
+    err = io.StringIO()
+    code = run_sql(build_parser().parse_args(["sql", *argv]), stdout=out, stderr=err)
+    out.flush()
+    return code, out_bytes.getvalue().decode("utf-8", "replace"), err.getvalue(), out_bytes.getvalue()
+
+
+def test_cli_table_against_a_real_server(server_url: str, node: FakeSqlNode) -> None:
+    code, out, err, _ = run(["--url", server_url, "--param", "alice", "--param", "3", "--param", "0.5",
+                             "--token", "t0", "--allow-stale", "SELECT * FROM scores WHERE player = ?"])
+    assert (code, err) == (0, "")
+    assert out.splitlines() == [
+        "player  score  rowtime",
+        "------  -----  ------------------------",
+        "alice     120  2023-11-14T22:13:20.000Z",
+        "bob         7  2023-11-14T22:13:21.000Z",
+        "日本     NULL  NULL",
+        "(3 rows, 12 ms)",
+    ]
+    req = node.requests[0]
+    assert (req.parameters, req.consistency_token, req.allow_stale) == (["alice", 3, 0.5], "t0", True)
+
+
+def test_cli_raw_formats(server_url: str) -> None:
+    code, out, _, _ = run(["--url", server_url + "/", "--format", "csv", "SELECT 1"])
+    assert code == 0 and out.splitlines()[0] == '"player","score","rowtime"' and len(out.splitlines()) == 4
+    code, out, _, _ = run(["--url", server_url, "--format", "json", "SELECT 1"])
+    assert code == 0 and json.loads(out)["stats"]["rows"] == 3
+    code, _, _, raw = run(["--url", server_url, "--format", "arrow", "SELECT 1"])
+    assert code == 0 and pa.ipc.open_stream(raw).read_all().num_rows == 3
+
+
+def test_cli_server_error(server_url: str, node: FakeSqlNode) -> None:
+    node.fail_with = SqlError("SQL_PARSE_ERROR", "expected FROM, found FORM", line=1, col=10)
+    code, out, err, _ = run(["--url", server_url, "SELECT * FORM scores"])
+    assert (code, out) == (2, "")
+    assert err.strip() == "error: SQL_PARSE_ERROR: expected FROM, found FORM (line 1, column 10)"
+
+
+def test_cli_connection_refused_says_what_to_do(monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
+    from tests.conftest import free_port
+
+    url = f"http://127.0.0.1:{free_port()}"
+    monkeypatch.setenv("FEDERATOR_URL", url)
+    assert cli_main(["sql", "SELECT 1"]) == 2
+    err = capsys.readouterr().err
+    assert url in err and "federator node" in err and "federator demo" in err
+
+
+class MidStreamFailure(FakeSqlNode):
+    def sql(self, request: SqlRequest) -> SqlResult:
+        def batches() -> Iterator[pa.RecordBatch]:
+            yield pa.RecordBatch.from_pylist(ROWS[:1], schema=SCHEMA)
+            raise SqlError("TIMEOUT", "partition 5 did not answer within 10000 ms", partitions=[5])
+
+        return SqlResult(SCHEMA, batches(), "tok", {})
+
+
+@pytest.mark.parametrize(("fmt", "message"), [("table", "error: TIMEOUT: partition 5"), ("csv", "cut off")])
+def test_cli_failure_after_the_status_was_sent(fmt: str, message: str) -> None:
+    """JSON carries the error in the body; CSV cannot, so the server breaks off the chunked body."""
+    server = serve(create_app(MidStreamFailure()), "127.0.0.1", 0, threads=2)
+    thread = start(server)
+    try:
+        code, _, err, _ = run(["--url", f"http://127.0.0.1:{bound_port(server)}", "--format", fmt, "SELECT 1"])
+    finally:
+        shutdown(server, thread)
+    assert code == 2 and message in err, err
