@@ -1,28 +1,31 @@
 """`federator demo`: the main job on embedded defaults.
 
 What runs today: the local broker, a store registered in the catalog, its changelog
-written with Kafka's partitioner, shards materialized into RocksDB, and IQv2 queries
-against them. Not there yet, and said so when it runs: the Spark jobs, the nodes and SQL.
+written with Kafka's partitioner, three nodes that share its partitions (with standby
+copies), and SQL over HTTP against them. Not there yet, and said so when it runs: the
+Spark jobs (the words are counted in Python).
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import json
 import re
 import shutil
 import signal
+import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
 
+import urllib3
+
 from federator import kafka
 from federator.broker import BrokerError, BrokerProcess
 from federator.catalog import Catalog, StoreDefinition, changelog_topic
-from federator.node.changelog import catch_up
-from federator.partitioner import partition_for
-from federator.query import KeyQuery, RangeQuery
-from federator.store import Shard
+from federator.client.sql_cli import format_table
 
 APP = "federator-demo"
 PARTITIONS = 8
@@ -79,30 +82,84 @@ def _pipeline(bootstrap: str, state: Path, args: argparse.Namespace) -> int:
         print("error: the broker did not take every record within 30s", file=sys.stderr)
         return 1
 
-    step(f"materializing {PARTITIONS} shards into {state / 'shards'} (the nodes of issue 3 will do this)")
-    shards = [Shard(state / "shards" / defn.name / str(p), defn, p) for p in range(PARTITIONS)]
-    for s in shards:
-        n = catch_up(s, bootstrap)
-        print(f"    partition {s.partition}: {n} records, position {s.offset}", flush=True)
+    nodes = _start_nodes(bootstrap, state)
+    try:
+        step("asking the nodes in SQL over HTTP (POST /v1/sql)")
+        url = f"http://{nodes[0][1]}"
+        for sql in EXAMPLES:
+            columns, rows, stats = _sql(url, sql)
+            print(f"\n  {sql}")
+            print("    " + format_table(columns, rows, stats).replace("\n", "\n    "))
+        print(f"\n  try: federator sql --url {url} \"SELECT * FROM word_counts ORDER BY count DESC LIMIT 5\"")
+        return _serve_or_exit(args, nodes, url, bootstrap, state)
+    finally:
+        for proc, _ in nodes:
+            proc.terminate()
+        for proc, _ in nodes:
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
 
-    step("asking the shards (IQv2 queries; SQL over HTTP arrives with issue 4)")
-    word = "federator"
-    p = partition_for(defn.key.serialize(word), PARTITIONS)
-    r = shards[p].run(KeyQuery(word))
-    print(f"    KeyQuery('{word}') on partition {p}: {r.batch.to_pylist()[0]['count']}")
-    top = []
-    for s in shards:
-        res = s.run(RangeQuery("a", "b", upper_inclusive=False))
-        top.extend(res.batch.to_pylist())
-    words = sorted(row["word"] for row in top)
-    print(f"    RangeQuery('a' <= word < 'b') over all partitions: {', '.join(words)}")
-    for s in shards:
-        s.close()
 
+EXAMPLES = [
+    "SELECT word, count FROM word_counts WHERE word = 'federator'",
+    "SELECT word, count FROM word_counts ORDER BY count DESC, word LIMIT 5",
+    "SELECT COUNT(*) AS words, SUM(count) AS occurrences, MAX(count) AS most FROM word_counts",
+    "SELECT LENGTH(word) AS letters, COUNT(*) AS words FROM word_counts GROUP BY LENGTH(word) ORDER BY letters LIMIT 4",
+]
+
+
+def _start_nodes(bootstrap: str, state: Path) -> list[tuple[subprocess.Popen, str]]:
+    nodes = []
+    for i in range(3):
+        port = _free_port()
+        endpoint = f"127.0.0.1:{port}"
+        log = open(state / f"node{i}.log", "w")
+        cmd = [sys.executable, "-m", "federator.cli", "node", "--bootstrap-servers", bootstrap, "--application-id", APP,
+               "--listen", endpoint, "--state-dir", str(state / f"node{i}"), "--node-id", f"node{i}",
+               "--standby-replicas", "1"]
+        nodes.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), endpoint))
+        step(f"started node{i} at http://{endpoint} (log: {state / f'node{i}.log'})")
+    step("waiting for the nodes to share the partitions and restore their shards")
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        ready = [_ready(ep) for _, ep in nodes]
+        if all(ready):
+            return nodes
+        for proc, ep in nodes:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the node at {ep} exited with code {proc.returncode}; see its log in {state}")
+        time.sleep(0.5)
+    raise RuntimeError(f"the nodes were not ready within 90s; see their logs in {state}")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _ready(endpoint: str) -> bool:
+    try:
+        return urllib3.request("GET", f"http://{endpoint}/readyz", timeout=2).status == 200
+    except urllib3.exceptions.HTTPError:
+        return False
+
+
+def _sql(url: str, sql: str) -> tuple[list, list, dict]:
+    resp = urllib3.request("POST", f"{url}/v1/sql", json={"sql": sql}, timeout=30)
+    body = json.loads(resp.data)
+    if resp.status != 200:
+        raise RuntimeError(f"{sql}: {body['error']['code']}: {body['error']['message']}")
+    return body["columns"], body["rows"], body["stats"]
+
+
+def _serve_or_exit(args: argparse.Namespace, nodes, url: str, bootstrap: str, state: Path) -> int:
     if args.exit:
         step("done (--exit)")
         return 0
-    step(f"broker serving at {bootstrap}; shards in {state}. Ctrl-C stops.")
+    step(f"serving: SQL at {url}/v1/sql on every node; broker {bootstrap}; state in {state}. Ctrl-C stops.")
     stop = False
 
     def on_signal(*_: object) -> None:

@@ -8,7 +8,7 @@ import pyarrow.compute as pc
 
 from federator.sql.aggregate import AggSpec, final
 from federator.sql.evaluate import compile_expr
-from federator.sql.pipeline import run, sort_indices
+from federator.sql.pipeline import parse_fragment, run, sort_indices
 from federator.sql.planner import SelectPlan
 
 
@@ -24,7 +24,8 @@ def finish(plan: SelectPlan, batches: list[pa.RecordBatch]) -> pa.Table:
         batches = owner_part.to_batches() or [pa.RecordBatch.from_pylist([], schema=owner_part.schema)]
     table = _concat(batches)
     if plan.aggregate:
-        specs = [AggSpec(f, None, d, n) for f, _, d, n in plan.aggs]
+        specs = [AggSpec(f, None if a is None else compile_expr(parse_fragment(a), plan.source_schema), d, n)
+                 for f, a, d, n in plan.aggs]
         table = final([table], plan.n_keys, specs)
         table = table.rename_columns([f"__g{i}" for i in range(plan.n_keys)] + [f"__a{i}" for i in range(len(plan.aggs))])
     if plan.having is not None:

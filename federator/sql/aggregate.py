@@ -83,7 +83,9 @@ class AggSpec:
         return self.distinct and self.func in ("COUNT", "SUM", "AVG")
 
 
-def agg_spec(node: exp.Expression, schema: pa.Schema, params: Sequence[Any] = (), name: str | None = None) -> AggSpec:
+def agg_spec(
+    node: exp.Expression, schema: pa.Schema, params: Sequence[Any] = (), name: str | None = None
+) -> AggSpec:
     """An AggSpec from a parsed COUNT/SUM/MIN/MAX/AVG call (aliased or not)."""
     out_name = name or default_name(node)
     call = node.this if isinstance(node, exp.Alias) else node
@@ -186,8 +188,8 @@ def partial(
         [(src, fn) if opts is None else (src, fn, opts) for src, fn, opts in plan]
     )
     arrays = [grouped[f"__k{j}"] for j in range(len(group_keys))] + [grouped[o] for _, o in out]
-    fields = [pa.field(nm, k.type) for nm, k in zip(names, group_keys)] + [f for i, s in enumerate(aggs) for f in _state_fields(i, s)]
-    return pa.Table.from_arrays([a.cast(f.type) for a, f in zip(arrays, fields)], schema=pa.schema(fields))
+    schema = _state_schema([pa.field(nm, k.type) for nm, k in zip(names, group_keys)], aggs)
+    return pa.Table.from_arrays([a.cast(f.type) for a, f in zip(arrays, schema)], schema=schema)
 
 
 # --------------------------------------------------------------------------- merge
@@ -206,7 +208,7 @@ def final(partials: list[pa.Table], n_keys: int, aggs: list[AggSpec]) -> pa.Tabl
     else:
         key_fields = [pa.field(f"k{j}", pa.null()) for j in range(n_keys)]
     schema = _state_schema(key_fields, aggs)
-    states = pa.concat_tables([p.select(schema.names).cast(schema) for p in partials]) if partials else schema.empty_table()
+    states = pa.concat_tables([p.select(schema.names).cast(schema) for p in partials] or [schema.empty_table()])
     keys = {f"__k{j}": states.column(j) for j in range(n_keys)}
     if not n_keys:
         keys["__k"] = pa.repeat(pa.scalar(True), states.num_rows)
@@ -214,7 +216,8 @@ def final(partials: list[pa.Table], n_keys: int, aggs: list[AggSpec]) -> pa.Tabl
     # Distinct values travel as lists; explode them into rows of (keys, value), dedupe per
     # group, and append those rows to the states so one group_by merges everything.
     value_cols = {i: f"__v{i}" for i, s in enumerate(aggs) if s._by_values}
-    value_types = {i: (_WIDE if aggs[i]._exact_int and aggs[i].func != "COUNT" else aggs[i].arg.type) for i in value_cols}
+    # values summed for SUM/AVG(DISTINCT) go wide, as integer sums do
+    value_types = {i: _WIDE if aggs[i]._exact_int and aggs[i].func != "COUNT" else aggs[i].arg.type for i in value_cols}
     base = dict(keys)
     base.update({name: states.column(name) for name in schema.names[n_keys:]})
     base.update({value_cols[i]: pa.nulls(states.num_rows, value_types[i]) for i in value_cols})
@@ -253,8 +256,9 @@ def final(partials: list[pa.Table], n_keys: int, aggs: list[AggSpec]) -> pa.Tabl
     grouped = union.group_by(list(keys), use_threads=False).aggregate(plan)
     if not n_keys and grouped.num_rows == 0:
         # no rows at all: SQL still answers one row (COUNT 0, everything else NULL)
-        grouped = pa.table({f"{c}_{fn}": pa.nulls(1, union.schema.field(c).type if fn not in ("count",) else pa.int64())
-                            for c, fn in plan})
+        grouped = pa.table(
+            {f"{c}_{fn}": pa.nulls(1, pa.int64() if fn == "count" else union.schema.field(c).type) for c, fn in plan}
+        )
 
     out_cols = [grouped[f"__k{j}"] for j in range(n_keys)]
     for i, spec in enumerate(aggs):
@@ -290,7 +294,8 @@ def _finish(i: int, spec: AggSpec, g: pa.Table, value_col: str | None) -> pa.Arr
                 raise SqlError(DATA_ERROR_CODE, f"SUM({spec.arg.sql}) is outside BIGINT range")
         return total.cast(spec.type)
     if spec.func == "AVG":
-        return pc.if_else(pc.equal(count, 0), pa.scalar(None, pa.float64()), pc.divide(total.cast(pa.float64()), count.cast(pa.float64())))
+        mean = pc.divide(total.cast(pa.float64()), count.cast(pa.float64()))
+        return pc.if_else(pc.equal(count, 0), pa.scalar(None, pa.float64()), mean)
     op = spec.func.lower()
     best = _col(g, f"{p}{op}_{op}").cast(spec.type)
     if _kind(spec.type) != "float":

@@ -9,12 +9,17 @@ the same SQL over the same rows, so this module follows DuckDB 2 where Arrow's k
 * NaN equals NaN and sorts above every other DOUBLE in comparisons, IN and BETWEEN.
 * CASE and COALESCE evaluate a branch only on the rows that reach it, so
   `CASE WHEN b <> 0 THEN a % b END` never divides by zero (AND/OR evaluate both sides, as in
-  DuckDB).
+  DuckDB). Constants are folded at compile time as DuckDB's optimizer folds them: an operator
+  with a NULL operand is NULL, x AND FALSE is FALSE, x OR TRUE is TRUE, and a WHEN with a
+  constant condition is decided, without evaluating (or failing on) the other operands.
 * A string literal (or a str parameter) next to a typed operand is cast to that type, and in
   comparisons a VARCHAR column is cast to the other side's type, as DuckDB binds them.
 * Decimal literals such as 1.5 are DOUBLE here (DuckDB: DECIMAL); values agree to float
-  precision. A naive TIMESTAMP compared with a TIMESTAMP WITH TIME ZONE is read as UTC
-  (DuckDB uses its TimeZone setting; Federator's reference setting is UTC).
+  precision, but DECIMAL-only behaviour (0.5 % 0 raising, exact 0.1 + 0.2) is not copied.
+  Integer operands are widened to BIGINT, so an INTEGER overflow DuckDB reports is a value
+  here; 'infinity' dates and timestamps, which Arrow cannot hold, are NULL. A naive TIMESTAMP
+  next to a TIMESTAMP WITH TIME ZONE is read as UTC (DuckDB uses its TimeZone setting;
+  Federator's reference setting is UTC). Hex strings ('0x10') do not CAST to integers here.
 * CASTs follow DuckDB's parsers and formatters: DOUBLE -> VARCHAR as the shortest round trip
   ('1.0', '1e+20'), DOUBLE -> INTEGER rounds half to even, VARCHAR -> INTEGER accepts
   '1_000', ' 12 ', '1.5' (-> 2), '1e2'; timestamps print as '2024-01-02 03:04:05.5+00'.
@@ -105,6 +110,8 @@ class Compiled:
     sql: str = ""
     const: bool = False  # reads no column: the same value on every row
     literal_string: bool = False  # a string literal or str parameter: takes its neighbour's type
+    null: bool = False  # the constant NULL
+    known: pa.Scalar | None = field(default=None, repr=False)  # the value, when folded at compile time
 
     def __call__(self, table: Rows) -> pa.Array:
         rows = _Rows(table, table.num_rows)
@@ -119,17 +126,44 @@ class Compiled:
         return self.fn(rows)
 
     def value(self) -> Any:
-        """The Python value of a constant expression (evaluated once, on no data)."""
+        """The Python value of a constant expression (evaluated at compile time, on no data)."""
         v = self.fn(_Rows(None, 1))
         return (v if isinstance(v, pa.Scalar) else v[0]).as_py()
 
 
 def _const(scalar: pa.Scalar, sql: str, literal_string: bool = False) -> Compiled:
-    return Compiled(scalar.type, lambda rows: scalar, sql, const=True, literal_string=literal_string)
+    return Compiled(scalar.type, lambda rows: scalar, sql, const=True, literal_string=literal_string,
+                    null=not scalar.is_valid, known=scalar)
+
+
+def _fold(c: Compiled) -> Compiled:
+    """Evaluate a constant expression at compile time, as DuckDB's constant folding does, so a
+    NULL, FALSE or TRUE constant can decide the operators around it without their other
+    operands being evaluated. One that fails (1 // 0) is left to fail if it is ever evaluated."""
+    if not c.const or c.known is not None:
+        return c
+    try:
+        v = c.fn(_Rows(None, 1))
+    except (SqlError, pa.ArrowException):
+        return c
+    return _const(v if isinstance(v, pa.Scalar) else v[0], c.sql)
+
+
+def _is(c: Compiled, value: bool) -> bool:
+    """Whether `c` is known at compile time to be `value` (TRUE/FALSE; NULL is neither)."""
+    return c.known is not None and c.known.is_valid and c.known.as_py() is value
 
 
 def _derive(type_: pa.DataType, fn: Callable[[_Rows], Value], node: exp.Expression, *parts: Compiled) -> Compiled:
     return Compiled(type_, fn, node.sql(dialect="duckdb"), const=all(p.const for p in parts))
+
+
+def _strict(type_: pa.DataType, fn: Callable[[_Rows], Value], node: exp.Expression, *parts: Compiled) -> Compiled:
+    """_derive for operators that are NULL when an operand is: DuckDB folds them to NULL when an
+    operand is the constant NULL, so the other operands are never evaluated (and never fail)."""
+    if any(p.null for p in parts):
+        return _const(pa.scalar(None, type_), node.sql(dialect="duckdb"))
+    return _derive(type_, fn, node, *parts)
 
 
 def _guard(sql: str, f: Callable[..., Value], *args: Any, **kwargs: Any) -> Value:
@@ -138,7 +172,11 @@ def _guard(sql: str, f: Callable[..., Value], *args: Any, **kwargs: Any) -> Valu
         return f(*args, **kwargs)
     except pa.ArrowInvalid as e:
         msg = str(e).lower()
-        what = "division by zero" if "divide by zero" in msg else "integer overflow" if "overflow" in msg else str(e)
+        what = str(e)
+        if "divide by zero" in msg:
+            what = "division by zero"
+        elif "overflow" in msg:
+            what = "integer overflow"
         raise SqlError(DATA_ERROR_CODE, f"{what} in {sql}") from e
 
 
@@ -172,7 +210,9 @@ _INT_TYPES = {8: pa.int8(), 16: pa.int16(), 32: pa.int32(), 64: pa.int64()}
 def sql_type_name(t: pa.DataType) -> str:
     """DuckDB's name for an Arrow type, for messages."""
     if pa.types.is_integer(t):
-        return {8: "TINYINT", 16: "SMALLINT", 32: "INTEGER", 64: "BIGINT"}[t.bit_width] if pa.types.is_signed_integer(t) else str(t).upper()
+        if not pa.types.is_signed_integer(t):
+            return str(t).upper()
+        return {8: "TINYINT", 16: "SMALLINT", 32: "INTEGER", 64: "BIGINT"}[t.bit_width]
     if pa.types.is_timestamp(t):
         return "TIMESTAMP WITH TIME ZONE" if t.tz else "TIMESTAMP"
     names = {"null": "NULL", "bool": "BOOLEAN", "string": "VARCHAR", "date": "DATE", "binary": "BLOB"}
@@ -191,7 +231,9 @@ def _unify(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
     if kb == "null":
         return a
     if ka == kb == "int":
-        return _INT_TYPES[max(a.bit_width, b.bit_width)] if pa.types.is_signed_integer(a) and pa.types.is_signed_integer(b) else pa.int64()
+        if pa.types.is_signed_integer(a) and pa.types.is_signed_integer(b):
+            return _INT_TYPES[max(a.bit_width, b.bit_width)]
+        return pa.int64()
     if ka in _NUMERIC and kb in _NUMERIC:
         return pa.float64()
     if ka == kb == "string":
@@ -216,10 +258,9 @@ def _common(items: Sequence[Compiled], node: exp.Expression, *, columns_adapt: b
         if u is None and columns_adapt and "string" in (_kind(t), _kind(item.type)):
             u = item.type if _kind(t) == "string" else t
         if u is None:
-            raise SqlError(
-                "UNSUPPORTED",
-                f"cannot combine {sql_type_name(t)} and {sql_type_name(item.type)} in {node.sql(dialect='duckdb')} "
-                "is not supported; add an explicit CAST",
+            raise unsupported(
+                f"combining {sql_type_name(t)} with {sql_type_name(item.type)} in {node.sql(dialect='duckdb')}",
+                "add an explicit CAST",
             )
         t = u
     if any(i.literal_string for i in items):
@@ -239,6 +280,8 @@ def _comparable(t: pa.DataType) -> pa.DataType:
 def _coerce(c: Compiled, t: pa.DataType) -> Compiled:
     if c.type == t:
         return c
+    if c.null:
+        return _const(pa.scalar(None, t), c.sql)
     return Compiled(t, lambda rows: _cast(c.eval(rows), t, safe=False, sql=c.sql), c.sql, c.const, False)
 
 
@@ -281,6 +324,11 @@ def _cast(v: Value, dst: pa.DataType, *, safe: bool, sql: str) -> Value:
 
 def _nullify(values: pa.Array, ok: pa.Array) -> pa.Array:
     return pc.if_else(ok, values, pa.scalar(None, values.type))
+
+
+def _nullify_like(v: Value, value: pa.Scalar) -> Value:
+    """`value` where `v` is not NULL."""
+    return pc.if_else(pc.is_valid(v), value, pa.scalar(None, value.type))
 
 
 def _try_cast(arr: pa.Array, dst: pa.DataType) -> pa.Array:
@@ -340,6 +388,10 @@ _NUM_RE = (
 def _str_to_int(arr: pa.Array, dst: pa.DataType) -> pa.Array:
     # DuckDB trims whitespace, allows '_' between digits, and rounds a fraction half away from
     # zero ('1.5' -> 2, '-1.5' -> -2) judged on the digits, so '1.4999999999999999999' -> 1.
+    try:  # fast path: Arrow takes plain [-]digits only, all of which DuckDB reads the same way
+        return _int_in_range(arr.cast(pa.int64()), dst)
+    except pa.ArrowInvalid:
+        pass
     matched, g = _groups(pc.utf8_trim_whitespace(arr), _NUM_RE)
     int_digits = pc.utf8_ltrim(pc.replace_substring(g["int"], "_", ""), characters="0")
     frac = pc.replace_substring(g["frac"], "_", "")
@@ -348,13 +400,15 @@ def _str_to_int(arr: pa.Array, dst: pa.DataType) -> pa.Array:
     fits = pc.less_equal(pc.utf8_length(int_digits), 19)
     # without an exponent: exact, through DECIMAL(21,1) (19 digits and the rounding digit)
     plain_ok = pc.and_(ok, pc.and_(pc.invert(has_exp), fits))
-    text = pc.binary_join_element_wise(g["sign"], _or_zero(int_digits), ".", _or_zero(pc.utf8_slice_codeunits(frac, 0, 1)), "")
+    first_frac = _or_zero(pc.utf8_slice_codeunits(frac, 0, 1))
+    text = pc.binary_join_element_wise(g["sign"], _or_zero(int_digits), ".", first_frac, "")
     dec = pc.if_else(plain_ok, text, "0").cast(pa.decimal128(21, 1))
     dec = pc.round(dec, 0, round_mode="half_towards_infinity")
     lo, hi = -(2 ** (dst.bit_width - 1)), 2 ** (dst.bit_width - 1) - 1
     dec_ok = pc.and_(pc.greater_equal(dec, pa.scalar(decimal.Decimal(lo), dec.type)),
                      pc.less_equal(dec, pa.scalar(decimal.Decimal(hi), dec.type)))
-    plain = _nullify(pc.if_else(dec_ok, dec, pa.scalar(decimal.Decimal(0), dec.type)).cast(dst), pc.and_(plain_ok, dec_ok))
+    in_range = pc.if_else(dec_ok, dec, pa.scalar(decimal.Decimal(0), dec.type))
+    plain = _nullify(in_range.cast(dst), pc.and_(plain_ok, dec_ok))
     # with an exponent ('1.5e1'): through DOUBLE, rounding half away from zero as DuckDB does
     sci_ok = pc.and_(ok, has_exp)
     sci_text = pc.binary_join_element_wise(g["sign"], _or_zero(int_digits), ".", _or_zero(frac), "e", g["exp"], "")
@@ -449,16 +503,19 @@ def _float_to_varchar(arr: pa.Array) -> pa.Array:
     matched, g = _groups(text, _FLOAT_TEXT_RE)
     digits = pc.binary_join_element_wise(g["int"], g["frac"], "")
     lead = pc.utf8_ltrim(digits, characters="0")
-    point = pc.add(pc.subtract(pc.utf8_length(g["int"]), pc.subtract(pc.utf8_length(digits), pc.utf8_length(lead))),
-                   _int_of(pc.replace_substring(g["exp"], "+", "")).cast(pa.int32()))
+    leading_zeros = pc.subtract(pc.utf8_length(digits), pc.utf8_length(lead))
+    exponent = _int_of(pc.replace_substring(g["exp"], "+", "")).cast(pa.int32())
+    point = pc.add(pc.subtract(pc.utf8_length(g["int"]), leading_zeros), exponent)
     sig = pc.utf8_rtrim(lead, characters="0")
     is_zero = pc.equal(sig, "")
     point = pc.if_else(pc.or_(is_zero, pc.invert(matched)), 1, point)
     pieces, positions = [], []
-    for p in pc.unique(point).to_pylist():
-        if p is None:
-            continue
-        idx = pc.indices_nonzero(pc.fill_null(pc.equal(point, p), False))
+    order = pc.sort_indices(point)  # rows of one point position are then a contiguous run
+    offset = 0
+    for run in pc.value_counts(point.take(order)).to_pylist():
+        p, count = run["values"], run["counts"]
+        idx = order.slice(offset, count)
+        offset += count
         d = sig.take(idx)
         e = p - 1
         if -4 <= e < 16:
@@ -602,7 +659,7 @@ class _Compiler:
         for cls in type(node).__mro__:
             method = getattr(self, f"_c_{cls.__name__}", None)
             if method is not None:
-                return method(node)
+                return _fold(method(node))
             if cls is exp.Expression:
                 break
         if isinstance(node, exp.Anonymous) or (isinstance(node, exp.Func) and not isinstance(node, exp.AggFunc)):
@@ -617,7 +674,8 @@ class _Compiler:
         want = node.name
         name = want if want in self.schema.names else self.by_lower.get(want.lower())
         if name is None:
-            raise SqlError("UNKNOWN_COLUMN", f"unknown column '{want}'; columns are {', '.join(self.schema.names)}")
+            columns = ", ".join(self.schema.names)
+            raise SqlError("UNKNOWN_COLUMN", f"unknown column '{want}'; columns are {columns}")
         return Compiled(self.schema.field(name).type, lambda rows: rows.column(name), node.sql(dialect="duckdb"))
 
     def _c_Literal(self, node: exp.Literal, negative: bool = False) -> Compiled:
@@ -644,7 +702,8 @@ class _Compiler:
     def _c_Placeholder(self, node: exp.Placeholder) -> Compiled:
         k = _param_number(node) if node.this else self.local[id(node)]
         if k > len(self.params):
-            raise SqlError("INVALID_PARAMETER", f"no value for parameter ${k}: {len(self.params)} parameter(s) given")
+            given = len(self.params)
+            raise SqlError("INVALID_PARAMETER", f"no value for parameter ${k}: {given} parameter(s) given")
         scalar, is_str = _param_scalar(self.params[k - 1], k)
         return _const(scalar, f"${k}", literal_string=is_str)
 
@@ -662,14 +721,16 @@ class _Compiler:
             return c
         if _kind(c.type) == "null" or c.literal_string:
             return _coerce(c, pa.bool_())
-        raise unsupported(f"{sql_type_name(c.type)} operand {c.sql} in {where.sql(dialect='duckdb')}", "a BOOLEAN is needed")
+        where_sql = where.sql(dialect="duckdb")
+        raise unsupported(f"{sql_type_name(c.type)} operand {c.sql} in {where_sql}", "a BOOLEAN is needed")
 
     def _c_And(self, node: exp.And) -> Compiled:
-        a, b = self._bool_operand(node.this, node), self._bool_operand(node.expression, node)
-        return _derive(pa.bool_(), lambda r: pc.and_kleene(a.eval(r), b.eval(r)), node, a, b)
+        return _and(self._bool_operand(node.this, node), self._bool_operand(node.expression, node), node)
 
     def _c_Or(self, node: exp.Or) -> Compiled:
         a, b = self._bool_operand(node.this, node), self._bool_operand(node.expression, node)
+        if _is(a, True) or _is(b, True):  # DuckDB folds x OR TRUE without evaluating x
+            return _const(pa.scalar(True), node.sql(dialect="duckdb"))
         return _derive(pa.bool_(), lambda r: pc.or_kleene(a.eval(r), b.eval(r)), node, a, b)
 
     def _c_Not(self, node: exp.Not) -> Compiled:
@@ -683,21 +744,21 @@ class _Compiler:
         if isinstance(rhs, exp.Boolean):
             a = self._bool_operand(node.this, node)
             want = bool(rhs.this)
-            return _derive(pa.bool_(), lambda r: pc.fill_null(a.eval(r) if want else pc.invert(a.eval(r)), False), node, a)
+            return _derive(pa.bool_(), lambda r: pc.fill_null(pc.equal(a.eval(r), want), False), node, a)
         raise unsupported(node.sql(dialect="duckdb"))
 
     # comparisons -----------------------------------------------------------
 
-    def _pair(self, node: exp.Expression, left: exp.Expression, right: exp.Expression, adapt: bool = True) -> tuple[Compiled, Compiled]:
+    def _pair(self, node: exp.Expression, left: exp.Expression, right: exp.Expression) -> tuple[Compiled, Compiled]:
         a, b = self.compile(left), self.compile(right)
-        t = _comparable(_common([a, b], node, columns_adapt=adapt))
+        t = _comparable(_common([a, b], node, columns_adapt=True))
         return _coerce(a, t), _coerce(b, t)
 
     def _comparison(self, node: exp.Expression) -> Compiled:
         op = _CMP[type(node)]
         a, b = self._pair(node, node.this, node.expression)
         f = _is_float(a.type)
-        return _derive(pa.bool_(), lambda r: _compare(op, a.eval(r), b.eval(r), f), node, a, b)
+        return _strict(pa.bool_(), lambda r: _compare(op, a.eval(r), b.eval(r), f), node, a, b)
 
     _c_EQ = _c_NEQ = _c_LT = _c_LTE = _c_GT = _c_GTE = _comparison
 
@@ -723,16 +784,17 @@ class _Compiler:
         x, lo, hi = (_coerce(p, t) for p in parts)
         f = _is_float(t)
 
-        def run(r: _Rows) -> Value:
-            v = x.eval(r)
-            return pc.and_kleene(_compare("ge", v, lo.eval(r), f), _compare("le", v, hi.eval(r), f))
-
-        return _derive(pa.bool_(), run, node, x, lo, hi)
+        # x >= lo AND x <= hi, folded as DuckDB does (a constant FALSE half decides it)
+        ge = _fold(_strict(pa.bool_(), lambda r: _compare("ge", x.eval(r), lo.eval(r), f), node, x, lo))
+        le = _fold(_strict(pa.bool_(), lambda r: _compare("le", x.eval(r), hi.eval(r), f), node, x, hi))
+        return _and(ge, le, node)
 
     def _c_In(self, node: exp.In) -> Compiled:
         if node.args.get("query") or node.args.get("unnest") or node.args.get("field") or not node.expressions:
             raise unsupported(node.sql(dialect="duckdb"), "IN takes a list of values here")
         x0 = self.compile(node.this)
+        if x0.null:
+            return _const(pa.scalar(None, pa.bool_()), node.sql(dialect="duckdb"))
         items0 = [self.compile(e) for e in node.expressions]
         t = _comparable(_common([x0, *items0], node, columns_adapt=True))
         x, items = _coerce(x0, t), [_coerce(i, t) for i in items0]
@@ -765,7 +827,7 @@ class _Compiler:
         x = self.compile(node.this)
         pattern = self.compile(node.expression)
         if _kind(x.type) not in ("string", "null") or _kind(pattern.type) not in ("string", "null"):
-            raise unsupported(f"{node.sql(dialect='duckdb')} on {sql_type_name(x.type)}", "LIKE needs VARCHAR operands")
+            raise unsupported(f"{node.sql(dialect='duckdb')} on {sql_type_name(x.type)}", "LIKE needs VARCHAR")
         if not pattern.const:
             raise unsupported(f"{node.sql(dialect='duckdb')} with a non-constant pattern")
         text = pattern.value()
@@ -784,7 +846,7 @@ class _Compiler:
                 m = pc.match_substring_regex(v.cast(pa.string()), regex, ignore_case=icase)
             return pc.invert(m) if negate else m
 
-        return _derive(pa.bool_(), run, node, x)
+        return _strict(pa.bool_(), run, node, x)
 
     _c_ILike = _c_Like
 
@@ -815,7 +877,7 @@ class _Compiler:
         if ints and not isinstance(node, exp.Div):
             kernel = {exp.Add: pc.add_checked, exp.Sub: pc.subtract_checked, exp.Mul: pc.multiply_checked,
                       exp.IntDiv: pc.divide_checked, exp.Mod: pc.remainder_checked}[type(node)]
-            return _derive(t, lambda r: _guard(sql, kernel, a.eval(r), b.eval(r)), node, a, b)
+            return _strict(t, lambda r: _guard(sql, kernel, a.eval(r), b.eval(r)), node, a, b)
         if isinstance(node, exp.IntDiv):
             def float_intdiv(r: _Rows) -> Value:  # DuckDB: DOUBLE // 0 is an error, otherwise plain division
                 x, y = a.eval(r), b.eval(r)
@@ -823,10 +885,10 @@ class _Compiler:
                     raise SqlError(DATA_ERROR_CODE, f"division by zero in {sql}")
                 return pc.divide(x, y)
 
-            return _derive(t, float_intdiv, node, a, b)
+            return _strict(t, float_intdiv, node, a, b)
         kernel = {exp.Add: pc.add, exp.Sub: pc.subtract, exp.Mul: pc.multiply, exp.Div: pc.divide,
                   exp.Mod: pc.remainder}[type(node)]
-        return _derive(t, lambda r: kernel(a.eval(r), b.eval(r)), node, a, b)
+        return _strict(t, lambda r: kernel(a.eval(r), b.eval(r)), node, a, b)
 
     _c_Add = _c_Sub = _c_Mul = _c_Div = _c_IntDiv = _c_Mod = _arith
 
@@ -837,14 +899,14 @@ class _Compiler:
         if _kind(a.type) == "null":
             a = _coerce(a, pa.int64())
         sql, kernel = node.sql(dialect="duckdb"), pc.negate_checked if _kind(a.type) == "int" else pc.negate
-        return _derive(a.type, lambda r: _guard(sql, kernel, a.eval(r)), node, a)
+        return _strict(a.type, lambda r: _guard(sql, kernel, a.eval(r)), node, a)
 
     def _c_Abs(self, node: exp.Abs) -> Compiled:
         a = self._numeric(node, node.this)
         if _kind(a.type) == "null":
             a = _coerce(a, pa.int64())
         sql, kernel = node.sql(dialect="duckdb"), pc.abs_checked if _kind(a.type) == "int" else pc.abs
-        return _derive(a.type, lambda r: _guard(sql, kernel, a.eval(r)), node, a)
+        return _strict(a.type, lambda r: _guard(sql, kernel, a.eval(r)), node, a)
 
     def _c_Round(self, node: exp.Round) -> Compiled:
         a = self._numeric(node, node.this)
@@ -855,7 +917,7 @@ class _Compiler:
         if digits_node is not None:
             d = self.compile(digits_node)
             if not d.const or _kind(d.type) not in ("int", "null"):
-                raise unsupported(f"{node.sql(dialect='duckdb')}", "ROUND takes a constant integer number of digits")
+                raise unsupported(node.sql(dialect="duckdb"), "ROUND takes a constant integer number of digits")
             digits = d.value()
         sql = node.sql(dialect="duckdb")
         if digits is None:
@@ -863,8 +925,9 @@ class _Compiler:
         if _kind(a.type) == "int":
             if digits >= 0:
                 return a
-            return _derive(a.type, lambda r: _guard(sql, pc.round, a.eval(r), digits, round_mode="half_towards_infinity"), node, a)
-        return _derive(a.type, lambda r: _round_double(a.eval(r), digits), node, a)
+            half_away = "half_towards_infinity"  # Arrow's name for half away from zero
+            return _strict(a.type, lambda r: _guard(sql, pc.round, a.eval(r), digits, round_mode=half_away), node, a)
+        return _strict(a.type, lambda r: _round_double(a.eval(r), digits), node, a)
 
     # strings ---------------------------------------------------------------
 
@@ -878,15 +941,15 @@ class _Compiler:
 
     def _c_Lower(self, node: exp.Lower) -> Compiled:
         a = self._string(node, node.this)
-        return _derive(a.type, lambda r: pc.utf8_lower(a.eval(r)), node, a)
+        return _strict(a.type, lambda r: pc.utf8_lower(a.eval(r)), node, a)
 
     def _c_Upper(self, node: exp.Upper) -> Compiled:
         a = self._string(node, node.this)
-        return _derive(a.type, lambda r: pc.utf8_upper(a.eval(r)), node, a)
+        return _strict(a.type, lambda r: pc.utf8_upper(a.eval(r)), node, a)
 
     def _c_Length(self, node: exp.Length) -> Compiled:
         a = self._string(node, node.this)  # characters (code points), as DuckDB's length()
-        return _derive(pa.int64(), lambda r: pc.utf8_length(a.eval(r)).cast(pa.int64()), node, a)
+        return _strict(pa.int64(), lambda r: pc.utf8_length(a.eval(r)).cast(pa.int64()), node, a)
 
     def _c_Substring(self, node: exp.Substring) -> Compiled:
         a = self._string(node, node.this)
@@ -905,8 +968,9 @@ class _Compiler:
             return _derive(pa.string(), lambda r: pa.scalar(None, pa.string()), node, a)
         lo, hi = _substring_slice(start[0], None if length is None else length[0])
         if lo is None:
-            return _derive(pa.string(), lambda r: pc.if_else(pc.is_valid(a.eval(r)), "", pa.scalar(None, pa.string())), node, a)
-        return _derive(pa.string(), lambda r: pc.utf8_slice_codeunits(a.eval(r), lo, hi), node, a)
+            empty = pa.scalar("", pa.string())
+            return _derive(pa.string(), lambda r: _nullify_like(a.eval(r), empty), node, a)
+        return _strict(pa.string(), lambda r: pc.utf8_slice_codeunits(a.eval(r), lo, hi), node, a)
 
     def _c_DPipe(self, node: exp.DPipe) -> Compiled:
         parts = []
@@ -916,7 +980,7 @@ class _Compiler:
                 raise unsupported(f"{node.sql(dialect='duckdb')} on {sql_type_name(c.type)}")
             parts.append(_coerce(c, pa.string()))
         a, b = parts
-        return _derive(pa.string(), lambda r: pc.binary_join_element_wise(a.eval(r), b.eval(r), ""), node, a, b)
+        return _strict(pa.string(), lambda r: pc.binary_join_element_wise(a.eval(r), b.eval(r), ""), node, a, b)
 
     # conditionals and casts -------------------------------------------------
 
@@ -930,19 +994,21 @@ class _Compiler:
                 value = self.compile(when.this)
                 t = _comparable(_common([operand, value], node, columns_adapt=True))
                 x, y, f = _coerce(operand, t), _coerce(value, t), _is_float(t)
-                conds.append(Compiled(pa.bool_(), lambda r, x=x, y=y, f=f: _compare("eq", x.eval(r), y.eval(r), f), node.sql()))
+                eq = lambda r, x=x, y=y, f=f: _compare("eq", x.eval(r), y.eval(r), f)  # noqa: E731
+                conds.append(Compiled(pa.bool_(), eq, node.sql(dialect="duckdb")))
         results = [self.compile(when.args["true"]) for when in node.args.get("ifs") or []]
         default = node.args.get("default")
         results.append(self.compile(default) if default is not None else _const(pa.scalar(None), "NULL"))
         t = _common(results, node, columns_adapt=False)
-        return _lazy_case(conds, [_coerce(c, t) for c in results], t, node)
+        return _case([_fold(c) for c in conds], [_coerce(c, t) for c in results], t, node)
 
     def _c_If(self, node: exp.If) -> Compiled:
         cond = self._bool_operand(node.this, node)
         false = node.args.get("false")
-        results = [self.compile(node.args["true"]), self.compile(false) if false is not None else _const(pa.scalar(None), "NULL")]
+        otherwise = self.compile(false) if false is not None else _const(pa.scalar(None), "NULL")
+        results = [self.compile(node.args["true"]), otherwise]
         t = _common(results, node, columns_adapt=False)
-        return _lazy_case([cond], [_coerce(c, t) for c in results], t, node)
+        return _case([cond], [_coerce(c, t) for c in results], t, node)
 
     def _c_Coalesce(self, node: exp.Coalesce) -> Compiled:
         args = [self.compile(node.this), *(self.compile(e) for e in node.expressions)]
@@ -967,18 +1033,41 @@ class _Compiler:
         name = to.this.name if hasattr(to.this, "name") else str(to.this)
         dst = _SQL_TYPES.get(name)
         if dst is None or to.expressions and name not in ("TEXT", "VARCHAR") or node.args.get("format"):
-            raise unsupported(f"CAST to {to.sql(dialect='duckdb')}", "supported: INTEGER, BIGINT, DOUBLE, VARCHAR, BOOLEAN, TIMESTAMP, TIMESTAMPTZ, DATE")
+            targets = "INTEGER, BIGINT, DOUBLE, VARCHAR, BOOLEAN, TIMESTAMP, TIMESTAMPTZ, DATE"
+            raise unsupported(f"CAST to {to.sql(dialect='duckdb')}", f"supported: {targets}")
         src = self.compile(node.this)
         if not _can_cast(src.type, dst):
-            raise unsupported(f"CAST from {sql_type_name(src.type)} to {sql_type_name(dst)} in {node.sql(dialect='duckdb')}")
+            what = f"CAST from {sql_type_name(src.type)} to {sql_type_name(dst)}"
+            raise unsupported(f"{what} in {node.sql(dialect='duckdb')}")
         safe = isinstance(node, exp.TryCast) or bool(node.args.get("safe"))
         sql = node.sql(dialect="duckdb")
-        return _derive(dst, lambda r: _cast(src.eval(r), dst, safe=safe, sql=sql), node, src)
+        return _strict(dst, lambda r: _cast(src.eval(r), dst, safe=safe, sql=sql), node, src)
+
+
+def _and(a: Compiled, b: Compiled, node: exp.Expression) -> Compiled:
+    if _is(a, False) or _is(b, False):  # DuckDB folds x AND FALSE without evaluating x
+        return _const(pa.scalar(False), node.sql(dialect="duckdb"))
+    return _derive(pa.bool_(), lambda r: pc.and_kleene(a.eval(r), b.eval(r)), node, a, b)
+
+
+def _case(conds: list[Compiled], results: list[Compiled], t: pa.DataType, node: exp.Expression) -> Compiled:
+    """CASE with DuckDB's evaluation: each WHEN sees only rows no earlier WHEN took, each THEN
+    only the rows it returns (so guarded divisions and CASTs do not fail on other rows). WHENs
+    known to be FALSE or NULL are dropped and one known TRUE ends the CASE, as DuckDB folds them."""
+    kept: list[tuple[Compiled, Compiled]] = []
+    otherwise = results[-1]
+    for cond, result in zip(conds, results):
+        if cond.known is None:
+            kept.append((cond, result))
+        elif _is(cond, True):
+            otherwise = result
+            break
+    if not kept:
+        return otherwise
+    return _lazy_case([c for c, _ in kept], [r for _, r in kept] + [otherwise], t, node)
 
 
 def _lazy_case(conds: list[Compiled], results: list[Compiled], t: pa.DataType, node: exp.Expression) -> Compiled:
-    """CASE with DuckDB's evaluation: each WHEN sees only rows no earlier WHEN took, each THEN
-    only the rows it returns (so guarded divisions and CASTs do not fail on other rows)."""
 
     def run(r: _Rows) -> Value:
         remaining = _arange(r.n)

@@ -72,13 +72,13 @@ class Pipeline:
 
 
 @functools.lru_cache(maxsize=1024)
-def _parse(sql: str) -> exp.Expression:
+def parse_fragment(sql: str) -> exp.Expression:
     return sqlglot.parse_one(sql, read="duckdb")
 
 
 @functools.lru_cache(maxsize=1024)
 def _compiled(sql: str, schema: pa.Schema):
-    return compile_expr(_parse(sql), schema)
+    return compile_expr(parse_fragment(sql), schema)
 
 
 def sort_indices(table: pa.Table, keys: list[tuple[pa.Array, bool, bool]]) -> pa.Array:

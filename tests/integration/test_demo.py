@@ -13,9 +13,16 @@ def test_demo_exit_runs_the_pipeline_and_answers(tmp_path) -> None:
         capture_output=True, text=True, timeout=180,
     )
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "KeyQuery('federator') on partition" in r.stdout
     assert r.stdout.rstrip().endswith("==> done (--exit)")
-    # the word count the demo prints is the real one from its text
+    assert r.stdout.count("started node") == 3
+    # the answers the demo prints are the real ones from its text
+    import collections
+    import re
+
     from federator.demo import TEXT
 
-    assert f": {TEXT.lower().split().count('federator')}\n" in r.stdout.split("KeyQuery('federator')")[1]
+    counts = collections.Counter(w.lower() for w in re.findall(r"[A-Za-z]+", TEXT))
+    answer = r.stdout.split("WHERE word = 'federator'")[1].splitlines()[3].split()
+    assert answer == ["federator", str(counts["federator"])]
+    totals = r.stdout.split("FROM word_counts\n")[1].splitlines()[2].split()
+    assert totals == [str(len(counts)), str(sum(counts.values())), str(max(counts.values()))]

@@ -121,7 +121,7 @@ IN_BETWEEN = [
 LIKE = [
     "s LIKE 'a%'", "s LIKE '%'", "s LIKE '_'", "s LIKE ''", "s NOT LIKE '%l%'", "s LIKE 'h_llo'", "s LIKE 'a_c'",
     "s LIKE '%.%'", "s LIKE 'a%%'", r"s LIKE '%\%'", r"s LIKE 'x\_y'", "s ILIKE 'ABC'", "s ILIKE 'HÉ%'",
-    "s ILIKE 'àé'", "s NOT ILIKE '%B%'", "s LIKE 'a!%' ESCAPE '!'", "s LIKE 'a%' ESCAPE '%'", "s LIKE NULL",
+    "s ILIKE 'àé'", "s NOT ILIKE '%B%'", "s LIKE 'a!%' ESCAPE '!'", "s LIKE NULL",
     "s LIKE '(.*)'",
 ]
 CASES = [
@@ -193,7 +193,11 @@ STRINGS_TO_PARSE = [
 
 @pytest.mark.parametrize("target", ["INTEGER", "BIGINT", "DOUBLE", "BOOLEAN", "DATE", "TIMESTAMP", "TIMESTAMPTZ"])
 def test_try_cast_from_varchar_matches_duckdb(con, target):
-    table = pa.table({"rid": pa.array(range(len(STRINGS_TO_PARSE)), pa.int64()), "x": pa.array(STRINGS_TO_PARSE)})
+    strings = STRINGS_TO_PARSE
+    if target in ("DATE", "TIMESTAMP", "TIMESTAMPTZ"):
+        # DuckDB reads these as its infinite dates, which Arrow cannot hold (we give NULL)
+        strings = [x for x in strings if x not in ("inf", "-Infinity")]
+    table = pa.table({"rid": pa.array(range(len(strings)), pa.int64()), "x": pa.array(strings)})
     check(con, f"TRY_CAST(x AS {target})", table)
 
 
@@ -201,7 +205,7 @@ def test_try_cast_from_varchar_matches_duckdb(con, target):
 ROW_ERRORS = [
     "i // 0", "i % 0", "i % j", "i // j", "big * 4", "big + big", "-(big - big - 9223372036854775807 - 1)", "CAST(s AS INTEGER)",
     "ABS(-9223372036854775807 - 1)", "CAST(d AS INTEGER)", "d // 0", "CAST(s AS DATE)", "CAST(big AS INTEGER)",
-    "s = 5", "CAST(ns AS BOOLEAN)",
+    "s = 5", "CAST(ns AS BOOLEAN)", "s LIKE 'a%' ESCAPE '%'",
 ]
 
 
@@ -218,6 +222,17 @@ def test_case_and_coalesce_only_evaluate_reached_rows(con):
     # a % j raises where j = 0; DuckDB never evaluates the branch there, and neither do we
     check(con, "CASE WHEN j = 0 OR j IS NULL THEN NULL ELSE i % j END")
     check(con, "COALESCE(CASE WHEN j = 0 THEN -1 END, i // j)")
+
+
+@pytest.mark.parametrize(
+    "expr",
+    ["(NULL - i) * (big * 4)", "FALSE AND i // 0 > 1", "i // 0 > 1 AND FALSE", "TRUE OR i % 0 = 1",
+     "CASE WHEN NULL = d THEN i // 0 ELSE -i END", "CASE WHEN 1 = 1 THEN 0 ELSE i // 0 END",
+     "3 BETWEEN i % 0 AND 1", "ABS(NULL) + big * 4", "CAST(NULL AS INTEGER) + big * 4"],
+)
+def test_constants_fold_like_duckdb(con, expr):
+    # each has a part that fails on these rows, which DuckDB's constant folding never runs
+    check(con, expr)
 
 
 UNSUPPORTED = [

@@ -1,0 +1,326 @@
+"""SQL over HTTP on a three-node cluster, every answer compared with DuckDB over the same rows."""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import json
+import math
+import random
+import signal
+import struct
+import uuid
+
+import duckdb
+import pyarrow as pa
+import pytest
+import urllib3
+
+from federator.partitioner import partition_for
+from federator.store.layout import window_key
+from tests.integration.changelog_util import produce, register
+from tests.integration.cluster import Cluster
+
+P = 8
+HTTP = urllib3.PoolManager()
+BASE = 1_700_000_000_000 - 1_700_000_000_000 % 60_000
+
+
+def ts(ms: int) -> dt.datetime:
+    return dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc)
+
+
+@pytest.fixture(scope="module")
+def sql_cluster(broker, tmp_path_factory):
+    app_id = f"sql{uuid.uuid4().hex[:8]}"
+    rnd = random.Random(42)
+    players = register(broker, app_id, {
+        "name": "players", "type": "kv", "partitions": P, "key": {"name": "player", "format": "string"},
+        "value": {"format": "json", "fields": [
+            {"name": "team", "type": "string"}, {"name": "games", "type": "long"},
+            {"name": "total_score", "type": "long"}, {"name": "best", "type": "double"},
+            {"name": "active", "type": "boolean"}, {"name": "last_seen", "type": "timestamp"}]},
+    })
+    rows = []
+    for i in range(600):
+        r = {
+            "player": f"p{i:04d}",
+            "team": rnd.choice(["red", "blue", "green", None, "Ünïcode"]),
+            "games": rnd.choice([None, rnd.randrange(0, 50)]),
+            "total_score": rnd.randrange(-500, 5000),
+            "best": rnd.choice([None, round(rnd.uniform(-10, 100), 3)]),
+            "active": rnd.choice([True, False, None]),
+            "last_seen": BASE + rnd.randrange(0, 86_400_000),
+        }
+        rows.append(r)
+    produce(broker, players.topic, P, [
+        (r["player"].encode(), r["player"].encode(), players.value.serialize({k: v for k, v in r.items() if k != "player"}), r["last_seen"])
+        for r in rows])
+    scores = register(broker, app_id, {"name": "scores", "type": "kv", "partitions": P, "key": {"format": "long"},
+                                       "value": {"name": "score", "format": "double"}})
+    score_rows = [{"key": k, "score": k * 1.5} for k in range(-300, 300, 3)]
+    produce(broker, scores.topic, P, [(scores.key.serialize(r["key"]),) * 2 + (scores.value.serialize(r["score"]), 1) for r in score_rows])
+    minutes = register(broker, app_id, {"name": "per_minute", "type": "window", "partitions": P, "key": {"name": "player", "format": "string"},
+                                        "value": {"name": "points", "format": "long"}, "window_size_ms": 60_000})
+    win_rows = []
+    for i in range(40):
+        for m in range(6):
+            win_rows.append({"player": f"p{i:04d}", "window_start": BASE + m * 60_000, "points": (i * m) % 17})
+    produce(broker, minutes.topic, P, [
+        (r["player"].encode(), window_key(r["player"].encode(), r["window_start"]), minutes.value.serialize(r["points"]), r["window_start"])
+        for r in win_rows])
+
+    c = Cluster(broker.bootstrap_servers, app_id, tmp_path_factory.mktemp("sqlnodes"), size=3, standby_replicas=1)
+    c.start()
+    for store in ("players", "scores", "per_minute"):
+        c.wait_settled(store, P, timeout=60)
+
+    db = duckdb.connect()
+    t_players = pa.table({
+        "player": [r["player"] for r in rows], "team": [r["team"] for r in rows],
+        "games": pa.array([r["games"] for r in rows], pa.int64()),
+        "total_score": pa.array([r["total_score"] for r in rows], pa.int64()),
+        "best": pa.array([r["best"] for r in rows], pa.float64()),
+        "active": pa.array([r["active"] for r in rows], pa.bool_()),
+        "last_seen": pa.array([ts(r["last_seen"]) for r in rows], pa.timestamp("ms", tz="UTC")),
+    })
+    t_scores = pa.table({"key": pa.array([r["key"] for r in score_rows], pa.int64()),
+                         "score": pa.array([r["score"] for r in score_rows], pa.float64())})
+    t_minutes = pa.table({
+        "player": [r["player"] for r in win_rows],
+        "window_start": pa.array([ts(r["window_start"]) for r in win_rows], pa.timestamp("ms", tz="UTC")),
+        "window_end": pa.array([ts(r["window_start"] + 60_000) for r in win_rows], pa.timestamp("ms", tz="UTC")),
+        "points": pa.array([r["points"] for r in win_rows], pa.int64()),
+    })
+    db.register("players", t_players)
+    db.register("scores", t_scores)
+    db.register("per_minute", t_minutes)
+    db.execute("SET TimeZone = 'UTC'")
+    yield c, db
+    c.stop()
+
+
+def post(node, body: dict, headers: dict | None = None):
+    return HTTP.request("POST", f"http://{node.endpoint}/v1/sql", body=json.dumps(body).encode(),
+                        headers={"Content-Type": "application/json", **(headers or {})})
+
+
+def sql_arrow(node, sql: str, params: list | None = None, **extra) -> tuple[pa.Table, dict]:
+    resp = post(node, {"sql": sql, "parameters": params or [], "format": "arrow", **extra})
+    assert resp.status == 200, resp.data[:500]
+    table = pa.ipc.open_stream(resp.data).read_all()
+    return table, dict(resp.headers)
+
+
+def sql_json(node, sql: str, params: list | None = None, **extra) -> dict:
+    resp = post(node, {"sql": sql, "parameters": params or [], **extra})
+    body = json.loads(resp.data)
+    assert resp.status == 200, body
+    return body
+
+
+def duck(db, sql: str) -> pa.Table:
+    rel = db.sql(sql)
+    out = rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
+    return out.read_all() if hasattr(out, "read_all") else out
+
+
+def norm(v):
+    if isinstance(v, decimal.Decimal):
+        v = int(v) if v == v.to_integral_value() else float(v)
+    if isinstance(v, float):
+        return None if math.isnan(v) else round(v, 6)
+    if isinstance(v, dt.datetime) and v.tzinfo is None:
+        return v.replace(tzinfo=dt.timezone.utc)
+    return v
+
+
+def rows_of(table: pa.Table) -> list[tuple]:
+    return [tuple(norm(v) for v in row.values()) for row in table.to_pylist()]
+
+
+def sort_key(row: tuple):
+    return tuple((v is None, str(type(v)), v if v is not None else 0) for v in row)
+
+
+QUERIES = [
+    "SELECT * FROM players",
+    "SELECT player, team, games FROM players WHERE player = 'p0007'",
+    "SELECT player, total_score FROM players WHERE player IN ('p0001', 'p0100', 'p0599', 'nobody')",
+    "SELECT player FROM players WHERE player >= 'p0100' AND player < 'p0120'",
+    "SELECT player FROM players WHERE player BETWEEN 'p0100' AND 'p0105' OR player = 'p0500'",
+    "SELECT player, best FROM players WHERE player LIKE 'p05%' AND best > 50",
+    "SELECT player AS who, total_score * 2 + 1 AS twice, total_score / 7 AS ratio, -total_score AS neg FROM players WHERE total_score % 5 = 0",
+    "SELECT player, CASE WHEN total_score > 2000 THEN 'high' WHEN total_score > 0 THEN 'mid' ELSE 'low' END AS band FROM players",
+    "SELECT player, CAST(total_score AS DOUBLE) AS d, CAST(games AS VARCHAR) AS g, COALESCE(games, -1) AS g2 FROM players",
+    "SELECT LOWER(team) AS l, UPPER(team) AS u, LENGTH(team) AS n, SUBSTR(player, 2, 3) AS s FROM players",
+    "SELECT ABS(total_score) AS a, ROUND(best) AS r0, ROUND(best, 1) AS r1 FROM players",
+    "SELECT player FROM players WHERE team IS NULL OR NOT active",
+    "SELECT player FROM players WHERE team IS NOT NULL AND games IN (1, 2, 3) AND NOT (best < 10)",
+    "SELECT player FROM players WHERE team LIKE '%e%' AND total_score NOT BETWEEN 100 AND 4000",
+    "SELECT COUNT(*) AS n, COUNT(games) AS g, COUNT(DISTINCT team) AS t, SUM(total_score) AS s, MIN(best) AS mn, MAX(best) AS mx, AVG(total_score) AS av FROM players",
+    "SELECT team, COUNT(*) AS n, SUM(games) AS g, AVG(best) AS b FROM players GROUP BY team",
+    "SELECT team, active, COUNT(*) AS n FROM players GROUP BY team, active HAVING COUNT(*) > 10",
+    "SELECT team, MAX(total_score) - MIN(total_score) AS spread FROM players WHERE games > 10 GROUP BY team",
+    "SELECT COUNT(*) AS n FROM players WHERE player = 'nobody'",
+    "SELECT player, last_seen FROM players WHERE last_seen > TIMESTAMP '2023-11-15 00:00:00+00'",
+    "SELECT key, score FROM scores WHERE key BETWEEN -20 AND 20",
+    "SELECT key FROM scores WHERE key < -280 OR key > 290",
+    "SELECT SUM(score) AS s, COUNT(*) AS n FROM scores WHERE key >= -3",
+    "SELECT player, window_start, window_end, points FROM per_minute WHERE player = 'p0003'",
+    f"SELECT player, points FROM per_minute WHERE window_start >= TIMESTAMP '{ts(BASE + 120_000).isoformat()}' AND points > 10",
+    "SELECT player, SUM(points) AS total FROM per_minute GROUP BY player HAVING SUM(points) > 20",
+]
+
+ORDERED = [
+    "SELECT player, total_score FROM players ORDER BY total_score DESC, player LIMIT 10",
+    "SELECT player, best FROM players ORDER BY best NULLS FIRST, player LIMIT 15 OFFSET 5",
+    "SELECT player, best FROM players ORDER BY best DESC NULLS LAST, player LIMIT 7",
+    "SELECT player, games FROM players ORDER BY games, player DESC LIMIT 20",
+    "SELECT team, COUNT(*) AS n FROM players GROUP BY team ORDER BY n DESC, team NULLS FIRST",
+    "SELECT key, score FROM scores ORDER BY key LIMIT 12",
+    "SELECT key FROM scores WHERE key > -30 ORDER BY 1 DESC LIMIT 5",
+    "SELECT player AS p, total_score AS t FROM players ORDER BY t, p LIMIT 3",
+]
+
+
+@pytest.mark.parametrize("sql", QUERIES)
+def test_answers_equal_duckdb(sql_cluster, sql) -> None:
+    cluster, db = sql_cluster
+    got, _ = sql_arrow(random.choice(cluster.nodes), sql)
+    want = duck(db, sql)
+    assert sorted(rows_of(got), key=sort_key) == sorted(rows_of(want), key=sort_key)
+
+
+@pytest.mark.parametrize("sql", ORDERED)
+def test_ordered_answers_equal_duckdb_in_order(sql_cluster, sql) -> None:
+    cluster, db = sql_cluster
+    got, _ = sql_arrow(random.choice(cluster.nodes), sql)
+    want = duck(db, sql)
+    assert rows_of(got) == rows_of(want)
+    assert got.column_names == want.column_names
+
+
+def test_parameters_and_point_queries_touch_one_partition(sql_cluster) -> None:
+    cluster, _ = sql_cluster
+    for node in cluster.nodes:
+        body = sql_json(node, "SELECT player, total_score FROM players WHERE player = ?", ["p0042"])
+        assert [r[0] for r in body["rows"]] == ["p0042"]
+        assert body["stats"]["partitions_queried"] == 1 and body["stats"]["nodes"] == 1
+        assert body["columns"][0] == {"name": "player", "type": "VARCHAR"}
+    body = sql_json(cluster.nodes[0], "SELECT player FROM players WHERE player IN (?, ?)", ["p0001", "p0002"])
+    parts = {partition_for(b"p0001", P), partition_for(b"p0002", P)}
+    assert body["stats"]["partitions_queried"] == len(parts)
+
+
+def test_formats_json_ndjson_csv(sql_cluster) -> None:
+    cluster, _ = sql_cluster
+    node = cluster.nodes[1]
+    sql = "SELECT player, last_seen, best FROM players WHERE player IN ('p0001', 'p0002') ORDER BY player"
+    body = sql_json(node, sql)
+    assert body["rows"][0][0] == "p0001" and isinstance(body["rows"][0][1], str) and "T" in body["rows"][0][1]
+    assert body["consistency_token"]
+    nd = post(node, {"sql": sql}, {"Accept": "application/x-ndjson"})
+    assert nd.status == 200 and [json.loads(x)["player"] for x in nd.data.decode().splitlines()] == ["p0001", "p0002"]
+    csv = post(node, {"sql": sql}, {"Accept": "text/csv"})
+    assert csv.status == 200 and csv.data.decode().splitlines()[0].replace('"', "") == "player,last_seen,best"
+
+
+def test_show_describe_explain(sql_cluster) -> None:
+    cluster, db = sql_cluster
+    node = cluster.nodes[2]
+    assert [r[0] for r in sql_json(node, "SHOW TABLES")["rows"]] == ["per_minute", "players", "scores"]
+    cols = sql_json(node, "DESCRIBE players")["rows"]
+    assert [c[0] for c in cols] == ["player", "team", "games", "total_score", "best", "active", "last_seen", "rowtime"]
+    assert cols[2][1] == "BIGINT"
+    plan = sql_json(node, "EXPLAIN SELECT team, COUNT(*) FROM players WHERE player = 'p0009' GROUP BY team")
+    names = [c["name"] for c in plan["columns"]]
+    assert names == ["store", "query", "partitions", "node", "pushed_down", "at_receiver"]
+    (row,) = plan["rows"]
+    assert "KeyQuery" in row[1] and row[2] == str(partition_for(b"p0009", P))
+    assert "partial aggregate" in row[4] and "final aggregate" in row[5]
+    tables = sql_json(node, "SELECT table_name, store_type FROM information_schema.tables ORDER BY table_name")
+    assert tables["rows"] == [["per_minute", "window"], ["players", "kv"], ["scores", "kv"]]
+    cols = sql_json(node, "SELECT column_name, data_type FROM information_schema.columns WHERE table_name = 'scores'")
+    assert cols["rows"] == [["key", "BIGINT"], ["score", "DOUBLE"], ["rowtime", "TIMESTAMP WITH TIME ZONE"]]
+
+
+@pytest.mark.parametrize(("body", "status", "code"), [
+    ({"sql": "SELEC player FROM players"}, 400, "SQL_PARSE_ERROR"),
+    ({"sql": "SELECT player FROM players WHERE player = ?", "parameters": []}, 400, "INVALID_PARAMETER"),
+    ({"sql": "SELECT * FROM nowhere"}, 404, "UNKNOWN_STORE"),
+    ({"sql": "SELECT nothing FROM players"}, 404, "UNKNOWN_COLUMN"),
+    ({"sql": "SELECT * FROM players a JOIN scores b ON a.games = b.key"}, 422, "UNSUPPORTED"),
+    ({"sql": "DELETE FROM players"}, 422, "UNSUPPORTED"),
+    ({"sql": "SELECT player FROM players", "consistency_token": "garbage!"}, 400, "INVALID_PARAMETER"),
+])
+def test_errors(sql_cluster, body, status, code) -> None:
+    cluster, _ = sql_cluster
+    resp = post(cluster.nodes[0], body)
+    err = json.loads(resp.data)["error"]
+    assert resp.status == status and err["code"] == code, err
+    assert err["message"]
+
+
+def test_parse_error_has_line_and_column(sql_cluster) -> None:
+    cluster, _ = sql_cluster
+    err = json.loads(post(cluster.nodes[0], {"sql": "SELECT player\nFROM players WHERE (player = 'x'"}).data)["error"]
+    assert err["code"] == "SQL_PARSE_ERROR" and err["line"] == 2 and err["col"] > 0
+
+
+def test_a_token_from_the_future_is_not_up_to_bound(sql_cluster) -> None:
+    cluster, _ = sql_cluster
+    body = sql_json(cluster.nodes[0], "SELECT player FROM players WHERE player = 'p0001'")
+    from federator.query.position import Position
+
+    pos = Position.from_token(body["consistency_token"])
+    (topic,) = pos.topics()
+    ahead = Position({topic: {p: o + 1000 for p, o in pos.partitions(topic).items()}})
+    resp = post(cluster.nodes[0], {"sql": "SELECT player FROM players WHERE player = 'p0001'",
+                                   "consistency_token": ahead.to_token(), "timeout_ms": 800})
+    assert resp.status == 409 and json.loads(resp.data)["error"]["code"] == "NOT_UP_TO_BOUND"
+
+
+def test_read_your_writes_with_the_writers_token(sql_cluster, broker) -> None:
+    cluster, _ = sql_cluster
+    from federator import kafka
+    from federator.query.position import Position
+
+    topic = f"{cluster.nodes[0].app_id}-scores-changelog"
+    producer = kafka.producer(broker.bootstrap_servers)
+    key = (12345).to_bytes(8, "big", signed=True)
+    offsets = {}
+
+    def done(err, msg):
+        offsets[msg.partition()] = msg.offset()
+
+    producer.produce(topic, key=key, value=struct.pack(">d", 7.25), partition=partition_for(key, P), on_delivery=done)
+    producer.flush(10)
+    token = Position({topic: offsets}).to_token()
+    body = sql_json(cluster.nodes[2], "SELECT score FROM scores WHERE key = 12345", consistency_token=token)
+    assert body["rows"] == [[7.25]]
+    assert Position.from_token(body["consistency_token"]).get(topic, partition_for(key, P)) >= offsets[partition_for(key, P)]
+
+
+def test_a_query_racing_a_node_stop_is_right_or_unavailable(sql_cluster) -> None:
+    cluster, db = sql_cluster
+    want = db.execute("SELECT COUNT(*), SUM(total_score) FROM players").fetchone()
+    victim = cluster.nodes[1]
+    victim.stop(signal.SIGKILL)
+    outcomes = []
+    try:
+        for _ in range(15):
+            node = cluster.nodes[0]
+            resp = post(node, {"sql": "SELECT COUNT(*) AS n, SUM(total_score) AS s FROM players", "timeout_ms": 3000})
+            body = json.loads(resp.data)
+            if resp.status == 200:
+                assert tuple(body["rows"][0]) == tuple(want)
+                outcomes.append("ok")
+            else:
+                assert resp.status == 503 and body["error"]["code"] == "UNAVAILABLE", body
+                assert resp.headers.get("Retry-After")
+                outcomes.append("503")
+    finally:
+        victim.start()
+        cluster.wait_settled("players", P, timeout=60)
+    assert "ok" in outcomes
