@@ -5,6 +5,7 @@ from __future__ import annotations
 STATUS = {
     "SQL_PARSE_ERROR": 400,
     "INVALID_PARAMETER": 400,
+    "INVALID_DATA": 400,  # the data made an expression fail: division by zero, overflow, a failed CAST
     "UNKNOWN_STORE": 404,
     "UNKNOWN_COLUMN": 404,
     "UNSUPPORTED": 422,

@@ -46,7 +46,7 @@ from federator.sql.errors import SqlError, unsupported
 
 # errors.py has no code for "the rows made this expression fail" (DuckDB's Conversion and
 # Out of Range errors); 422 is the closest existing one. Change it here if a code is added.
-DATA_ERROR_CODE = "UNSUPPORTED"
+DATA_ERROR_CODE = "INVALID_DATA"
 
 Value = pa.Array | pa.Scalar
 Rows = pa.Table | pa.RecordBatch
