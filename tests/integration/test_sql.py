@@ -324,3 +324,42 @@ def test_a_query_racing_a_node_stop_is_right_or_unavailable(sql_cluster) -> None
         victim.start()
         cluster.wait_settled("players", P, timeout=60)
     assert "ok" in outcomes
+
+
+def test_rest_store_views_and_routed_point_lookup(sql_cluster) -> None:
+    cluster, _ = sql_cluster
+    node = cluster.nodes[0]
+    resp = HTTP.request("GET", f"http://{node.endpoint}/v1/stores")
+    stores = json.loads(resp.data)["stores"]
+    assert resp.status == 200 and [s["name"] for s in stores] == ["per_minute", "players", "scores"]
+    info = json.loads(HTTP.request("GET", f"http://{node.endpoint}/v1/stores/players").data)
+    owners = info["partition_owners"]
+    assert [o["partition"] for o in owners] == list(range(P)) and all(o["active"] for o in owners)
+    # a key owned elsewhere is fetched from its owner
+    key = next(f"p{i:04d}" for i in range(600) if owners[partition_for(f"p{i:04d}".encode(), P)]["active"]["node_id"] != node.node_id)
+    resp = HTTP.request("GET", f"http://{node.endpoint}/v1/stores/players/keys/{key}")
+    assert resp.status == 200 and json.loads(resp.data)["player"] == key
+    missing = HTTP.request("GET", f"http://{node.endpoint}/v1/stores/players/keys/nobody")
+    assert missing.status == 404
+    unknown = HTTP.request("GET", f"http://{node.endpoint}/v1/stores/nope")
+    assert unknown.status == 404 and json.loads(unknown.data)["error"]["code"] == "UNKNOWN_STORE"
+
+
+def test_the_sql_command_prints_a_table(sql_cluster) -> None:
+    import subprocess
+
+    from tests.conftest import federator_cmd
+
+    cluster, _ = sql_cluster
+    r = subprocess.run(
+        federator_cmd("sql", "--url", f"http://{cluster.nodes[2].endpoint}",
+                      "SELECT player, total_score FROM players WHERE player IN (?, ?) ORDER BY player",
+                      "--param", "p0001", "--param", "p0002"),
+        capture_output=True, text=True, timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].split() == ["player", "total_score"] and lines[2].split()[0] == "p0001" and "(2 rows" in r.stdout
+    bad = subprocess.run(federator_cmd("sql", "--url", f"http://{cluster.nodes[2].endpoint}", "SELECT * FROM nope"),
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "UNKNOWN_STORE" in bad.stderr
