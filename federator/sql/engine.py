@@ -15,7 +15,11 @@ from federator.sql.catalog_tables import describe, information_schema, show_tabl
 from federator.sql.errors import SqlError
 from federator.sql.parse import Statement, parse
 from federator.sql.pipeline import run
+from federator.partitioner import partition_for
+from federator.plan.keys import SubQuery
+from federator.query.queries import KeyQuery
 from federator.sql.planner import SelectPlan, bind_parameters, plan_select
+from federator.sql.point import PointPlan, point_plan
 from federator.sql.result import SqlRequest, SqlResult
 
 
@@ -23,6 +27,7 @@ class SqlEngine:
     def __init__(self, node: Any) -> None:
         self.node = node
         self.dispatcher = Dispatcher(node)
+        self._points: dict[str, PointPlan | None] = {}  # SQL text -> its point plan (None: not a point lookup)
 
     def _stores(self) -> dict[str, StoreDefinition]:
         return self.node.stores
@@ -54,8 +59,41 @@ class SqlEngine:
         stats["elapsed_ms"] = round((time.perf_counter() - started) * 1000, 3)
         return SqlResult(table.schema, iter(table.to_batches()), position.to_token(), stats)
 
+    def _point(self, stmt: Statement, req: SqlRequest, position: Position, deadline: float,
+               stats: dict[str, Any]) -> tuple[pa.Table, Position, dict[str, Any]] | None:
+        """The fast path for key lookups; None when the query is not one (or the key needs the general path)."""
+        stores = self._stores()
+        cached = self._points.get(req.sql, False)
+        if cached is False or (cached is not None and stores.get(cached.store.name) is not cached.store):
+            cached = point_plan(stmt.select, stores) if stmt.select is not None else None
+            if len(self._points) > 4096:  # one entry per distinct SQL text; keep it bounded
+                self._points.clear()
+            self._points[req.sql] = cached
+        if cached is None or len(req.parameters) != stmt.param_count:
+            return None
+        key = cached.key(list(req.parameters))
+        if key is None:
+            return None
+        defn = cached.store
+        sub = SubQuery(KeyQuery(key), (partition_for(defn.key.serialize(key), defn.partitions),))
+        gathered = self.dispatcher.gather(
+            defn.name, defn.partitions, [sub], {"columns": list(cached.columns)},
+            PositionBound.at(position) if not position.is_empty() else PositionBound.unbounded(),
+            req.allow_stale, req.max_lag, deadline,
+        )
+        batches = gathered.batches
+        schema = defn.arrow_schema()
+        table = pa.Table.from_batches(batches) if batches else schema.empty_table().select(list(cached.columns))
+        stats["partitions_queried"] = 1
+        stats["nodes"] = len(gathered.nodes)
+        return table.select(list(cached.columns)).rename_columns(list(cached.names)), position.merge(gathered.position), stats
+
     def _select(self, stmt: Statement, req: SqlRequest, position: Position, deadline: float,
                 stats: dict[str, Any]) -> tuple[pa.Table, Position, dict[str, Any]]:
+        if not stmt.explain:
+            fast = self._point(stmt, req, position, deadline, stats)
+            if fast is not None:
+                return fast
         select = bind_parameters(stmt.select, list(req.parameters), stmt.param_count)  # type: ignore[arg-type]
         source = select.args.get("from_") or select.args.get("from")
         if source is None:

@@ -1,0 +1,75 @@
+"""The point lookup, planned once per SQL text: `SELECT cols FROM kv_store WHERE key = ?`.
+
+It is the query BI tools and services send most, and it needs none of the general
+machinery: no expression to compile, nothing to merge. Its plan is a store, the key's
+place (a parameter or a literal) and the columns to return, reused for every key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sqlglot import exp
+
+from federator.catalog.definition import StoreDefinition
+from federator.formats import FormatError
+from federator.plan.keys import NotALiteral, literal_value
+
+
+@dataclass(frozen=True)
+class PointPlan:
+    store: StoreDefinition
+    key_node: exp.Expression  # a ? placeholder or a literal
+    columns: tuple[str, ...]  # source columns, in output order
+    names: tuple[str, ...]  # output names
+
+    def key(self, params: list[Any]) -> Any | None:
+        """The key to look up, in the store's key type; None when the general path should decide."""
+        try:
+            value = literal_value(self.key_node, params)
+            if value is None:
+                return None
+            return self.store.key.coerce(value)
+        except (NotALiteral, FormatError, ValueError, TypeError):
+            return None
+
+
+def point_plan(select: exp.Select, stores: dict[str, StoreDefinition]) -> PointPlan | None:
+    """A PointPlan when ``select`` is a plain key lookup on a kv store, else None."""
+    if any(select.args.get(a) for a in ("group", "having", "order", "limit", "offset", "distinct", "joins", "with_", "qualify")):
+        return None
+    source = select.args.get("from_") or select.args.get("from")
+    table = source.this if source is not None else None
+    if not isinstance(table, exp.Table) or table.db or not isinstance(table.this, exp.Identifier):
+        return None
+    defn = stores.get(table.name)
+    if defn is None or defn.type != "kv":
+        return None
+    where = select.args.get("where")
+    cond = where.this if where is not None else None
+    if not isinstance(cond, exp.EQ):
+        return None
+    key_node = None
+    for col, other in ((cond.this, cond.expression), (cond.expression, cond.this)):
+        if isinstance(col, exp.Column) and col.name.lower() == defn.key_name.lower() and isinstance(
+            other, (exp.Placeholder, exp.Literal)
+        ):
+            key_node = other
+    if key_node is None:
+        return None
+    fields = {f.name.lower(): f.name for f in defn.arrow_schema()}
+    columns, names = [], []
+    for item in select.expressions:
+        if isinstance(item, exp.Star):
+            cols = [f.name for f in defn.arrow_schema() if f.name != "rowtime"]
+            columns += cols
+            names += cols
+            continue
+        alias = item.alias if isinstance(item, exp.Alias) else None
+        node = item.this if isinstance(item, exp.Alias) else item
+        if not isinstance(node, exp.Column) or node.table or node.name.lower() not in fields:
+            return None
+        columns.append(fields[node.name.lower()])
+        names.append(alias or node.name)
+    return PointPlan(defn, key_node, tuple(columns), tuple(names))

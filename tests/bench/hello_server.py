@@ -1,0 +1,58 @@
+"""The baseline: a bare Flask app on the node's server stack (federator.http.server.serve, i.e.
+waitress with the same thread count as `federator node`), in its own process.
+
+    python -m tests.bench.hello_server --port PORT [--threads 8]
+
+``GET /hello`` answers a small JSON object; ``POST /hello`` also reads and decodes a JSON
+body first, the shape of a ``POST /v1/sql`` round trip with none of its work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import threading
+
+from flask import Flask, Response, request
+
+from federator.http.server import serve, shutdown
+
+
+def create_app() -> Flask:
+    app = Flask("hello")
+
+    @app.get("/hello")
+    def hello_get() -> Response:
+        return Response(json.dumps({"hello": "world"}), mimetype="application/json")
+
+    @app.post("/hello")
+    def hello_post() -> Response:
+        body = json.loads(request.get_data(cache=False))
+        return Response(json.dumps({"hello": body.get("parameters")}), mimetype="application/json")
+
+    return app
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--threads", type=int, default=8)  # `federator node --threads` default
+    args = ap.parse_args()
+    logging.getLogger("waitress").setLevel(logging.WARNING)
+    server = serve(create_app(), "127.0.0.1", args.port, threads=args.threads)
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    signal.signal(signal.SIGINT, lambda *_: stopping.set())
+    http = threading.Thread(target=server.run, name="http", daemon=True)
+    http.start()
+    print(f"ready http://127.0.0.1:{args.port}", flush=True)
+    stopping.wait()
+    shutdown(server, http)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
