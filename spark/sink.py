@@ -1,0 +1,735 @@
+"""Write any Spark DataFrame into a Federator store.
+
+``write_store(df, "name", key="player", value=[...], bootstrap_servers=..., application_id=...)``
+registers the store in the catalog (or checks the definition already there), then produces
+every row from the Spark partition that holds it, with confluent-kafka, in the changelog
+layouts of DESIGN.md:
+
+- kv:      key bytes -> value bytes, record time = the write's start
+- window:  key + 8-byte window start + 4-byte seqnum 0, record time = the window start
+- session: key + 8-byte session end + 8-byte session start, record time = the session end
+
+Every record goes to the partition of its plain key (Kafka's murmur2, passed explicitly).
+It returns a consistency token: the last offset written to each changelog partition, so a
+reader that passes it to ``/v1/sql`` sees this write (read-your-writes).
+
+Bad input fails before anything is written (not even the catalog entry), with a SinkError
+naming the column and saying what to do. ``mode="replace"`` also deletes, with tombstones,
+the keys that the changelog holds but the DataFrame no longer has.
+
+Rows reach Python as Arrow batches (mapInArrow); keys are serialized and partitioned a
+whole batch at a time (Kafka's murmur2 vectorized over Arrow), so the per-record work is
+one ``produce`` call.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import logging
+import struct
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from federator import kafka
+from federator.catalog import Catalog, CatalogConflict, DefinitionError, StoreDefinition, changelog_topic
+from federator.catalog.definition import RESERVED_COLUMNS
+from federator.query.position import Position
+
+log = logging.getLogger(__name__)
+
+__all__ = ["SinkError", "write_store", "murmur2_partitions", "SIMPLE_FORMAT_OF", "JSON_FIELD_OF"]
+
+MODES = ("upsert", "replace")
+STORE_TYPES = ("kv", "window", "session")
+
+
+class SinkError(ValueError):
+    """The DataFrame or the arguments cannot be written as asked; nothing was written."""
+
+
+# ---- Spark types -> formats ---------------------------------------------------------------
+# Keys and single-column values: the Spark type decides the format (Kafka's serializers).
+SIMPLE_FORMAT_OF = {
+    "StringType": "string",
+    "LongType": "long",
+    "IntegerType": "int",
+    "DoubleType": "double",
+    "BinaryType": "bytes",
+}
+# JSON record fields.
+JSON_FIELD_OF = {
+    "StringType": "string",
+    "LongType": "long",
+    "IntegerType": "int",
+    "DoubleType": "double",
+    "BooleanType": "boolean",
+    "TimestampType": "timestamp",
+}
+# What to cast a close-but-unsupported type to, for the error message.
+_CAST_HINT = {
+    "ShortType": "int", "ByteType": "int", "FloatType": "double", "DecimalType": "double or long",
+    "TimestampNTZType": "timestamp", "DateType": "timestamp", "VarcharType": "string", "CharType": "string",
+}
+
+
+def _type_name(dtype: Any) -> str:
+    return type(dtype).__name__
+
+
+def _cast_hint(col: str, dtype: Any, allowed: str) -> str:
+    hint = _CAST_HINT.get(_type_name(dtype))
+    cast = f"; cast it first, e.g. F.col({col!r}).cast({hint.split()[0]!r})" if hint else ""
+    return f"use one of: {allowed}{cast}"
+
+
+# ---- Kafka's murmur2, vectorized over Arrow -------------------------------------------------
+_U32 = pa.uint32()
+_M = pa.scalar(0x5BD1E995, _U32)
+_SEED = 0x9747B28C
+_MASK = 0xFFFFFFFF
+
+
+def _u32(v: int) -> pa.Scalar:
+    return pa.scalar(v & _MASK, _U32)
+
+
+def _mix(h: Any, k: pa.Array) -> Any:
+    """One 4-byte word into the hash (murmur2's inner loop)."""
+    k = pc.multiply(k, _M)  # unsigned: wraps modulo 2**32, as Java's int arithmetic
+    k = pc.bit_wise_xor(k, pc.shift_right(k, _u32(24)))
+    k = pc.multiply(k, _M)
+    return pc.bit_wise_xor(pc.multiply(h, _M), k)
+
+
+def _murmur2_uniform(data: pa.Buffer | None, start: int, length: int, n: int) -> pa.Array:
+    """murmur2 (as uint32) of ``n`` keys of ``length`` bytes each, stored back to back in
+    ``data`` from byte ``start``."""
+    h: Any = _u32(_SEED ^ length)
+    end = length - (length & 3)
+    if length:
+        if length % 4 == 0 and start % 4 == 0 and sys.byteorder == "little":
+            words = pa.Array.from_buffers(_U32, n * length // 4, [None, data], offset=start // 4)
+            per = length // 4
+            base = pc.subtract(pc.cumulative_sum(pa.repeat(pa.scalar(per, pa.int64()), n)), per)
+            for i in range(per):
+                h = _mix(h, words.take(pc.add(base, i)))
+        else:
+            u8 = pa.Array.from_buffers(pa.uint8(), n * length, [None, data], offset=start)
+            base = pc.subtract(pc.cumulative_sum(pa.repeat(pa.scalar(length, pa.int64()), n)), length)
+
+            def byte(j: int, shift: int = 0) -> pa.Array:
+                b = u8.take(pc.add(base, j)).cast(_U32)
+                return pc.shift_left(b, _u32(shift)) if shift else b
+
+            for i in range(0, end, 4):
+                k = pc.bit_wise_or(pc.bit_wise_or(byte(i), byte(i + 1, 8)),
+                                   pc.bit_wise_or(byte(i + 2, 16), byte(i + 3, 24)))
+                h = _mix(h, k)
+            rest = length & 3
+            if rest == 3:
+                h = pc.bit_wise_xor(h, byte(end + 2, 16))
+            if rest >= 2:
+                h = pc.bit_wise_xor(h, byte(end + 1, 8))
+            if rest >= 1:
+                h = pc.multiply(pc.bit_wise_xor(h, byte(end)), _M)
+    h = pc.bit_wise_xor(h, pc.shift_right(h, _u32(13)))
+    h = pc.multiply(h, _M)
+    h = pc.bit_wise_xor(h, pc.shift_right(h, _u32(15)))
+    if isinstance(h, pa.Scalar):  # empty keys: one hash for all
+        return pa.repeat(h, n)
+    return h
+
+
+def _binary_start(arr: pa.Array) -> int:
+    """Byte position of the first value of a (possibly sliced) binary array in its data buffer."""
+    offsets = pa.Array.from_buffers(pa.int32(), len(arr) + 1, [None, arr.buffers()[1]], offset=arr.offset)
+    return offsets[0].as_py()
+
+
+def murmur2_partitions(keys: pa.Array, partitions: int) -> pa.Array:
+    """``(murmur2(key) & 0x7fffffff) % partitions`` for every key (no nulls), as int32:
+    ``federator.partitioner.partition_for`` for a whole batch at once."""
+    n = len(keys)
+    if n == 0:
+        return pa.array([], pa.int32())
+    if pa.types.is_fixed_size_binary(keys.type):
+        width = keys.type.byte_width
+        h = _murmur2_uniform(keys.buffers()[1], keys.offset * width, width, n)
+    else:
+        if keys.type != pa.binary():
+            keys = keys.cast(pa.binary())
+        lengths = pc.binary_length(keys)
+        mm = pc.min_max(lengths).as_py()
+        if mm["min"] == mm["max"]:
+            h = _murmur2_uniform(keys.buffers()[2], _binary_start(keys), mm["min"], n)
+        else:  # one pass per key length, then back into row order
+            idx_parts, h_parts = [], []
+            for length in pc.unique(lengths).to_pylist():
+                idx = pc.indices_nonzero(pc.equal(lengths, length))
+                sub = keys.take(idx)
+                h_parts.append(_murmur2_uniform(sub.buffers()[2], _binary_start(sub), length, len(sub)))
+                idx_parts.append(idx)
+            h = pa.concat_arrays(h_parts).take(pc.sort_indices(pa.concat_arrays(idx_parts)))
+    positive = pc.bit_wise_and(h, _u32(0x7FFFFFFF))
+    p = _u32(partitions)
+    return pc.subtract(positive, pc.multiply(pc.divide(positive, p), p)).cast(pa.int32())
+
+
+# ---- serialization (worker side) -----------------------------------------------------------
+_PACK = {"long": ("q", 8), "int": ("i", 4), "double": ("d", 8)}
+_WINDOW_SUFFIX = struct.Struct(">qi").pack
+_SESSION_SUFFIX = struct.Struct(">qq").pack
+
+
+def _serialize(arr: pa.Array, fmt: str) -> pa.Array:
+    """A column (no nulls) as the bytes of ``fmt``: a binary or fixed-size binary array."""
+    if fmt in _PACK:
+        code, width = _PACK[fmt]
+        values = arr.to_pylist()
+        buf = struct.pack(f">{len(values)}{code}", *values)
+        return pa.Array.from_buffers(pa.binary(width), len(values), [None, pa.py_buffer(buf)])
+    # string (UTF-8, as StringSerializer), bytes, or a JSON document built by Spark
+    return arr.cast(pa.binary())
+
+
+@dataclass(frozen=True)
+class _WriteSpec:
+    """What a Spark task needs to produce its rows (pickled into the task)."""
+
+    bootstrap_servers: str
+    topic: str
+    partitions: int
+    type: str
+    key_format: str
+    value_format: str  # a simple format, or "json" (the column already holds the document)
+    now_ms: int
+    producer_config: tuple[tuple[str, Any], ...]
+    flush_timeout: float
+    existing: Any = None  # Broadcast of the changelog keys live before the write (replace mode)
+
+
+RESULT_SCHEMA = pa.schema([
+    pa.field("partition", pa.int32()),
+    pa.field("offset", pa.int64()),
+    pa.field("records", pa.int64()),
+    pa.field("seen", pa.binary()),
+])
+RESULT_DDL = "partition int, offset long, records long, seen binary"
+
+# One producer per Python worker process, reused by the tasks it runs (Spark reuses workers).
+_PRODUCERS: dict[tuple, Any] = {}
+
+
+def _producer(spec: _WriteSpec) -> Any:
+    key = (spec.bootstrap_servers, spec.producer_config)
+    p = _PRODUCERS.get(key)
+    if p is None:
+        p = _PRODUCERS[key] = kafka.producer(spec.bootstrap_servers, **dict(spec.producer_config))
+    return p
+
+
+def _produce_waiting(producer: Any, *args: Any) -> None:
+    """produce() when the local queue is full: serve deliveries until there is room."""
+    while True:
+        producer.poll(0.05)
+        try:
+            producer.produce(*args)
+            return
+        except BufferError:
+            continue
+
+
+def _write_partition(spec: _WriteSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """Produce one Spark partition's rows (columns k, v[, t1[, t2]]); yield the last offset
+    delivered per Kafka partition and, in replace mode, the pre-existing keys it wrote."""
+    producer = _producer(spec)
+    produce = producer.produce
+    topic, nparts = spec.topic, spec.partitions
+    # Delivery reports land in one dict per partition through a C-level bound method:
+    # d[None] = last delivered message (in order: the producer is idempotent), d[err] = failures.
+    reports: list[dict] = [{} for _ in range(nparts)]
+    callbacks = [d.__setitem__ for d in reports]
+    counts = [0] * nparts
+    existing = spec.existing.value if spec.existing is not None else None
+    seen: set[bytes] = set()
+    for batch in batches:
+        n = batch.num_rows
+        if n == 0:
+            continue
+        plain = _serialize(batch.column(0), spec.key_format)
+        parts_arr = murmur2_partitions(plain, nparts)
+        for item in pc.value_counts(parts_arr).to_pylist():
+            counts[item["values"]] += item["counts"]
+        parts = parts_arr.to_pylist()
+        keys = plain.to_pylist()
+        values = _serialize(batch.column(1), spec.value_format).to_pylist()
+        if spec.type == "window":
+            times = batch.column(2).to_pylist()
+            keys = [k + _WINDOW_SUFFIX(t, 0) for k, t in zip(keys, times)]
+        elif spec.type == "session":
+            starts, times = batch.column(2).to_pylist(), batch.column(3).to_pylist()
+            keys = [k + _SESSION_SUFFIX(e, s) for k, s, e in zip(keys, starts, times)]
+        else:
+            times = itertools.repeat(spec.now_ms)
+        for k, v, p, t in zip(keys, values, parts, times):
+            try:
+                produce(topic, v, k, p, callbacks[p], t)
+            except BufferError:
+                _produce_waiting(producer, topic, v, k, p, callbacks[p], t)
+        producer.poll(0)
+        if existing:
+            seen.update(existing.intersection(keys))
+    remaining = producer.flush(spec.flush_timeout)
+    if remaining:
+        raise RuntimeError(
+            f"{remaining} records to {topic!r} were not delivered within {spec.flush_timeout:.0f}s; "
+            f"is the broker at {spec.bootstrap_servers} healthy?"
+        )
+    rows_p, rows_o, rows_n, rows_s = [], [], [], []
+    for p, d in enumerate(reports):
+        errors = [e for e in d if e is not None]
+        if errors:
+            raise RuntimeError(f"producing to {topic}[{p}] failed: {errors[0].str()}")
+        if d.get(None) is not None:
+            rows_p.append(p)
+            rows_o.append(d[None].offset())
+            rows_n.append(counts[p])
+            rows_s.append(None)
+    for k in seen:
+        rows_p.append(-1)
+        rows_o.append(-1)
+        rows_n.append(0)
+        rows_s.append(k)
+    yield pa.RecordBatch.from_arrays(
+        [pa.array(rows_p, pa.int32()), pa.array(rows_o, pa.int64()), pa.array(rows_n, pa.int64()),
+         pa.array(rows_s, pa.binary())],
+        schema=RESULT_SCHEMA,
+    )
+
+
+def _map_in_arrow(df: Any, func: Callable, ddl: str) -> Any:
+    """df.mapInArrow without the pandas that PySpark's public method insists on importing
+    (the Arrow path itself never uses pandas)."""
+    try:
+        import pandas  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        return df.mapInArrow(func, ddl)
+    from pyspark.rdd import PythonEvalType
+    from pyspark.sql import DataFrame
+    from pyspark.sql.udf import _create_udf
+
+    udf = _create_udf(func, returnType=ddl, evalType=PythonEvalType.SQL_MAP_ARROW_ITER_UDF)
+    column = udf(*[df[c] for c in df.columns])
+    return DataFrame(df._jdf.mapInArrow(column._jc, False, None), df.sparkSession)
+
+
+# ---- the driver side --------------------------------------------------------------------
+@dataclass
+class _Plan:
+    defn: StoreDefinition
+    projection: list[Any]  # Spark columns k, v, [t1, [t2]]: what the writer reads
+    extra: list[Any]  # more columns that only the checks read
+    checks: list[tuple[str, Any]]  # (message if the count is > 0, count expression)
+    unique_by: list[str]  # projection columns that identify a changelog key
+    key_label: str
+
+
+def _field(df: Any, name: Any, role: str) -> Any:
+    if not isinstance(name, str):
+        raise SinkError(f"{role} must be a column name (str), got {type(name).__name__} {name!r}")
+    for f in df.schema.fields:
+        if f.name == name:
+            return f
+    lowered = [f.name for f in df.schema.fields if f.name.lower() == name.lower()]
+    near = f" (did you mean {lowered[0]!r}?)" if lowered else ""
+    raise SinkError(
+        f"column {name!r} ({role}) is not in the DataFrame{near}; its columns are "
+        f"{', '.join(df.columns) or 'none'}"
+    )
+
+
+def _time_column(df: Any, name: Any, role: str) -> tuple[Any, str]:
+    """A window/session time column as epoch milliseconds (long)."""
+    from pyspark.sql import functions as F
+
+    f = _field(df, name, role)
+    t = _type_name(f.dataType)
+    if t == "TimestampType":
+        return F.unix_millis(F.col(f"`{name}`")), "timestamp"
+    if t == "LongType":
+        return F.col(f"`{name}`"), "epoch milliseconds"
+    raise SinkError(
+        f"column {name!r} ({role}) has Spark type {f.dataType.simpleString()}; it must be a timestamp or a "
+        f"long of epoch milliseconds{'; cast it first, e.g. F.col(%r).cast(%r)' % (name, 'timestamp') if t in _CAST_HINT else ''}"
+    )
+
+
+def _plan(
+    df: Any, store: str, *, key: Any, value: Any, type: str, partitions: int, topic: str,
+    window_start: Any, window_size_ms: Any, session_start: Any, session_end: Any,
+) -> _Plan:
+    from pyspark.sql import functions as F
+
+    if type not in STORE_TYPES:
+        raise SinkError(f"type={type!r}: the sink writes {', '.join(STORE_TYPES)} stores")
+    if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
+        raise SinkError(f"partitions={partitions!r}: pass a positive integer (the changelog topic's partition count)")
+    # window/session arguments belong to their store types
+    given = {"window_start": window_start, "window_size_ms": window_size_ms,
+             "session_start": session_start, "session_end": session_end}
+    wanted = {"kv": (), "window": ("window_start", "window_size_ms"), "session": ("session_start", "session_end")}[type]
+    for arg, val in given.items():
+        if arg in wanted and val is None:
+            raise SinkError(f"a {type} store needs {arg}=...: "
+                            + ("the column of window starts and the window size in ms" if type == "window"
+                               else "the columns of session starts and ends"))
+        if arg not in wanted and val is not None:
+            raise SinkError(f"{arg} is only for {'window' if arg.startswith('window') else 'session'} stores, "
+                            f"not {type} stores; drop it or pass type=...")
+    if type == "window" and (isinstance(window_size_ms, bool) or not isinstance(window_size_ms, int)
+                             or window_size_ms < 1):
+        raise SinkError(f"window_size_ms={window_size_ms!r}: pass the window size as a positive integer of milliseconds")
+
+    kf = _field(df, key, "the key")
+    key_format = SIMPLE_FORMAT_OF.get(_type_name(kf.dataType))
+    if key_format is None:
+        raise SinkError(
+            f"key column {key!r} has Spark type {kf.dataType.simpleString()}, which no key format fits; "
+            + _cast_hint(key, kf.dataType, "string, long, int, double, binary")
+        )
+    time_cols = [c for c in (window_start, session_start, session_end) if c is not None]
+    if value is None:  # every other column
+        value = [c for c in df.columns
+                 if c != key and c not in time_cols and c.lower() not in RESERVED_COLUMNS]
+        if not value:
+            raise SinkError(f"the DataFrame has no value column besides the key {key!r}; pass value=COLUMN or value=[COLUMNS]")
+        if len(value) == 1:
+            value = value[0]
+    col = lambda name: F.col(f"`{name}`")  # noqa: E731  (names may hold dots)
+    checks: list[tuple[str, Any]] = []
+    nulls = lambda c: F.sum(F.when(c.isNull(), 1).otherwise(0))  # noqa: E731
+    extra: list[Any] = []  # projected only for the checks
+    checks.append((f"key column {key!r} has {{n}} null values; a store key cannot be null: "
+                   f"filter them out (df.where(F.col({key!r}).isNotNull())) or fill them", nulls(F.col("k"))))
+    if isinstance(value, str):
+        vf = _field(df, value, "the value")
+        value_format = SIMPLE_FORMAT_OF.get(_type_name(vf.dataType))
+        if value_format is None:
+            allowed = "string, long, int, double, binary (or pass value=[columns] for a JSON record)"
+            raise SinkError(f"value column {value!r} has Spark type {vf.dataType.simpleString()}, which no value "
+                            f"format fits; " + _cast_hint(value, vf.dataType, allowed))
+        value_expr = col(value)
+        value_fields: tuple[tuple[str, str], ...] = ()
+        value_name = value
+        checks.append((f"value column {value!r} has {{n}} null values; a null value would delete its key: "
+                       f"filter them out or fill them (df.fillna)", nulls(F.col("v"))))
+    elif isinstance(value, (list, tuple)) and value:
+        if len(set(value)) != len(value):
+            raise SinkError(f"value lists a column twice: {list(value)!r}")
+        fields, parts = [], []
+        for name in value:
+            vf = _field(df, name, "a value field")
+            ftype = JSON_FIELD_OF.get(_type_name(vf.dataType))
+            if ftype is None:
+                raise SinkError(
+                    f"value column {name!r} has Spark type {vf.dataType.simpleString()}, which no JSON field type "
+                    f"fits; " + _cast_hint(name, vf.dataType, "string, long, int, double, boolean, timestamp")
+                )
+            fields.append((name, ftype))
+            parts.append((F.unix_millis(col(name)) if ftype == "timestamp" else col(name)).alias(name))
+            if ftype == "double":
+                flag = f"x{len(extra)}"
+                extra.append(F.when(F.isnan(col(name)) | (F.abs(col(name)) == float("inf")), 1)
+                             .otherwise(0).alias(flag))
+                checks.append((f"value column {name!r} has {{n}} NaN or infinite values, which JSON cannot hold: "
+                               f"replace them (e.g. F.nanvl) or write the column as a simple double value",
+                               F.sum(F.col(flag))))
+        value_expr = F.to_json(F.struct(*parts), {"ignoreNullFields": "false"})
+        value_format, value_fields, value_name = "json", tuple(fields), "value"
+    else:
+        raise SinkError(f"value must be a column name, a non-empty list of column names, or None; got {value!r}")
+
+    projection = [col(key).alias("k"), value_expr.alias("v")]
+    unique_by = ["k"]
+    if type == "window":
+        t1, _ = _time_column(df, window_start, "the window start")
+        projection.append(t1.alias("t1"))
+        unique_by.append("t1")
+        t1 = F.col("t1")
+        checks.append((f"window start column {window_start!r} has {{n}} null values; every window needs its start",
+                       nulls(t1)))
+        checks.append((f"window start column {window_start!r} has {{n}} values before 1970-01-01; window starts are "
+                       f"non-negative epoch milliseconds", F.sum(F.when(t1 < 0, 1).otherwise(0))))
+    elif type == "session":
+        t1, _ = _time_column(df, session_start, "the session start")
+        t2, _ = _time_column(df, session_end, "the session end")
+        projection += [t1.alias("t1"), t2.alias("t2")]
+        unique_by += ["t1", "t2"]
+        t1, t2 = F.col("t1"), F.col("t2")
+        for c, name, what in ((t1, session_start, "start"), (t2, session_end, "end")):
+            checks.append((f"session {what} column {name!r} has {{n}} null values; every session needs its {what}",
+                           nulls(c)))
+            checks.append((f"session {what} column {name!r} has {{n}} values before 1970-01-01; session times are "
+                           f"non-negative epoch milliseconds", F.sum(F.when(c < 0, 1).otherwise(0))))
+        checks.append((f"{{n}} sessions end ({session_end!r}) before they start ({session_start!r}); "
+                       f"swap the columns or fix the rows", F.sum(F.when(t2 < t1, 1).otherwise(0))))
+
+    try:
+        defn = StoreDefinition(
+            name=store, type=type, topic=topic, partitions=partitions, key_format=key_format, key_name=key,
+            value_format=value_format, value_name=value_name, value_fields=value_fields,
+            window_size_ms=window_size_ms if type == "window" else None,
+        )
+        defn.validate()
+    except DefinitionError as e:
+        raise SinkError(f"{e}; rename the column in the DataFrame (withColumnRenamed) or pick another store name") from None
+    what = {"kv": "key", "window": "key and window start", "session": "key and session start/end"}[type]
+    return _Plan(defn, projection, extra, checks, unique_by, f"{what} ({', '.join(repr(c) for c in [key, *time_cols])})")
+
+
+def _check_store(catalog: Catalog, defn: StoreDefinition) -> tuple[StoreDefinition, bool]:
+    """The definition to write under (the catalog's topic if it names another), and whether
+    the store exists already. Raises SinkError when the existing store differs."""
+    try:
+        existing = catalog.load().get(defn.name)
+    except kafka.KafkaUnavailable as e:
+        raise kafka.KafkaUnavailable(f"cannot read the catalog: {e}") from None
+    if existing is None:
+        adm = kafka.admin(catalog.bootstrap_servers)
+        have = kafka.topic_partitions(adm, defn.topic)
+        if have is not None and have != defn.partitions:
+            raise SinkError(
+                f"topic {defn.topic!r} exists with {have} partitions, not {defn.partitions}; "
+                f"pass partitions={have} or delete the topic"
+            )
+        return defn, False
+    if existing.topic != defn.topic:
+        from dataclasses import replace
+
+        defn = replace(defn, topic=existing.topic)
+    if existing.partitions != defn.partitions:
+        raise SinkError(
+            f"store {defn.name!r} exists with {existing.partitions} partitions, not {defn.partitions}; "
+            f"pass partitions={existing.partitions} (a store's partition count cannot change)"
+        )
+    if existing != defn:
+        diffs = "; ".join(existing.differences(defn))
+        raise SinkError(
+            f"store {defn.name!r} exists with another definition (existing vs this DataFrame: {diffs}); "
+            "write the same columns with the same Spark types, or use another store name"
+        )
+    return defn, True
+
+
+def _live_keys(bootstrap: str, topic: str, partitions: int, timeout: float) -> set[bytes]:
+    """Changelog keys whose latest record is not a tombstone, read to each partition's end
+    (the fetch path's end-of-partition event: tansu's reported high watermark is wrong)."""
+    from confluent_kafka import KafkaError, TopicPartition
+
+    consumer = kafka.reader(bootstrap)
+    live: dict[bytes, bool] = {}
+    done: set[int] = set()
+    try:
+        consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+        deadline = time.monotonic() + timeout
+        while len(done) < partitions:
+            if time.monotonic() > deadline:
+                raise kafka.KafkaUnavailable(
+                    f"reading {topic!r} to its end timed out after {timeout:.0f}s (partitions done: {sorted(done)})"
+                )
+            for m in kafka.next_batch(consumer, 10_000, 0.5):
+                err = m.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        done.add(m.partition())
+                        continue
+                    raise kafka.KafkaUnavailable(f"reading {topic!r}: {err.str()}")
+                k = m.key()
+                if k is not None:
+                    live[k] = m.value() is not None
+    finally:
+        consumer.close()
+    return {k for k, alive in live.items() if alive}
+
+
+_SUFFIX_LEN = {"kv": 0, "window": 12, "session": 16}
+
+
+def _tombstones(bootstrap: str, defn: StoreDefinition, keys: Sequence[bytes], now_ms: int,
+                timeout: float) -> dict[int, int]:
+    """Delete ``keys`` (changelog keys); the last offset per partition."""
+    from federator.partitioner import partition_for
+
+    cut = _SUFFIX_LEN[defn.type]
+    producer = kafka.producer(bootstrap, **{"linger.ms": 20})
+    reports: list[dict] = [{} for _ in range(defn.partitions)]
+    for k in keys:
+        p = partition_for(k[: len(k) - cut], defn.partitions)
+        try:
+            producer.produce(defn.topic, None, k, p, reports[p].__setitem__, now_ms)
+        except BufferError:
+            _produce_waiting(producer, defn.topic, None, k, p, reports[p].__setitem__, now_ms)
+    if producer.flush(timeout):
+        raise kafka.KafkaUnavailable(f"tombstones to {defn.topic!r} were not delivered within {timeout:.0f}s")
+    out = {}
+    for p, d in enumerate(reports):
+        errors = [e for e in d if e is not None]
+        if errors:
+            raise kafka.KafkaUnavailable(f"deleting keys in {defn.topic}[{p}] failed: {errors[0].str()}")
+        if d.get(None) is not None:
+            out[p] = d[None].offset()
+    return out
+
+
+def _worker_failure(e: Exception) -> str:
+    """The Python error a Spark task died of, without the JVM's stack."""
+    text = str(e)
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        s = ln.strip()
+        if s.startswith(("RuntimeError:", "KafkaException:", "ModuleNotFoundError:", "ImportError:",
+                         "KafkaUnavailable:", "BufferError:", "ValueError:")):
+            msg = s
+            if "ModuleNotFoundError" in s or "ImportError" in s:
+                msg += (f" (Spark's Python workers cannot import it: set PYSPARK_PYTHON={sys.executable} "
+                        "before creating the SparkSession, and run from the repository root)")
+            return msg
+    return lines[-1] if lines else repr(e)
+
+
+def write_store(
+    df: Any,
+    store: str,
+    *,
+    key: str,
+    value: str | Sequence[str] | None = None,
+    type: str = "kv",
+    partitions: int = 8,
+    bootstrap_servers: str,
+    application_id: str,
+    window_start: str | None = None,
+    window_size_ms: int | None = None,
+    session_start: str | None = None,
+    session_end: str | None = None,
+    mode: str = "upsert",
+    progress: Callable[[str], None] | None = None,
+    timeout: float = 120.0,
+) -> str:
+    """Write ``df`` into the store ``store`` and return a consistency token.
+
+    - ``key``: the key column; its Spark type picks the format (string, long, int, double, binary).
+    - ``value``: one column (a simple format from its type), a list of columns (a JSON record
+      whose fields are string/long/int/double/boolean/timestamp), or None for every column
+      that is not the key or a window/session time.
+    - ``type="window"``: ``window_start`` (timestamp or epoch-ms long column) and
+      ``window_size_ms``; ``type="session"``: ``session_start`` and ``session_end`` columns.
+    - ``mode="replace"``: keys in the store but not in ``df`` are deleted with tombstones.
+
+    The store is registered in the catalog (its topic created) unless it exists with the same
+    definition; anything else raises SinkError before a single record is written. A re-run
+    with the same DataFrame leaves the same store. ``progress`` gets one line per step.
+    """
+    from pyspark import StorageLevel
+
+    say = progress or (lambda msg: log.info("%s", msg))
+    if mode not in MODES:
+        raise SinkError(f"mode={mode!r}: use 'upsert' (add and overwrite keys) or 'replace' (also delete missing keys)")
+    if not bootstrap_servers or not application_id:
+        raise SinkError("pass bootstrap_servers='HOST:PORT' and application_id='APP' (the nodes' application id)")
+    plan = _plan(
+        df, store, key=key, value=value, type=type, partitions=partitions,
+        topic=changelog_topic(application_id, store) if isinstance(store, str) else "?",
+        window_start=window_start, window_size_ms=window_size_ms,
+        session_start=session_start, session_end=session_end,
+    )
+    catalog = Catalog(bootstrap_servers, application_id)
+    defn, exists = _check_store(catalog, plan.defn)
+
+    started = time.monotonic()
+    rows = df.select(*plan.projection, *plan.extra)
+    write_columns = [c for c in ("k", "v", "t1", "t2") if c in rows.columns]
+    cached = not df.is_cached
+    if cached:
+        rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        # ---- the data checks: one pass for the counts, one for duplicate keys ----------------
+        from pyspark.sql import functions as F
+
+        stats = rows.agg(F.count(F.lit(1)).alias("rows"),
+                         *[expr.alias(f"c{i}") for i, (_, expr) in enumerate(plan.checks)]).first()
+        total = stats["rows"]
+        for i, (msg, _) in enumerate(plan.checks):
+            n = stats[f"c{i}"] or 0
+            if n:
+                raise SinkError(f"{msg.format(n=n)} (store {store!r}; nothing was written)")
+        dupes = (rows.groupBy(*plan.unique_by).count().where(F.col("count") > 1)
+                 .orderBy(F.col("count").desc()).limit(3).collect())
+        if dupes:
+            examples = ", ".join(f"{tuple(r[c] for c in plan.unique_by) if len(plan.unique_by) > 1 else r['k']!r}"
+                                 f" x{r['count']}" for r in dupes)
+            raise SinkError(
+                f"{plan.key_label} is not unique: {examples}; a store holds one value per key, so aggregate "
+                f"the DataFrame to one row per key first (store {store!r}; nothing was written)"
+            )
+        say(f"{store}: {total} rows checked ({time.monotonic() - started:.1f}s)")
+
+        # ---- register, then write -------------------------------------------------------
+        try:
+            catalog.register(defn)
+        except CatalogConflict as e:  # another writer registered it meanwhile
+            raise SinkError(str(e)) from None
+        if not exists:
+            say(f"{store}: registered in {catalog.topic} ({defn.type}, {defn.partitions} partitions, topic {defn.topic})")
+        now_ms = int(time.time() * 1000)
+        existing = None
+        if mode == "replace" and exists:
+            existing = _live_keys(bootstrap_servers, defn.topic, defn.partitions, timeout)
+            say(f"{store}: {len(existing)} keys in the changelog before the write")
+        spark = df.sparkSession
+        bc = spark.sparkContext.broadcast(existing) if existing else None
+        spec = _WriteSpec(
+            bootstrap_servers=bootstrap_servers, topic=defn.topic, partitions=defn.partitions, type=defn.type,
+            key_format=defn.key_format, value_format=defn.value_format, now_ms=now_ms,
+            producer_config=(("linger.ms", 20), ("batch.size", 1_000_000), ("queue.buffering.max.messages", 500_000)),
+            flush_timeout=timeout, existing=bc,
+        )
+        write_started = time.monotonic()
+        try:
+            results = _map_in_arrow(rows.select(*write_columns), functools.partial(_write_partition, spec), RESULT_DDL).collect()
+        except Exception as e:  # a task failed: say why in one line
+            if e.__class__.__name__ in ("PythonException", "Py4JJavaError", "SparkRuntimeException"):
+                raise kafka.KafkaUnavailable(f"writing store {store!r} failed: {_worker_failure(e)}") from e
+            raise
+        finally:
+            if bc is not None:
+                bc.unpersist()
+        offsets: dict[int, int] = {}
+        written = 0
+        seen: set[bytes] = set()
+        for r in results:
+            if r["partition"] < 0:
+                seen.add(bytes(r["seen"]))
+                continue
+            offsets[r["partition"]] = max(offsets.get(r["partition"], -1), r["offset"])
+            written += r["records"]
+        took = time.monotonic() - write_started
+        say(f"{store}: wrote {written} records to {defn.topic} in {took:.1f}s"
+            + (f" ({written / took:,.0f} records/s)" if took > 0 and written else ""))
+        if existing:
+            gone = sorted(existing - seen)
+            if gone:
+                for p, o in _tombstones(bootstrap_servers, defn, gone, now_ms, timeout).items():
+                    offsets[p] = max(offsets.get(p, -1), o)
+            say(f"{store}: deleted {len(gone)} keys that are no longer in the DataFrame")
+    finally:
+        if cached:
+            rows.unpersist()
+    return Position({defn.topic: offsets}).to_token()
