@@ -1,17 +1,14 @@
 """`federator demo`: the main job on embedded defaults.
 
-What runs today: the local broker, a store registered in the catalog, its changelog
-written with Kafka's partitioner, three nodes that share its partitions (with standby
-copies), and SQL over HTTP against them. Not there yet, and said so when it runs: the
-Spark jobs (the words are counted in Python).
+It starts the local broker, runs the Spark jobs (word counts, and the game-events
+leaderboard: player_stats, scores_per_minute, player_sessions), starts three nodes that
+share the partitions (with standby copies), and answers example SQL over HTTP.
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
 import json
-import re
 import shutil
 import signal
 import socket
@@ -22,20 +19,11 @@ from pathlib import Path
 
 import urllib3
 
-from federator import kafka
 from federator.broker import BrokerError, BrokerProcess
-from federator.catalog import Catalog, StoreDefinition, changelog_topic
 from federator.client.sql_cli import format_table
 
 APP = "federator-demo"
-PARTITIONS = 8
-TEXT = """\
-Federator serves SQL over the live state of a data pipeline. A pipeline keeps its results
-in partitioned key value stores, one Kafka changelog topic per store and one RocksDB shard
-per partition. Federator reads that state live, without copying it into a database: any
-node takes SQL, plans it into per partition key and range queries, sends each query to the
-node that owns the partition, and merges the Arrow results into one answer.
-"""
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def step(msg: str) -> None:
@@ -63,24 +51,17 @@ def run_demo(args: argparse.Namespace) -> int:
 
 
 def _pipeline(bootstrap: str, state: Path, args: argparse.Namespace) -> int:
-    step("the Spark jobs are not built yet (issue 5): counting words in Python instead")
-    counts = collections.Counter(w.lower() for w in re.findall(r"[A-Za-z]+", TEXT))
-
-    defn = StoreDefinition.from_dict({
-        "name": "word_counts", "type": "kv", "topic": changelog_topic(APP, "word_counts"),
-        "partitions": PARTITIONS, "key": {"name": "word", "format": "string"},
-        "value": {"name": "count", "format": "long"},
-    })
-    step(f"registering store {defn.name} in the catalog topic {APP}-catalog")
-    Catalog(bootstrap, APP).register(defn)
-
-    step(f"writing {len(counts)} words to {defn.topic} with Kafka's murmur2 partitioner")
-    producer = kafka.producer(bootstrap)
-    for word, n in counts.items():
-        producer.produce(defn.topic, key=defn.key.serialize(word), value=defn.value.serialize(n))
-    if producer.flush(30):
-        print("error: the broker did not take every record within 30s", file=sys.stderr)
-        return 1
+    for job, extra in (
+        ("word_counts", []),
+        ("game_events", ["--events", str(args.events), "--input", str(state / "game_events")]),
+    ):
+        step(f"running the Spark job {job} (local[2]; its progress follows)")
+        cmd = [sys.executable, "-m", f"spark.jobs.{job}", "--bootstrap-servers", bootstrap,
+               "--application-id", APP, "--master", "local[2]", *extra]
+        done = subprocess.run(cmd, cwd=REPO_ROOT, stdout=sys.stdout, stderr=open(state / f"{job}.log", "w"))
+        if done.returncode != 0:
+            print(f"error: the Spark job {job} failed; its log is {state / f'{job}.log'}", file=sys.stderr)
+            return 1
 
     nodes = _start_nodes(bootstrap, state)
     try:
@@ -105,8 +86,10 @@ def _pipeline(bootstrap: str, state: Path, args: argparse.Namespace) -> int:
 EXAMPLES = [
     "SELECT word, count FROM word_counts WHERE word = 'federator'",
     "SELECT word, count FROM word_counts ORDER BY count DESC, word LIMIT 5",
-    "SELECT COUNT(*) AS words, SUM(count) AS occurrences, MAX(count) AS most FROM word_counts",
-    "SELECT LENGTH(word) AS letters, COUNT(*) AS words FROM word_counts GROUP BY LENGTH(word) ORDER BY letters LIMIT 4",
+    "SELECT player, total_score, best_score, games FROM player_stats ORDER BY total_score DESC LIMIT 5",
+    "SELECT COUNT(*) AS players, SUM(total_score) AS points, MAX(best_score) AS best FROM player_stats",
+    "SELECT player, window_start, total_score FROM scores_per_minute WHERE player = 'player_00007' ORDER BY window_start LIMIT 3",
+    "SELECT player, window_start, window_end, games FROM player_sessions WHERE player = 'player_00007' ORDER BY window_start LIMIT 3",
 ]
 
 

@@ -211,7 +211,7 @@ class _WriteSpec:
     now_ms: int
     producer_config: tuple[tuple[str, Any], ...]
     flush_timeout: float
-    existing: Any = None  # Broadcast of the changelog keys live before the write (replace mode)
+    existing: Any = None  # replace mode: Broadcast of {changelog key: index} live before the write
 
 
 RESULT_SCHEMA = pa.schema([
@@ -247,7 +247,16 @@ def _produce_waiting(producer: Any, *args: Any) -> None:
 
 def _write_partition(spec: _WriteSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """Produce one Spark partition's rows (columns k, v[, t1[, t2]]); yield the last offset
-    delivered per Kafka partition and, in replace mode, the pre-existing keys it wrote."""
+    delivered per Kafka partition and, in replace mode, a bitmap of the pre-existing keys it wrote."""
+    try:
+        yield _produce_batches(spec, batches)
+    except BaseException:
+        # a producer that failed (e.g. a fatal idempotence error) is not reused by later tasks
+        _PRODUCERS.pop((spec.bootstrap_servers, spec.producer_config), None)
+        raise
+
+
+def _produce_batches(spec: _WriteSpec, batches: Iterator[pa.RecordBatch]) -> pa.RecordBatch:
     producer = _producer(spec)
     produce = producer.produce
     topic, nparts = spec.topic, spec.partitions
@@ -257,7 +266,7 @@ def _write_partition(spec: _WriteSpec, batches: Iterator[pa.RecordBatch]) -> Ite
     callbacks = [d.__setitem__ for d in reports]
     counts = [0] * nparts
     existing = spec.existing.value if spec.existing is not None else None
-    seen: set[bytes] = set()
+    seen = bytearray((len(existing) + 7) // 8) if existing else None  # bit i: existing key i was written
     for batch in batches:
         n = batch.num_rows
         if n == 0:
@@ -278,13 +287,17 @@ def _write_partition(spec: _WriteSpec, batches: Iterator[pa.RecordBatch]) -> Ite
         else:
             times = itertools.repeat(spec.now_ms)
         for k, v, p, t in zip(keys, values, parts, times):
-            try:
-                produce(topic, v, k, p, callbacks[p], t)
+            try:  # positional: (topic, value, key, partition, callback, on_delivery alias, timestamp)
+                produce(topic, v, k, p, callbacks[p], None, t)
             except BufferError:
-                _produce_waiting(producer, topic, v, k, p, callbacks[p], t)
+                _produce_waiting(producer, topic, v, k, p, callbacks[p], None, t)
         producer.poll(0)
         if existing:
-            seen.update(existing.intersection(keys))
+            get = existing.get
+            for k in keys:
+                i = get(k)
+                if i is not None:
+                    seen[i >> 3] |= 1 << (i & 7)
     remaining = producer.flush(spec.flush_timeout)
     if remaining:
         raise RuntimeError(
@@ -301,12 +314,12 @@ def _write_partition(spec: _WriteSpec, batches: Iterator[pa.RecordBatch]) -> Ite
             rows_o.append(d[None].offset())
             rows_n.append(counts[p])
             rows_s.append(None)
-    for k in seen:
+    if seen is not None and any(seen):
         rows_p.append(-1)
         rows_o.append(-1)
         rows_n.append(0)
-        rows_s.append(k)
-    yield pa.RecordBatch.from_arrays(
+        rows_s.append(bytes(seen))
+    return pa.RecordBatch.from_arrays(
         [pa.array(rows_p, pa.int32()), pa.array(rows_o, pa.int64()), pa.array(rows_n, pa.int64()),
          pa.array(rows_s, pa.binary())],
         schema=RESULT_SCHEMA,
@@ -356,19 +369,19 @@ def _field(df: Any, name: Any, role: str) -> Any:
     )
 
 
-def _time_column(df: Any, name: Any, role: str) -> tuple[Any, str]:
+def _time_column(df: Any, name: Any, role: str) -> Any:
     """A window/session time column as epoch milliseconds (long)."""
     from pyspark.sql import functions as F
 
     f = _field(df, name, role)
     t = _type_name(f.dataType)
     if t == "TimestampType":
-        return F.unix_millis(F.col(f"`{name}`")), "timestamp"
+        return F.unix_millis(F.col(f"`{name}`"))
     if t == "LongType":
-        return F.col(f"`{name}`"), "epoch milliseconds"
+        return F.col(f"`{name}`")
     raise SinkError(
-        f"column {name!r} ({role}) has Spark type {f.dataType.simpleString()}; it must be a timestamp or a "
-        f"long of epoch milliseconds{'; cast it first, e.g. F.col(%r).cast(%r)' % (name, 'timestamp') if t in _CAST_HINT else ''}"
+        f"column {name!r} ({role}) has Spark type {f.dataType.simpleString()}; it must be a timestamp or a long "
+        f"of epoch milliseconds: convert it first, e.g. F.col({name!r}).cast('timestamp') or F.unix_millis(...)"
     )
 
 
@@ -396,7 +409,8 @@ def _plan(
                             f"not {type} stores; drop it or pass type=...")
     if type == "window" and (isinstance(window_size_ms, bool) or not isinstance(window_size_ms, int)
                              or window_size_ms < 1):
-        raise SinkError(f"window_size_ms={window_size_ms!r}: pass the window size as a positive integer of milliseconds")
+        raise SinkError(f"window_size_ms={window_size_ms!r}: pass the window size as a positive integer "
+                        "of milliseconds")
 
     kf = _field(df, key, "the key")
     key_format = SIMPLE_FORMAT_OF.get(_type_name(kf.dataType))
@@ -410,7 +424,8 @@ def _plan(
         value = [c for c in df.columns
                  if c != key and c not in time_cols and c.lower() not in RESERVED_COLUMNS]
         if not value:
-            raise SinkError(f"the DataFrame has no value column besides the key {key!r}; pass value=COLUMN or value=[COLUMNS]")
+            raise SinkError(f"the DataFrame has no value column besides the key {key!r}; "
+                            "pass value=COLUMN or value=[COLUMNS]")
         if len(value) == 1:
             value = value[0]
     col = lambda name: F.col(f"`{name}`")  # noqa: E731  (names may hold dots)
@@ -460,7 +475,7 @@ def _plan(
     projection = [col(key).alias("k"), value_expr.alias("v")]
     unique_by = ["k"]
     if type == "window":
-        t1, _ = _time_column(df, window_start, "the window start")
+        t1 = _time_column(df, window_start, "the window start")
         projection.append(t1.alias("t1"))
         unique_by.append("t1")
         t1 = F.col("t1")
@@ -469,8 +484,8 @@ def _plan(
         checks.append((f"window start column {window_start!r} has {{n}} values before 1970-01-01; window starts are "
                        f"non-negative epoch milliseconds", F.sum(F.when(t1 < 0, 1).otherwise(0))))
     elif type == "session":
-        t1, _ = _time_column(df, session_start, "the session start")
-        t2, _ = _time_column(df, session_end, "the session end")
+        t1 = _time_column(df, session_start, "the session start")
+        t2 = _time_column(df, session_end, "the session end")
         projection += [t1.alias("t1"), t2.alias("t2")]
         unique_by += ["t1", "t2"]
         t1, t2 = F.col("t1"), F.col("t2")
@@ -490,9 +505,11 @@ def _plan(
         )
         defn.validate()
     except DefinitionError as e:
-        raise SinkError(f"{e}; rename the column in the DataFrame (withColumnRenamed) or pick another store name") from None
+        raise SinkError(f"{e}; rename the column in the DataFrame (withColumnRenamed) "
+                        "or pick another store name") from None
     what = {"kv": "key", "window": "key and window start", "session": "key and session start/end"}[type]
-    return _Plan(defn, projection, extra, checks, unique_by, f"{what} ({', '.join(repr(c) for c in [key, *time_cols])})")
+    label = f"{what} ({', '.join(repr(c) for c in [key, *time_cols])})"
+    return _Plan(defn, projection, extra, checks, unique_by, label)
 
 
 def _check_store(catalog: Catalog, defn: StoreDefinition) -> tuple[StoreDefinition, bool]:
@@ -566,17 +583,15 @@ _SUFFIX_LEN = {"kv": 0, "window": 12, "session": 16}
 def _tombstones(bootstrap: str, defn: StoreDefinition, keys: Sequence[bytes], now_ms: int,
                 timeout: float) -> dict[int, int]:
     """Delete ``keys`` (changelog keys); the last offset per partition."""
-    from federator.partitioner import partition_for
-
     cut = _SUFFIX_LEN[defn.type]
+    parts = murmur2_partitions(pa.array([k[: len(k) - cut] for k in keys], pa.binary()), defn.partitions)
     producer = kafka.producer(bootstrap, **{"linger.ms": 20})
     reports: list[dict] = [{} for _ in range(defn.partitions)]
-    for k in keys:
-        p = partition_for(k[: len(k) - cut], defn.partitions)
+    for k, p in zip(keys, parts.to_pylist()):
         try:
-            producer.produce(defn.topic, None, k, p, reports[p].__setitem__, now_ms)
+            producer.produce(defn.topic, None, k, p, reports[p].__setitem__, None, now_ms)
         except BufferError:
-            _produce_waiting(producer, defn.topic, None, k, p, reports[p].__setitem__, now_ms)
+            _produce_waiting(producer, defn.topic, None, k, p, reports[p].__setitem__, None, now_ms)
     if producer.flush(timeout):
         raise kafka.KafkaUnavailable(f"tombstones to {defn.topic!r} were not delivered within {timeout:.0f}s")
     out = {}
@@ -589,20 +604,35 @@ def _tombstones(bootstrap: str, defn: StoreDefinition, keys: Sequence[bytes], no
     return out
 
 
+def _unmarked(keys: list[bytes], bitmap: int) -> list[bytes]:
+    """The keys whose bit is not set."""
+    raw = bitmap.to_bytes((len(keys) + 7) // 8, "little")
+    out = []
+    for byte_index, b in enumerate(raw):
+        if b != 0xFF:
+            for bit in range(8):
+                i = byte_index * 8 + bit
+                if i < len(keys) and not (b >> bit) & 1:
+                    out.append(keys[i])
+    return out
+
+
 def _worker_failure(e: Exception) -> str:
-    """The Python error a Spark task died of, without the JVM's stack."""
+    """The Python error a Spark task died of (the last traceback's exception line), in one line."""
     text = str(e)
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    for ln in reversed(lines):
-        s = ln.strip()
-        if s.startswith(("RuntimeError:", "KafkaException:", "ModuleNotFoundError:", "ImportError:",
-                         "KafkaUnavailable:", "BufferError:", "ValueError:")):
-            msg = s
-            if "ModuleNotFoundError" in s or "ImportError" in s:
-                msg += (f" (Spark's Python workers cannot import it: set PYSPARK_PYTHON={sys.executable} "
-                        "before creating the SparkSession, and run from the repository root)")
-            return msg
-    return lines[-1] if lines else repr(e)
+    at = text.rfind("Traceback (most recent call last):")
+    lines = text[at:].splitlines()[1:] if at >= 0 else text.splitlines()
+    msg = ""
+    for i, ln in enumerate(lines):
+        if ln.strip() and not ln.startswith((" ", "\t")):
+            msg = " ".join(x.strip() for x in lines[i:] if x.strip())
+            break
+    msg = (msg or text.strip() or repr(e))[:800]
+    if "ModuleNotFoundError" in msg or "ImportError" in msg:
+        msg += (f" (Spark's Python workers cannot import it: set PYSPARK_PYTHON={sys.executable} before the "
+                "SparkSession starts, and put this repository on PYTHONPATH; "
+                "spark.jobs.common.spark_session does both)")
+    return msg
 
 
 def write_store(
@@ -660,24 +690,27 @@ def write_store(
     if cached:
         rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        # ---- the data checks: one pass for the counts, one for duplicate keys ----------------
+        # ---- the data checks: one Spark job (a group-by on the changelog key) -------------
         from pyspark.sql import functions as F
 
-        stats = rows.agg(F.count(F.lit(1)).alias("rows"),
-                         *[expr.alias(f"c{i}") for i, (_, expr) in enumerate(plan.checks)]).first()
-        total = stats["rows"]
+        grouped = rows.groupBy(*plan.unique_by).agg(
+            F.count(F.lit(1)).alias("n"), *[expr.alias(f"c{i}") for i, (_, expr) in enumerate(plan.checks)])
+        stats = grouped.agg(
+            F.sum("n").alias("rows"), F.sum(F.when(F.col("n") > 1, 1).otherwise(0)).alias("dupes"),
+            *[F.sum(f"c{i}").alias(f"c{i}") for i in range(len(plan.checks))]).first()
+        total = stats["rows"] or 0
         for i, (msg, _) in enumerate(plan.checks):
             n = stats[f"c{i}"] or 0
             if n:
                 raise SinkError(f"{msg.format(n=n)} (store {store!r}; nothing was written)")
-        dupes = (rows.groupBy(*plan.unique_by).count().where(F.col("count") > 1)
-                 .orderBy(F.col("count").desc()).limit(3).collect())
-        if dupes:
+        if stats["dupes"]:
+            dupes = grouped.where(F.col("n") > 1).orderBy(F.col("n").desc()).limit(3).collect()
             examples = ", ".join(f"{tuple(r[c] for c in plan.unique_by) if len(plan.unique_by) > 1 else r['k']!r}"
-                                 f" x{r['count']}" for r in dupes)
+                                 f" x{r['n']}" for r in dupes)
             raise SinkError(
-                f"{plan.key_label} is not unique: {examples}; a store holds one value per key, so aggregate "
-                f"the DataFrame to one row per key first (store {store!r}; nothing was written)"
+                f"{plan.key_label} is not unique ({stats['dupes']} keys appear more than once: {examples}); "
+                f"a store holds one value per key, so aggregate the DataFrame to one row per key first "
+                f"(store {store!r}; nothing was written)"
             )
         say(f"{store}: {total} rows checked ({time.monotonic() - started:.1f}s)")
 
@@ -687,14 +720,17 @@ def write_store(
         except CatalogConflict as e:  # another writer registered it meanwhile
             raise SinkError(str(e)) from None
         if not exists:
-            say(f"{store}: registered in {catalog.topic} ({defn.type}, {defn.partitions} partitions, topic {defn.topic})")
+            say(f"{store}: registered in {catalog.topic} "
+                f"({defn.type}, {defn.partitions} partitions, topic {defn.topic})")
         now_ms = int(time.time() * 1000)
         existing = None
         if mode == "replace" and exists:
             existing = _live_keys(bootstrap_servers, defn.topic, defn.partitions, timeout)
             say(f"{store}: {len(existing)} keys in the changelog before the write")
         spark = df.sparkSession
-        bc = spark.sparkContext.broadcast(existing) if existing else None
+        existing_keys = sorted(existing) if existing else []
+        bc = (spark.sparkContext.broadcast({k: i for i, k in enumerate(existing_keys)})
+              if existing_keys else None)
         spec = _WriteSpec(
             bootstrap_servers=bootstrap_servers, topic=defn.topic, partitions=defn.partitions, type=defn.type,
             key_format=defn.key_format, value_format=defn.value_format, now_ms=now_ms,
@@ -703,7 +739,8 @@ def write_store(
         )
         write_started = time.monotonic()
         try:
-            results = _map_in_arrow(rows.select(*write_columns), functools.partial(_write_partition, spec), RESULT_DDL).collect()
+            writer = functools.partial(_write_partition, spec)
+            results = _map_in_arrow(rows.select(*write_columns), writer, RESULT_DDL).collect()
         except Exception as e:  # a task failed: say why in one line
             if e.__class__.__name__ in ("PythonException", "Py4JJavaError", "SparkRuntimeException"):
                 raise kafka.KafkaUnavailable(f"writing store {store!r} failed: {_worker_failure(e)}") from e
@@ -713,18 +750,18 @@ def write_store(
                 bc.unpersist()
         offsets: dict[int, int] = {}
         written = 0
-        seen: set[bytes] = set()
+        seen = 0  # bitmap over existing_keys: written by some task
         for r in results:
             if r["partition"] < 0:
-                seen.add(bytes(r["seen"]))
+                seen |= int.from_bytes(r["seen"], "little")
                 continue
             offsets[r["partition"]] = max(offsets.get(r["partition"], -1), r["offset"])
             written += r["records"]
         took = time.monotonic() - write_started
         say(f"{store}: wrote {written} records to {defn.topic} in {took:.1f}s"
             + (f" ({written / took:,.0f} records/s)" if took > 0 and written else ""))
-        if existing:
-            gone = sorted(existing - seen)
+        if existing_keys:
+            gone = _unmarked(existing_keys, seen)
             if gone:
                 for p, o in _tombstones(bootstrap_servers, defn, gone, now_ms, timeout).items():
                     offsets[p] = max(offsets.get(p, -1), o)

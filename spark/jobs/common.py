@@ -42,6 +42,7 @@ def spark_session(master: str = "local[*]", app_name: str = "federator-job", **c
     builder = (
         SparkSession.builder.master(master).appName(app_name)
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.shuffle.partitions", "8")
         .config("spark.driver.extraJavaOptions", "-Duser.timezone=UTC")
