@@ -62,12 +62,15 @@ def shutdown(server: Any, thread: threading.Thread | None = None, timeout: float
     trigger = next((d for d in list(smap.values()) if isinstance(d, Trigger)), None)
     deadline = time.monotonic() + timeout
     if trigger is not None and (thread is None or thread.is_alive()):
-        trigger.pull_trigger(lambda: wasyncore.close_all(smap))
+        try:
+            trigger.pull_trigger(lambda: wasyncore.close_all(smap, ignore_all=True))
+        except OSError:  # the loop already closed its trigger: it is ending by itself
+            pass
         grace = time.monotonic() + (timeout if thread is not None else min(timeout, _GRACE_S))
         while smap and time.monotonic() < grace:
             time.sleep(0.005)
     if smap:
-        wasyncore.close_all(smap)
+        wasyncore.close_all(smap, ignore_all=True)
     if thread is not None:
         thread.join(max(0.0, deadline - time.monotonic()))
         if thread.is_alive():
