@@ -42,6 +42,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from sqlglot import exp
 
+from federator.sql.types import sql_type_name
 from federator.sql.errors import SqlError, unsupported
 
 # errors.py has no code for "the rows made this expression fail" (DuckDB's Conversion and
@@ -205,20 +206,6 @@ def _kind(t: pa.DataType) -> str:
 
 _NUMERIC = {"int", "float"}
 _INT_TYPES = {8: pa.int8(), 16: pa.int16(), 32: pa.int32(), 64: pa.int64()}
-
-
-def sql_type_name(t: pa.DataType) -> str:
-    """DuckDB's name for an Arrow type, for messages."""
-    if pa.types.is_integer(t):
-        if not pa.types.is_signed_integer(t):
-            return str(t).upper()
-        return {8: "TINYINT", 16: "SMALLINT", 32: "INTEGER", 64: "BIGINT"}[t.bit_width]
-    if pa.types.is_timestamp(t):
-        return "TIMESTAMP WITH TIME ZONE" if t.tz else "TIMESTAMP"
-    names = {"null": "NULL", "bool": "BOOLEAN", "string": "VARCHAR", "date": "DATE", "binary": "BLOB"}
-    if pa.types.is_floating(t):
-        return "DOUBLE" if t.bit_width == 64 else "FLOAT"
-    return names.get(_kind(t), str(t))
 
 
 def _unify(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:

@@ -115,7 +115,7 @@ def test_sql_type_names() -> None:
     cases = {
         pa.int8(): "TINYINT", pa.int16(): "SMALLINT", pa.int32(): "INTEGER", pa.int64(): "BIGINT",
         pa.uint64(): "UBIGINT", pa.float32(): "FLOAT", pa.float64(): "DOUBLE", pa.string(): "VARCHAR",
-        pa.large_string(): "VARCHAR", pa.bool_(): "BOOLEAN", TS: "TIMESTAMP", pa.timestamp("ns"): "TIMESTAMP",
+        pa.large_string(): "VARCHAR", pa.bool_(): "BOOLEAN", TS: "TIMESTAMP WITH TIME ZONE", pa.timestamp("ns"): "TIMESTAMP",
         pa.binary(): "BLOB", pa.date32(): "DATE", pa.time32("ms"): "TIME", pa.decimal128(10, 2): "DECIMAL(10,2)",
         pa.list_(pa.int64()): "BIGINT[]", pa.struct([("a", pa.int32())]): "STRUCT(a INTEGER)",
         pa.map_(pa.string(), pa.float64()): "MAP(VARCHAR, DOUBLE)", pa.null(): "NULL",
@@ -149,7 +149,7 @@ def test_json_layout_and_trailer_read_at_the_end() -> None:
     assert len(chunks) == 5  # header, one per batch, trailer: streamed, never built whole
     doc = json.loads(b"".join(chunks))
     assert doc["columns"] == [{"name": "k", "type": "VARCHAR"}, {"name": "n", "type": "BIGINT"},
-                              {"name": "f", "type": "DOUBLE"}, {"name": "t", "type": "TIMESTAMP"},
+                              {"name": "f", "type": "DOUBLE"}, {"name": "t", "type": "TIMESTAMP WITH TIME ZONE"},
                               {"name": "b", "type": "BLOB"}]
     assert doc["rows"][0] == ["k0", 0, 0.0, "2023-11-14T22:13:20.123Z", "AA=="]
     assert len(doc["rows"]) == 6 and doc["consistency_token"] == "t1" and doc["stats"] == {"rows": 6}

@@ -97,7 +97,7 @@ def test_sql_json_answer(client: Any, node: FakeSqlNode) -> None:
     assert resp.status_code == 200 and resp.mimetype == "application/json"
     assert resp.get_json() == {
         "columns": [{"name": "player", "type": "VARCHAR"}, {"name": "score", "type": "BIGINT"},
-                    {"name": "rowtime", "type": "TIMESTAMP"}],
+                    {"name": "rowtime", "type": "TIMESTAMP WITH TIME ZONE"}],
         "rows": [["alice", 120, "2023-11-14T22:13:20.000Z"], ["bob", 7, "2023-11-14T22:13:21.000Z"], ["日本", None, None]],
         "consistency_token": "tok-abc",
         "stats": {"partitions_queried": 4, "nodes": 2, "rows": 3, "elapsed_ms": 12},  # final, read after the rows
