@@ -70,6 +70,7 @@ class NodeProcess:
 class Cluster:
     def __init__(self, bootstrap: str, app_id: str, root: Path, size: int = 3, standby_replicas: int = 1,
                  secret: str | None = None) -> None:
+        self.standby_replicas = standby_replicas
         self.nodes = [
             NodeProcess(bootstrap, app_id, f"n{i}", root / f"n{i}", standby_replicas, secret) for i in range(size)
         ]
@@ -96,7 +97,8 @@ class Cluster:
         return out
 
     def wait_settled(self, store: str, partitions: int, timeout: float = 40.0) -> dict[int, str]:
-        """Every partition active on exactly one running node, every running node ready and agreeing."""
+        """Every partition active on exactly one running node, its standby copies placed and
+        caught up, every running node ready and agreeing."""
         ids = {n.node_id for n in self.running()}
 
         def settled():
@@ -111,6 +113,12 @@ class Cluster:
                     return None
                 if sorted(owners) != list(range(partitions)) or any(len(v) != 1 for v in owners.values()):
                     return None
+                wanted = min(self.standby_replicas, len(ids) - 1)
+                for p in range(partitions):
+                    copies = [n for n in md["nodes"] if p in n["standby"].get(store, [])
+                              and n["lags"].get(store, {}).get(str(p)) == 0]
+                    if len(copies) < wanted:
+                        return None
                 maps.append({p: v[0] for p, v in owners.items()})
             if any(m != maps[0] for m in maps) or not all(n.ready() for n in self.running()):
                 return None
