@@ -406,7 +406,14 @@ def register_format(fmt: Format) -> None:
 
 
 def format_names() -> list[str]:
+    _load_plugins()
     return [*SIMPLE_FORMATS, "json"]
+
+
+def _load_plugins() -> None:
+    from federator.plugin.manager import load_plugins
+
+    load_plugins()
 
 
 def get_format(name: str, fields: Sequence[tuple[str, str]] | None = None) -> Format:
@@ -415,7 +422,10 @@ def get_format(name: str, fields: Sequence[tuple[str, str]] | None = None) -> Fo
         if not fields:
             raise FormatError("json format needs declared fields (name:type,...)")
         return JsonFormat(fields)
-    try:
-        return SIMPLE_FORMATS[name]
-    except KeyError:
-        raise FormatError(f"unknown format {name!r}; use one of {', '.join(format_names())}") from None
+    fmt = SIMPLE_FORMATS.get(name)
+    if fmt is None:
+        _load_plugins()
+        fmt = SIMPLE_FORMATS.get(name)
+    if fmt is not None:
+        return fmt
+    raise FormatError(f"unknown format {name!r}; use one of {', '.join(format_names())}")

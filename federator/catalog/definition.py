@@ -189,6 +189,13 @@ class StoreDefinition:
                 )
         elif self.type in BUILTIN_TYPES and self.window_size_ms is not None:
             raise DefinitionError(f"{where}: field 'window_size_ms' is only for window stores")
+        if self.type not in BUILTIN_TYPES:
+            from federator.store.types import get_store_type
+
+            try:
+                get_store_type(self.type).validate(self)
+            except DefinitionError as e:
+                raise DefinitionError(f"{where}: {e}") from None
 
     def differences(self, other: StoreDefinition) -> list[str]:
         """Human-readable differences, 'field: ours vs theirs'."""

@@ -23,6 +23,7 @@ from federator.query.position import Position, PositionBound
 from federator.query.request import StateQueryRequest
 from federator.query.result import FailureReason, QueryResult
 from federator.route.router import targets_for
+from federator.plugin.manager import provider_of
 from federator.sql.errors import SqlError
 
 RETRYABLE = {FailureReason.NOT_PRESENT, FailureReason.NOT_ACTIVE, FailureReason.NOT_UP_TO_BOUND, FailureReason.DOES_NOT_EXIST}
@@ -119,7 +120,7 @@ class Dispatcher:
                                 out.position = out.position.merge(r.position)
                         continue
                     if r.failure is FailureReason.UNKNOWN_QUERY_TYPE:
-                        raise SqlError("UNKNOWN_QUERY_TYPE", f"{r.message} (partition {r.partition} on node {nid})")
+                        raise SqlError("UNKNOWN_QUERY_TYPE", _unknown_query_message(subqueries[i], r.message, nid))
                     if r.failure not in RETRYABLE:
                         raise SqlError("INTERNAL", f"partition {r.partition} on node {nid}: {r.failure.value}: {r.message}")
                     reasons[item] = f"{r.failure.value} on node {nid}: {r.message}"
@@ -146,3 +147,12 @@ class Dispatcher:
                            "retry, or raise timeout_ms", partitions=parts)
         raise SqlError("UNAVAILABLE", f"partitions {parts} are unavailable: {why}; retry shortly, or pass "
                        "allow_stale to read a standby", partitions=parts, retry_after=1)
+
+
+def _unknown_query_message(sub: SubQuery, message: str, node_id: str) -> str:
+    name = sub.query.type_name
+    plugin = provider_of(f"query type {name}")
+    if plugin is None:
+        return f"node {node_id} cannot answer {name}: {message}"
+    return (f"node {node_id} cannot answer {name}, which the plugin {plugin!r} provides: install the plugin "
+            f"{plugin!r} on every node of the cluster and restart them ({message})")

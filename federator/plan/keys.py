@@ -249,7 +249,7 @@ def plan_store_queries(defn: StoreDefinition, where: exp.Expression | None, para
             if points is not None:
                 return _by_partition(defn, points, lambda k: SessionQuery(k))
         return [SubQuery(WindowRangeQuery(None, None), None)]
-    if defn.type != "kv":
+    if not answers_key_queries(defn):
         return [SubQuery(RangeQuery(), None)]
     if best is None:
         return [SubQuery(RangeQuery(), None)]
@@ -272,6 +272,19 @@ def plan_store_queries(defn: StoreDefinition, where: exp.Expression | None, para
             return [SubQuery(RangeQuery(), None)]
         out.append(SubQuery(RangeQuery(lo_v, hi_v, lo_inc, hi_inc), None))
     return _merge_ranges(out)
+
+
+def answers_key_queries(defn: StoreDefinition) -> bool:
+    """Whether the store's type answers key lookups and key ranges (kv, and plugin types built on it)."""
+    if defn.type == "kv":
+        return True
+    from federator.store.types import get_store_type
+
+    try:
+        handlers = get_store_type(defn.type).handlers
+    except KeyError:
+        return False
+    return defn.type not in ("window", "session") and all(q in handlers for q in (KeyQuery, KeysQuery, RangeQuery))
 
 
 def _merge_ranges(subs: list[SubQuery]) -> list[SubQuery]:

@@ -139,12 +139,17 @@ for _cls in (KeyQuery, KeysQuery, RangeQuery, WindowKeyQuery, WindowRangeQuery, 
 
 
 def query_types() -> dict[str, type[Query]]:
+    from federator.plugin.manager import load_plugins
+
+    load_plugins()
     return dict(_REGISTRY)
 
 
 def query_from_dict(d: dict[str, Any]) -> Query:
     type_name = d.get("type")
     cls = _REGISTRY.get(type_name)  # type: ignore[arg-type]
+    if cls is None:
+        cls = query_types().get(type_name)  # type: ignore[arg-type]
     if cls is None:
         raise UnknownQueryType(str(type_name))
     return cls.from_dict(d)

@@ -19,6 +19,8 @@ from federator.partitioner import partition_for
 from federator.plan.keys import SubQuery
 from federator.query.queries import KeyQuery
 from federator.sql.planner import SelectPlan, bind_parameters, plan_select
+from federator.plugin.manager import sql_rules
+from federator.plugin.rules import RulePlan, SqlRule, first_plan
 from federator.sql.point import PointPlan, point_plan
 from federator.sql.result import SqlRequest, SqlResult
 
@@ -112,7 +114,13 @@ class SqlEngine:
                 raise SqlError("UNKNOWN_STORE", f"unknown schema {tbl.db!r}; stores live in the default schema")
             else:
                 defn = self._store(tbl.name)
+                ruled = first_plan(sql_rules(), select, defn)
+                if ruled is not None and ruled[1].combine is not None:
+                    return self._combined(ruled[0], ruled[1], defn, stmt.explain, req, position, deadline, stats)
                 plan = plan_select(select, defn.arrow_schema(), defn, None, [])
+                if ruled is not None:  # the rule's queries replace the built-in key planning
+                    plan.subqueries = ruled[1].subqueries
+                    plan.notes.append(f"rule {ruled[0].name}: {ruled[1].note}")
         if stmt.explain:
             return self._explain(plan), position, stats
         if plan.store is None:
@@ -128,8 +136,31 @@ class SqlEngine:
         stats["nodes"] = len(gathered.nodes)
         return finish(plan, gathered.batches), position.merge(gathered.position), stats
 
+    def _combined(self, rule: SqlRule, rp: RulePlan, defn: StoreDefinition, explain: bool, req: SqlRequest,
+                  position: Position, deadline: float, stats: dict[str, Any]) -> tuple[pa.Table, Position, dict[str, Any]]:
+        """A rule that builds the rows itself from as many rounds of calls as it needs."""
+        if explain:
+            return self._explain_calls(defn, rp.subqueries, f"via rule {rule.name}", "nothing", rp.note), position, stats
+        bound = PositionBound.at(position) if not position.is_empty() else PositionBound.unbounded()
+        seen: dict[str, Any] = {"position": position, "partitions": set(), "nodes": set()}
+
+        def fetch(subqueries: list[SubQuery]) -> list[pa.RecordBatch]:
+            gathered = self.dispatcher.gather(defn.name, defn.partitions, subqueries, None, bound,
+                                              req.allow_stale, req.max_lag, deadline)
+            seen["position"] = seen["position"].merge(gathered.position)
+            seen["partitions"] |= {p for _, p in gathered.partitions}
+            seen["nodes"] |= set(gathered.nodes)
+            return gathered.batches
+
+        table = rp.combine(fetch)  # type: ignore[misc]
+        stats["partitions_queried"] = len(seen["partitions"])
+        stats["nodes"] = len(seen["nodes"])
+        if rp.remaining is not None:
+            plan = plan_select(rp.remaining, table.schema, None, table, [])
+            table = finish(plan, run(plan.pipeline, table).to_batches())
+        return table, seen["position"], stats
+
     def _explain(self, plan: SelectPlan) -> pa.Table:
-        rows: dict[str, list] = {k: [] for k in ("store", "query", "partitions", "node", "pushed_down", "at_receiver")}
         remaining = []
         if plan.aggregate:
             remaining.append("final aggregate")
@@ -140,25 +171,32 @@ class SqlEngine:
         if plan.offset or plan.limit is not None:
             remaining.append(f"offset {plan.offset} limit {plan.limit}")
         remaining.append("select " + ", ".join(n for n, _ in plan.outputs))
+        if plan.store is not None:
+            via = "; ".join(f"via {n}" for n in plan.notes)
+            return self._explain_calls(plan.store, plan.subqueries, via, plan.pipeline.describe(), "; ".join(remaining))
+        row = ["(catalog)", "local table", "", self.node.node_id + " (local)", plan.pipeline.describe(),
+               "; ".join(remaining)]
+        return pa.table({k: pa.array([v], pa.string()) for k, v in zip(_EXPLAIN_COLUMNS, row)})
+
+    def _explain_calls(self, store: StoreDefinition, subqueries: list[SubQuery], via: str, pushed_down: str,
+                       at_receiver: str) -> pa.Table:
+        """One row per node call: the store, query, partitions, target node, what runs where."""
+        rows: dict[str, list] = {k: [] for k in _EXPLAIN_COLUMNS}
         view = self.node.view
-        for sq in plan.subqueries if plan.store is not None else []:
-            parts = sq.partitions if sq.partitions is not None else range(plan.store.partitions)
+        for sq in subqueries:
+            parts = sq.partitions if sq.partitions is not None else range(store.partitions)
             by_node: dict[str, list[int]] = {}
             for p in parts:
-                owner = view.active_owner(plan.store.name, p)
+                owner = view.active_owner(store.name, p)
                 by_node.setdefault(owner.node_id if owner else "(no owner)", []).append(p)
             for node_id, ps in sorted(by_node.items()):
-                rows["store"].append(plan.store.name)
-                rows["query"].append(repr(sq.query))
+                rows["store"].append(store.name)
+                rows["query"].append(repr(sq.query) + (f" {via}" if via else ""))
                 rows["partitions"].append(",".join(map(str, ps)))
                 rows["node"].append(node_id + (" (local)" if node_id == self.node.node_id else ""))
-                rows["pushed_down"].append(plan.pipeline.describe())
-                rows["at_receiver"].append("; ".join(remaining))
-        if plan.store is None:
-            rows["store"].append("(catalog)")
-            rows["query"].append("local table")
-            rows["partitions"].append("")
-            rows["node"].append(self.node.node_id + " (local)")
-            rows["pushed_down"].append(plan.pipeline.describe())
-            rows["at_receiver"].append("; ".join(remaining))
+                rows["pushed_down"].append(pushed_down)
+                rows["at_receiver"].append(at_receiver)
         return pa.table({k: pa.array(v, pa.string()) for k, v in rows.items()})
+
+
+_EXPLAIN_COLUMNS = ("store", "query", "partitions", "node", "pushed_down", "at_receiver")

@@ -14,7 +14,7 @@ from sqlglot import exp
 
 from federator.catalog.definition import StoreDefinition
 from federator.formats import FormatError
-from federator.plan.keys import NotALiteral, literal_value
+from federator.plan.keys import NotALiteral, answers_key_queries, literal_value
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ def point_plan(select: exp.Select, stores: dict[str, StoreDefinition]) -> PointP
     if not isinstance(table, exp.Table) or table.db or not isinstance(table.this, exp.Identifier):
         return None
     defn = stores.get(table.name)
-    if defn is None or defn.type != "kv":
+    if defn is None or not answers_key_queries(defn):
         return None
     where = select.args.get("where")
     cond = where.this if where is not None else None

@@ -51,6 +51,7 @@ def session_range_query(view: ShardView, q: WindowRangeQuery) -> pa.RecordBatch:
 
 class SessionStoreType(StoreType):
     name = "session"
+    changelog_layout = "session"
     handlers = {SessionQuery: session_query, WindowRangeQuery: session_range_query}
 
     def schema(self, defn: StoreDefinition) -> pa.Schema:

@@ -8,7 +8,7 @@ import shutil
 import threading
 import time
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import pyarrow as pa
 from rocksdict import Options, ReadOptions, Rdict, WriteBatch
@@ -38,21 +38,42 @@ def _options() -> Options:
 
 
 class ShardView:
-    """What query handlers read through: point gets and bounded scans of one shard."""
+    """What store types read and write through: point gets and bounded scans of one shard,
+    in its default column family or one the store type declared."""
 
-    __slots__ = ("definition", "schema", "partition", "_db")
+    __slots__ = ("definition", "schema", "partition", "_db", "_families")
 
-    def __init__(self, definition: StoreDefinition, schema: pa.Schema, partition: int, db: Rdict) -> None:
+    def __init__(self, definition: StoreDefinition, schema: pa.Schema, partition: int, db: Rdict,
+                 families: dict[str, tuple[Rdict, Any]] | None = None) -> None:
         self.definition = definition
         self.schema = schema
         self.partition = partition
         self._db = db
+        self._families = families or {}
 
-    def get(self, key: bytes) -> bytes | None:
-        return self._db.get(key)
+    def _declared(self, family: str) -> tuple[Rdict, Any]:
+        try:
+            return self._families[family]
+        except KeyError:
+            raise KeyError(
+                f"column family {family!r} is not declared by store type {self.definition.type!r}; "
+                "list it in the StoreType's column_families"
+            ) from None
 
-    def scan(self, start: bytes | None = None, stop: bytes | None = None, reverse: bool = False) -> Iterator[tuple[bytes, bytes]]:
+    def _family(self, family: str | None) -> Rdict:
+        return self._db if family is None else self._declared(family)[0]
+
+    def handle(self, family: str) -> Any:
+        """What to pass as ``column_family`` to ``WriteBatch.put/delete`` for a declared family."""
+        return self._declared(family)[1]
+
+    def get(self, key: bytes, family: str | None = None) -> bytes | None:
+        return self._family(family).get(key)
+
+    def scan(self, start: bytes | None = None, stop: bytes | None = None, reverse: bool = False,
+             family: str | None = None) -> Iterator[tuple[bytes, bytes]]:
         """Entries with start <= key < stop in byte order (or reversed)."""
+        db = self._family(family)
         ro = ReadOptions()
         if stop is not None:
             ro.set_iterate_upper_bound(stop)
@@ -60,9 +81,9 @@ class ShardView:
         # forward, and stop at it by hand going backward.
         if not reverse:
             if start is None:
-                return iter(self._db.items(read_opt=ro))
-            return iter(self._db.items(from_key=start, read_opt=ro))
-        it = iter(self._db.items(backwards=True, read_opt=ro))
+                return iter(db.items(read_opt=ro))
+            return iter(db.items(from_key=start, read_opt=ro))
+        it = iter(db.items(backwards=True, read_opt=ro))
         if start is None:
             return it
         return itertools.takewhile(lambda kv: kv[0] >= start, it)
@@ -87,14 +108,20 @@ class Shard:
 
     def _open(self) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
-        self.db = Rdict(str(self.path), _options(), column_families={META_CF: Options(raw_mode=True)})
+        extra = self.store_type.column_families
+        self.db = Rdict(str(self.path), _options(),
+                        column_families={META_CF: Options(raw_mode=True), **{cf: Options(raw_mode=True) for cf in extra}})
         self._meta_handle = self.db.get_column_family_handle(META_CF)
+        self._families = {
+            cf: (self.db.get_column_family(cf), self.db.get_column_family_handle(cf)) for cf in extra
+        }
         meta = self.db.get_column_family(META_CF)
         stored_defn = meta.get(_DEFINITION)
         raw_pos = meta.get(_POSITION)
         if stored_defn is not None and stored_defn != self.definition.to_json():
             # The store was redefined (new topic, formats or layout): what is on disk means nothing now.
             self._meta_handle = None
+            self._families = {}
             del meta
             self.db.close()
             self._wipe_and_open()
@@ -108,6 +135,9 @@ class Shard:
     def _wipe_and_open(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
         self._open()
+
+    def _view(self) -> ShardView:
+        return ShardView(self.definition, self.schema, self.partition, self.db, self._families)
 
     # ---- writing -------------------------------------------------------------------------
     @property
@@ -125,8 +155,7 @@ class Shard:
             return
         wb = WriteBatch(raw_mode=True)
         with self._lock:
-            view = ShardView(self.definition, self.schema, self.partition, self.db)
-            self.store_type.apply(wb, records, view)
+            self.store_type.apply(wb, records, self._view())
             position = self._position.with_offset(self.topic, self.partition, records[-1].offset)
             wb.put(_POSITION, json.dumps(position.to_dict()).encode(), self._meta_handle)
             self._seq += 1
@@ -156,12 +185,13 @@ class Shard:
     def reset(self, source: str | None = None) -> None:
         """Drop all data and the position in one write: the changelog it came from is gone."""
         with self._lock:
-            it = self.db.iter()
-            it.seek_to_last()
             wb = WriteBatch(raw_mode=True)
-            if it.valid():
-                wb.delete_range(b"", it.key() + b"\x00")
-            del it
+            for db, handle in [(self.db, None), *self._families.values()]:
+                it = db.iter()
+                it.seek_to_last()
+                if it.valid():
+                    wb.delete_range(b"", it.key() + b"\x00", handle)
+                del it
             wb.delete(_POSITION, self._meta_handle)
             if source is not None:
                 wb.put(_SOURCE, source.encode(), self._meta_handle)
@@ -178,6 +208,7 @@ class Shard:
         """Close the database; snapshots still held by readers keep it open until they go."""
         with self._lock:
             self._meta_handle = None
+            self._families = {}
             self.db.close()
 
     # ---- reading -------------------------------------------------------------------------
@@ -189,7 +220,7 @@ class Shard:
                 f"store {self.definition.name!r} of type {self.definition.type!r} does not answer "
                 f"{query.type_name}"
             )
-        view = ShardView(self.definition, self.schema, self.partition, self.db)
+        view = self._view()
         for _ in range(optimistic_tries):
             seq = self._seq
             if seq & 1:

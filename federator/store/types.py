@@ -34,9 +34,17 @@ class StoreType:
 
     name: ClassVar[str]
     handlers: ClassVar[dict[type[Query], Handler]] = {}
+    # How writers lay out changelog records: "kv", "window" or "session" (DESIGN.md).
+    changelog_layout: ClassVar[str] = "kv"
+    # Extra RocksDB column families in each shard (say, an index), written in the same
+    # atomic batch as the data and the position, and emptied with them.
+    column_families: ClassVar[tuple[str, ...]] = ()
 
     def schema(self, defn: StoreDefinition) -> pa.Schema:
         raise NotImplementedError
+
+    def validate(self, defn: StoreDefinition) -> None:
+        """Raise DefinitionError when ``defn`` does not suit this store type."""
 
     def apply(self, wb: WriteBatch, records: Iterable[ChangelogRecord], shard: ShardView) -> None:
         """Add a batch of changelog records to ``wb``; the shard writes it with the new position."""
@@ -70,6 +78,8 @@ def register_store_type(store_type: StoreType) -> None:
 
 def get_store_type(name: str) -> StoreType:
     _ensure_builtins()
+    if name not in _STORE_TYPES:
+        _load_plugins()
     try:
         return _STORE_TYPES[name]
     except KeyError:
@@ -80,8 +90,14 @@ def get_store_type(name: str) -> StoreType:
 
 
 def store_type_names() -> list[str]:
-    _ensure_builtins()
+    _load_plugins()
     return list(_STORE_TYPES)
+
+
+def _load_plugins() -> None:
+    from federator.plugin.manager import load_plugins
+
+    load_plugins()
 
 
 def _ensure_builtins() -> None:

@@ -64,6 +64,7 @@ def window_range_query(view: ShardView, q: WindowRangeQuery) -> pa.RecordBatch:
 
 class WindowStoreType(StoreType):
     name = "window"
+    changelog_layout = "window"
     handlers = {WindowKeyQuery: window_key_query, WindowRangeQuery: window_range_query}
 
     def schema(self, defn: StoreDefinition) -> pa.Schema:

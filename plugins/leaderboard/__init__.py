@@ -1,0 +1,27 @@
+"""Leaderboard plugin: a ``leaderboard`` store type (player → score with a score index),
+TopKQuery and RankQuery, and the SQL rules that use them. See docs/plugins.md."""
+
+from __future__ import annotations
+
+from federator.plugin import hookimpl
+
+
+@hookimpl
+def register_store_types():
+    from plugins.leaderboard.store import LeaderboardStoreType
+
+    return [LeaderboardStoreType()]
+
+
+@hookimpl
+def register_query_types():
+    from plugins.leaderboard.queries import RankQuery, TopKQuery
+
+    return [TopKQuery, RankQuery]
+
+
+@hookimpl
+def register_sql_rules():
+    from plugins.leaderboard.rules import RankRule, TopKRule
+
+    return [TopKRule(), RankRule()]
