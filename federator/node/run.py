@@ -48,12 +48,21 @@ def run_node(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+    flight_sql = None
+    if getattr(args, "flight_sql_port", None) is not None:
+        from federator.flight import server as flight_server
+
+        flight_sql = flight_server.start(node, host, args.flight_sql_port)  # binds now: a taken port fails early
     node.start()
     http = threading.Thread(target=server.run, name="http", daemon=True)
     http.start()
     print(f"node {node.node_id} serving http://{node.endpoint} (state in {node.state_dir})", flush=True)
+    if flight_sql is not None:
+        print(f"node {node.node_id} serving Flight SQL on grpc://{host}:{flight_sql.port}", flush=True)
     stopping.wait()
     logging.getLogger(__name__).info("stopping: handing partitions over")
+    if flight_sql is not None:
+        flight_server.stop(flight_sql)  # external clients only: stop them before the handover
     node.stop()
     shutdown(server)
     return 0

@@ -30,8 +30,9 @@ def wait_for(cond: Callable[[], T], timeout: float = 30.0, what: str = "conditio
 
 class NodeProcess:
     def __init__(self, bootstrap: str, app_id: str, node_id: str, state_dir: Path, standby_replicas: int = 1,
-                 secret: str | None = None, port: int | None = None) -> None:
+                 secret: str | None = None, port: int | None = None, flight_port: int | None = None) -> None:
         self.bootstrap, self.app_id, self.node_id, self.state_dir = bootstrap, app_id, node_id, state_dir
+        self.flight_port = flight_port  # serve Flight SQL there too when given
         self.standby_replicas, self.secret = standby_replicas, secret
         self.port = port or free_port()
         self.endpoint = f"127.0.0.1:{self.port}"
@@ -45,6 +46,8 @@ class NodeProcess:
                 "--standby-replicas", str(self.standby_replicas)]
         if self.secret:
             args += ["--cluster-secret", self.secret]
+        if self.flight_port:
+            args += ["--flight-sql-port", str(self.flight_port)]
         self.state_dir.parent.mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen(federator_cmd(*args), stdout=open(self.log, "a"), stderr=subprocess.STDOUT)
         wait_for(lambda: self.client.get_json("/healthz", timeout=1)[0] == 200, 30, f"{self.node_id} to answer /healthz")
@@ -69,10 +72,11 @@ class NodeProcess:
 
 class Cluster:
     def __init__(self, bootstrap: str, app_id: str, root: Path, size: int = 3, standby_replicas: int = 1,
-                 secret: str | None = None) -> None:
+                 secret: str | None = None, flight_sql: bool = False) -> None:
         self.standby_replicas = standby_replicas
         self.nodes = [
-            NodeProcess(bootstrap, app_id, f"n{i}", root / f"n{i}", standby_replicas, secret) for i in range(size)
+            NodeProcess(bootstrap, app_id, f"n{i}", root / f"n{i}", standby_replicas, secret,
+                        flight_port=free_port() if flight_sql else None) for i in range(size)
         ]
 
     def start(self) -> Cluster:

@@ -1,0 +1,30 @@
+"""SQL errors as Flight errors: the HTTP code and message, with the gRPC status a client maps to
+the matching DB-API exception (ADBC: INVALID_ARGUMENT/NOT_FOUND -> ProgrammingError,
+UNIMPLEMENTED -> NotSupportedError, UNAVAILABLE/DEADLINE_EXCEEDED -> OperationalError)."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.flight as flight
+
+from federator.sql.errors import SqlError
+
+
+def flight_error(err: SqlError) -> Exception:
+    """The exception a handler raises for ``err``; its message starts with the code, as in HTTP."""
+    message = f"{err.code}: {err.message}"
+    detail = json.dumps(err.to_dict()).encode()  # the HTTP error body, for clients that read it
+    status = err.status
+    if status in (409, 503):  # NOT_UP_TO_BOUND, UNAVAILABLE: worth retrying
+        return flight.FlightUnavailableError(message, detail)
+    if status == 504:
+        return flight.FlightTimedOutError(message, detail)
+    if status == 404:
+        return pa.lib.ArrowKeyError(message)  # gRPC NOT_FOUND
+    if status == 422:
+        return pa.lib.ArrowNotImplementedError(message)  # gRPC UNIMPLEMENTED
+    if status == 400:
+        return pa.lib.ArrowInvalid(message)  # gRPC INVALID_ARGUMENT
+    return flight.FlightInternalError(message, detail)

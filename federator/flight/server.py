@@ -1,0 +1,357 @@
+"""Arrow Flight SQL on a node: a pyarrow.flight server answering the Flight SQL commands.
+
+A statement runs through the node's SQL engine (``Node.sql``) at GetFlightInfo, so the FlightInfo
+carries the real result schema and errors surface there with their codes; the batches wait under
+a one-use ticket for DoGet. Catalog commands are cheap and stateless: their ticket is the command.
+Per-call options travel as headers: ``x-federator-consistency-token``, ``x-federator-allow-stale``,
+``x-federator-max-lag``, ``x-federator-timeout-ms``; the answer's token comes back as a header.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import functools
+import logging
+import threading
+from typing import Any, Callable, Iterator, TypeVar
+
+import pyarrow as pa
+import pyarrow.flight as flight
+
+from federator.flight import metadata, protocol
+from federator.flight.errors import flight_error
+from federator.flight.statements import Expiring, PendingResult, PreparedStatement
+from federator.sql.errors import SqlError
+from federator.sql.result import SqlRequest
+
+log = logging.getLogger(__name__)
+
+TOKEN_HEADER = "x-federator-consistency-token"
+ALLOW_STALE_HEADER = "x-federator-allow-stale"
+MAX_LAG_HEADER = "x-federator-max-lag"
+TIMEOUT_HEADER = "x-federator-timeout-ms"
+_MIDDLEWARE = "federator"
+MAX_BATCH_ROWS = 65_536  # keeps each Flight message well under gRPC's usual 4 MiB limits
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _unsupported(what: str, hint: str = "") -> SqlError:
+    return SqlError("UNSUPPORTED", f"{what} is not supported" + (f"; {hint}" if hint else ""))
+
+
+def _translated(fn: F) -> F:
+    """Handler errors as Flight errors carrying the HTTP code and message."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except SqlError as e:
+            raise flight_error(e) from None
+        except protocol.ProtocolError as e:
+            raise flight_error(SqlError("INVALID_PARAMETER", str(e))) from None
+        except flight.FlightError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a bug must still answer as a typed INTERNAL error
+            log.exception("Flight SQL %s failed", fn.__name__)
+            raise flight_error(SqlError("INTERNAL", f"{type(e).__name__}: {e}")) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+class CallOptions(flight.ServerMiddleware):
+    """The SqlRequest options of one call, from its headers; collects the answer's token."""
+
+    def __init__(self, headers: dict[str, list[Any]]) -> None:
+        def one(name: str) -> str | None:
+            values = headers.get(name) or []
+            v = values[-1] if values else None
+            return v.decode() if isinstance(v, bytes) else v
+
+        self.token = one(TOKEN_HEADER) or None
+        self._allow_stale, self._max_lag, self._timeout = one(ALLOW_STALE_HEADER), one(MAX_LAG_HEADER), one(TIMEOUT_HEADER)
+        self.response_token: str | None = None
+
+    def request(self, sql: str, parameters: list[Any], token: str | None = None) -> SqlRequest:
+        allow_stale = (self._allow_stale or "false").strip().lower()
+        if allow_stale not in ("true", "false", "1", "0"):
+            raise SqlError("INVALID_PARAMETER", f"header {ALLOW_STALE_HEADER} must be true or false, got {self._allow_stale!r}")
+        return SqlRequest(sql=sql, parameters=parameters, consistency_token=token or self.token,
+                          allow_stale=allow_stale in ("true", "1"),
+                          max_lag=_int_header(MAX_LAG_HEADER, self._max_lag, 0, None),
+                          timeout_ms=_int_header(TIMEOUT_HEADER, self._timeout, 1, 10_000) or 10_000)
+
+    def sending_headers(self) -> dict[str, str]:
+        return {TOKEN_HEADER: self.response_token} if self.response_token else {}
+
+
+def _int_header(name: str, value: str | None, minimum: int, default: int | None) -> int | None:
+    if value is None or not value.strip():
+        return default
+    try:
+        n = int(value)
+    except ValueError:
+        n = minimum - 1
+    if n < minimum:
+        raise SqlError("INVALID_PARAMETER", f"header {name} must be an integer of at least {minimum}, got {value!r}")
+    return n
+
+
+class _CallOptionsFactory(flight.ServerMiddlewareFactory):
+    def start_call(self, info: flight.CallInfo, headers: dict[str, list[Any]]) -> CallOptions:
+        return CallOptions(headers)
+
+
+def _python_value(v: Any) -> Any:
+    """A bound Arrow parameter as the engine takes parameters (strings, numbers, booleans, null)."""
+    if isinstance(v, (dt.datetime, dt.date, dt.time)):
+        return v.isoformat()
+    if isinstance(v, decimal.Decimal):
+        return int(v) if v == v.to_integral_value() else float(v)
+    return v
+
+
+def parameter_rows(table: pa.Table) -> list[list[Any]]:
+    """One list of positional values per row of a bound parameter batch."""
+    columns = [[_python_value(v) for v in col.to_pylist()] for col in table.columns]
+    return [list(row) for row in zip(*columns)] if columns else [[] for _ in range(table.num_rows)]
+
+
+def _chunked(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    for batch in batches:
+        if batch.num_rows <= MAX_BATCH_ROWS:
+            yield batch
+        else:
+            for start in range(0, batch.num_rows, MAX_BATCH_ROWS):
+                yield batch.slice(start, MAX_BATCH_ROWS)
+
+
+class FlightSqlServer(flight.FlightServerBase):
+    def __init__(self, node: Any, location: str, *, max_statements: int = 10_000, statement_ttl: float = 3600.0,
+                 max_results: int = 1_000, result_ttl: float = 300.0) -> None:
+        super().__init__(location, middleware={_MIDDLEWARE: _CallOptionsFactory()})
+        self.node = node
+        self.statements: Expiring[PreparedStatement] = Expiring(max_statements, statement_ttl)
+        self.results: Expiring[PendingResult] = Expiring(max_results, result_ttl)
+
+    # ---- running SQL ------------------------------------------------------------------------
+    def _options(self, context: flight.ServerCallContext) -> CallOptions:
+        opts = context.get_middleware(_MIDDLEWARE)
+        return opts if opts is not None else CallOptions({})
+
+    def _execute(self, context: flight.ServerCallContext, sql: str, rows: list[list[Any]] | None) -> PendingResult:
+        """Run ``sql`` once per parameter row (once without parameters); results are concatenated."""
+        opts = self._options(context)
+        if not rows or len(rows) == 1:
+            result = self.node.sql(opts.request(sql, rows[0] if rows else []))
+            rest = iter(result.batches)
+            # Pull the first batch now: most failures surface here, while the call can still fail cleanly.
+            first = next(rest, None)
+            batches: Iterator[pa.RecordBatch] = _chunked(_prepend(first, rest))
+            schema, token = result.schema, result.consistency_token
+        else:
+            tables, token = [], None
+            for row in rows:
+                # Each execution is bounded by the previous one's token: later rows never read older data.
+                result = self.node.sql(opts.request(sql, row, token))
+                tables.append(pa.Table.from_batches(list(result.batches), schema=result.schema))
+                token = result.consistency_token
+            table = pa.concat_tables(tables, promote_options="permissive")
+            schema, batches = table.schema, _chunked(iter(table.to_batches()))
+        opts.response_token = token
+        return PendingResult(schema, batches, token)
+
+    def _statement(self, handle: bytes) -> PreparedStatement:
+        stmt = self.statements.get(handle)
+        if stmt is None:
+            raise SqlError("INVALID_PARAMETER", "unknown or expired prepared statement handle; prepare the statement again")
+        return stmt
+
+    def _prepared_rows(self, stmt: PreparedStatement) -> list[list[Any]] | None:
+        with stmt.lock:
+            rows = stmt.parameter_rows
+        if stmt.param_count and not rows:
+            raise SqlError("INVALID_PARAMETER",
+                           f"the SQL has {stmt.param_count} ? placeholder(s) but no parameters were bound")
+        return rows
+
+    def _run_command(self, context: flight.ServerCallContext, name: str, cmd: Any) -> PendingResult | pa.Table:
+        """A statement's pending result, or a catalog command's table."""
+        if name == "CommandStatementQuery":
+            if cmd.HasField("transaction_id"):
+                raise _unsupported("a transaction", "Federator reads live state; send the query on its own")
+            return self._execute(context, cmd.query, None)
+        if name == "CommandPreparedStatementQuery":
+            stmt = self._statement(cmd.prepared_statement_handle)
+            return self._execute(context, stmt.sql, self._prepared_rows(stmt))
+        table = self._catalog(name, cmd)
+        if table is None:
+            raise _unsupported(f"the Flight SQL command {name}")
+        return table
+
+    def _catalog(self, name: str, cmd: Any) -> pa.Table | None:
+        def opt(field: str) -> str | None:
+            return getattr(cmd, field) if cmd.HasField(field) else None
+
+        if name == "CommandGetCatalogs":
+            return metadata.catalogs()
+        if name == "CommandGetDbSchemas":
+            return metadata.db_schemas(opt("catalog"), opt("db_schema_filter_pattern"))
+        if name == "CommandGetTables":
+            return metadata.tables(self.node.stores, opt("catalog"), opt("db_schema_filter_pattern"),
+                                   opt("table_name_filter_pattern"), list(cmd.table_types), cmd.include_schema)
+        if name == "CommandGetTableTypes":
+            return metadata.table_types()
+        if name == "CommandGetSqlInfo":
+            return metadata.sql_info(list(cmd.info))
+        if name == "CommandGetPrimaryKeys":
+            return metadata.primary_keys(self.node.stores, opt("catalog"), opt("db_schema"), cmd.table)
+        return None
+
+    @staticmethod
+    def _command(descriptor: flight.FlightDescriptor) -> tuple[str, Any]:
+        if descriptor.descriptor_type != flight.DescriptorType.CMD:
+            raise SqlError("INVALID_PARAMETER", "path descriptors are not served; send a Flight SQL command")
+        name, cmd = protocol.unpack(descriptor.command)
+        if cmd is None:
+            raise _unsupported(f"the Flight SQL command {name}")
+        return name, cmd
+
+    # ---- Flight RPCs ------------------------------------------------------------------------
+    @_translated
+    def get_flight_info(self, context: flight.ServerCallContext, descriptor: flight.FlightDescriptor) -> flight.FlightInfo:
+        name, cmd = self._command(descriptor)
+        out = self._run_command(context, name, cmd)
+        if isinstance(out, pa.Table):
+            # The ticket is the command itself: DoGet answers it again, nothing is kept.
+            return flight.FlightInfo(out.schema, descriptor, [flight.FlightEndpoint(descriptor.command, [])],
+                                     out.num_rows, -1)
+        handle = self.results.add(out)
+        ticket = protocol.pack(protocol.TicketStatementQuery(statement_handle=handle))
+        return flight.FlightInfo(out.schema, descriptor, [flight.FlightEndpoint(ticket, [])], -1, -1)
+
+    @_translated
+    def get_schema(self, context: flight.ServerCallContext, descriptor: flight.FlightDescriptor) -> flight.SchemaResult:
+        name, cmd = self._command(descriptor)
+        if name == "CommandGetTables":
+            return flight.SchemaResult(
+                metadata.TABLES_WITH_SCHEMA_SCHEMA if cmd.include_schema else metadata.TABLES_SCHEMA)
+        # A statement's schema is known once it has run (the engine plans against live definitions).
+        out = self._run_command(context, name, cmd)
+        if isinstance(out, PendingResult):
+            _close(out.batches)
+        return flight.SchemaResult(out.schema)
+
+    @_translated
+    def do_get(self, context: flight.ServerCallContext, ticket: flight.Ticket) -> flight.FlightDataStream:
+        name, msg = protocol.unpack(ticket.ticket)
+        if msg is None:
+            raise SqlError("INVALID_PARAMETER", f"not a Federator Flight SQL ticket ({name or 'unreadable'})")
+        if name == "TicketStatementQuery":
+            pending = self.results.pop(msg.statement_handle)
+            if pending is None:
+                raise SqlError("INVALID_PARAMETER",
+                               "unknown, expired or already used statement ticket; call GetFlightInfo again")
+            return flight.GeneratorStream(pending.schema, _streamed(pending.batches))
+        table = self._catalog(name, msg)
+        if table is None:
+            raise _unsupported(f"a ticket holding {name}")
+        return flight.RecordBatchStream(table)
+
+    @_translated
+    def do_put(self, context: flight.ServerCallContext, descriptor: flight.FlightDescriptor,
+               reader: flight.MetadataRecordBatchReader, writer: flight.FlightMetadataWriter) -> None:
+        name, cmd = self._command(descriptor)
+        if name == "CommandPreparedStatementQuery":
+            stmt = self._statement(cmd.prepared_statement_handle)
+            rows = parameter_rows(reader.read_all())
+            for i, row in enumerate(rows):
+                if len(row) != stmt.param_count:
+                    raise SqlError("INVALID_PARAMETER",
+                                   f"the SQL has {stmt.param_count} ? placeholder(s) but parameter row {i + 1} "
+                                   f"has {len(row)} value(s)")
+            with stmt.lock:
+                stmt.parameter_rows = rows
+            result = protocol.DoPutPreparedStatementResult(prepared_statement_handle=cmd.prepared_statement_handle)
+            writer.write(pa.py_buffer(result.SerializeToString()))
+            return
+        if name == "CommandStatementUpdate":
+            from federator.sql.parse import parse
+
+            parse(cmd.query)  # a write is refused here with the engine's own message
+            raise _unsupported("a query sent as an update (DoPut)", "send SELECT through GetFlightInfo")
+        raise SqlError("UNSUPPORTED", f"{name} is not a read: Federator only reads; the pipeline writes the stores")
+
+    @_translated
+    def do_action(self, context: flight.ServerCallContext, action: flight.Action) -> list[flight.Result]:
+        body = action.body.to_pybytes() if action.body is not None else b""
+        if action.type == protocol.CREATE_PREPARED_STATEMENT:
+            name, req = protocol.unpack(body)
+            if name != "ActionCreatePreparedStatementRequest" or req is None:
+                raise SqlError("INVALID_PARAMETER", f"{action.type} takes an ActionCreatePreparedStatementRequest, not {name}")
+            if req.HasField("transaction_id"):
+                raise _unsupported("a transaction", "Federator reads live state; prepare the query on its own")
+            from federator.sql.parse import parse
+
+            stmt = parse(req.query)  # parsed once per SQL text (cached); bad SQL fails the prepare
+            handle = self.statements.add(PreparedStatement(req.query, stmt.param_count))
+            # The result and parameter schemas are left empty (unknown): the engine learns the
+            # result schema by planning against live definitions, and does not type parameters.
+            result = protocol.ActionCreatePreparedStatementResult(prepared_statement_handle=handle)
+            return [flight.Result(protocol.pack(result))]
+        if action.type == protocol.CLOSE_PREPARED_STATEMENT:
+            name, req = protocol.unpack(body)
+            if name != "ActionClosePreparedStatementRequest" or req is None:
+                raise SqlError("INVALID_PARAMETER", f"{action.type} takes an ActionClosePreparedStatementRequest, not {name}")
+            self.statements.pop(req.prepared_statement_handle)
+            return []
+        raise _unsupported(f"the Flight action {action.type!r}",
+                           f"actions are {protocol.CREATE_PREPARED_STATEMENT} and {protocol.CLOSE_PREPARED_STATEMENT}")
+
+    def list_actions(self, context: flight.ServerCallContext) -> list[tuple[str, str]]:
+        return [(protocol.CREATE_PREPARED_STATEMENT, "Prepare a SQL statement (parsed once, ? parameters)"),
+                (protocol.CLOSE_PREPARED_STATEMENT, "Release a prepared statement")]
+
+
+def _prepend(first: pa.RecordBatch | None, rest: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    if first is not None:
+        yield first
+    yield from rest
+
+
+def _close(batches: Iterator[pa.RecordBatch]) -> None:
+    close = getattr(batches, "close", None)
+    if close is not None:
+        close()
+
+
+def _streamed(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The batches, with a failure while streaming mapped like any other error."""
+    take = _translated(_take_one)
+    try:
+        while True:
+            chunk = take(batches)
+            if not chunk:
+                return
+            yield chunk[0]
+    finally:
+        _close(batches)
+
+
+def _take_one(batches: Iterator[pa.RecordBatch]) -> list[pa.RecordBatch]:
+    nxt = next(batches, None)
+    return [] if nxt is None else [nxt]
+
+
+def start(node: Any, host: str, port: int) -> FlightSqlServer:
+    """Serve Flight SQL for ``node`` on host:port (serving starts at once, in gRPC's threads)."""
+    return FlightSqlServer(node, f"grpc://{host}:{port}")
+
+
+def stop(server: FlightSqlServer, timeout: float = 5.0) -> None:
+    """Stop serving; calls still streaming after ``timeout`` seconds are abandoned with the process."""
+    t = threading.Thread(target=server.shutdown, name="flight-shutdown", daemon=True)
+    t.start()
+    t.join(timeout)
