@@ -71,6 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_sql_parser(sub)
 
+    sub.add_parser("plugins", help="list the installed plugins and what each provides")
+
     demo = sub.add_parser("demo", help="the main job: broker, pipeline, nodes and example queries")
     demo.add_argument("--dir", default=".federator/demo", help="where state lives (default .federator/demo)")
     demo.add_argument("--events", type=int, default=1_000_000, help="game events to generate")
@@ -140,6 +142,19 @@ def _store_describe(args: argparse.Namespace) -> int:
     return 0
 
 
+def _plugins() -> int:
+    from federator.plugin.manager import ENV, installed_plugins
+
+    plugins = installed_plugins()
+    if not plugins:
+        print(f"no plugins installed (entry point group federator.plugins; {ENV} may limit them)")
+    for p in plugins:
+        print(f"{p.name}  ({p.distribution} {p.version})")
+        for what in p.provides:
+            print(f"    {what}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from federator.catalog import CatalogConflict, DefinitionError
@@ -161,6 +176,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             from federator.client.sql_cli import run_sql
 
             return run_sql(args)
+        if args.command == "plugins":
+            return _plugins()
         if args.command == "demo":
             from federator.demo import run_demo
 

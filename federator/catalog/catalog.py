@@ -32,12 +32,18 @@ def changelog_topic(application_id: str, store: str) -> str:
     return f"{application_id}-{store}-changelog"
 
 
-def apply_catalog_message(stores: dict[str, StoreDefinition], msg: Message) -> str | None:
-    """Fold one catalog record into ``stores``; returns the store name it changed."""
+def apply_catalog_message(stores: dict[str, StoreDefinition], msg: Message,
+                          unusable: dict[str, str] | None = None) -> str | None:
+    """Fold one catalog record into ``stores``; returns the store name it changed.
+
+    ``unusable`` collects why a store this process cannot use was skipped (say, its
+    store type comes from a plugin that is not installed here)."""
     key = msg.key()
     if key is None:
         return None
     name = key.decode("utf-8", "replace")
+    if unusable is not None:
+        unusable.pop(name, None)
     if msg.value() is None:
         return name if stores.pop(name, None) is not None else None
     try:
@@ -45,7 +51,9 @@ def apply_catalog_message(stores: dict[str, StoreDefinition], msg: Message) -> s
     except DefinitionError as e:
         # Another writer's bad record must not hide every other store.
         log.warning("catalog record for %r at offset %s is not a valid definition, skipped: %s", name, msg.offset(), e)
-        return None
+        if unusable is not None:
+            unusable[name] = str(e)
+        return name if stores.pop(name, None) is not None else None
     if stores.get(name) == defn:
         return None
     stores[name] = defn

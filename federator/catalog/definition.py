@@ -144,7 +144,10 @@ class StoreDefinition:
             )
         types = known_types or tuple(store_type_names())
         if self.type not in types:
-            raise DefinitionError(f"{where}: field 'type': {self.type!r} is not one of {', '.join(types)}")
+            raise DefinitionError(
+                f"{where}: field 'type': {self.type!r} is not one of {', '.join(types)}; if a plugin provides it, "
+                "install the plugin (`federator plugins` lists the installed ones)"
+            )
         if not isinstance(self.topic, str) or not re.match(r"^[A-Za-z0-9._-]{1,249}$", self.topic):
             raise DefinitionError(f"{where}: field 'topic': {self.topic!r} is not a valid Kafka topic name")
         if isinstance(self.partitions, bool) or not isinstance(self.partitions, int) or self.partitions < 1:

@@ -46,8 +46,8 @@ class ApiError(Exception):
 
 
 def _pipeline_schema(results: list[QueryResult], store_schema: pa.Schema) -> pa.Schema:
-    """SQL work done at the owner reshapes the rows: the stream takes the first answer's schema,
-    and the others are cast to it (an empty partition may have inferred looser types)."""
+    """The stream takes the first answer's schema, and the others are cast to it (an empty
+    partition may have inferred looser types)."""
     ok = [r for r in results if r.ok and r.batch is not None]
     if not ok:
         return store_schema
@@ -203,8 +203,8 @@ def create_app(node: Node) -> Flask:
             _bad_request(f"the body is not a valid StateQueryRequest: {_describe(e)}")
         else:
             results = node.execute(req)
-            if req.pipeline is not None:
-                schema = _pipeline_schema(results, schema)
+            # SQL work at the owner, and plugin queries (counts, ranks), answer in their own shape
+            schema = _pipeline_schema(results, schema)
         return Response(encode_results(results, schema), mimetype=MEDIA_TYPE)
 
     @app.errorhandler(ApiError)

@@ -137,6 +137,14 @@ def register_sql_routes(app: Flask, node: SqlNode) -> None:
         chunks = body_chunks(fmt, result.schema, _batches(first, rest), trailer)
         return Response(_closing(chunks, rest), mimetype=MEDIA_TYPES[fmt], headers=headers)
 
+    @app.get("/v1/plugins")
+    def plugins() -> Response:
+        from dataclasses import asdict
+
+        from federator.plugin.manager import installed_plugins
+
+        return json_response({"plugins": [asdict(p) for p in installed_plugins()]})
+
     @app.get("/v1/stores")
     def stores() -> Response:
         return json_response({"stores": list(node.stores_info())})

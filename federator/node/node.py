@@ -68,10 +68,17 @@ class Node:
         self.state_dir = Path(config.state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.node_id = config.node_id or _node_id(self.state_dir)
+        from federator.plugin.manager import installed_plugins
+
+        # Load plugins before any store is read: a broken one stops the node here, loudly.
+        for plugin in installed_plugins():
+            log.info("plugin %s (%s %s): %s", plugin.name, plugin.distribution, plugin.version,
+                     ", ".join(plugin.provides) or "nothing")
         self.endpoint = config.advertise or config.listen
         self.cluster_secret = config.cluster_secret
         self.state = "CREATED"
         self.stores: dict[str, StoreDefinition] = {}
+        self.unusable_stores: dict[str, str] = {}  # store name -> why this node cannot host it
         self._assigned: frozenset[tuple[str, int]] = frozenset()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -118,7 +125,7 @@ class Node:
     # ---- events from the threads -----------------------------------------------------------
     def _on_catalog(self, msg: Message) -> None:
         stores = dict(self.stores)
-        if apply_catalog_message(stores, msg) is not None:
+        if apply_catalog_message(stores, msg, self.unusable_stores) is not None:
             self.stores = stores
             self.group.subscribe(sorted({d.topic for d in stores.values()}))
             self._wake.set()

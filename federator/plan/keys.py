@@ -115,11 +115,11 @@ def _key_constraint(node: exp.Expression, key: str, fmt_name: str, params: list[
         if isinstance(node, exp.Like) and _is_col(node.this, key) and fmt_name == "string":
             pattern = literal_value(node.expression, params)
             if isinstance(pattern, str):
-                prefix = _like_prefix(pattern)
+                prefix = like_prefix(pattern)
                 if prefix is not None:
                     if prefix == "":
                         return None
-                    return ("ranges", [(prefix, True, _prefix_end(prefix), False)])
+                    return ("ranges", [(prefix, True, prefix_end(prefix), False)])
         if isinstance(node, exp.Or):
             left = _key_constraint(node.this, key, fmt_name, params)
             right = _key_constraint(node.expression, key, fmt_name, params)
@@ -139,7 +139,7 @@ def _as_ranges(c: Constraint) -> list:
     return [(v, True, v, True) for v in c[1]]
 
 
-def _like_prefix(pattern: str) -> str | None:
+def like_prefix(pattern: str) -> str | None:
     """'abc%' → 'abc'; None when the pattern is not a plain prefix match."""
     if not pattern.endswith("%"):
         return None
@@ -149,7 +149,7 @@ def _like_prefix(pattern: str) -> str | None:
     return body
 
 
-def _prefix_end(prefix: str) -> str | None:
+def prefix_end(prefix: str) -> str | None:
     """The smallest string above every string starting with ``prefix`` (None = no bound)."""
     chars = list(prefix)
     while chars:

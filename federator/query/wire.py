@@ -1,6 +1,6 @@
 """Per-partition query results on the wire: one Arrow IPC stream for a whole request.
 
-The stream's schema is the store's schema. Each partition's result is one record batch
+The stream's schema is the answers' (the store's, or what a pipeline or plugin query makes). Each partition's result is one record batch
 whose batch-level custom metadata holds a small JSON header (partition, position, failure,
 message, execution info); a failed partition is a 0-row batch with its header. Keeping the
 header per batch (not per row) means encoding and decoding do no per-row Python work, and
@@ -50,7 +50,7 @@ def _batch_for(r: QueryResult, schema: pa.Schema, empty: pa.RecordBatch) -> pa.R
         # Arrow would refuse the batch anyway; this says which partition and what differs.
         raise ValueError(
             f"partition {r.partition}'s batch has schema {r.batch.schema} but the stream's schema is {schema}; "
-            "a store's handlers must build batches with the store's schema"
+            "every partition of one request must answer in the same schema"
         )
     return r.batch
 

@@ -37,6 +37,10 @@ class SqlEngine:
     def _store(self, name: str) -> StoreDefinition:
         stores = self._stores()
         defn = stores.get(name) or next((d for n, d in stores.items() if n.lower() == name.lower()), None)
+        unusable = getattr(self.node, "unusable_stores", {})
+        if defn is None and name in unusable:
+            raise SqlError("UNKNOWN_STORE", f"this node cannot read store {name!r}: {unusable[name]}; "
+                                            "install what it needs on every node, or send the query to a node that has it")
         if defn is None:
             known = ", ".join(sorted(stores)) or "none yet"
             raise SqlError("UNKNOWN_STORE", f"unknown store {name!r}; stores are: {known} (SHOW TABLES lists them)")

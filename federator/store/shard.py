@@ -80,13 +80,19 @@ class ShardView:
         # rocksdict honours the upper bound natively but not the lower one: seek to it going
         # forward, and stop at it by hand going backward.
         if not reverse:
-            if start is None:
-                return iter(db.items(read_opt=ro))
-            return iter(db.items(from_key=start, read_opt=ro))
-        it = iter(db.items(backwards=True, read_opt=ro))
-        if start is None:
-            return it
-        return itertools.takewhile(lambda kv: kv[0] >= start, it)
+            items = db.items(read_opt=ro) if start is None else db.items(from_key=start, read_opt=ro)
+        else:
+            items = db.items(backwards=True, read_opt=ro)
+            if start is not None:
+                items = itertools.takewhile(lambda kv: kv[0] >= start, items)
+        return _holding(items, (ro, stop))
+
+
+def _holding(items: Iterator[tuple[bytes, bytes]], keep: object) -> Iterator[tuple[bytes, bytes]]:
+    # RocksDB keeps a pointer to the upper bound's bytes, not a copy: they (and the options)
+    # must outlive the iteration, or a caller's temporary bound turns into garbage mid-scan.
+    yield from items
+    del keep
 
 
 class Shard:

@@ -163,21 +163,21 @@ def test_query_unknown_store(client: FlaskClient, node: FakeNode) -> None:
 
 def test_unknown_query_type_fails_each_partition(client: FlaskClient, node: FakeNode) -> None:
     body = query_body()
-    body["query"] = {"type": "TopKQuery", "k": 3}
+    body["query"] = {"type": "NoSuchPluginQuery", "k": 3}
     body["partitions"] = [1, 3]
     resp = client.post("/internal/v1/query", json=body)
     assert resp.status_code == 200 and resp.headers["Content-Type"] == MEDIA_TYPE
     results = decode_results(resp.get_data())
     assert [r.partition for r in results] == [1, 3]
-    assert all(r.failure is FailureReason.UNKNOWN_QUERY_TYPE and "TopKQuery" in r.message for r in results)
+    assert all(r.failure is FailureReason.UNKNOWN_QUERY_TYPE and "NoSuchPluginQuery" in r.message for r in results)
     assert node.requests == []
 
 
 def test_unknown_query_type_for_all_partitions_is_an_error(client: FlaskClient) -> None:
     body = query_body()
-    body["query"] = {"type": "TopKQuery", "k": 3}
+    body["query"] = {"type": "NoSuchPluginQuery", "k": 3}
     body["partitions"] = None
-    assert_error(client.post("/internal/v1/query", json=body), 422, "UNKNOWN_QUERY_TYPE", "TopKQuery")
+    assert_error(client.post("/internal/v1/query", json=body), 422, "UNKNOWN_QUERY_TYPE", "NoSuchPluginQuery")
 
 
 @pytest.mark.parametrize(

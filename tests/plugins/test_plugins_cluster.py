@@ -1,0 +1,209 @@
+"""Plugins over a real three-node cluster: the leaderboard's top-k and rank, the prefix scan,
+and a third-party plugin installed from its own directory, all compared with DuckDB."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pytest
+import urllib3
+
+from federator.partitioner import partition_for
+from tests.integration.changelog_util import produce, register
+from tests.integration.cluster import Cluster, NodeProcess, wait_for
+
+HTTP = urllib3.PoolManager()
+EXAMPLE_PLUGIN = Path(__file__).resolve().parents[2] / "docs" / "example-plugin"
+P = 4
+TS = 1_700_000_000_000
+
+
+def sql(node, text: str, params: list | None = None, status: int = 200) -> dict:
+    resp = HTTP.request("POST", f"http://{node.endpoint}/v1/sql", body=json.dumps({"sql": text, "parameters": params or []}),
+                        headers={"Content-Type": "application/json"})
+    body = json.loads(resp.data)
+    assert resp.status == status, body
+    return body
+
+
+def duck(db, text: str, params: list | None = None) -> list[list]:
+    return [list(r) for r in db.execute(text, params or []).fetchall()]
+
+
+def with_env(env: dict[str, str | None], start) -> None:
+    saved = {k: os.environ.get(k) for k in env}
+    try:
+        for k, v in env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        start()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@pytest.fixture(scope="module")
+def third_party_site(tmp_path_factory) -> Path:
+    """The example plugin installed the way a third party's would be: pip, from its own directory."""
+    site = tmp_path_factory.mktemp("site")
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(site),
+                           str(EXAMPLE_PLUGIN)], capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert list(site.glob("federator_keycount-*.dist-info"))
+    return site
+
+
+@pytest.fixture(scope="module")
+def plugin_cluster(broker, tmp_path_factory, third_party_site):
+    app_id = f"plg{uuid.uuid4().hex[:8]}"
+    rnd = random.Random(11)
+    lb = register(broker, app_id, {"name": "lb", "type": "leaderboard", "partitions": P,
+                                   "key": {"name": "player", "format": "string"},
+                                   "value": {"name": "score", "format": "long"}})
+    scores = {f"player_{i:03d}": rnd.randrange(0, 150) for i in range(300)}  # plenty of ties
+    records = [(p.encode(), p.encode(), lb.value.serialize(s), TS + i) for i, (p, s) in enumerate(scores.items())]
+    # earlier scores that later records replace, and a player deleted again: the index must follow
+    records = [(b"player_000", b"player_000", lb.value.serialize(10_000), TS - 1),
+               (b"ghost", b"ghost", lb.value.serialize(99_999), TS - 1), (b"ghost", b"ghost", None, TS)] + records
+    produce(broker, lb.topic, P, records)
+    words = register(broker, app_id, {"name": "words", "type": "kv", "partitions": P,
+                                      "key": {"name": "word", "format": "string"},
+                                      "value": {"name": "n", "format": "long"}})
+    vocab = [a + b + c for a in "abcpq" for b in "aeiopr" for c in ("", "ple", "ricot", "x", "é")]
+    produce(broker, words.topic, P, [(w.encode(), w.encode(), words.value.serialize(len(w)), TS) for w in vocab])
+
+    root = tmp_path_factory.mktemp("plugin-nodes")
+    c = Cluster(broker.bootstrap_servers, app_id, root, size=3, standby_replicas=0)
+    site = str(third_party_site)
+    with_env({"PYTHONPATH": os.pathsep.join(filter(None, [site, os.environ.get("PYTHONPATH")])),
+              "FEDERATOR_PLUGINS": None}, c.start)
+    c.wait_settled("lb", P, timeout=60)
+    c.wait_settled("words", P, timeout=60)
+    db = duckdb.connect()
+    db.register("lb", pa.table({"player": list(scores), "score": pa.array(list(scores.values()), pa.int64())}))
+    db.register("words", pa.table({"word": vocab, "n": pa.array([len(w) for w in vocab], pa.int64())}))
+    yield c, db, scores, broker, lb, root
+    c.stop()
+
+
+@pytest.mark.parametrize("text", [
+    "SELECT player, score FROM lb ORDER BY score DESC, player LIMIT 10",
+    "SELECT player, score FROM lb ORDER BY score, player DESC LIMIT 7 OFFSET 5",
+    "SELECT player AS who, score * 2 AS doubled FROM lb ORDER BY score DESC, player LIMIT 25",
+])
+def test_top_k_equals_duckdb(plugin_cluster, text) -> None:
+    c, db, *_ = plugin_cluster
+    for node in c.nodes:
+        got = sql(node, text)
+        assert got["rows"] == duck(db, text)
+        assert got["stats"]["partitions_queried"] == P
+
+
+def test_top_k_is_planned_as_topk_queries(plugin_cluster) -> None:
+    c, *_ = plugin_cluster
+    plan = sql(c.nodes[0], "EXPLAIN SELECT player, score FROM lb ORDER BY score DESC LIMIT 3")
+    cols = [col["name"] for col in plan["columns"]]
+    rows = [dict(zip(cols, r)) for r in plan["rows"]]
+    assert {r["query"] for r in rows} == {"TopKQuery(k=3, descending=True) via rule leaderboard.top_k: "
+                                          "top 3 by score DESC from each partition's score index"}
+    assert sorted(int(p) for r in rows for p in r["partitions"].split(",")) == list(range(P))
+    assert all("top 3 by score DESC" in r["pushed_down"] for r in rows)
+
+
+@pytest.mark.parametrize("players", [["player_007"], ["player_000", "player_123", "player_299", "nobody"]])
+@pytest.mark.parametrize("direction", ["DESC", "ASC"])
+def test_rank_equals_duckdb(plugin_cluster, players, direction) -> None:
+    c, db, *_ = plugin_cluster
+    marks = ", ".join("?" for _ in players)
+    text = (f"SELECT player, score, RANK() OVER (ORDER BY score {direction}) AS rank FROM lb "
+            f"QUALIFY player IN ({marks}) ORDER BY player")
+    got = sql(c.nodes[1], text, players)
+    assert got["rows"] == duck(db, text, players)
+    assert [col["type"] for col in got["columns"]] == ["VARCHAR", "BIGINT", "BIGINT"]
+
+
+def test_rank_of_one_player_and_its_plan(plugin_cluster) -> None:
+    c, db, scores, *_ = plugin_cluster
+    tied = next(p for p, s in scores.items() if list(scores.values()).count(s) > 1)
+    text = "SELECT RANK() OVER (ORDER BY score DESC) AS r, player FROM lb QUALIFY player = ?"
+    assert sql(c.nodes[2], text, [tied])["rows"] == duck(db, text, [tied])
+    plan = sql(c.nodes[2], "EXPLAIN " + text, [tied])
+    queries = [r[1] for r in plan["rows"]]
+    assert queries[0].startswith("KeysQuery(keys=('%s',))" % tied)
+    assert all("RankQuery" in q for q in queries[1:]) and len(queries) == 1 + len({r[3] for r in plan["rows"][1:]})
+    assert plan["rows"][0][2] == str(partition_for(tied.encode(), P))
+
+
+def test_other_sql_on_a_leaderboard_store_uses_the_kv_paths(plugin_cluster) -> None:
+    c, db, *_ = plugin_cluster
+    for text in ("SELECT player, score FROM lb WHERE player = 'player_042'",
+                 "SELECT COUNT(*) AS n, SUM(score) AS s, MAX(score) AS m FROM lb",
+                 "SELECT player FROM lb WHERE score > 140 ORDER BY player"):
+        assert sql(c.nodes[0], text)["rows"] == duck(db, text)
+    assert sql(c.nodes[0], "SELECT * FROM lb WHERE player = 'player_042'")["stats"]["partitions_queried"] == 1
+
+
+def test_the_index_follows_live_updates(plugin_cluster) -> None:
+    c, db, scores, broker, lb, _ = plugin_cluster
+    produce(broker, lb.topic, P, [(b"player_050", b"player_050", lb.value.serialize(1_000_000), TS + 10_000)])
+    wait_for(lambda: sql(c.nodes[0], "SELECT player FROM lb ORDER BY score DESC LIMIT 1")["rows"] == [["player_050"]],
+             30, "the new top score")
+    got = sql(c.nodes[1], "SELECT RANK() OVER (ORDER BY score DESC) AS r FROM lb QUALIFY player = 'player_050'")
+    assert got["rows"] == [[1]]
+    produce(broker, lb.topic, P, [(b"player_050", b"player_050", lb.value.serialize(scores["player_050"]), TS + 20_000)])
+    text = "SELECT player, score FROM lb ORDER BY score DESC, player LIMIT 5"
+    wait_for(lambda: sql(c.nodes[0], text)["rows"] == duck(db, text), 30, "the old score back")
+
+
+def test_prefix_scan_plugin_answers_like(plugin_cluster) -> None:
+    c, db, *_ = plugin_cluster
+    for text in ("SELECT word, n FROM words WHERE word LIKE 'pa%' ORDER BY word",
+                 "SELECT COUNT(*) AS k FROM words WHERE word LIKE 'ap%' AND n > 2",
+                 "SELECT word FROM words WHERE word LIKE 'zz%'"):
+        assert sql(c.nodes[1], text)["rows"] == duck(db, text)
+    plan = sql(c.nodes[1], "EXPLAIN SELECT word FROM words WHERE word LIKE 'ap%'")
+    assert {r[1] for r in plan["rows"]} == {"PrefixScanQuery(prefix='ap') via rule prefix_scan.like: scan keys starting with 'ap'"}
+
+
+def test_third_party_plugin_from_its_own_directory(plugin_cluster) -> None:
+    c, db, *_ = plugin_cluster
+    resp = HTTP.request("GET", f"http://{c.nodes[0].endpoint}/v1/plugins")
+    plugins = {p["name"]: p for p in json.loads(resp.data)["plugins"]}
+    assert plugins["keycount"]["distribution"] == "federator-keycount"
+    assert "SQL rule keycount.count_star" in plugins["keycount"]["provides"]
+    text = "SELECT COUNT(*) AS total FROM words"
+    assert sql(c.nodes[2], text)["rows"] == duck(db, text)
+    plan = sql(c.nodes[2], "EXPLAIN " + text)
+    assert {r[1] for r in plan["rows"]} == {"KeyCountQuery() via rule keycount.count_star"}
+
+
+def test_a_node_without_the_plugins(plugin_cluster) -> None:
+    """Runs last: a fourth node joins with no plugins at all."""
+    c, _, _, broker, _, root = plugin_cluster
+    bare = NodeProcess(broker.bootstrap_servers, c.nodes[0].app_id, "n3", root / "n3", standby_replicas=0)
+    c.nodes.append(bare)
+    with_env({"FEDERATOR_PLUGINS": ""}, bare.start)
+    c.wait_settled("words", P, timeout=90)
+    # The receiver has the rule; the node that owns some partitions does not know the query.
+    err = sql(c.nodes[0], "SELECT word FROM words WHERE word LIKE 'ap%'", status=422)["error"]
+    assert err["code"] == "UNKNOWN_QUERY_TYPE"
+    assert "PrefixScanQuery" in err["message"] and "plugin 'prefix_scan'" in err["message"]
+    assert "install the plugin 'prefix_scan' on every node" in err["message"]
+    # The bare node cannot read a store whose type a plugin provides, and says so.
+    err = sql(bare, "SELECT * FROM lb LIMIT 1", status=404)["error"]
+    assert err["code"] == "UNKNOWN_STORE" and "'leaderboard'" in err["message"] and "install" in err["message"]
+    # Plain SQL still works everywhere.
+    assert sql(bare, "SELECT COUNT(*) AS n FROM words WHERE word >= 'a'")["rows"] == [[150]]
