@@ -15,11 +15,9 @@ from typing import Any
 import pyarrow as pa
 
 from federator.catalog.definition import StoreDefinition
-from federator.sql.catalog_tables import information_schema
+from federator.sql.catalog_tables import CATALOG, SCHEMA, information_schema
 from federator.sql.types import sql_type
 
-CATALOG = "federator"
-SCHEMA = "main"
 SYSTEM_SCHEMA = "information_schema"
 TABLE = "TABLE"
 SYSTEM_TABLE = "SYSTEM TABLE"

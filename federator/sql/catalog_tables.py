@@ -7,6 +7,9 @@ import pyarrow as pa
 from federator.catalog.definition import StoreDefinition
 from federator.sql.types import sql_type
 
+# Where stores live, as information_schema and Flight SQL name it; BI tools qualify names with these.
+CATALOG, SCHEMA = "federator", "main"
+
 
 def show_tables(stores: dict[str, StoreDefinition]) -> pa.Table:
     return pa.table({"name": pa.array(sorted(stores), pa.string())})
@@ -28,8 +31,8 @@ def information_schema(name: str, stores: dict[str, StoreDefinition]) -> pa.Tabl
     if name == "tables":
         names = sorted(stores)
         return pa.table({
-            "table_catalog": pa.array(["federator"] * len(names), pa.string()),
-            "table_schema": pa.array(["main"] * len(names), pa.string()),
+            "table_catalog": pa.array([CATALOG] * len(names), pa.string()),
+            "table_schema": pa.array([SCHEMA] * len(names), pa.string()),
             "table_name": pa.array(names, pa.string()),
             "table_type": pa.array(["BASE TABLE"] * len(names), pa.string()),
             "store_type": pa.array([stores[n].type for n in names], pa.string()),
@@ -41,8 +44,8 @@ def information_schema(name: str, stores: dict[str, StoreDefinition]) -> pa.Tabl
         for n in sorted(stores):
             defn = stores[n]
             for i, f in enumerate(defn.arrow_schema(), start=1):
-                rows["table_catalog"].append("federator")
-                rows["table_schema"].append("main")
+                rows["table_catalog"].append(CATALOG)
+                rows["table_schema"].append(SCHEMA)
                 rows["table_name"].append(n)
                 rows["column_name"].append(f.name)
                 rows["ordinal_position"].append(i)

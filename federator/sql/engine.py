@@ -11,7 +11,7 @@ from federator.catalog.definition import StoreDefinition
 from federator.dispatch.dispatcher import Dispatcher
 from federator.merge.merge import finish
 from federator.query.position import Position, PositionBound
-from federator.sql.catalog_tables import describe, information_schema, show_tables
+from federator.sql.catalog_tables import CATALOG, SCHEMA, describe, information_schema, show_tables
 from federator.sql.errors import SqlError
 from federator.sql.parse import Statement, parse
 from federator.sql.pipeline import run
@@ -109,13 +109,15 @@ class SqlEngine:
             tbl = source.this
             if not hasattr(tbl, "db") or tbl.__class__.__name__ != "Table":
                 raise SqlError("UNSUPPORTED", f"FROM {tbl.sql()[:60]} is not supported; name one store")
+            if tbl.catalog and tbl.catalog.lower() != CATALOG:
+                raise SqlError("UNKNOWN_STORE", f"unknown catalog {tbl.catalog!r}; the one catalog is {CATALOG!r}")
             if tbl.db and tbl.db.lower() == "information_schema":
                 virtual = information_schema(tbl.name.lower(), self._stores())
                 if virtual is None:
                     raise SqlError("UNKNOWN_STORE", f"information_schema has tables and columns, not {tbl.name!r}")
                 plan = plan_select(select, virtual.schema, None, virtual, [])
-            elif tbl.db:
-                raise SqlError("UNKNOWN_STORE", f"unknown schema {tbl.db!r}; stores live in the default schema")
+            elif tbl.db and tbl.db.lower() != SCHEMA:
+                raise SqlError("UNKNOWN_STORE", f"unknown schema {tbl.db!r}; stores live in the schema {SCHEMA!r}")
             else:
                 defn = self._store(tbl.name)
                 ruled = first_plan(sql_rules(), select, defn)

@@ -146,6 +146,7 @@ def sort_key(row: tuple):
 QUERIES = [
     "SELECT * FROM players",
     "SELECT player, team, games FROM players WHERE player = 'p0007'",
+    "SELECT main.players.player, players.team FROM main.players WHERE players.player IN ('p0001', 'p0002')",
     "SELECT player, total_score FROM players WHERE player IN ('p0001', 'p0100', 'p0599', 'nobody')",
     "SELECT player FROM players WHERE player >= 'p0100' AND player < 'p0120'",
     "SELECT player FROM players WHERE player BETWEEN 'p0100' AND 'p0105' OR player = 'p0500'",
@@ -243,12 +244,18 @@ def test_show_describe_explain(sql_cluster) -> None:
     assert tables["rows"] == [["per_minute", "window"], ["players", "kv"], ["scores", "kv"]]
     cols = sql_json(node, "SELECT column_name, data_type FROM information_schema.columns WHERE table_name = 'scores'")
     assert cols["rows"] == [["key", "BIGINT"], ["score", "DOUBLE"], ["rowtime", "TIMESTAMP WITH TIME ZONE"]]
+    # the names information_schema gives are the names a BI tool writes back
+    qualified = sql_json(node, "SELECT COUNT(*) FROM federator.main.scores")
+    assert qualified["rows"] == sql_json(node, "SELECT COUNT(*) FROM scores")["rows"]
+    assert sql_json(node, "SELECT COUNT(*) FROM federator.information_schema.tables")["rows"] == [[3]]
 
 
 @pytest.mark.parametrize(("body", "status", "code"), [
     ({"sql": "SELEC player FROM players"}, 400, "SQL_PARSE_ERROR"),
     ({"sql": "SELECT player FROM players WHERE player = ?", "parameters": []}, 400, "INVALID_PARAMETER"),
     ({"sql": "SELECT * FROM nowhere"}, 404, "UNKNOWN_STORE"),
+    ({"sql": "SELECT * FROM other.players"}, 404, "UNKNOWN_STORE"),
+    ({"sql": "SELECT * FROM elsewhere.main.players"}, 404, "UNKNOWN_STORE"),
     ({"sql": "SELECT nothing FROM players"}, 404, "UNKNOWN_COLUMN"),
     ({"sql": "SELECT * FROM players a JOIN scores b ON a.games = b.key"}, 422, "UNSUPPORTED"),
     ({"sql": "DELETE FROM players"}, 422, "UNSUPPORTED"),
