@@ -23,6 +23,7 @@ from federator.node.materializer import ACTIVE, STANDBY, Materializer
 from federator.node.membership import HEARTBEAT_SECONDS, ClusterView, NodeInfo, nodes_topic, place_standbys
 from federator.node.topic_tail import TopicTail
 from federator.partitioner import partition_for
+from federator.query.position import Position, PositionBound
 from federator.query.request import StateQueryRequest
 from federator.query.result import FailureReason, QueryResult
 
@@ -261,6 +262,14 @@ class Node:
                 result = _apply_pipeline(request.pipeline, result)
             results.append(result)
         return results
+
+    def read_local(self, store: str, partition: int, key: bytes, bound: PositionBound) -> tuple[bytes | None, Position] | None:
+        """A key read straight from this node's active, current copy; None when this node cannot
+        serve it that way (the caller routes it like any query)."""
+        hs = self.materializer.hosted(store, partition)
+        if hs is None or hs.gone or not hs.caught_up or hs.role != ACTIVE or not hs.restored:
+            return None
+        return hs.shard.read(key, bound)
 
     # ---- SQL and the REST views of stores ------------------------------------------------
     @functools.cached_property

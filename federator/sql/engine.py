@@ -81,16 +81,21 @@ class SqlEngine:
         if key is None:
             return None
         defn = cached.store
-        sub = SubQuery(KeyQuery(key), (partition_for(defn.key.serialize(key), defn.partitions),))
+        kb = defn.key.serialize(key)
+        partition = partition_for(kb, defn.partitions)
+        bound = PositionBound.at(position) if not position.is_empty() else PositionBound.unbounded()
+        stats["partitions_queried"] = 1
+        local = self.node.read_local(defn.name, partition, kb, bound)
+        if local is not None:  # the common case when clients send keys to their owners
+            stats["nodes"] = 1
+            return pa.Table.from_batches([cached.row(key, local[0])]), position.merge(local[1]), stats
         gathered = self.dispatcher.gather(
-            defn.name, defn.partitions, [sub], {"columns": list(cached.columns)},
-            PositionBound.at(position) if not position.is_empty() else PositionBound.unbounded(),
-            req.allow_stale, req.max_lag, deadline,
+            defn.name, defn.partitions, [SubQuery(KeyQuery(key), (partition,))], {"columns": list(cached.columns)},
+            bound, req.allow_stale, req.max_lag, deadline,
         )
         batches = gathered.batches
         schema = defn.arrow_schema()
         table = pa.Table.from_batches(batches) if batches else schema.empty_table().select(list(cached.columns))
-        stats["partitions_queried"] = 1
         stats["nodes"] = len(gathered.nodes)
         return table.select(list(cached.columns)).rename_columns(list(cached.names)), position.merge(gathered.position), stats
 

@@ -7,14 +7,20 @@ place (a parameter or a literal) and the columns to return, reused for every key
 
 from __future__ import annotations
 
+import functools
+import struct
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
 from sqlglot import exp
 
 from federator.catalog.definition import StoreDefinition
 from federator.formats import FormatError
 from federator.plan.keys import NotALiteral, answers_key_queries, literal_value
+
+
+_TS = struct.Struct(">q")
 
 
 @dataclass(frozen=True)
@@ -23,6 +29,32 @@ class PointPlan:
     key_node: exp.Expression  # a ? placeholder or a literal
     columns: tuple[str, ...]  # source columns, in output order
     names: tuple[str, ...]  # output names
+
+    @functools.cached_property
+    def schema(self) -> pa.Schema:
+        """The answer's schema: the selected columns under their output names."""
+        source = self.store.arrow_schema()
+        return pa.schema([source.field(c).with_name(n) for c, n in zip(self.columns, self.names)])
+
+    def row(self, key: Any, stored: bytes | None) -> pa.RecordBatch:
+        """The answer from the stored bytes of one key, built without decoding anything unselected."""
+        if stored is None:
+            return pa.RecordBatch.from_pylist([], schema=self.schema)
+        defn = self.store
+        value: Any = None
+        values = []
+        for c in self.columns:
+            if c == defn.key_name:
+                values.append(key)
+            elif c == "rowtime":
+                values.append(_TS.unpack_from(stored)[0])
+            else:
+                if value is None:
+                    value = defn.value.deserialize(stored[8:])
+                values.append(value[c] if defn.value_fields else value)
+        return pa.RecordBatch.from_arrays(
+            [pa.array([v], f.type) for v, f in zip(values, self.schema)], schema=self.schema
+        )
 
     def key(self, params: list[Any]) -> Any | None:
         """The key to look up, in the store's key type; None when the general path should decide."""

@@ -218,6 +218,25 @@ class Shard:
             self.db.close()
 
     # ---- reading -------------------------------------------------------------------------
+    def read(self, key: bytes, bound: PositionBound, tries: int = 3) -> tuple[bytes | None, Position] | None:
+        """The stored bytes of ``key`` and the Position they reflect; None when the bound is not
+        met or writes kept racing the read (the caller takes the general path and its errors)."""
+        for _ in range(tries):
+            seq = self._seq
+            if seq & 1:
+                time.sleep(0)
+                continue
+            position = self._position
+            if not bound.is_satisfied_by(position, self.topic, self.partition):
+                return None
+            try:
+                stored = self.db.get(key)
+            except Exception:  # noqa: BLE001 - closed under us by a rebalance: let the general path decide
+                return None
+            if self._seq == seq:
+                return stored, position
+        return None
+
     def query(self, query: Query, optimistic_tries: int = 3) -> tuple[pa.RecordBatch, Position]:
         """The answer and the Position it reflects exactly."""
         handler = self.store_type.handler_for(query)
