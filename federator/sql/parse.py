@@ -11,6 +11,7 @@ from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
 
 from federator.sql.errors import SqlError, unsupported
+from federator.sql.evaluate import _anonymous_in_text_order
 
 _EXPLAIN = re.compile(r"^\s*EXPLAIN\s+", re.IGNORECASE)
 _SHOW_TABLES = re.compile(r"^\s*SHOW\s+TABLES\s*;?\s*$", re.IGNORECASE)
@@ -70,9 +71,9 @@ def parse(sql: str) -> Statement:
         raise unsupported(f"{stmt.key.upper()} of queries", "query one store at a time")
     if not isinstance(stmt, exp.Select):
         raise unsupported(f"the statement {stmt.sql()[:60]!r}", "send a SELECT")
-    # Number the ? placeholders left to right, as the parameters list is given.
-    count = 0
-    for node in stmt.find_all(exp.Placeholder, bfs=False):
+    # Number the ? placeholders left to right, as the parameters list is given. In text order,
+    # not tree order: a tree walk visits LIMIT before WHERE (`WHERE x = ? LIMIT ?` bound backwards).
+    nodes = _anonymous_in_text_order(stmt) + [n for n in stmt.find_all(exp.Placeholder, bfs=False) if n.this]
+    for count, node in enumerate(nodes):
         node.meta["param_index"] = count
-        count += 1
-    return Statement("select", select=stmt, explain=explain, param_count=count)
+    return Statement("select", select=stmt, explain=explain, param_count=len(nodes))
