@@ -64,6 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--cluster-secret", default=os.environ.get("FEDERATOR_CLUSTER_SECRET"), metavar="S",
                    help="shared secret for node-to-node calls (default $FEDERATOR_CLUSTER_SECRET)")
     n.add_argument("--threads", type=int, default=8, help="HTTP worker threads (default 8)")
+    n.add_argument("--scan-cache-mb", type=int, default=256, metavar="MB",
+                   help="memory for keeping unchanged shards' full scans as Arrow (default 256, 0 = off)")
     n.add_argument("--flight-sql-port", type=int, metavar="P",
                    help="also serve Arrow Flight SQL on this port, on the --listen host (default: off)")
 

@@ -24,6 +24,7 @@ from federator.node.membership import HEARTBEAT_SECONDS, ClusterView, NodeInfo, 
 from federator.node.topic_tail import TopicTail
 from federator.partitioner import partition_for
 from federator.query.position import Position, PositionBound
+from federator.store.scan_cache import SCAN_CACHE
 from federator.query.request import StateQueryRequest
 from federator.query.result import FailureReason, QueryResult
 
@@ -333,7 +334,8 @@ class Node:
         view["local"] = {
             "records_applied": {
                 f"{store}/{p}": hs.applied for (store, p), hs in sorted(self.materializer.snapshot().items())
-            }
+            },
+            "scan_cache": SCAN_CACHE.stats(),
         }
         return view
 

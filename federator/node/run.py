@@ -40,6 +40,11 @@ def run_node(args: argparse.Namespace) -> int:
         node_id=args.node_id,
         cluster_secret=args.cluster_secret,
     ))
+    if args.scan_cache_mb < 0:
+        raise ValueError("--scan-cache-mb must be 0 or more")
+    from federator.store.scan_cache import SCAN_CACHE
+
+    SCAN_CACHE.max_bytes = args.scan_cache_mb << 20
     server = serve(create_app(node), host, port, threads=args.threads)
     stopping = threading.Event()
 

@@ -50,9 +50,15 @@ def range_query(view: ShardView, q: RangeQuery) -> pa.RecordBatch:
     return build_batch(view.schema, view.definition, keys, stored)
 
 
+_EVERYTHING = RangeQuery()
+
+
 class KeyValueStoreType(StoreType):
     name = "kv"
     handlers = {KeyQuery: key_query, KeysQuery: keys_query, RangeQuery: range_query}
+
+    def is_full_scan(self, query) -> bool:
+        return type(query) is RangeQuery and query == _EVERYTHING
 
     def schema(self, defn: StoreDefinition) -> pa.Schema:
         return pa.schema([pa.field(defn.key_name, defn.key.arrow_type), *defn.value_arrow_fields(), rowtime_field()])

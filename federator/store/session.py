@@ -54,6 +54,9 @@ class SessionStoreType(StoreType):
     changelog_layout = "session"
     handlers = {SessionQuery: session_query, WindowRangeQuery: session_range_query}
 
+    def is_full_scan(self, query) -> bool:
+        return type(query) is WindowRangeQuery and query.time_from is None and query.time_to is None
+
     def schema(self, defn: StoreDefinition) -> pa.Schema:
         return windowed_schema(defn)
 

@@ -18,6 +18,7 @@ from federator.query.position import Position, PositionBound
 from federator.query.queries import Query
 from federator.query.result import FailureReason, QueryResult
 from federator.store.record import ChangelogRecord
+from federator.store.scan_cache import SCAN_CACHE
 from federator.store.types import StoreType, get_store_type
 
 META_CF = "federator_meta"
@@ -212,6 +213,7 @@ class Shard:
 
     def close(self) -> None:
         """Close the database; snapshots still held by readers keep it open until they go."""
+        SCAN_CACHE.drop(self)
         with self._lock:
             self._meta_handle = None
             self._families = {}
@@ -246,14 +248,20 @@ class Shard:
                 f"{query.type_name}"
             )
         view = self._view()
+        full_scan = self.store_type.is_full_scan(query)
         for _ in range(optimistic_tries):
             seq = self._seq
             if seq & 1:
                 time.sleep(0)  # a write is in flight; let it finish
                 continue
             position = self._position
+            batch = SCAN_CACHE.get(self, seq) if full_scan else None
+            if batch is not None:
+                return batch, position
             batch = handler(view, query)
             if self._seq == seq:
+                if full_scan:
+                    SCAN_CACHE.put(self, seq, batch)
                 return batch, position
         with self._lock:  # writes kept coming: read while holding them off
             return handler(view, query), self._position

@@ -54,6 +54,10 @@ class StoreType:
             else:
                 wb.put(r.key, stored_value(r))
 
+    def is_full_scan(self, query: Query) -> bool:
+        """Whether ``query`` reads the whole shard in key order (its answer may come from the scan cache)."""
+        return False
+
     def handler_for(self, query: Query) -> Handler | None:
         return self.handlers.get(type(query))
 

@@ -67,6 +67,9 @@ class WindowStoreType(StoreType):
     changelog_layout = "window"
     handlers = {WindowKeyQuery: window_key_query, WindowRangeQuery: window_range_query}
 
+    def is_full_scan(self, query) -> bool:
+        return type(query) is WindowRangeQuery and query.time_from is None and query.time_to is None
+
     def schema(self, defn: StoreDefinition) -> pa.Schema:
         return windowed_schema(defn)
 

@@ -654,3 +654,36 @@ def test_execution_info_is_collected_only_when_asked(open_shard, rec) -> None:
     assert shard.run(RangeQuery()).execution_info == []
     info = shard.run(RangeQuery(), collect_execution_info=True).execution_info
     assert len(info) == 1 and "RangeQuery ok, 2 rows" in info[0] and "partition 1" in info[0] and "offset 1" in info[0]
+
+
+def test_full_scans_are_reused_until_the_shard_changes(tmp_path) -> None:
+    from federator.store.scan_cache import SCAN_CACHE
+
+    shard = Shard(tmp_path / "s", definition(), 0)
+    shard.apply([ChangelogRecord(b"a", b"1", 0, 1), ChangelogRecord(b"b", b"2", 1, 1)])
+    first, pos1 = shard.query(RangeQuery())
+    again, _ = shard.query(RangeQuery())
+    assert again is first  # the same Arrow batch: no second iteration
+    assert shard.query(RangeQuery("a", "a"))[0] is not first  # only whole-shard scans are kept
+    shard.apply([ChangelogRecord(b"c", b"3", 2, 1), ChangelogRecord(b"a", None, 3, 1)])
+    after, pos2 = shard.query(RangeQuery())
+    assert after.column(0).to_pylist() == ["b", "c"] and pos2.get(TOPIC, 0) == 3 and pos1.get(TOPIC, 0) == 1
+    shard.reset()
+    assert shard.query(RangeQuery())[0].num_rows == 0
+    shard.close()
+    assert shard not in SCAN_CACHE._entries
+
+
+def test_scan_cache_keeps_to_its_budget() -> None:
+    from federator.store.scan_cache import ScanCache
+
+    cache = ScanCache(max_bytes=2000)
+    batch = pa.record_batch({"x": pa.array(range(100), pa.int64())})  # 800 bytes
+    owners = [object() for _ in range(4)]
+    for o in owners:
+        cache.put(o, 2, batch)
+    assert cache.get(owners[0], 2) is None and cache.get(owners[1], 2) is None  # evicted, oldest first
+    assert cache.get(owners[3], 2) is batch and cache.get(owners[3], 4) is None  # a newer write: stale
+    assert cache.stats()["bytes"] <= 2000
+    cache.put(object(), 2, pa.record_batch({"x": pa.array(range(1000), pa.int64())}))  # bigger than the budget
+    assert cache.stats()["bytes"] <= 2000
