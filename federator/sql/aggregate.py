@@ -144,6 +144,8 @@ def partial(
     if len(names) != len(group_keys):
         raise ValueError("one name per group key")
     n = table.num_rows
+    if not group_keys:
+        return _partial_ungrouped(table, aggs)
     cols: dict[str, pa.Array] = {f"__k{j}": _key_array(k, table) for j, k in enumerate(group_keys)}
     if not group_keys:
         cols["__k"] = pa.repeat(pa.scalar(True), n)  # one constant key: every row in one group
@@ -190,6 +192,52 @@ def partial(
     arrays = [grouped[f"__k{j}"] for j in range(len(group_keys))] + [grouped[o] for _, o in out]
     schema = _state_schema([pa.field(nm, k.type) for nm, k in zip(names, group_keys)], aggs)
     return pa.Table.from_arrays([a.cast(f.type) for a, f in zip(arrays, schema)], schema=schema)
+
+
+def _partial_ungrouped(table: pa.Table | pa.RecordBatch, aggs: list[AggSpec]) -> pa.Table:
+    """The same states for one group of every row, with Arrow's scalar kernels: a hash
+    aggregation over a constant key (and a wide cast for exact sums) costs far more."""
+    schema = _state_schema([], aggs)
+    n = table.num_rows
+    if n == 0:
+        return schema.empty_table()
+    values: list[Any] = []
+    for spec in aggs:
+        if spec.arg is None:
+            values.append(n)
+            continue
+        v = spec.arg(table)
+        if spec._by_values:
+            values.append(pc.unique(_normalize_float(v) if _kind(v.type) == "float" else v).drop_null())
+            continue
+        if spec.func == "COUNT":
+            values.append(pc.count(v, mode="only_valid").as_py())
+        elif spec.func in ("SUM", "AVG"):
+            values.append(_exact_sum(v) if spec._exact_int else pc.sum(v.cast(pa.float64()), min_count=1).as_py())
+            if spec.func == "AVG":
+                values.append(pc.count(v, mode="only_valid").as_py())
+        else:
+            values.append(pc.min(v).as_py() if spec.func == "MIN" else pc.max(v).as_py())
+            if _kind(v.type) == "float":
+                values.append(pc.any(pc.fill_null(pc.is_nan(v), False)).as_py())
+    arrays = []
+    for value, f in zip(values, schema):
+        if isinstance(value, (pa.Array, pa.ChunkedArray)):
+            arrays.append(pa.array([value.to_pylist()], f.type))
+        else:
+            arrays.append(pa.array([value], f.type))
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _exact_sum(v: pa.Array | pa.ChunkedArray) -> int | None:
+    """An integer column's sum, exactly: in int64 when it cannot overflow, else wide."""
+    if pc.count(v, mode="only_valid").as_py() == 0:
+        return None
+    bounds = pc.min_max(v)
+    lo, hi = bounds["min"].as_py(), bounds["max"].as_py()
+    if max(abs(lo), abs(hi)) * len(v) < 2**63:
+        return pc.sum(v.cast(pa.int64())).as_py()
+    return pc.sum(v.cast(_WIDE)).as_py()
 
 
 # --------------------------------------------------------------------------- merge
