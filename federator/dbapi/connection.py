@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.ipc as pa_ipc
 import urllib3
 
+from federator.dbapi.cursor import Cursor
 from federator.dbapi.errors import InterfaceError, NotSupportedError, OperationalError, error_from_answer
 from federator.query.position import Position
 
@@ -85,9 +86,7 @@ class Connection:
 
     # ---- PEP 249 --------------------------------------------------------------------------
 
-    def cursor(self) -> Any:
-        from federator.dbapi.cursor import Cursor
-
+    def cursor(self) -> Cursor:
         self._check_open()
         return Cursor(self)
 
@@ -116,7 +115,7 @@ class Connection:
 
     # ---- extensions ---------------------------------------------------------------------
 
-    def execute(self, sql: str, parameters: Sequence[Any] | None = None) -> Any:
+    def execute(self, sql: str, parameters: Sequence[Any] | None = None) -> Cursor:
         """A new cursor that has run ``sql`` (as sqlite3's shortcut)."""
         return self.cursor().execute(sql, parameters)
 
