@@ -43,7 +43,7 @@ from federator.query.position import Position
 
 log = logging.getLogger(__name__)
 
-__all__ = ["SinkError", "write_store", "murmur2_partitions", "SIMPLE_FORMAT_OF", "JSON_FIELD_OF"]
+__all__ = ["SinkError", "write_store", "delete_keys", "murmur2_partitions", "SIMPLE_FORMAT_OF", "JSON_FIELD_OF"]
 
 MODES = ("upsert", "replace")
 STORE_TYPES = ("kv", "window", "session")
@@ -769,4 +769,51 @@ def write_store(
     finally:
         if cached:
             rows.unpersist()
+    return Position({defn.topic: offsets}).to_token()
+
+
+def delete_keys(
+    df: Any,
+    store: str,
+    *,
+    key: str,
+    bootstrap_servers: str,
+    application_id: str,
+    window_start: str | None = None,
+    session_start: str | None = None,
+    session_end: str | None = None,
+    timeout: float = 120.0,
+) -> str:
+    """Delete (tombstone) the entries that ``df``'s rows name in the existing store ``store``
+    and return a consistency token; a store that does not exist has nothing to delete.
+
+    A row names an entry by its key column, plus ``window_start`` for a window store or
+    ``session_start`` and ``session_end`` for a session store (as in ``write_store``). The rows
+    are collected to the driver: this is for a few entries at a time, e.g. the sessions that a
+    streaming micro-batch merged into longer ones, where ``mode="replace"`` cannot serve (it
+    needs the whole store's contents in one DataFrame).
+    """
+    from pyspark.sql import functions as F
+
+    defn = Catalog(bootstrap_servers, application_id).load().get(store)
+    if defn is None:
+        return Position().to_token()
+    wanted = {"kv": [], "window": [window_start], "session": [session_start, session_end]}[defn.type]
+    if any(c is None for c in wanted):
+        raise SinkError(f"store {store!r} is a {defn.type} store: pass "
+                        + ("window_start=COLUMN" if defn.type == "window" else "session_start= and session_end="))
+    kf = _field(df, key, "the key")
+    if SIMPLE_FORMAT_OF.get(_type_name(kf.dataType)) != defn.key_format:
+        raise SinkError(f"key column {key!r} has Spark type {kf.dataType.simpleString()}, but store {store!r} "
+                        f"has {defn.key_format} keys")
+    times = [_time_column(df, c, "an entry's time") for c in wanted]
+    rows = df.select(F.col(f"`{key}`"), *times).collect()
+    if not rows:
+        return Position().to_token()
+    keys = _serialize(pa.array([r[0] for r in rows]), defn.key_format).to_pylist()
+    if defn.type == "window":
+        keys = [k + _WINDOW_SUFFIX(r[1], 0) for k, r in zip(keys, rows)]
+    elif defn.type == "session":
+        keys = [k + _SESSION_SUFFIX(r[2], r[1]) for k, r in zip(keys, rows)]
+    offsets = _tombstones(bootstrap_servers, defn, keys, int(time.time() * 1000), timeout)
     return Position({defn.topic: offsets}).to_token()

@@ -18,12 +18,14 @@ def step(msg: str) -> None:
     print(f"[{dt.datetime.now():%H:%M:%S}] {msg}", flush=True)
 
 
-def parser(prog: str, description: str) -> argparse.ArgumentParser:
+def parser(prog: str, description: str, require_app: bool = True) -> argparse.ArgumentParser:
+    """The options every job takes; ``require_app=False`` leaves checking --application-id to
+    the job (for modes that write no store)."""
     p = argparse.ArgumentParser(prog=f"python -m spark.jobs.{prog}", description=description)
     p.add_argument("--bootstrap-servers", default=os.environ.get("FEDERATOR_BOOTSTRAP_SERVERS", "127.0.0.1:9092"),
                    help="Kafka bootstrap servers (default $FEDERATOR_BOOTSTRAP_SERVERS or 127.0.0.1:9092)")
     p.add_argument("--application-id", default=os.environ.get("FEDERATOR_APPLICATION_ID"),
-                   required=not os.environ.get("FEDERATOR_APPLICATION_ID"),
+                   required=require_app and not os.environ.get("FEDERATOR_APPLICATION_ID"),
                    help="the nodes' application id (default $FEDERATOR_APPLICATION_ID)")
     p.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
     p.add_argument("--partitions", type=int, default=8, help="partitions of stores the job creates (default 8)")

@@ -15,17 +15,29 @@ ts timestamp) as Parquet into the input folder; the job reads them back and writ
         [--input PATH] [--events N] [--seed S] [--master local[*]]
 
 The same seed and size give the same events, so a re-run leaves the same stores.
+
+Streaming: ``--stream`` keeps the same stores equal to the batch answer over every Parquet
+file in --input as new files arrive (see spark/jobs/streaming.py for how), and
+``--generate-into DIR`` adds one new file of generated events to a folder:
+
+    python -m spark.jobs.game_events --application-id APP --stream [--input PATH] \\
+        [--checkpoint DIR] [--trigger-seconds S] [--max-batches N] [--until-idle]
+    python -m spark.jobs.game_events --generate-into PATH --events N --seed S
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
+import uuid
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
-from spark.jobs.common import finish, parser, spark_session, step
-from spark.sink import write_store
+from spark.jobs import streaming
+from spark.jobs.common import finish, merged_token, parser, spark_session, step
+from spark.sink import delete_keys, write_store
 
 DEFAULT_INPUT = ".federator/game_events/input"
 BASE_MS = 1_704_067_200_000  # 2024-01-01T00:00:00Z
@@ -34,6 +46,7 @@ EVENTS_PER_PLAYER = 100
 MEAN_GAP_MS = 20 * 60_000  # a player's events are ~20 minutes apart on average
 WINDOW_MS = 60_000
 SESSION_GAP = "30 minutes"
+EVENTS_SCHEMA = "player string, game string, score long, ts timestamp"
 
 
 def players_for(events: int) -> int:
@@ -73,19 +86,52 @@ def _safe_to_overwrite(path: Path) -> bool:
     return all(n.startswith(("part-", "_SUCCESS", ".part-", "._SUCCESS", "_committed", "_started")) for n in names)
 
 
+def _write_parquet(spark: Any, df: Any, path: Path) -> None:
+    previous = spark.conf.get("spark.sql.parquet.outputTimestampType")
+    spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")  # readable by any Parquet reader
+    try:
+        df.write.mode("overwrite").parquet(str(path))
+    finally:
+        spark.conf.set("spark.sql.parquet.outputTimestampType", previous)
+
+
 def write_events(spark: Any, input_path: str, events: int, seed: int) -> None:
     path = Path(input_path)
     if not _safe_to_overwrite(path):
         raise SystemExit(f"error: {path} holds files that are not Parquet parts; pass an empty or new --input folder")
     step(f"generating {events:,} events (seed {seed}, {players_for(events):,} players) into {path}")
-    previous = spark.conf.get("spark.sql.parquet.outputTimestampType")
-    spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")  # readable by any Parquet reader
+    if path.exists():
+        shutil.rmtree(path)
+    _write_parquet(spark, generate(spark, events, seed), path)
+
+
+def generate_into(spark: Any, folder: str, events: int, seed: int) -> list[Path]:
+    """Add one new Parquet file of ``events`` generated events to ``folder`` (made if missing);
+    returns the new file(s).
+
+    The file is written into a hidden staging folder (``_`` names are invisible to Spark's
+    readers) and renamed in, so a stream never reads half a file. Spark's part names carry
+    the write's UUID, so they never collide with the files already there, and the folder
+    stays one that batch mode reads (and may regenerate).
+    """
+    path = Path(folder)
+    path.mkdir(parents=True, exist_ok=True)
+    staging = path / f"_staging-{uuid.uuid4().hex}"
+    step(f"generating {events:,} events (seed {seed}, {players_for(events):,} players) into {path}")
     try:
-        if path.exists():
-            shutil.rmtree(path)
-        generate(spark, events, seed).write.mode("overwrite").parquet(str(path))
+        _write_parquet(spark, generate(spark, events, seed).coalesce(1), staging)
+        added = []
+        for part in sorted(staging.glob("part-*.parquet")):
+            target = path / part.name
+            if target.exists():  # cannot happen with UUID names; never overwrite a file a stream read
+                raise SystemExit(f"error: {target} exists already")
+            os.rename(part, target)
+            added.append(target)
     finally:
-        spark.conf.set("spark.sql.parquet.outputTimestampType", previous)
+        shutil.rmtree(staging, ignore_errors=True)
+    for f in added:
+        step(f"added {f}")
+    return added
 
 
 def player_stats(events: Any) -> Any:
@@ -116,6 +162,22 @@ def player_sessions(events: Any) -> Any:
             .select("player", "session_start", "session_end", "games"))
 
 
+# ---- the stores: one writer each, shared by the batch run and the stream ------------------
+def write_player_stats(stats: Any, mode: str, sink: dict[str, Any]) -> str:
+    return write_store(stats, "player_stats", key="player", value=["games", "total_score", "best_score", "last_seen"],
+                       mode=mode, **sink)
+
+
+def write_scores_per_minute(scores: Any, mode: str, sink: dict[str, Any]) -> str:
+    return write_store(scores, "scores_per_minute", key="player", value="total_score", type="window",
+                       window_start="window_start", window_size_ms=WINDOW_MS, mode=mode, **sink)
+
+
+def write_player_sessions(sessions: Any, mode: str, sink: dict[str, Any]) -> str:
+    return write_store(sessions, "player_sessions", key="player", value="games", type="session",
+                       session_start="session_start", session_end="session_end", mode=mode, **sink)
+
+
 def run(spark: Any, bootstrap: str, app: str, input_path: str = DEFAULT_INPUT, events: int = 1_000_000,
         seed: int = 42, partitions: int = 8, generate_input: bool = True) -> dict[str, str]:
     """Generate the events (unless ``generate_input`` is False), compute the three stores and
@@ -128,34 +190,128 @@ def run(spark: Any, bootstrap: str, app: str, input_path: str = DEFAULT_INPUT, e
         step(f"{ev.count():,} events")
         common = dict(bootstrap_servers=bootstrap, application_id=app, partitions=partitions, progress=step)
         tokens = {}
-        tokens["player_stats"] = write_store(
-            player_stats(ev), "player_stats", key="player",
-            value=["games", "total_score", "best_score", "last_seen"], mode="replace", **common)
-        tokens["scores_per_minute"] = write_store(
-            scores_per_minute(ev), "scores_per_minute", key="player", value="total_score", type="window",
-            window_start="window_start", window_size_ms=WINDOW_MS, mode="replace", **common)
-        tokens["player_sessions"] = write_store(
-            player_sessions(ev), "player_sessions", key="player", value="games", type="session",
-            session_start="session_start", session_end="session_end", mode="replace", **common)
+        tokens["player_stats"] = write_player_stats(player_stats(ev), "replace", common)
+        tokens["scores_per_minute"] = write_scores_per_minute(scores_per_minute(ev), "replace", common)
+        tokens["player_sessions"] = write_player_sessions(player_sessions(ev), "replace", common)
     finally:
         ev.unpersist()
     return tokens
 
 
+# ---- streaming: each store's update from one micro-batch ---------------------------------
+# Each recomputes the keys the micro-batch touches over every event seen so far and upserts
+# them (spark/jobs/streaming.py); it returns (consistency token, summary).
+@contextmanager
+def _cached(*frames: Any) -> Iterator[list[Any]]:
+    """The frames cached while in use: each is counted and written, or used twice."""
+    frames_ = [f.cache() for f in frames]
+    try:
+        yield frames_
+    finally:
+        for f in frames_:
+            f.unpersist()
+
+
+def stream_player_stats(mb: streaming.MicroBatch, sink: dict[str, Any]) -> tuple[str, str]:
+    with _cached(player_stats(mb.so_far("player"))) as (stats,):  # every event of the micro-batch's players
+        return write_player_stats(stats, "upsert", sink), f"{stats.count()} players"
+
+
+def stream_scores_per_minute(mb: streaming.MicroBatch, sink: dict[str, Any]) -> tuple[str, str]:
+    from pyspark.sql import functions as F
+
+    touched = scores_per_minute(mb.new).select("player", "window_start")  # only these minutes change
+    with _cached(scores_per_minute(mb.so_far("player"))
+                 .join(F.broadcast(touched), ["player", "window_start"], "left_semi")) as (scores,):
+        return write_scores_per_minute(scores, "upsert", sink), f"{scores.count()} windows"
+
+
+def stream_player_sessions(mb: streaming.MicroBatch, sink: dict[str, Any]) -> tuple[str, str]:
+    """New events extend sessions or merge them (a gap bridged across files): write the
+    sessions that differ from before and delete the ones that no longer exist, which have
+    other keys (a session's key holds its start and end)."""
+    ids = ["player", "session_start", "session_end"]
+    with _cached(player_sessions(mb.earlier("player")), player_sessions(mb.so_far("player"))) as (before, after):
+        with _cached(after.subtract(before), before.select(*ids).subtract(after.select(*ids))) as (changed, gone):
+            token = write_player_sessions(changed, "upsert", sink)
+            # after the write, so a reader never misses a player's events; a crash in between
+            # leaves both, and Spark's re-run of the micro-batch deletes the old ones
+            removed = delete_keys(gone, "player_sessions", key="player", session_start="session_start",
+                                  session_end="session_end", bootstrap_servers=sink["bootstrap_servers"],
+                                  application_id=sink["application_id"])
+            summary = f"{changed.count()} sessions written, {gone.count()} merged away"
+    return merged_token({"written": token, "deleted": removed}), summary
+
+
+STREAM_UPDATES = {
+    "player_stats": stream_player_stats,
+    "scores_per_minute": stream_scores_per_minute,
+    "player_sessions": stream_player_sessions,
+}
+
+
+def stream(spark: Any, bootstrap: str, app: str, input_path: str = DEFAULT_INPUT, checkpoint: str | None = None,
+           partitions: int = 8, trigger_seconds: float = 5.0, max_batches: int | None = None,
+           until_idle: bool = False) -> dict[str, str]:
+    """Keep the stores equal to ``run``'s answer over every file in ``input_path`` as new files
+    arrive, written in upsert mode; returns store -> consistency token."""
+    sink = dict(bootstrap_servers=bootstrap, application_id=app, partitions=partitions)
+
+    def update(mb: streaming.MicroBatch) -> dict[str, tuple[str, str]]:
+        return {store: fn(mb, sink) for store, fn in STREAM_UPDATES.items()}
+
+    return streaming.run(spark, input_path, checkpoint or default_checkpoint(input_path), EVENTS_SCHEMA, update,
+                         trigger_seconds=trigger_seconds, max_batches=max_batches, until_idle=until_idle)
+
+
+def default_checkpoint(input_path: str) -> str:
+    """Beside the input folder, not in it: batch mode may regenerate that folder."""
+    p = Path(os.path.abspath(input_path))
+    return str(p.with_name(p.name + "-checkpoint"))
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = parser("game_events", "Generate game events as Parquet and compute the leaderboard stores from them.")
+    p = parser("game_events", "Generate game events as Parquet and compute the leaderboard stores from them.",
+               require_app=False)
     p.add_argument("--input", default=DEFAULT_INPUT, help=f"the events' Parquet folder (default {DEFAULT_INPUT})")
     p.add_argument("--events", type=int, default=1_000_000, help="events to generate (default 1,000,000)")
     p.add_argument("--seed", type=int, default=42, help="generator seed (default 42)")
-    p.add_argument("--no-generate", action="store_true", help="read the Parquet already in --input instead")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--no-generate", action="store_true", help="read the Parquet already in --input instead")
+    mode.add_argument("--stream", action="store_true",
+                      help="keep the stores up to date as new Parquet files arrive in --input (Structured Streaming)")
+    mode.add_argument("--generate-into", metavar="DIR",
+                      help="only add one new Parquet file of --events events (--seed) to DIR, and exit")
+    s = p.add_argument_group("--stream options")
+    s.add_argument("--checkpoint", help="the stream's checkpoint folder (default: --input's path + '-checkpoint')")
+    s.add_argument("--trigger-seconds", type=float, help="start a micro-batch every S seconds (default 5)")
+    s.add_argument("--max-batches", type=int, help="stop after N micro-batches")
+    s.add_argument("--until-idle", action="store_true", help="stop once every file in --input now has been read")
     args = p.parse_args(argv)
     if args.events < 1:
         p.error("--events must be at least 1")
+    if not args.generate_into and not args.application_id:
+        p.error("the following arguments are required: --application-id")
+    stream_opts = {"--checkpoint": args.checkpoint, "--trigger-seconds": args.trigger_seconds,
+                   "--max-batches": args.max_batches, "--until-idle": args.until_idle or None}
+    if not args.stream and any(v is not None for v in stream_opts.values()):
+        p.error(f"{', '.join(k for k, v in stream_opts.items() if v is not None)}: only with --stream")
+    if args.trigger_seconds is not None and args.trigger_seconds <= 0:
+        p.error("--trigger-seconds must be positive")
+    if args.max_batches is not None and args.max_batches < 1:
+        p.error("--max-batches must be at least 1")
     step(f"starting Spark ({args.master})")
     spark = spark_session(args.master, "game_events")
     try:
-        tokens = run(spark, args.bootstrap_servers, args.application_id, args.input, args.events, args.seed,
-                     args.partitions, generate_input=not args.no_generate)
+        if args.generate_into:
+            generate_into(spark, args.generate_into, args.events, args.seed)
+            return 0
+        if args.stream:
+            tokens = stream(spark, args.bootstrap_servers, args.application_id, args.input, args.checkpoint,
+                            args.partitions, args.trigger_seconds or 5.0, args.max_batches, args.until_idle)
+        else:
+            tokens = run(spark, args.bootstrap_servers, args.application_id, args.input, args.events, args.seed,
+                         args.partitions, generate_input=not args.no_generate)
     finally:
         spark.stop()
     finish(tokens)

@@ -1,0 +1,216 @@
+"""Structured Streaming over a folder of Parquet files, keeping stores equal to what the
+batch job computes over every file seen so far.
+
+A micro-batch holds only the rows of the new files, but the stores hold aggregates over all
+rows. So each micro-batch recomputes the keys it touches over every row seen so far (the
+earlier micro-batches' files, restricted to those keys, plus the new rows) and upserts them.
+That is exactly the batch answer for those keys, and every other key is unchanged by the new
+rows. Entries that the new rows make obsolete (a session merged into a longer one) are
+deleted one by one: a replace-mode write would tombstone every key the micro-batch did not
+touch.
+
+Which files earlier micro-batches read is kept beside Spark's checkpoint
+(``<checkpoint>/federator-files/<batch id>.json``), so a restarted stream recomputes over the
+same files; a micro-batch that Spark runs again (after a crash) gets the same files and
+writes the same answer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+from urllib.parse import unquote, urlparse
+
+from federator.query.position import Position
+from spark.jobs.common import merged_token, step
+
+MANIFESTS = "federator-files"
+FILE_COLUMN = "_federator_file"
+
+
+@dataclass
+class MicroBatch:
+    """One micro-batch, as the per-store updates see it."""
+
+    spark: Any
+    batch_id: int
+    schema: str  # DDL of the input rows
+    new: Any  # this micro-batch's rows (the new files), cached
+    files: list[str]  # the new files
+    earlier_files: list[str]  # files of earlier micro-batches
+    _history: dict[tuple[str, ...], Any] = field(default_factory=dict)
+
+    def earlier(self, *keys: str) -> Any:
+        """Rows of earlier micro-batches whose ``keys`` columns match a row of this one
+        (cached for the micro-batch: every store that updates by the same keys shares it)."""
+        from pyspark.sql import functions as F
+
+        if keys not in self._history:
+            if self.earlier_files:
+                touched = self.new.select(*keys).distinct()
+                df = (self.spark.read.schema(self.schema).parquet(*self.earlier_files)
+                      .join(F.broadcast(touched), list(keys), "left_semi"))
+            else:
+                df = self.spark.createDataFrame([], self.schema)
+            self._history[keys] = df.cache()
+        return self._history[keys]
+
+    def so_far(self, *keys: str) -> Any:
+        """Every row seen so far (earlier and new) whose ``keys`` match a row of this micro-batch."""
+        return self.earlier(*keys).unionByName(self.new)
+
+    def everything(self) -> Any:
+        """Every row seen so far, for a store that cannot be updated key by key."""
+        if not self.earlier_files:
+            return self.new
+        return self.spark.read.schema(self.schema).parquet(*self.earlier_files).unionByName(self.new)
+
+    def release(self) -> None:
+        for df in self._history.values():
+            df.unpersist()
+        self._history.clear()
+
+
+# An update writes its stores from one micro-batch: store -> (consistency token, summary).
+Update = Callable[[MicroBatch], Mapping[str, tuple[str, str]]]
+
+
+def _local(uri: str) -> str | None:
+    u = urlparse(uri)
+    return unquote(u.path) if u.scheme in ("", "file") else None
+
+
+class _Manifests:
+    """The files each micro-batch read, one small JSON file per batch id."""
+
+    def __init__(self, checkpoint: Path) -> None:
+        self.dir = checkpoint / MANIFESTS
+
+    def record(self, batch_id: int, files: list[str]) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.dir / f".{batch_id}.json.tmp"
+        tmp.write_text(json.dumps(sorted(files)))
+        os.replace(tmp, self.dir / f"{batch_id}.json")  # atomic: a crash leaves the old list or the new
+
+    def before(self, batch_id: int) -> list[str]:
+        """Files of micro-batches before ``batch_id``; ones from later ids (a run that Spark
+        rolled back) do not count."""
+        out: set[str] = set()
+        if self.dir.is_dir():
+            for f in self.dir.glob("*.json"):
+                if f.stem.isdigit() and int(f.stem) < batch_id:
+                    out.update(json.loads(f.read_text()))
+        return sorted(out)
+
+
+@dataclass
+class _Tracker:
+    """What the driver loop needs to know of the micro-batches done so far."""
+
+    batches: int = 0
+    running: bool = False  # a micro-batch is being written
+    last_batch_id: int = -1
+    tokens: dict[str, str] = field(default_factory=dict)  # store -> token covering every write of this run
+
+
+def _merge(tokens: dict[str, str], store: str, token: str) -> None:
+    pos = Position.from_token(token)
+    tokens[store] = (Position.from_token(tokens[store]).merge(pos) if store in tokens else pos).to_token()
+
+
+def start(spark: Any, input_path: str, checkpoint: str, schema: str, update: Update, *,
+          trigger_seconds: float = 5.0, until_idle: bool = False,
+          progress: Callable[[str], None] = step) -> tuple[Any, _Tracker]:
+    """Start the stream over ``input_path``; returns the StreamingQuery and its tracker."""
+    from pyspark.sql import functions as F
+
+    Path(input_path).mkdir(parents=True, exist_ok=True)  # a stream may start before the first file
+    manifests = _Manifests(Path(checkpoint))
+    tracker = _Tracker()
+
+    def run_batch(batch_df: Any, batch_id: int) -> None:
+        started = time.monotonic()
+        tracker.running = True
+        batch_df = batch_df.cache()
+        try:
+            per_file = dict(batch_df.groupBy(FILE_COLUMN).count().collect())  # one job: the files and rows
+            files, rows = sorted(per_file), sum(per_file.values())
+            earlier = sorted(set(manifests.before(batch_id)) - set(files))
+            gone = [f for f in earlier if (p := _local(f)) is not None and not os.path.exists(p)]
+            if gone:
+                raise RuntimeError(
+                    f"{len(gone)} input file(s) that earlier micro-batches read are gone (e.g. {gone[0]}); "
+                    "files in a streamed folder must stay: restart with a new checkpoint folder")
+            manifests.record(batch_id, files)
+            mb = MicroBatch(spark, batch_id, schema, batch_df.drop(FILE_COLUMN), files, earlier)
+            summaries = []
+            if rows:
+                try:
+                    for store, (token, summary) in update(mb).items():
+                        _merge(tracker.tokens, store, token)
+                        summaries.append(f"{store}: {summary}")
+                finally:
+                    mb.release()
+            tracker.batches += 1
+            tracker.last_batch_id = batch_id
+            progress(f"batch {batch_id}: {rows:,} new rows from {len(files)} file(s)"
+                     + (f"; {', '.join(summaries)}" if summaries else "")
+                     + f" ({time.monotonic() - started:.1f}s); consistency token {merged_token(tracker.tokens)}")
+        finally:
+            batch_df.unpersist()
+            tracker.running = False
+
+    stream = (spark.readStream.schema(schema).parquet(str(input_path))
+              .select("*", F.col("_metadata.file_path").alias(FILE_COLUMN)))
+    writer = stream.writeStream.foreachBatch(run_batch).option("checkpointLocation", str(checkpoint))
+    writer = writer.trigger(availableNow=True) if until_idle else writer.trigger(
+        processingTime=f"{trigger_seconds} seconds")
+    return writer.start(), tracker
+
+
+def run(spark: Any, input_path: str, checkpoint: str, schema: str, update: Update, *,
+        trigger_seconds: float = 5.0, max_batches: int | None = None, until_idle: bool = False,
+        progress: Callable[[str], None] = step) -> dict[str, str]:
+    """Run the stream until it is idle (``until_idle``), ``max_batches`` micro-batches are done,
+    or Ctrl-C; returns store -> consistency token covering every write of the run."""
+    progress(f"streaming {input_path} (checkpoint {checkpoint}; "
+             + ("until every file there now is read)" if until_idle else f"a micro-batch every {trigger_seconds:g}s)"))
+    query, tracker = start(spark, input_path, checkpoint, schema, update, trigger_seconds=trigger_seconds,
+                           until_idle=until_idle, progress=progress)
+    # Ctrl-C lets the running micro-batch finish (a second one stops at once). Stopping a query
+    # mid-batch is safe (Spark redoes the batch on restart) but noisy: PySpark's own handler
+    # breaks the py4j call in progress, and with Spark 4.0 the stream thread was seen dying of
+    # a StackOverflowError (in a regex) on the way out.
+    hits: list[int] = []
+    previous = (signal.signal(signal.SIGINT, lambda *_: hits.append(1))
+                if threading.current_thread() is threading.main_thread() else None)
+
+    def between_batches() -> bool:  # lastProgress comes after the commit: a restart won't redo it
+        last = query.lastProgress
+        return not tracker.running and (tracker.last_batch_id < 0 or bool(last)
+                                         and last["batchId"] >= tracker.last_batch_id)
+
+    try:
+        said = False
+        while not query.awaitTermination(0.5):
+            if hits and not said:
+                progress("interrupted: stopping" + (" after this micro-batch (Ctrl-C again: now)"
+                                                    if tracker.running else ""))
+                said = True
+            if len(hits) > 1 or (hits and between_batches()):
+                break
+            if max_batches and tracker.batches >= max_batches and between_batches():
+                progress(f"{tracker.batches} micro-batch(es) done: stopping")
+                break
+    finally:
+        if query.isActive:
+            query.stop()
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+    return tracker.tokens

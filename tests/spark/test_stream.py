@@ -1,0 +1,121 @@
+"""game_events --stream: after every micro-batch the stores, read back with SQL from a real
+node, equal what the batch job computes over every file in the input folder so far."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+
+from spark.jobs import game_events
+from spark.jobs.common import merged_token
+from tests.integration.cluster import Cluster
+from tests.spark.conftest import P, rows, sql
+
+pytestmark = pytest.mark.integration
+
+STORES = {  # store -> the columns the SQL reads, in the order of expected()'s tuples
+    "player_stats": "player, games, total_score, best_score, last_seen",
+    "scores_per_minute": "player, window_start, window_end, total_score",
+    "player_sessions": "player, window_start, window_end, games",
+}
+
+
+def expected(spark, files: list[Path]) -> dict[str, list[tuple]]:
+    """The batch job's answer over ``files`` (times as epoch ms, rows sorted like ``rows``)."""
+    from pyspark.sql import functions as F
+
+    ev = spark.read.parquet(*map(str, files))
+    ms = F.unix_millis
+    frames = {
+        "player_stats": game_events.player_stats(ev).select(
+            "player", "games", "total_score", "best_score", ms("last_seen")),
+        "scores_per_minute": game_events.scores_per_minute(ev).select(
+            "player", ms("window_start"), ms("window_start") + game_events.WINDOW_MS, "total_score"),
+        "player_sessions": game_events.player_sessions(ev).select(
+            "player", ms("session_start"), ms("session_end"), "games"),
+    }
+    return {store: sorted(tuple(r) for r in df.collect()) for store, df in frames.items()}
+
+
+def stores(node, token: str) -> dict[str, list[tuple]]:
+    return {store: rows(sql(node, f"SELECT {cols} FROM {store}", token)) for store, cols in STORES.items()}
+
+
+def assert_same(got: dict[str, list[tuple]], want: dict[str, list[tuple]]) -> None:
+    for store in STORES:
+        extra, missing = set(got[store]) - set(want[store]), set(want[store]) - set(got[store])
+        assert not extra and not missing, (f"{store}: {len(extra)} rows the batch answer lacks, e.g. "
+                                           f"{sorted(extra)[:3]}; {len(missing)} missing, e.g. {sorted(missing)[:3]}")
+        assert got[store] == want[store], f"{store}: duplicate rows"
+
+
+def event_times(spark, file: Path) -> set[tuple[str, int]]:
+    from pyspark.sql import functions as F
+
+    return {(r[0], r[1]) for r in spark.read.parquet(str(file)).select("player", F.unix_millis("ts")).collect()}
+
+
+def test_stream_keeps_the_stores_equal_to_the_batch_answer(broker, spark, tmp_path):
+    app = f"st{uuid.uuid4().hex[:8]}"
+    inp, checkpoint = tmp_path / "events", tmp_path / "checkpoint"
+    kw = dict(input_path=str(inp), checkpoint=str(checkpoint), partitions=P)
+    first = game_events.generate_into(spark, str(inp), 2000, seed=21)  # 20 players
+    assert len(first) == 1
+
+    # micro-batch 0: the first file (the stream stops once it has read what is there)
+    tokens = game_events.stream(spark, broker.bootstrap_servers, app, until_idle=True, **kw)
+    assert set(tokens) == set(STORES)
+    cluster = Cluster(broker.bootstrap_servers, app, tmp_path / "nodes", size=1, standby_replicas=0)
+    try:
+        cluster.start()
+        for store in STORES:
+            cluster.wait_settled(store, P, timeout=60)
+        node = cluster.nodes[0]
+        before = stores(node, merged_token(tokens))
+        assert_same(before, expected(spark, first))
+
+        # a second file, for 10 of those players over the same hours, dropped while the stream
+        # runs with a processing-time trigger (restarted from the checkpoint); micro-batch 1
+        # holds only its events, and the stream stops after it
+        second = game_events.generate_into(spark, str(inp), 1000, seed=22)
+        assert len(second) == 1 and second != first
+        tokens = game_events.stream(spark, broker.bootstrap_servers, app, trigger_seconds=0.5, max_batches=1, **kw)
+        after = stores(node, merged_token(tokens))
+        assert_same(after, expected(spark, first + second))
+    finally:
+        cluster.stop()
+
+    # The files did what the test needs: totals moved for the second file's players only, ...
+    stats0 = {r[0]: r[1:] for r in before["player_stats"]}
+    stats1 = {r[0]: r[1:] for r in after["player_stats"]}
+    moved = {p for p in stats0 if stats1[p] != stats0[p]}
+    assert moved == {p for p, _ in event_times(spark, second[0])} and len(moved) < len(stats0)
+    assert all(stats1[p][1] > stats0[p][1] for p in moved)  # total_score grew (scores are >= 0, most > 0)
+    # ... sessions that the first file's events alone ended were merged with the second's (and
+    # the old, shorter sessions were deleted, or the equality above would fail) ...
+    merged_away = set(before["player_sessions"]) - set(after["player_sessions"])
+    assert merged_away
+    t1, t2 = event_times(spark, first[0]), event_times(spark, second[0])
+    spanning = [(p, s, e) for p, s, e, _ in after["player_sessions"]
+                if any(q == p and s <= t <= e for q, t in t1) and any(q == p and s <= t <= e for q, t in t2)]
+    assert spanning
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--application-id", "a", "--trigger-seconds", "1", "--until-idle"],
+     "--trigger-seconds, --until-idle: only with --stream"),
+    (["--application-id", "a", "--stream", "--generate-into", "d"], "not allowed with argument"),
+    (["--application-id", "a", "--stream", "--no-generate"], "not allowed with argument"),
+    (["--application-id", "a", "--stream", "--max-batches", "0"], "--max-batches must be at least 1"),
+    (["--application-id", "a", "--stream", "--trigger-seconds", "0"], "--trigger-seconds must be positive"),
+    (["--stream"], "required: --application-id"),
+    ([], "required: --application-id"),  # batch mode still needs it; only --generate-into does not
+])
+def test_stream_options_are_checked_before_spark_starts(argv, message, capsys, monkeypatch):
+    monkeypatch.delenv("FEDERATOR_APPLICATION_ID", raising=False)
+    with pytest.raises(SystemExit) as e:
+        game_events.main(argv)
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
