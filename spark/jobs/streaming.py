@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
-from urllib.parse import unquote, urlparse
+from urllib.parse import unquote
 
 from federator.query.position import Position
 from spark.jobs.common import merged_token, step
@@ -81,9 +81,11 @@ class MicroBatch:
 Update = Callable[[MicroBatch], Mapping[str, tuple[str, str]]]
 
 
-def _local(uri: str) -> str | None:
-    u = urlparse(uri)
-    return unquote(u.path) if u.scheme in ("", "file") else None
+def _local(path: str) -> str | None:
+    """The local file a (decoded) path names, or None for another file system."""
+    if path.startswith("file:"):
+        return "/" + path[len("file:"):].lstrip("/")
+    return path if "://" not in path else None
 
 
 class _Manifests:
@@ -140,7 +142,8 @@ def start(spark: Any, input_path: str, checkpoint: str, schema: str, update: Upd
         batch_df = batch_df.cache()
         try:
             per_file = dict(batch_df.groupBy(FILE_COLUMN).count().collect())  # one job: the files and rows
-            files, rows = sorted(per_file), sum(per_file.values())
+            # _metadata.file_path is a URI (a space is %20); reading it back wants the plain path
+            files, rows = sorted(unquote(f) for f in per_file), sum(per_file.values())
             earlier = sorted(set(manifests.before(batch_id)) - set(files))
             gone = [f for f in earlier if (p := _local(f)) is not None and not os.path.exists(p)]
             if gone:

@@ -59,7 +59,7 @@ def event_times(spark, file: Path) -> set[tuple[str, int]]:
 
 def test_stream_keeps_the_stores_equal_to_the_batch_answer(broker, spark, tmp_path):
     app = f"st{uuid.uuid4().hex[:8]}"
-    inp, checkpoint = tmp_path / "events", tmp_path / "checkpoint"
+    inp, checkpoint = tmp_path / "game events", tmp_path / "checkpoint"  # a space: Spark names files by URI
     kw = dict(input_path=str(inp), checkpoint=str(checkpoint), partitions=P)
     first = game_events.generate_into(spark, str(inp), 2000, seed=21)  # 20 players
     assert len(first) == 1
