@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from federator.query.position import Position
 from spark.jobs import game_events
 from spark.jobs.common import merged_token
+from spark.sink import SinkError, delete_keys
 from tests.integration.cluster import Cluster
 from tests.spark.conftest import P, rows, sql
 
@@ -101,6 +103,15 @@ def test_stream_keeps_the_stores_equal_to_the_batch_answer(broker, spark, tmp_pa
     spanning = [(p, s, e) for p, s, e, _ in after["player_sessions"]
                 if any(q == p and s <= t <= e for q, t in t1) and any(q == p and s <= t <= e for q, t in t2)]
     assert spanning
+
+    # delete_keys (the sink's call for those deletions) checks its input against the store
+    sink = dict(bootstrap_servers=broker.bootstrap_servers, application_id=app)
+    ints = spark.createDataFrame([(1, 2, 3)], "player long, s long, e long")
+    with pytest.raises(SinkError, match="has string keys"):
+        delete_keys(ints, "player_sessions", key="player", session_start="s", session_end="e", **sink)
+    with pytest.raises(SinkError, match="session_start= and session_end="):
+        delete_keys(ints, "player_sessions", key="player", **sink)
+    assert delete_keys(ints, "no_such_store", key="player", **sink) == Position().to_token()
 
 
 @pytest.mark.parametrize("argv, message", [
