@@ -385,29 +385,42 @@ def _time_column(df: Any, name: Any, role: str) -> Any:
     )
 
 
+def changelog_layout(type: str) -> str:
+    """How records of a store type are laid out in its changelog: kv, window or session
+    (a plugin's store type says which it uses)."""
+    if type in STORE_TYPES:
+        return type
+    from federator.store.types import get_store_type
+
+    try:
+        return get_store_type(type).changelog_layout
+    except KeyError:
+        raise SinkError(f"type={type!r}: the sink writes {', '.join(STORE_TYPES)} stores and plugin store types; "
+                        f"no installed plugin provides {type!r} (`federator plugins` lists them)") from None
+
+
 def _plan(
     df: Any, store: str, *, key: Any, value: Any, type: str, partitions: int, topic: str,
     window_start: Any, window_size_ms: Any, session_start: Any, session_end: Any,
 ) -> _Plan:
     from pyspark.sql import functions as F
 
-    if type not in STORE_TYPES:
-        raise SinkError(f"type={type!r}: the sink writes {', '.join(STORE_TYPES)} stores")
+    layout = changelog_layout(type)
     if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
         raise SinkError(f"partitions={partitions!r}: pass a positive integer (the changelog topic's partition count)")
     # window/session arguments belong to their store types
     given = {"window_start": window_start, "window_size_ms": window_size_ms,
              "session_start": session_start, "session_end": session_end}
-    wanted = {"kv": (), "window": ("window_start", "window_size_ms"), "session": ("session_start", "session_end")}[type]
+    wanted = {"kv": (), "window": ("window_start", "window_size_ms"), "session": ("session_start", "session_end")}[layout]
     for arg, val in given.items():
         if arg in wanted and val is None:
             raise SinkError(f"a {type} store needs {arg}=...: "
-                            + ("the column of window starts and the window size in ms" if type == "window"
+                            + ("the column of window starts and the window size in ms" if layout == "window"
                                else "the columns of session starts and ends"))
         if arg not in wanted and val is not None:
             raise SinkError(f"{arg} is only for {'window' if arg.startswith('window') else 'session'} stores, "
                             f"not {type} stores; drop it or pass type=...")
-    if type == "window" and (isinstance(window_size_ms, bool) or not isinstance(window_size_ms, int)
+    if layout == "window" and (isinstance(window_size_ms, bool) or not isinstance(window_size_ms, int)
                              or window_size_ms < 1):
         raise SinkError(f"window_size_ms={window_size_ms!r}: pass the window size as a positive integer "
                         "of milliseconds")
@@ -474,7 +487,7 @@ def _plan(
 
     projection = [col(key).alias("k"), value_expr.alias("v")]
     unique_by = ["k"]
-    if type == "window":
+    if layout == "window":
         t1 = _time_column(df, window_start, "the window start")
         projection.append(t1.alias("t1"))
         unique_by.append("t1")
@@ -483,7 +496,7 @@ def _plan(
                        nulls(t1)))
         checks.append((f"window start column {window_start!r} has {{n}} values before 1970-01-01; window starts are "
                        f"non-negative epoch milliseconds", F.sum(F.when(t1 < 0, 1).otherwise(0))))
-    elif type == "session":
+    elif layout == "session":
         t1 = _time_column(df, session_start, "the session start")
         t2 = _time_column(df, session_end, "the session end")
         projection += [t1.alias("t1"), t2.alias("t2")]
@@ -501,13 +514,13 @@ def _plan(
         defn = StoreDefinition(
             name=store, type=type, topic=topic, partitions=partitions, key_format=key_format, key_name=key,
             value_format=value_format, value_name=value_name, value_fields=value_fields,
-            window_size_ms=window_size_ms if type == "window" else None,
+            window_size_ms=window_size_ms if layout == "window" else None,
         )
         defn.validate()
     except DefinitionError as e:
         raise SinkError(f"{e}; rename the column in the DataFrame (withColumnRenamed) "
                         "or pick another store name") from None
-    what = {"kv": "key", "window": "key and window start", "session": "key and session start/end"}[type]
+    what = {"kv": "key", "window": "key and window start", "session": "key and session start/end"}[layout]
     label = f"{what} ({', '.join(repr(c) for c in [key, *time_cols])})"
     return _Plan(defn, projection, extra, checks, unique_by, label)
 
@@ -583,7 +596,7 @@ _SUFFIX_LEN = {"kv": 0, "window": 12, "session": 16}
 def _tombstones(bootstrap: str, defn: StoreDefinition, keys: Sequence[bytes], now_ms: int,
                 timeout: float) -> dict[int, int]:
     """Delete ``keys`` (changelog keys); the last offset per partition."""
-    cut = _SUFFIX_LEN[defn.type]
+    cut = _SUFFIX_LEN[changelog_layout(defn.type)]
     parts = murmur2_partitions(pa.array([k[: len(k) - cut] for k in keys], pa.binary()), defn.partitions)
     producer = kafka.producer(bootstrap, **{"linger.ms": 20})
     reports: list[dict] = [{} for _ in range(defn.partitions)]
@@ -732,7 +745,8 @@ def write_store(
         bc = (spark.sparkContext.broadcast({k: i for i, k in enumerate(existing_keys)})
               if existing_keys else None)
         spec = _WriteSpec(
-            bootstrap_servers=bootstrap_servers, topic=defn.topic, partitions=defn.partitions, type=defn.type,
+            bootstrap_servers=bootstrap_servers, topic=defn.topic, partitions=defn.partitions,
+            type=changelog_layout(defn.type),
             key_format=defn.key_format, value_format=defn.value_format, now_ms=now_ms,
             producer_config=(("linger.ms", 20), ("batch.size", 1_000_000), ("queue.buffering.max.messages", 500_000)),
             flush_timeout=timeout, existing=bc,
@@ -798,10 +812,11 @@ def delete_keys(
     defn = Catalog(bootstrap_servers, application_id).load().get(store)
     if defn is None:
         return Position().to_token()
-    wanted = {"kv": [], "window": [window_start], "session": [session_start, session_end]}[defn.type]
+    layout = changelog_layout(defn.type)
+    wanted = {"kv": [], "window": [window_start], "session": [session_start, session_end]}[layout]
     if any(c is None for c in wanted):
         raise SinkError(f"store {store!r} is a {defn.type} store: pass "
-                        + ("window_start=COLUMN" if defn.type == "window" else "session_start= and session_end="))
+                        + ("window_start=COLUMN" if layout == "window" else "session_start= and session_end="))
     kf = _field(df, key, "the key")
     if SIMPLE_FORMAT_OF.get(_type_name(kf.dataType)) != defn.key_format:
         raise SinkError(f"key column {key!r} has Spark type {kf.dataType.simpleString()}, but store {store!r} "
@@ -811,9 +826,9 @@ def delete_keys(
     if not rows:
         return Position().to_token()
     keys = _serialize(pa.array([r[0] for r in rows]), defn.key_format).to_pylist()
-    if defn.type == "window":
+    if layout == "window":
         keys = [k + _WINDOW_SUFFIX(r[1], 0) for k, r in zip(keys, rows)]
-    elif defn.type == "session":
+    elif layout == "session":
         keys = [k + _SESSION_SUFFIX(r[2], r[1]) for k, r in zip(keys, rows)]
     offsets = _tombstones(bootstrap_servers, defn, keys, int(time.time() * 1000), timeout)
     return Position({defn.topic: offsets}).to_token()

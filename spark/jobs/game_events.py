@@ -178,9 +178,16 @@ def write_player_sessions(sessions: Any, mode: str, sink: dict[str, Any]) -> str
                        session_start="session_start", session_end="session_end", mode=mode, **sink)
 
 
+def write_leaderboard(stats: Any, mode: str, sink: dict[str, Any]) -> str:
+    """Total scores in a ``leaderboard`` store (the leaderboard plugin): its score index
+    answers top-k and a player's rank without scanning every player."""
+    return write_store(stats.select("player", "total_score"), "leaderboard", key="player", value="total_score",
+                       type="leaderboard", mode=mode, **sink)
+
+
 def run(spark: Any, bootstrap: str, app: str, input_path: str = DEFAULT_INPUT, events: int = 1_000_000,
         seed: int = 42, partitions: int = 8, generate_input: bool = True) -> dict[str, str]:
-    """Generate the events (unless ``generate_input`` is False), compute the three stores and
+    """Generate the events (unless ``generate_input`` is False), compute the stores and
     write them; returns store -> consistency token."""
     if generate_input:
         write_events(spark, input_path, events, seed)
@@ -190,7 +197,10 @@ def run(spark: Any, bootstrap: str, app: str, input_path: str = DEFAULT_INPUT, e
         step(f"{ev.count():,} events")
         common = dict(bootstrap_servers=bootstrap, application_id=app, partitions=partitions, progress=step)
         tokens = {}
-        tokens["player_stats"] = write_player_stats(player_stats(ev), "replace", common)
+        stats = player_stats(ev).cache()
+        tokens["player_stats"] = write_player_stats(stats, "replace", common)
+        tokens["leaderboard"] = write_leaderboard(stats, "replace", common)
+        stats.unpersist()
         tokens["scores_per_minute"] = write_scores_per_minute(scores_per_minute(ev), "replace", common)
         tokens["player_sessions"] = write_player_sessions(player_sessions(ev), "replace", common)
     finally:
@@ -215,6 +225,11 @@ def _cached(*frames: Any) -> Iterator[list[Any]]:
 def stream_player_stats(mb: streaming.MicroBatch, sink: dict[str, Any]) -> tuple[str, str]:
     with _cached(player_stats(mb.so_far("player"))) as (stats,):  # every event of the micro-batch's players
         return write_player_stats(stats, "upsert", sink), f"{stats.count()} players"
+
+
+def stream_leaderboard(mb: streaming.MicroBatch, sink: dict[str, Any]) -> tuple[str, str]:
+    with _cached(player_stats(mb.so_far("player"))) as (stats,):
+        return write_leaderboard(stats, "upsert", sink), f"{stats.count()} players"
 
 
 def stream_scores_per_minute(mb: streaming.MicroBatch, sink: dict[str, Any]) -> tuple[str, str]:
@@ -245,6 +260,7 @@ def stream_player_sessions(mb: streaming.MicroBatch, sink: dict[str, Any]) -> tu
 
 STREAM_UPDATES = {
     "player_stats": stream_player_stats,
+    "leaderboard": stream_leaderboard,
     "scores_per_minute": stream_scores_per_minute,
     "player_sessions": stream_player_sessions,
 }

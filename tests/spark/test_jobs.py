@@ -69,6 +69,20 @@ def test_a_leaderboard_query(world, events):
     assert [tuple(r.values()) for r in got.to_pylist()] == [tuple(r) for r in expected]
 
 
+def test_leaderboard_store_top_k_and_rank(world, events):
+    """The leaderboard plugin's store, filled by the job: top-k and ranks equal DuckDB's."""
+    events.execute("CREATE OR REPLACE TEMP TABLE leaderboard AS "
+                   "SELECT player, sum(score)::BIGINT AS total_score FROM events GROUP BY player")
+    token = world.tokens["leaderboard"]
+    for text in ("SELECT player, total_score FROM leaderboard ORDER BY total_score DESC, player LIMIT 7",
+                 "SELECT player, total_score, RANK() OVER (ORDER BY total_score DESC) AS r FROM leaderboard "
+                 "QUALIFY player IN ('player_00003', 'player_00042') ORDER BY player"):
+        got = sql(world.node, text, token)
+        assert [tuple(r.values()) for r in got.to_pylist()] == [tuple(r) for r in events.execute(text).fetchall()]
+    plan = sql(world.node, "EXPLAIN SELECT player FROM leaderboard ORDER BY total_score DESC LIMIT 3", token)
+    assert all("TopKQuery" in q for q in plan.column("query").to_pylist())
+
+
 def test_word_counts(world):
     expected = collections.Counter(re.findall(r"[^\W\d_]+", TEXT.lower()))
     got = rows(sql(world.node, "SELECT word, count FROM word_counts", world.tokens["word_counts"]))

@@ -21,6 +21,7 @@ STORES = {  # store -> the columns the SQL reads, in the order of expected()'s t
     "player_stats": "player, games, total_score, best_score, last_seen",
     "scores_per_minute": "player, window_start, window_end, total_score",
     "player_sessions": "player, window_start, window_end, games",
+    "leaderboard": "player, total_score",
 }
 
 
@@ -37,6 +38,7 @@ def expected(spark, files: list[Path]) -> dict[str, list[tuple]]:
             "player", ms("window_start"), ms("window_start") + game_events.WINDOW_MS, "total_score"),
         "player_sessions": game_events.player_sessions(ev).select(
             "player", ms("session_start"), ms("session_end"), "games"),
+        "leaderboard": game_events.player_stats(ev).select("player", "total_score"),
     }
     return {store: sorted(tuple(r) for r in df.collect()) for store, df in frames.items()}
 
