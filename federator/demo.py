@@ -1,7 +1,7 @@
 """`federator demo`: the main job on embedded defaults.
 
 It starts the local broker, runs the Spark jobs (word counts, and the game-events
-leaderboard: player_stats, scores_per_minute, player_sessions), starts three nodes that
+leaderboard: player_stats, scores_per_minute, player_sessions, leaderboard), starts three nodes that
 share the partitions (with standby copies), and answers example SQL over HTTP.
 """
 
@@ -90,6 +90,10 @@ EXAMPLES = [
     "SELECT COUNT(*) AS players, SUM(total_score) AS points, MAX(best_score) AS best FROM player_stats",
     "SELECT player, window_start, total_score FROM scores_per_minute WHERE player = 'player_00007' ORDER BY window_start LIMIT 3",
     "SELECT player, window_start, window_end, games FROM player_sessions WHERE player = 'player_00007' ORDER BY window_start LIMIT 3",
+    # the leaderboard plugin: a per-partition top-k over its score index, and a player's rank
+    "SELECT player, total_score FROM leaderboard ORDER BY total_score DESC LIMIT 3",
+    "SELECT player, total_score, RANK() OVER (ORDER BY total_score DESC) AS rank FROM leaderboard "
+    "QUALIFY player = 'player_00007'",
 ]
 
 

@@ -27,3 +27,7 @@ def test_demo_exit_runs_the_pipeline_and_answers(tmp_path) -> None:
     # the leaderboard stores came from the Spark job: 5000 events' worth of players
     players = r.stdout.split("AS best FROM player_stats\n")[1].splitlines()[2].split()
     assert int(players[0]) > 0 and "player_00007" in r.stdout.split("FROM player_sessions")[1]
+    # the leaderboard plugin's store answers the top-k and the rank
+    rank_part = r.stdout.split("QUALIFY player = 'player_00007'")[1]
+    row = rank_part.splitlines()[3].split()
+    assert row[0] == "player_00007" and int(row[2]) >= 1
