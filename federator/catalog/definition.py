@@ -206,9 +206,12 @@ class StoreDefinition:
         return [f"{k}: {a.get(k)!r} vs {b.get(k)!r}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
 
     def arrow_schema(self) -> pa.Schema:
-        from federator.store.types import get_store_type
+        schema = self.__dict__.get("_arrow_schema")  # built once: read on every query
+        if schema is None:
+            from federator.store.types import get_store_type
 
-        return get_store_type(self.type).schema(self)
+            schema = self.__dict__["_arrow_schema"] = get_store_type(self.type).schema(self)
+        return schema
 
 
 def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
