@@ -6,6 +6,7 @@ Results stream in the format the caller asked for (see ``formats``). Every error
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from typing import Any, Iterator, Protocol
@@ -116,6 +117,24 @@ def _closing(chunks: Iterator[bytes], *sources: Any) -> Iterator[bytes]:
                 close()
 
 
+SMALL_BODY = 64 * 1024
+
+
+def _whole_if_small(chunks: Iterator[bytes]) -> bytes | Iterator[bytes]:
+    """A small answer as one body with a Content-Length; a large one streamed as it comes.
+
+    Streaming makes the server send chunked encoding with a write per piece, which for a
+    point query costs more than the query itself."""
+    head: list[bytes] = []
+    size = 0
+    for chunk in chunks:
+        head.append(chunk)
+        size += len(chunk)
+        if size > SMALL_BODY:
+            return itertools.chain(head, chunks)
+    return b"".join(head)
+
+
 def register_sql_routes(app: Flask, node: SqlNode) -> None:
     app.register_error_handler(SqlError, sql_error_response)
 
@@ -134,8 +153,8 @@ def register_sql_routes(app: Flask, node: SqlNode) -> None:
         def trailer() -> dict[str, Any]:
             return {"consistency_token": result.consistency_token, "stats": result.stats}
 
-        chunks = body_chunks(fmt, result.schema, _batches(first, rest), trailer)
-        return Response(_closing(chunks, rest), mimetype=MEDIA_TYPES[fmt], headers=headers)
+        chunks = _closing(body_chunks(fmt, result.schema, _batches(first, rest), trailer), rest)
+        return Response(_whole_if_small(chunks), mimetype=MEDIA_TYPES[fmt], headers=headers)
 
     @app.get("/v1/plugins")
     def plugins() -> Response:

@@ -302,9 +302,12 @@ def test_cli_connection_refused_says_what_to_do(monkeypatch: pytest.MonkeyPatch,
 
 
 class MidStreamFailure(FakeSqlNode):
+    def __init__(self, rows_before: int = 1) -> None:
+        self.rows_before = rows_before
+
     def sql(self, request: SqlRequest) -> SqlResult:
         def batches() -> Iterator[pa.RecordBatch]:
-            yield pa.RecordBatch.from_pylist(ROWS[:1], schema=SCHEMA)
+            yield pa.RecordBatch.from_pylist(ROWS[:1] * self.rows_before, schema=SCHEMA)
             raise SqlError("TIMEOUT", "partition 5 did not answer within 10000 ms", partitions=[5])
 
         return SqlResult(SCHEMA, batches(), "tok", {})
@@ -312,11 +315,20 @@ class MidStreamFailure(FakeSqlNode):
 
 @pytest.mark.parametrize(("fmt", "message"), [("table", "error: TIMEOUT: partition 5"), ("csv", "cut off")])
 def test_cli_failure_after_the_status_was_sent(fmt: str, message: str) -> None:
-    """JSON carries the error in the body; CSV cannot, so the server breaks off the chunked body."""
-    server = serve(create_app(MidStreamFailure()), "127.0.0.1", 0, threads=2)
+    """JSON carries the error in the body; CSV cannot, so the server breaks off the chunked body.
+    (The answer is large enough to be streaming when the failure comes.)"""
+    server = serve(create_app(MidStreamFailure(rows_before=5000)), "127.0.0.1", 0, threads=2)
     thread = start(server)
     try:
         code, _, err, _ = run(["--url", f"http://127.0.0.1:{bound_port(server)}", "--format", fmt, "SELECT 1"])
     finally:
         shutdown(server, thread)
     assert code == 2 and message in err, err
+
+
+@pytest.mark.parametrize("fmt", ["csv", "arrow"])  # JSON and NDJSON carry errors in the body
+def test_a_small_answer_that_fails_gets_the_real_status(fmt: str) -> None:
+    """Small answers are sent whole, so a failure while building one still gets its status."""
+    client = create_app(MidStreamFailure()).test_client()
+    resp = client.post("/v1/sql", json={"sql": "SELECT 1", "format": fmt})
+    assert resp.status_code == 504 and resp.get_json()["error"]["code"] == "TIMEOUT"
