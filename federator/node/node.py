@@ -57,6 +57,12 @@ def _apply_pipeline(spec: dict[str, Any], result: QueryResult) -> QueryResult:
     """Run the SQL work that belongs where the rows are (filter, partial aggregate, top-k)."""
     from federator.sql.pipeline import Pipeline, as_batch, run
 
+    if spec.keys() == {"columns"} and spec["columns"] is not None:  # a point lookup's projection
+        try:
+            result.batch = result.batch.select(spec["columns"])
+        except (KeyError, ValueError) as e:
+            return QueryResult.failed(result.partition, FailureReason.STORE_EXCEPTION, f"{type(e).__name__}: {e}")
+        return result
     try:
         result.batch = as_batch(run(Pipeline.from_dict(spec), result.batch))
     except Exception as e:  # noqa: BLE001 - a bad pipeline is this partition's typed failure
