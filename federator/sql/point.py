@@ -36,6 +36,14 @@ class PointPlan:
         source = self.store.arrow_schema()
         return pa.schema([source.field(c).with_name(n) for c, n in zip(self.columns, self.names)])
 
+    @functools.cached_property
+    def _names(self) -> list[str]:
+        return [f"c{i}" for i in range(len(self.columns))]  # output names may repeat; struct fields may not
+
+    @functools.cached_property
+    def _struct(self) -> pa.DataType:
+        return pa.struct([f.with_name(n) for f, n in zip(self.schema, self._names)])
+
     def row(self, key: Any, stored: bytes | None) -> pa.RecordBatch:
         """The answer from the stored bytes of one key, built without decoding anything unselected."""
         if stored is None:
@@ -52,9 +60,9 @@ class PointPlan:
                 if value is None:
                     value = defn.value.deserialize(stored[8:])
                 values.append(value[c] if defn.value_fields else value)
-        return pa.RecordBatch.from_arrays(
-            [pa.array([v], f.type) for v, f in zip(values, self.schema)], schema=self.schema
-        )
+        # one struct array builds every column in one call: about half the cost of one array each
+        row = pa.array([dict(zip(self._names, values))], self._struct)
+        return pa.RecordBatch.from_struct_array(row).rename_columns(list(self.names))
 
     def key(self, params: list[Any]) -> Any | None:
         """The key to look up, in the store's key type; None when the general path should decide."""
