@@ -92,6 +92,24 @@ def load_plugins() -> None:
         ]
 
 
+def register(plugin: Any, name: str) -> PluginInfo:
+    """Register a plugin object in this process without an entry point (embedding, tests)."""
+    load_plugins()
+    with _state.lock:
+        pm = _state.pm
+        assert pm is not None
+        pm.register(plugin, name=name)
+        try:
+            pm.check_pending()
+            provides = _register_from(pm, name, plugin)
+        except Exception:
+            pm.unregister(plugin)
+            raise
+        info = PluginInfo(name, None, None, tuple(provides))
+        _state.plugins.append(info)
+        return info
+
+
 def _call(pm: pluggy.PluginManager, plugin: Any, hook: str) -> list[Any]:
     impl = next((i for i in getattr(pm.hook, hook).get_hookimpls() if i.plugin is plugin), None)
     if impl is None:
