@@ -288,10 +288,40 @@ def answers_key_queries(defn: StoreDefinition) -> bool:
 
 
 def _merge_ranges(subs: list[SubQuery]) -> list[SubQuery]:
-    # Overlapping ranges would return rows twice; a single open scan is simpler than a union.
+    """Disjoint ranges covering the same keys: overlapping ones would return rows twice."""
     if len(subs) <= 1:
         return subs
-    return [SubQuery(RangeQuery(), None)]
+    ranges = sorted((sq.query for sq in subs), key=_lower_order)  # type: ignore[arg-type]
+    merged: list[RangeQuery] = [ranges[0]]
+    for r in ranges[1:]:
+        last = merged[-1]
+        if _touches(last, r):
+            if last.upper is None or r.upper is None:
+                upper, upper_inc = None, True
+            elif r.upper > last.upper:
+                upper, upper_inc = r.upper, r.upper_inclusive
+            elif r.upper == last.upper:
+                upper, upper_inc = r.upper, r.upper_inclusive or last.upper_inclusive
+            else:
+                upper, upper_inc = last.upper, last.upper_inclusive
+            merged[-1] = RangeQuery(last.lower, upper, last.lower_inclusive, upper_inc)
+        else:
+            merged.append(r)
+    return [SubQuery(q, None) for q in merged]
+
+
+def _lower_order(q: RangeQuery) -> tuple:
+    # open lower bounds first, then by value, an inclusive bound before an exclusive one
+    return (0,) if q.lower is None else (1, q.lower, not q.lower_inclusive)
+
+
+def _touches(a: RangeQuery, b: RangeQuery) -> bool:
+    """Whether b (starting at or after a) overlaps or adjoins a, so one range can cover both."""
+    if a.upper is None or b.lower is None:
+        return True
+    if b.lower < a.upper:
+        return True
+    return b.lower == a.upper and (a.upper_inclusive or b.lower_inclusive)
 
 
 def _by_partition(defn: StoreDefinition, points: list, make) -> list[SubQuery]:

@@ -167,6 +167,7 @@ QUERIES = [
     "SELECT player, last_seen FROM players WHERE last_seen > TIMESTAMP '2023-11-15 00:00:00+00'",
     "SELECT key, score FROM scores WHERE key BETWEEN -20 AND 20",
     "SELECT key FROM scores WHERE key < -280 OR key > 290",
+    "SELECT key, score FROM scores WHERE key BETWEEN -50 AND 10 OR key BETWEEN 0 AND 60 OR key > 280 OR key = -99",
     "SELECT SUM(score) AS s, COUNT(*) AS n FROM scores WHERE key >= -3",
     "SELECT player, window_start, window_end, points FROM per_minute WHERE player = 'p0003'",
     f"SELECT player, points FROM per_minute WHERE window_start >= TIMESTAMP '{ts(BASE + 120_000).isoformat()}' AND points > 10",

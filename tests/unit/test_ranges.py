@@ -235,3 +235,26 @@ def test_double_signed_zero_bounds(shards: dict[str, Loaded], q: RangeQuery, exp
     loaded = shards["double"]
     loaded.load([-1.0, -0.0, 0.0, 1.0])
     assert [repr(k) for k in run_range(loaded.shard, q)] == expected_bits
+
+
+def test_ors_of_key_ranges_become_disjoint_range_queries() -> None:
+    import sqlglot
+
+    from federator.catalog import StoreDefinition
+    from federator.plan.keys import plan_store_queries
+    from federator.query.queries import RangeQuery
+
+    defn = StoreDefinition.from_dict({"name": "s", "type": "kv", "topic": "t", "partitions": 4,
+                                      "key": {"name": "k", "format": "long"}, "value": {"format": "long"}})
+
+    def plan(where: str) -> list:
+        return [sq.query for sq in plan_store_queries(defn, sqlglot.parse_one(where, read="duckdb"), [])]
+
+    assert plan("k < -280 OR k > 290") == [RangeQuery(None, -280, True, False), RangeQuery(290, None, False, True)]
+    assert plan("k BETWEEN 1 AND 10 OR k BETWEEN 5 AND 20 OR k = 30") == [
+        RangeQuery(1, 20, True, True), RangeQuery(30, 30, True, True)]
+    # adjoining bounds merge only when one side includes the shared value
+    assert plan("k < 5 OR k >= 5") == [RangeQuery(None, None, True, True)]
+    assert plan("k < 5 OR k > 5") == [RangeQuery(None, 5, True, False), RangeQuery(5, None, False, True)]
+    assert plan("k > 100 OR k BETWEEN 0 AND 3 OR k < -7") == [
+        RangeQuery(None, -7, True, False), RangeQuery(0, 3, True, True), RangeQuery(100, None, False, True)]
