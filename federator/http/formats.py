@@ -236,6 +236,62 @@ def converter_for(t: pa.DataType) -> Converter:
     return _nested  # lists, structs, maps, durations, intervals
 
 
+def _finite(v: Any) -> Any:
+    return v if v is None or math.isfinite(v) else None
+
+
+def _timestamp_value(unit: str) -> Callable[[Any], Any]:
+    digits, per_second = _UNIT_DIGITS[unit], _UNIT_PER_SECOND[unit]
+
+    def convert(v: Any) -> Any:
+        if v is None:
+            return None
+        secs, frac = divmod(v, per_second)
+        text = (_EPOCH + _dt.timedelta(seconds=secs)).isoformat()
+        return f"{text}.{frac:0{digits}d}Z" if digits else text + "Z"
+
+    return convert
+
+
+def _base64(v: Any) -> Any:
+    return None if v is None else base64.b64encode(v).decode("ascii")
+
+
+def _same(v: Any) -> Any:
+    return v
+
+
+def value_converter_for(t: pa.DataType) -> Callable[[Any], Any] | None:
+    """``converter_for`` for one Python value as a row holds it (a timestamp as an integer
+    count of its unit since the epoch); None for types only Arrow columns convert."""
+    if pa.types.is_floating(t):
+        return _finite
+    if pa.types.is_timestamp(t):
+        return _timestamp_value(t.unit)
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
+        return _base64
+    if pa.types.is_integer(t) or pa.types.is_boolean(t) or pa.types.is_string(t) or pa.types.is_large_string(t):
+        return _same
+    return None
+
+
+@lru_cache(maxsize=256)
+def _row_layout(schema: pa.Schema) -> list[Callable[[Any], Any]] | None:
+    converters = [value_converter_for(f.type) for f in schema]
+    return None if any(c is None for c in converters) else converters  # type: ignore[return-value]
+
+
+def json_rows_body(schema: pa.Schema, rows: list[tuple], trailer: Mapping[str, Any]) -> bytes | None:
+    """The JSON answer straight from Python rows (point lookups), exactly as ``json_chunks``
+    writes it from Arrow; None when a column's type needs the Arrow path."""
+    converters = _row_layout(schema)
+    if converters is None:
+        return None
+    out = [[conv(v) for conv, v in zip(converters, row)] for row in rows]
+    body = _encode({"rows": out, **trailer})
+    return ('{"columns":' + _layout(schema)[1] + "," + body[1:]).encode()
+
+
 @lru_cache(maxsize=256)
 def _layout(schema: pa.Schema) -> tuple[list[Converter], str]:
     """Converters and the JSON "columns" text per schema; cached because building them

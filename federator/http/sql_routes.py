@@ -14,7 +14,7 @@ from typing import Any, Iterator, Protocol
 import pyarrow as pa
 from flask import Flask, Response, request
 
-from federator.http.formats import MEDIA_TYPES, body_chunks, choose_format, jsonable
+from federator.http.formats import MEDIA_TYPES, body_chunks, choose_format, json_rows_body, jsonable
 from federator.sql.errors import SqlError
 from federator.sql.result import SqlRequest, SqlResult
 
@@ -143,6 +143,11 @@ def register_sql_routes(app: Flask, node: SqlNode) -> None:
         req, requested = sql_request_from_body(_read_body())
         fmt = choose_format(requested, request.accept_mimetypes)
         result = node.sql(req)
+        if fmt == "json" and result.rows is not None:
+            body = json_rows_body(result.schema, result.rows,
+                                  {"consistency_token": result.consistency_token, "stats": result.stats})
+            if body is not None:
+                return Response(body, mimetype=MEDIA_TYPES[fmt])
         rest = iter(result.batches)
         # Pull the first batch before answering: most failures (unreachable partitions,
         # timeouts, bad plans found late) surface here and can still get their real status.

@@ -21,7 +21,7 @@ from federator.query.queries import KeyQuery
 from federator.sql.planner import SelectPlan, bind_parameters, plan_select
 from federator.plugin.manager import sql_rules
 from federator.plugin.rules import RulePlan, SqlRule, first_plan
-from federator.sql.point import PointPlan, point_plan
+from federator.sql.point import PointAnswer, PointPlan, point_plan
 from federator.sql.result import SqlRequest, SqlResult
 
 
@@ -63,7 +63,8 @@ class SqlEngine:
             table, position, stats = self._select(stmt, req, position, deadline, stats)
         stats["rows"] = table.num_rows
         stats["elapsed_ms"] = round((time.perf_counter() - started) * 1000, 3)
-        return SqlResult(table.schema, iter(table.to_batches()), position.to_token(), stats)
+        return SqlResult(table.schema, iter(table.to_batches()), position.to_token(), stats,
+                         rows=table.rows if isinstance(table, PointAnswer) else None)
 
     def _point(self, stmt: Statement, req: SqlRequest, position: Position, deadline: float,
                stats: dict[str, Any]) -> tuple[pa.Table, Position, dict[str, Any]] | None:
@@ -88,7 +89,7 @@ class SqlEngine:
         local = self.node.read_local(defn.name, partition, kb, bound)
         if local is not None:  # the common case when clients send keys to their owners
             stats["nodes"] = 1
-            return pa.Table.from_batches([cached.row(key, local[0])]), position.merge(local[1]), stats
+            return cached.answer(key, local[0]), position.merge(local[1]), stats  # type: ignore[return-value]
         gathered = self.dispatcher.gather(
             defn.name, defn.partitions, [SubQuery(KeyQuery(key), (partition,))], {"columns": list(cached.columns)},
             bound, req.allow_stale, req.max_lag, deadline,

@@ -44,10 +44,9 @@ class PointPlan:
     def _struct(self) -> pa.DataType:
         return pa.struct([f.with_name(n) for f, n in zip(self.schema, self._names)])
 
-    def row(self, key: Any, stored: bytes | None) -> pa.RecordBatch:
-        """The answer from the stored bytes of one key, built without decoding anything unselected."""
-        if stored is None:
-            return pa.RecordBatch.from_pylist([], schema=self.schema)
+    def values(self, key: Any, stored: bytes) -> tuple:
+        """The selected columns of one stored entry as Python values (timestamps as epoch ms),
+        decoding nothing unselected."""
         defn = self.store
         value: Any = None
         values = []
@@ -60,9 +59,10 @@ class PointPlan:
                 if value is None:
                     value = defn.value.deserialize(stored[8:])
                 values.append(value[c] if defn.value_fields else value)
-        # one struct array builds every column in one call: about half the cost of one array each
-        row = pa.array([dict(zip(self._names, values))], self._struct)
-        return pa.RecordBatch.from_struct_array(row).rename_columns(list(self.names))
+        return tuple(values)
+
+    def answer(self, key: Any, stored: bytes | None) -> PointAnswer:
+        return PointAnswer(self, [] if stored is None else [self.values(key, stored)])
 
     def key(self, params: list[Any]) -> Any | None:
         """The key to look up, in the store's key type; None when the general path should decide."""
@@ -113,3 +113,26 @@ def point_plan(select: exp.Select, stores: dict[str, StoreDefinition]) -> PointP
         columns.append(fields[node.name.lower()])
         names.append(alias or node.name)
     return PointPlan(defn, key_node, tuple(columns), tuple(names))
+
+
+@dataclass(frozen=True)
+class PointAnswer:
+    """A point lookup's answer as Python rows; Arrow only if a format asks for it."""
+
+    plan: PointPlan
+    rows: list[tuple]
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self.plan.schema
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.rows)
+
+    def to_batches(self) -> list[pa.RecordBatch]:
+        if not self.rows:
+            return [pa.RecordBatch.from_pylist([], schema=self.schema)]
+        # one struct array builds every column in one call: about half the cost of one array each
+        structs = pa.array([dict(zip(self.plan._names, r)) for r in self.rows], self.plan._struct)
+        return [pa.RecordBatch.from_struct_array(structs).rename_columns(list(self.plan.names))]

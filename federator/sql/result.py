@@ -24,3 +24,6 @@ class SqlResult:
     batches: Iterator[pa.RecordBatch]  # may be consumed once; large results arrive batch by batch
     consistency_token: str
     stats: dict[str, Any]  # partitions_queried, nodes, rows, elapsed_ms (rows/elapsed final once batches are consumed)
+    # The same rows as Python values, when the engine has them without Arrow (a point lookup);
+    # a JSON answer is then written from them and ``batches`` is never built.
+    rows: list[tuple] | None = None
