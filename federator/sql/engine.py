@@ -63,8 +63,9 @@ class SqlEngine:
             table, position, stats = self._select(stmt, req, position, deadline, stats)
         stats["rows"] = table.num_rows
         stats["elapsed_ms"] = round((time.perf_counter() - started) * 1000, 3)
-        return SqlResult(table.schema, iter(table.to_batches()), position.to_token(), stats,
-                         rows=table.rows if isinstance(table, PointAnswer) else None)
+        if isinstance(table, PointAnswer):
+            return SqlResult(table.schema, table.batches(), position.to_token(), stats, rows=table.rows)
+        return SqlResult(table.schema, iter(table.to_batches()), position.to_token(), stats)
 
     def _point(self, stmt: Statement, req: SqlRequest, position: Position, deadline: float,
                stats: dict[str, Any]) -> tuple[pa.Table, Position, dict[str, Any]] | None:

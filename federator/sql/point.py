@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import struct
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import pyarrow as pa
 from sqlglot import exp
@@ -130,9 +130,11 @@ class PointAnswer:
     def num_rows(self) -> int:
         return len(self.rows)
 
-    def to_batches(self) -> list[pa.RecordBatch]:
+    def batches(self) -> Iterator[pa.RecordBatch]:
+        """The rows as Arrow, built only when iterated (a JSON answer never is)."""
         if not self.rows:
-            return [pa.RecordBatch.from_pylist([], schema=self.schema)]
+            yield pa.RecordBatch.from_pylist([], schema=self.schema)
+            return
         # one struct array builds every column in one call: about half the cost of one array each
         structs = pa.array([dict(zip(self.plan._names, r)) for r in self.rows], self.plan._struct)
-        return [pa.RecordBatch.from_struct_array(structs).rename_columns(list(self.plan.names))]
+        yield pa.RecordBatch.from_struct_array(structs).rename_columns(list(self.plan.names))
