@@ -76,7 +76,11 @@ def sql_request_from_body(body: Any) -> tuple[SqlRequest, Any]:
 
 
 def _read_body() -> Any:
-    raw = request.get_data(cache=False)
+    length = request.content_length
+    if length is not None and not request.environ.get("HTTP_TRANSFER_ENCODING"):
+        raw = request.environ["wsgi.input"].read(length)  # Werkzeug's stream wrappers cost ~40 us here
+    else:
+        raw = request.get_data(cache=False)
     if not raw:
         raise SqlError("INVALID_PARAMETER", 'the request body is empty; send a JSON object like {"sql": "SELECT ..."}')
     try:

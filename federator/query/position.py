@@ -11,9 +11,10 @@ from typing import Iterator, Mapping
 class Position:
     """topic -> partition -> offset of the last changelog record applied."""
 
-    __slots__ = ("_offsets",)
+    __slots__ = ("_offsets", "_token")  # never changed after construction: copies are made instead
 
     def __init__(self, offsets: Mapping[str, Mapping[int, int]] | None = None):
+        self._token: str | None = None
         self._offsets: dict[str, dict[int, int]] = {
             t: {int(p): int(o) for p, o in parts.items()} for t, parts in (offsets or {}).items()
         }
@@ -33,6 +34,10 @@ class Position:
 
     def merge(self, other: Position) -> Position:
         """Per partition, the larger offset of the two."""
+        if other.is_empty():
+            return self
+        if self.is_empty():
+            return other
         merged = Position(self._offsets)
         for topic, parts in other._offsets.items():
             mine = merged._offsets.setdefault(topic, {})
@@ -70,8 +75,10 @@ class Position:
 
     def to_token(self) -> str:
         """The consistency token clients pass around: url-safe base64 of compact JSON."""
-        raw = json.dumps(self.to_dict(), separators=(",", ":")).encode()
-        return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+        if self._token is None:  # a shard's position answers many queries before it moves
+            raw = json.dumps(self.to_dict(), separators=(",", ":")).encode()
+            self._token = base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+        return self._token
 
     @classmethod
     def from_token(cls, token: str) -> Position:
