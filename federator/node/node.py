@@ -297,7 +297,7 @@ class Node:
         ]
 
     def store_info(self, name: str) -> dict[str, Any]:
-        defn = self.sql_engine._store(name)
+        defn = self.sql_engine.resolve_store(name)
         info = next(s for s in self.stores_info() if s["name"] == defn.name)
         parts = []
         for p in range(defn.partitions):
@@ -321,7 +321,7 @@ class Node:
         from federator.sql.errors import SqlError
         from federator.sql.result import SqlRequest
 
-        defn = self.sql_engine._store(store)
+        defn = self.sql_engine.resolve_store(store)
         try:
             value = defn.key.parse(key)
         except ValueError as e:

@@ -34,7 +34,8 @@ class SqlEngine:
     def _stores(self) -> dict[str, StoreDefinition]:
         return self.node.stores
 
-    def _store(self, name: str) -> StoreDefinition:
+    def resolve_store(self, name: str) -> StoreDefinition:
+        """The store called ``name`` (case-insensitively), or UNKNOWN_STORE saying what there is."""
         stores = self._stores()
         defn = stores.get(name) or next((d for n, d in stores.items() if n.lower() == name.lower()), None)
         unusable = getattr(self.node, "unusable_stores", {})
@@ -58,7 +59,7 @@ class SqlEngine:
         if stmt.kind == "show_tables":
             table = show_tables(self._stores())
         elif stmt.kind == "describe":
-            table = describe(self._store(stmt.table or ""))
+            table = describe(self.resolve_store(stmt.table or ""))
         else:
             table, position, stats = self._select(stmt, req, position, deadline, stats)
         stats["rows"] = table.num_rows
@@ -126,7 +127,7 @@ class SqlEngine:
             elif tbl.db and tbl.db.lower() != SCHEMA:
                 raise SqlError("UNKNOWN_STORE", f"unknown schema {tbl.db!r}; stores live in the schema {SCHEMA!r}")
             else:
-                defn = self._store(tbl.name)
+                defn = self.resolve_store(tbl.name)
                 ruled = first_plan(sql_rules(), select, defn)
                 if ruled is not None and ruled[1].combine is not None:
                     return self._combined(ruled[0], ruled[1], defn, stmt.explain, req, position, deadline, stats)
