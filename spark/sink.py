@@ -17,19 +17,23 @@ Bad input fails before anything is written (not even the catalog entry), with a 
 naming the column and saying what to do. ``mode="replace"`` also deletes, with tombstones,
 the keys that the changelog holds but the DataFrame no longer has.
 
-Rows reach Python as Arrow batches (mapInArrow); keys are serialized and partitioned a
-whole batch at a time (Kafka's murmur2 vectorized over Arrow), so the per-record work is
-one ``produce`` call.
+Two Spark jobs over Arrow batches (mapInArrow). The first runs every check (null keys,
+NaN in JSON doubles, ...: row conditions Spark evaluates, counted per batch) and serializes
+the rows a whole batch at a time (keys, values, Kafka's murmur2 vectorized over Arrow),
+keeping the serialized records cached; duplicates are found from a 64-bit hash per key
+(sorted on the driver, or grouped by Spark for very large writes), with an exact group-by
+only when two hashes match. The second job reads the cached bytes and produces them: the
+per-record work is one ``produce`` call.
 """
 
 from __future__ import annotations
 
 import functools
-import itertools
 import logging
 import struct
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
@@ -182,33 +186,154 @@ def murmur2_partitions(keys: pa.Array, partitions: int) -> pa.Array:
 
 
 # ---- serialization (worker side) -----------------------------------------------------------
-_PACK = {"long": ("q", 8), "int": ("i", 4), "double": ("d", 8)}
-_WINDOW_SUFFIX = struct.Struct(">qi").pack
-_SESSION_SUFFIX = struct.Struct(">qq").pack
+_NUMPY_DTYPE = {"long": ">i8", "int": ">i4", "double": ">f8"}  # Kafka's big-endian serializers
 
 
 def _serialize(arr: pa.Array, fmt: str) -> pa.Array:
     """A column (no nulls) as the bytes of ``fmt``: a binary or fixed-size binary array."""
-    if fmt in _PACK:
-        code, width = _PACK[fmt]
-        values = arr.to_pylist()
-        buf = struct.pack(f">{len(values)}{code}", *values)
-        return pa.Array.from_buffers(pa.binary(width), len(values), [None, pa.py_buffer(buf)])
+    if fmt in _NUMPY_DTYPE:
+        import numpy as np
+
+        dtype = np.dtype(_NUMPY_DTYPE[fmt])
+        data = np.asarray(arr.to_numpy(zero_copy_only=False), dtype=dtype.newbyteorder("=")).astype(dtype)
+        return pa.Array.from_buffers(pa.binary(dtype.itemsize), len(arr), [None, pa.py_buffer(data.tobytes())])
     # string (UTF-8, as StringSerializer), bytes, or a JSON document built by Spark
     return arr.cast(pa.binary())
 
 
+def _fixed(n: int, width: int, data: bytes) -> pa.Array:
+    return pa.Array.from_buffers(pa.binary(width), n, [None, pa.py_buffer(data)])
+
+
+def _suffixed(keys: pa.Array, layout: str, t1: pa.Array | None, t2: pa.Array | None) -> pa.Array:
+    """Changelog keys: the plain keys, plus window start + seqnum 0 or session end + start."""
+    if layout == "kv":
+        return keys.cast(pa.binary())
+    import numpy as np
+
+    n = len(keys)
+    if layout == "window":
+        suffix = np.zeros(n, dtype=[("start", ">i8"), ("seq", ">i4")])
+        suffix["start"] = t1.to_numpy(zero_copy_only=False)
+        width = 12
+    else:
+        suffix = np.zeros(n, dtype=[("end", ">i8"), ("start", ">i8")])
+        suffix["end"], suffix["start"] = t2.to_numpy(zero_copy_only=False), t1.to_numpy(zero_copy_only=False)
+        width = 16
+    tail = _fixed(n, width, suffix.tobytes()).cast(pa.binary())
+    return pc.binary_join_element_wise(keys.cast(pa.binary()), tail, b"")
+
+
+# Pass 1 (checks + serialization) outputs one row per input batch (or per slice of one):
+# ``rows``; ``counts``, each check's failures (little-endian int64s); ``hashes``, the rows'
+# changelog-key hashes (int64s); ``records``, the rows ready to produce as one Arrow IPC
+# stream (RECORD_SCHEMA). Spark caches a few large values instead of four columns per row,
+# so neither building the cache nor reading it back converts row by row. Once a check
+# fails, only counts follow: nothing of it will be written.
+RECORD_SCHEMA = pa.schema([
+    pa.field("p", pa.int32()),  # Kafka partition
+    pa.field("t", pa.int64()),  # record time (epoch ms)
+    pa.field("k", pa.binary()),  # changelog key
+    pa.field("v", pa.binary()),  # value
+])
+PREPARED_SCHEMA = pa.schema([
+    pa.field("rows", pa.int64()),
+    pa.field("counts", pa.binary()),
+    pa.field("hashes", pa.binary()),
+    pa.field("records", pa.binary()),
+])
+PREPARED_DDL = "rows long, counts binary, hashes binary, records binary"
+MAX_SLICE_BYTES = 32 << 20  # one cached value stays well below Spark's 2 GB limit on binary
+
+
+@dataclass(frozen=True)
+class _PrepareSpec:
+    """What pass 1 needs (pickled into the task)."""
+
+    partitions: int
+    layout: str  # kv, window or session
+    key_format: str
+    value_format: str  # a simple format, or "json" (the column already holds the document)
+    now_ms: int  # kv records' time
+    checks: int  # boolean columns f0..f{checks-1}: True marks a row that fails that check
+    max_slice_bytes: int = MAX_SLICE_BYTES
+
+
+def _one_binary(buf: pa.Buffer | bytes | None) -> pa.Array:
+    """A binary array of one value, without copying a pa.Buffer."""
+    if buf is None or isinstance(buf, bytes):
+        return pa.array([buf], pa.binary())
+    offsets = pa.py_buffer(struct.pack("<2i", 0, buf.size))
+    return pa.Array.from_buffers(pa.binary(), 1, [None, offsets, buf])
+
+
+def _prepared_row(rows: int, counts: Sequence[int], hashes: pa.Buffer | bytes | None,
+                  records: pa.Buffer | None) -> pa.RecordBatch:
+    return pa.RecordBatch.from_arrays(
+        [pa.array([rows], pa.int64()), pa.array([struct.pack(f"<{len(counts)}q", *counts)], pa.binary()),
+         _one_binary(hashes), _one_binary(records)],
+        schema=PREPARED_SCHEMA,
+    )
+
+
+def _ipc(batch: pa.RecordBatch) -> pa.Buffer:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    return sink.getvalue()
+
+
+def _prepare_partition(spec: _PrepareSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """Count every check's failures and serialize the rows (columns k, v[, t1[, t2]], h, f*):
+    changelog key and value bytes, Kafka partition (murmur2 of the plain key), record time."""
+    import numpy as np
+
+    failed = False
+    for batch in batches:
+        n = batch.num_rows
+        if n == 0:
+            continue
+        counts = [pc.sum(batch.column(f"f{i}")).as_py() or 0 for i in range(spec.checks)]
+        failed = failed or any(counts)
+        if failed:  # the write will not happen: only count, the driver names what failed
+            yield _prepared_row(n, counts, None, None)
+            continue
+        names = batch.schema.names
+        plain = _serialize(batch.column("k"), spec.key_format)
+        t1 = batch.column("t1") if "t1" in names else None
+        t2 = batch.column("t2") if "t2" in names else None
+        time_col = {"kv": None, "window": t1, "session": t2}[spec.layout]
+        records = pa.RecordBatch.from_arrays(
+            [murmur2_partitions(plain, spec.partitions),
+             pa.repeat(pa.scalar(spec.now_ms, pa.int64()), n) if time_col is None else time_col,
+             _suffixed(plain, spec.layout, t1, t2),
+             _serialize(batch.column("v"), spec.value_format).cast(pa.binary())],
+            schema=RECORD_SCHEMA,
+        )
+        hashes = np.asarray(batch.column("h").to_numpy(zero_copy_only=False), dtype="<i8")
+        step = max(1, n * spec.max_slice_bytes // max(records.nbytes, 1))
+        for at in range(0, n, step):
+            part = records.slice(at, step)
+            yield _prepared_row(part.num_rows, [0] * spec.checks, hashes[at:at + step].tobytes(), _ipc(part))
+
+
+def _unpack_hashes(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """Pass 1's hash values as an int64 column (for the group-by duplicate check)."""
+    for batch in batches:
+        blobs = [b for b in batch.column(0).to_pylist() if b]
+        if blobs:
+            data = b"".join(blobs)
+            arr = pa.Array.from_buffers(pa.int64(), len(data) // 8, [None, pa.py_buffer(data)])
+            yield pa.RecordBatch.from_arrays([arr], names=["h"])
+
+
 @dataclass(frozen=True)
 class _WriteSpec:
-    """What a Spark task needs to produce its rows (pickled into the task)."""
+    """What a Spark task needs to produce its prepared records (pickled into the task)."""
 
     bootstrap_servers: str
     topic: str
     partitions: int
-    type: str
-    key_format: str
-    value_format: str  # a simple format, or "json" (the column already holds the document)
-    now_ms: int
     producer_config: tuple[tuple[str, Any], ...]
     flush_timeout: float
     existing: Any = None  # replace mode: Broadcast of {changelog key: index} live before the write
@@ -246,14 +371,24 @@ def _produce_waiting(producer: Any, *args: Any) -> None:
 
 
 def _write_partition(spec: _WriteSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """Produce one Spark partition's rows (columns k, v[, t1[, t2]]); yield the last offset
-    delivered per Kafka partition and, in replace mode, a bitmap of the pre-existing keys it wrote."""
+    """Produce one Spark partition's prepared records (pass 1's ``records``); yield the last
+    offset delivered per Kafka partition and, in replace mode, a bitmap of the pre-existing
+    keys it wrote."""
     try:
         yield _produce_batches(spec, batches)
     except BaseException:
         # a producer that failed (e.g. a fatal idempotence error) is not reused by later tasks
         _PRODUCERS.pop((spec.bootstrap_servers, spec.producer_config), None)
         raise
+
+
+def _records(blobs: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The record batches inside pass 1's ``records`` values (read in place, not copied)."""
+    for batch in blobs:
+        column = batch.column(0)
+        for i in range(len(column)):
+            if column[i].is_valid:
+                yield from pa.ipc.open_stream(column[i].as_buffer())
 
 
 def _produce_batches(spec: _WriteSpec, batches: Iterator[pa.RecordBatch]) -> pa.RecordBatch:
@@ -267,26 +402,14 @@ def _produce_batches(spec: _WriteSpec, batches: Iterator[pa.RecordBatch]) -> pa.
     counts = [0] * nparts
     existing = spec.existing.value if spec.existing is not None else None
     seen = bytearray((len(existing) + 7) // 8) if existing else None  # bit i: existing key i was written
-    for batch in batches:
-        n = batch.num_rows
-        if n == 0:
+    for batch in _records(batches):
+        if batch.num_rows == 0:
             continue
-        plain = _serialize(batch.column(0), spec.key_format)
-        parts_arr = murmur2_partitions(plain, nparts)
+        parts_arr = batch.column(0)
         for item in pc.value_counts(parts_arr).to_pylist():
             counts[item["values"]] += item["counts"]
-        parts = parts_arr.to_pylist()
-        keys = plain.to_pylist()
-        values = _serialize(batch.column(1), spec.value_format).to_pylist()
-        if spec.type == "window":
-            times = batch.column(2).to_pylist()
-            keys = [k + _WINDOW_SUFFIX(t, 0) for k, t in zip(keys, times)]
-        elif spec.type == "session":
-            starts, times = batch.column(2).to_pylist(), batch.column(3).to_pylist()
-            keys = [k + _SESSION_SUFFIX(e, s) for k, s, e in zip(keys, starts, times)]
-        else:
-            times = itertools.repeat(spec.now_ms)
-        for k, v, p, t in zip(keys, values, parts, times):
+        keys = batch.column(2).to_pylist()
+        for p, t, k, v in zip(parts_arr.to_pylist(), batch.column(1).to_pylist(), keys, batch.column(3).to_pylist()):
             try:  # positional: (topic, value, key, partition, callback, on_delivery alias, timestamp)
                 produce(topic, v, k, p, callbacks[p], None, t)
             except BufferError:
@@ -350,7 +473,7 @@ class _Plan:
     defn: StoreDefinition
     projection: list[Any]  # Spark columns k, v, [t1, [t2]]: what the writer reads
     extra: list[Any]  # more columns that only the checks read
-    checks: list[tuple[str, Any]]  # (message if the count is > 0, count expression)
+    checks: list[tuple[str, Any]]  # (message if {n} rows fail, row condition over projection + extra)
     unique_by: list[str]  # projection columns that identify a changelog key
     key_label: str
 
@@ -443,10 +566,9 @@ def _plan(
             value = value[0]
     col = lambda name: F.col(f"`{name}`")  # noqa: E731  (names may hold dots)
     checks: list[tuple[str, Any]] = []
-    nulls = lambda c: F.sum(F.when(c.isNull(), 1).otherwise(0))  # noqa: E731
     extra: list[Any] = []  # projected only for the checks
     checks.append((f"key column {key!r} has {{n}} null values; a store key cannot be null: "
-                   f"filter them out (df.where(F.col({key!r}).isNotNull())) or fill them", nulls(F.col("k"))))
+                   f"filter them out (df.where(F.col({key!r}).isNotNull())) or fill them", F.col("k").isNull()))
     if isinstance(value, str):
         vf = _field(df, value, "the value")
         value_format = SIMPLE_FORMAT_OF.get(_type_name(vf.dataType))
@@ -458,7 +580,7 @@ def _plan(
         value_fields: tuple[tuple[str, str], ...] = ()
         value_name = value
         checks.append((f"value column {value!r} has {{n}} null values; a null value would delete its key: "
-                       f"filter them out or fill them (df.fillna)", nulls(F.col("v"))))
+                       f"filter them out or fill them (df.fillna)", F.col("v").isNull()))
     elif isinstance(value, (list, tuple)) and value:
         if len(set(value)) != len(value):
             raise SinkError(f"value lists a column twice: {list(value)!r}")
@@ -475,11 +597,10 @@ def _plan(
             parts.append((F.unix_millis(col(name)) if ftype == "timestamp" else col(name)).alias(name))
             if ftype == "double":
                 flag = f"x{len(extra)}"
-                extra.append(F.when(F.isnan(col(name)) | (F.abs(col(name)) == float("inf")), 1)
-                             .otherwise(0).alias(flag))
+                extra.append((F.isnan(col(name)) | (F.abs(col(name)) == float("inf"))).alias(flag))
                 checks.append((f"value column {name!r} has {{n}} NaN or infinite values, which JSON cannot hold: "
                                f"replace them (e.g. F.nanvl) or write the column as a simple double value",
-                               F.sum(F.col(flag))))
+                               F.col(flag)))
         value_expr = F.to_json(F.struct(*parts), {"ignoreNullFields": "false"})
         value_format, value_fields, value_name = "json", tuple(fields), "value"
     else:
@@ -493,9 +614,9 @@ def _plan(
         unique_by.append("t1")
         t1 = F.col("t1")
         checks.append((f"window start column {window_start!r} has {{n}} null values; every window needs its start",
-                       nulls(t1)))
+                       t1.isNull()))
         checks.append((f"window start column {window_start!r} has {{n}} values before 1970-01-01; window starts are "
-                       f"non-negative epoch milliseconds", F.sum(F.when(t1 < 0, 1).otherwise(0))))
+                       f"non-negative epoch milliseconds", t1 < 0))
     elif layout == "session":
         t1 = _time_column(df, session_start, "the session start")
         t2 = _time_column(df, session_end, "the session end")
@@ -504,11 +625,11 @@ def _plan(
         t1, t2 = F.col("t1"), F.col("t2")
         for c, name, what in ((t1, session_start, "start"), (t2, session_end, "end")):
             checks.append((f"session {what} column {name!r} has {{n}} null values; every session needs its {what}",
-                           nulls(c)))
+                           c.isNull()))
             checks.append((f"session {what} column {name!r} has {{n}} values before 1970-01-01; session times are "
-                           f"non-negative epoch milliseconds", F.sum(F.when(c < 0, 1).otherwise(0))))
+                           f"non-negative epoch milliseconds", c < 0))
         checks.append((f"{{n}} sessions end ({session_end!r}) before they start ({session_start!r}); "
-                       f"swap the columns or fix the rows", F.sum(F.when(t2 < t1, 1).otherwise(0))))
+                       f"swap the columns or fix the rows", t2 < t1))
 
     try:
         defn = StoreDefinition(
@@ -630,6 +751,55 @@ def _unmarked(keys: list[bytes], bitmap: int) -> list[bytes]:
     return out
 
 
+# ---- the checks that need every row -------------------------------------------------------
+PRODUCER_CONFIG: tuple[tuple[str, Any], ...] = (
+    ("linger.ms", 20), ("batch.size", 1_000_000), ("queue.buffering.max.messages", 500_000),
+)
+# Up to this many rows the duplicate check sorts the 8-byte key hashes on the driver (8 MB per
+# million rows); above it a Spark group-by on the hashes keeps the driver's memory flat.
+DRIVER_HASH_ROWS = 4_000_000
+_SPARK_FAILURES = ("PythonException", "Py4JJavaError", "SparkRuntimeException")
+
+
+def _key_hash(columns: Sequence[str]) -> Any:
+    """A 64-bit hash of what identifies a changelog key (computed by Spark, next to the data)."""
+    from pyspark.sql import functions as F
+
+    return F.xxhash64(*[F.col(c) for c in columns])
+
+
+def _maybe_duplicates(prepared: Any, total: int) -> bool:
+    """Whether two rows share a key hash: every duplicate does (a hash collision may too)."""
+    if total <= DRIVER_HASH_ROWS:
+        import numpy as np
+
+        blobs = [r["hashes"] for r in prepared.select("hashes").collect() if r["hashes"]]
+        h = np.frombuffer(b"".join(blobs), dtype="<i8").copy()
+        h.sort()
+        return bool(len(h) > 1 and (h[1:] == h[:-1]).any())
+    from pyspark.sql import functions as F
+
+    hashes = _map_in_arrow(prepared.select("hashes"), _unpack_hashes, "h long")
+    return bool(hashes.groupBy("h").count().where(F.col("count") > 1).limit(1).collect())
+
+
+def _raise_duplicates(rows: Any, plan: _Plan, store: str) -> None:
+    """The exact duplicate check (a group-by on the changelog key): raise naming the keys."""
+    from pyspark.sql import functions as F
+
+    dupes = rows.groupBy(*plan.unique_by).agg(F.count(F.lit(1)).alias("n")).where(F.col("n") > 1)
+    examples = dupes.orderBy(F.col("n").desc()).limit(3).collect()
+    if not examples:
+        return
+    shown = ", ".join(f"{tuple(r[c] for c in plan.unique_by) if len(plan.unique_by) > 1 else r['k']!r}"
+                      f" x{r['n']}" for r in examples)
+    raise SinkError(
+        f"{plan.key_label} is not unique ({dupes.count()} keys appear more than once: {shown}); "
+        f"a store holds one value per key, so aggregate the DataFrame to one row per key first "
+        f"(store {store!r}; nothing was written)"
+    )
+
+
 def _worker_failure(e: Exception) -> str:
     """The Python error a Spark task died of (the last traceback's exception line), in one line."""
     text = str(e)
@@ -694,37 +864,46 @@ def write_store(
         session_start=session_start, session_end=session_end,
     )
     catalog = Catalog(bootstrap_servers, application_id)
-    defn, exists = _check_store(catalog, plan.defn)
+    # the catalog is read while Spark runs pass 1; a definition that does not fit still fails first
+    pool = ThreadPoolExecutor(1)
+    store_check = pool.submit(_check_store, catalog, plan.defn)
+    pool.shutdown(wait=False)
 
     started = time.monotonic()
+    now_ms = int(time.time() * 1000)  # kv records' time: the write's start
     rows = df.select(*plan.projection, *plan.extra)
     write_columns = [c for c in ("k", "v", "t1", "t2") if c in rows.columns]
-    cached = not df.is_cached
-    if cached:
-        rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
-    try:
-        # ---- the data checks: one Spark job (a group-by on the changelog key) -------------
-        from pyspark.sql import functions as F
+    # ---- pass 1: every check and the serialization in one Spark job, its output cached --------
+    from pyspark.sql import functions as F
 
-        grouped = rows.groupBy(*plan.unique_by).agg(
-            F.count(F.lit(1)).alias("n"), *[expr.alias(f"c{i}") for i, (_, expr) in enumerate(plan.checks)])
-        stats = grouped.agg(
-            F.sum("n").alias("rows"), F.sum(F.when(F.col("n") > 1, 1).otherwise(0)).alias("dupes"),
-            *[F.sum(f"c{i}").alias(f"c{i}") for i in range(len(plan.checks))]).first()
-        total = stats["rows"] or 0
-        for i, (msg, _) in enumerate(plan.checks):
-            n = stats[f"c{i}"] or 0
+    staged = rows.select(
+        *write_columns, _key_hash(plan.unique_by).alias("h"),
+        *[F.coalesce(cond, F.lit(False)).alias(f"f{i}") for i, (_, cond) in enumerate(plan.checks)])
+    prep = _PrepareSpec(partitions=plan.defn.partitions, layout=changelog_layout(plan.defn.type),
+                        key_format=plan.defn.key_format, value_format=plan.defn.value_format, now_ms=now_ms,
+                        checks=len(plan.checks), max_slice_bytes=MAX_SLICE_BYTES)
+    prepared = _map_in_arrow(staged, functools.partial(_prepare_partition, prep), PREPARED_DDL)
+    prepared = prepared.persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        try:  # builds the cache of serialized records; brings back only the per-batch counts
+            counted = prepared.select("rows", "counts").collect()
+        except Exception as e:  # a task failed: say why in one line
+            store_check.result()
+            if e.__class__.__name__ in _SPARK_FAILURES:
+                raise RuntimeError(f"checking store {store!r} failed (nothing was written): "
+                                   f"{_worker_failure(e)}") from e
+            raise
+        defn, exists = store_check.result()
+        total = sum(r["rows"] for r in counted)
+        failures = [0] * len(plan.checks)
+        for r in counted:
+            for i, n in enumerate(struct.unpack(f"<{len(plan.checks)}q", r["counts"])):
+                failures[i] += n
+        for (msg, _), n in zip(plan.checks, failures):
             if n:
                 raise SinkError(f"{msg.format(n=n)} (store {store!r}; nothing was written)")
-        if stats["dupes"]:
-            dupes = grouped.where(F.col("n") > 1).orderBy(F.col("n").desc()).limit(3).collect()
-            examples = ", ".join(f"{tuple(r[c] for c in plan.unique_by) if len(plan.unique_by) > 1 else r['k']!r}"
-                                 f" x{r['n']}" for r in dupes)
-            raise SinkError(
-                f"{plan.key_label} is not unique ({stats['dupes']} keys appear more than once: {examples}); "
-                f"a store holds one value per key, so aggregate the DataFrame to one row per key first "
-                f"(store {store!r}; nothing was written)"
-            )
+        if _maybe_duplicates(prepared, total):
+            _raise_duplicates(rows, plan, store)  # a hash collision passes: the exact check finds none
         say(f"{store}: {total} rows checked ({time.monotonic() - started:.1f}s)")
 
         # ---- register, then write -------------------------------------------------------
@@ -735,7 +914,6 @@ def write_store(
         if not exists:
             say(f"{store}: registered in {catalog.topic} "
                 f"({defn.type}, {defn.partitions} partitions, topic {defn.topic})")
-        now_ms = int(time.time() * 1000)
         existing = None
         if mode == "replace" and exists:
             existing = _live_keys(bootstrap_servers, defn.topic, defn.partitions, timeout)
@@ -746,17 +924,14 @@ def write_store(
               if existing_keys else None)
         spec = _WriteSpec(
             bootstrap_servers=bootstrap_servers, topic=defn.topic, partitions=defn.partitions,
-            type=changelog_layout(defn.type),
-            key_format=defn.key_format, value_format=defn.value_format, now_ms=now_ms,
-            producer_config=(("linger.ms", 20), ("batch.size", 1_000_000), ("queue.buffering.max.messages", 500_000)),
-            flush_timeout=timeout, existing=bc,
+            producer_config=PRODUCER_CONFIG, flush_timeout=timeout, existing=bc,
         )
         write_started = time.monotonic()
         try:
             writer = functools.partial(_write_partition, spec)
-            results = _map_in_arrow(rows.select(*write_columns), writer, RESULT_DDL).collect()
+            results = _map_in_arrow(prepared.select("records"), writer, RESULT_DDL).collect()
         except Exception as e:  # a task failed: say why in one line
-            if e.__class__.__name__ in ("PythonException", "Py4JJavaError", "SparkRuntimeException"):
+            if e.__class__.__name__ in _SPARK_FAILURES:
                 raise kafka.KafkaUnavailable(f"writing store {store!r} failed: {_worker_failure(e)}") from e
             raise
         finally:
@@ -781,8 +956,7 @@ def write_store(
                     offsets[p] = max(offsets.get(p, -1), o)
             say(f"{store}: deleted {len(gone)} keys that are no longer in the DataFrame")
     finally:
-        if cached:
-            rows.unpersist()
+        prepared.unpersist()
     return Position({defn.topic: offsets}).to_token()
 
 
@@ -825,10 +999,8 @@ def delete_keys(
     rows = df.select(F.col(f"`{key}`"), *times).collect()
     if not rows:
         return Position().to_token()
-    keys = _serialize(pa.array([r[0] for r in rows]), defn.key_format).to_pylist()
-    if layout == "window":
-        keys = [k + _WINDOW_SUFFIX(r[1], 0) for k, r in zip(keys, rows)]
-    elif layout == "session":
-        keys = [k + _SESSION_SUFFIX(r[2], r[1]) for k, r in zip(keys, rows)]
+    plain = _serialize(pa.array([r[0] for r in rows]), defn.key_format)
+    t1, t2 = (pa.array([r[i] for r in rows], pa.int64()) if len(times) >= i else None for i in (1, 2))
+    keys = _suffixed(plain, layout, t1, t2).to_pylist()
     offsets = _tombstones(bootstrap_servers, defn, keys, int(time.time() * 1000), timeout)
     return Position({defn.topic: offsets}).to_token()

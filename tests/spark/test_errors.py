@@ -8,6 +8,7 @@ import pytest
 
 from federator import kafka
 from federator.catalog import Catalog, changelog_topic
+from spark import sink
 from spark.sink import SinkError, write_store
 from tests.integration.changelog_util import read_partition
 
@@ -64,6 +65,47 @@ def test_duplicate_keys(target, spark):
     msg = attempt(target, dup, "dups", key="k", value="v")
     assert "('k') is not unique" in msg and "'a' x2" in msg and "aggregate" in msg
     nothing_written(target, "dups")
+
+
+@pytest.mark.parametrize("on_driver", [True, False], ids=["hashes-sorted-on-driver", "hashes-grouped-by-spark"])
+def test_duplicate_keys_far_apart(target, spark, monkeypatch, on_driver):
+    """Rows 0 and 29,999 share a key: other Spark partitions, other Arrow batches. Both ways of
+    comparing key hashes find it, and the exact check names it, before anything is written."""
+    from pyspark.sql import functions as F
+
+    if not on_driver:
+        monkeypatch.setattr(sink, "DRIVER_HASH_ROWS", 0)
+    dup = spark.range(30_000).select(F.format_string("k%d", F.col("id") % 29_999).alias("k"),
+                                     F.col("id").alias("v")).repartition(3)
+    msg = attempt(target, dup, "dups_far", key="k", value="v")
+    assert "('k') is not unique (1 keys appear more than once: 'k0' x2)" in msg and "nothing was written" in msg
+    nothing_written(target, "dups_far")
+
+
+@pytest.mark.parametrize("on_driver", [True, False], ids=["hashes-sorted-on-driver", "hashes-grouped-by-spark"])
+def test_duplicate_windows(target, spark, monkeypatch, on_driver):
+    """A window store's key is the key and the window start: the same key in two windows is fine,
+    twice in one window is not."""
+    if not on_driver:
+        monkeypatch.setattr(sink, "DRIVER_HASH_ROWS", 0)
+    dup = spark.createDataFrame([("a", 0, 1), ("a", 60_000, 2), ("b", 0, 3), ("b", 0, 4)],
+                                "k string, ws long, v long")
+    msg = attempt(target, dup, "dups_win", key="k", value="v", type="window", window_start="ws",
+                  window_size_ms=60_000)
+    assert "key and window start ('k', 'ws') is not unique (1 keys appear more than once: ('b', 0) x2)" in msg
+    nothing_written(target, "dups_win")
+
+
+def test_failures_are_counted_in_every_batch(target, spark):
+    """Counting goes on after the first failing batch (25 null keys over 25,000 rows)."""
+    from pyspark.sql import functions as F
+
+    df = spark.range(25_000).select(
+        F.when(F.col("id") % 1000 == 0, F.lit(None)).otherwise(F.col("id").cast("string")).alias("k"),
+        F.col("id").alias("v"))
+    msg = attempt(target, df, "counted", key="k", value="v")
+    assert "key column 'k' has 25 null values" in msg
+    nothing_written(target, "counted")
 
 
 @pytest.mark.parametrize("kw, expected", [
