@@ -18,12 +18,13 @@ naming the column and saying what to do. ``mode="replace"`` also deletes, with t
 the keys that the changelog holds but the DataFrame no longer has.
 
 Two Spark jobs over Arrow batches (mapInArrow). The first runs every check (null keys,
-NaN in JSON doubles, ...: row conditions Spark evaluates, counted per batch) and serializes
-the rows a whole batch at a time (keys, values, Kafka's murmur2 vectorized over Arrow),
-keeping the serialized records cached; duplicates are found from a 64-bit hash per key
-(sorted on the driver, or grouped by Spark for very large writes), with an exact group-by
-only when two hashes match. The second job reads the cached bytes and produces them: the
-per-record work is one ``produce`` call.
+NaN in JSON doubles, ...: row conditions Spark evaluates; a failing row gets no key hash, and
+only then does a job of its own count each check for the message) and serializes the rows a
+whole batch at a time (keys, values, Kafka's murmur2 vectorized over Arrow), keeping the
+serialized records cached; duplicates are found from a 64-bit hash per key (sorted on the
+driver, or grouped by Spark for very large writes), with an exact group-by only when two
+hashes match. The second job reads the cached bytes and produces them: the per-record work
+is one ``produce`` call.
 """
 
 from __future__ import annotations
@@ -225,11 +226,11 @@ def _suffixed(keys: pa.Array, layout: str, t1: pa.Array | None, t2: pa.Array | N
 
 
 # Pass 1 (checks + serialization) outputs one row per input batch (or per slice of one):
-# ``rows``; ``counts``, each check's failures (little-endian int64s); ``hashes``, the rows'
+# ``rows``; ``failed``, how many fail some check; ``hashes``, the rows'
 # changelog-key hashes (int64s); ``records``, the rows ready to produce as one Arrow IPC
 # stream (RECORD_SCHEMA). Spark caches a few large values instead of four columns per row,
 # so neither building the cache nor reading it back converts row by row. Once a check
-# fails, only counts follow: nothing of it will be written.
+# fails, only counts follow: nothing will be written.
 RECORD_SCHEMA = pa.schema([
     pa.field("p", pa.int32()),  # Kafka partition
     pa.field("t", pa.int64()),  # record time (epoch ms)
@@ -238,11 +239,11 @@ RECORD_SCHEMA = pa.schema([
 ])
 PREPARED_SCHEMA = pa.schema([
     pa.field("rows", pa.int64()),
-    pa.field("counts", pa.binary()),
+    pa.field("failed", pa.int64()),
     pa.field("hashes", pa.binary()),
     pa.field("records", pa.binary()),
 ])
-PREPARED_DDL = "rows long, counts binary, hashes binary, records binary"
+PREPARED_DDL = "rows long, failed long, hashes binary, records binary"
 MAX_SLICE_BYTES = 32 << 20  # one cached value stays well below Spark's 2 GB limit on binary
 
 
@@ -255,7 +256,6 @@ class _PrepareSpec:
     key_format: str
     value_format: str  # a simple format, or "json" (the column already holds the document)
     now_ms: int  # kv records' time
-    checks: int  # boolean columns f0..f{checks-1}: True marks a row that fails that check
     max_slice_bytes: int = MAX_SLICE_BYTES
 
 
@@ -267,11 +267,10 @@ def _one_binary(buf: pa.Buffer | bytes | None) -> pa.Array:
     return pa.Array.from_buffers(pa.binary(), 1, [None, offsets, buf])
 
 
-def _prepared_row(rows: int, counts: Sequence[int], hashes: pa.Buffer | bytes | None,
+def _prepared_row(rows: int, failed: int, hashes: pa.Buffer | bytes | None,
                   records: pa.Buffer | None) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(
-        [pa.array([rows], pa.int64()), pa.array([struct.pack(f"<{len(counts)}q", *counts)], pa.binary()),
-         _one_binary(hashes), _one_binary(records)],
+        [pa.array([rows], pa.int64()), pa.array([failed], pa.int64()), _one_binary(hashes), _one_binary(records)],
         schema=PREPARED_SCHEMA,
     )
 
@@ -284,8 +283,9 @@ def _ipc(batch: pa.RecordBatch) -> pa.Buffer:
 
 
 def _prepare_partition(spec: _PrepareSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """Count every check's failures and serialize the rows (columns k, v[, t1[, t2]], h, f*):
-    changelog key and value bytes, Kafka partition (murmur2 of the plain key), record time."""
+    """Count the rows that fail a check (their key hash ``h`` is null) and serialize the rows
+    (columns k, v[, t1[, t2]], h): changelog key and value bytes, Kafka partition (murmur2 of
+    the plain key), record time."""
     import numpy as np
 
     failed = False
@@ -293,10 +293,10 @@ def _prepare_partition(spec: _PrepareSpec, batches: Iterator[pa.RecordBatch]) ->
         n = batch.num_rows
         if n == 0:
             continue
-        counts = [pc.sum(batch.column(f"f{i}")).as_py() or 0 for i in range(spec.checks)]
-        failed = failed or any(counts)
-        if failed:  # the write will not happen: only count, the driver names what failed
-            yield _prepared_row(n, counts, None, None)
+        bad = batch.column("h").null_count
+        failed = failed or bad > 0
+        if failed:  # the write will not happen: only count, the driver finds out what failed
+            yield _prepared_row(n, bad, None, None)
             continue
         names = batch.schema.names
         plain = _serialize(batch.column("k"), spec.key_format)
@@ -314,7 +314,7 @@ def _prepare_partition(spec: _PrepareSpec, batches: Iterator[pa.RecordBatch]) ->
         step = max(1, n * spec.max_slice_bytes // max(records.nbytes, 1))
         for at in range(0, n, step):
             part = records.slice(at, step)
-            yield _prepared_row(part.num_rows, [0] * spec.checks, hashes[at:at + step].tobytes(), _ipc(part))
+            yield _prepared_row(part.num_rows, 0, hashes[at:at + step].tobytes(), _ipc(part))
 
 
 def _unpack_hashes(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -783,6 +783,19 @@ def _maybe_duplicates(prepared: Any, total: int) -> bool:
     return bool(hashes.groupBy("h").count().where(F.col("count") > 1).limit(1).collect())
 
 
+def _raise_check_failures(rows: Any, plan: _Plan, store: str) -> None:
+    """Count each check's failures (a job of its own: only when some row failed) and raise
+    the first check that failed."""
+    from pyspark.sql import functions as F
+
+    counts = rows.agg(*[F.count(F.when(cond, 1)).alias(f"c{i}") for i, (_, cond) in enumerate(plan.checks)]).first()
+    for i, (msg, _) in enumerate(plan.checks):
+        if counts[f"c{i}"]:
+            raise SinkError(f"{msg.format(n=counts[f'c{i}'])} (store {store!r}; nothing was written)")
+    raise RuntimeError(f"pass 1 saw rows failing a check, but counting found none (store {store!r}; "
+                       "nothing was written): is the DataFrame non-deterministic?")
+
+
 def _raise_duplicates(rows: Any, plan: _Plan, store: str) -> None:
     """The exact duplicate check (a group-by on the changelog key): raise naming the keys."""
     from pyspark.sql import functions as F
@@ -876,17 +889,18 @@ def write_store(
     # ---- pass 1: every check and the serialization in one Spark job, its output cached --------
     from pyspark.sql import functions as F
 
-    staged = rows.select(
-        *write_columns, _key_hash(plan.unique_by).alias("h"),
-        *[F.coalesce(cond, F.lit(False)).alias(f"f{i}") for i, (_, cond) in enumerate(plan.checks)])
+    # one column more than the rows: the key hash, null where any check fails (each column
+    # costs Spark's Arrow writer per row; the error path can afford a job of its own)
+    fails = functools.reduce(lambda a, b: a | b, [F.coalesce(cond, F.lit(False)) for _, cond in plan.checks])
+    staged = rows.select(*write_columns, F.when(fails, F.lit(None)).otherwise(_key_hash(plan.unique_by)).alias("h"))
     prep = _PrepareSpec(partitions=plan.defn.partitions, layout=changelog_layout(plan.defn.type),
                         key_format=plan.defn.key_format, value_format=plan.defn.value_format, now_ms=now_ms,
-                        checks=len(plan.checks), max_slice_bytes=MAX_SLICE_BYTES)
+                        max_slice_bytes=MAX_SLICE_BYTES)
     prepared = _map_in_arrow(staged, functools.partial(_prepare_partition, prep), PREPARED_DDL)
     prepared = prepared.persist(StorageLevel.MEMORY_AND_DISK)
     try:
         try:  # builds the cache of serialized records; brings back only the per-batch counts
-            counted = prepared.select("rows", "counts").collect()
+            counted = prepared.select("rows", "failed").collect()
         except Exception as e:  # a task failed: say why in one line
             store_check.result()
             if e.__class__.__name__ in _SPARK_FAILURES:
@@ -895,13 +909,8 @@ def write_store(
             raise
         defn, exists = store_check.result()
         total = sum(r["rows"] for r in counted)
-        failures = [0] * len(plan.checks)
-        for r in counted:
-            for i, n in enumerate(struct.unpack(f"<{len(plan.checks)}q", r["counts"])):
-                failures[i] += n
-        for (msg, _), n in zip(plan.checks, failures):
-            if n:
-                raise SinkError(f"{msg.format(n=n)} (store {store!r}; nothing was written)")
+        if any(r["failed"] for r in counted):
+            _raise_check_failures(rows, plan, store)
         if _maybe_duplicates(prepared, total):
             _raise_duplicates(rows, plan, store)  # a hash collision passes: the exact check finds none
         say(f"{store}: {total} rows checked ({time.monotonic() - started:.1f}s)")
