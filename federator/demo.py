@@ -51,17 +51,14 @@ def run_demo(args: argparse.Namespace) -> int:
 
 
 def _pipeline(bootstrap: str, state: Path, args: argparse.Namespace) -> int:
-    for job, extra in (
-        ("word_counts", []),
-        ("game_events", ["--events", str(args.events), "--input", str(state / "game_events")]),
-    ):
-        step(f"running the Spark job {job} (local[2]; its progress follows)")
-        cmd = [sys.executable, "-m", f"spark.jobs.{job}", "--bootstrap-servers", bootstrap,
-               "--application-id", APP, "--master", "local[2]", *extra]
-        done = subprocess.run(cmd, cwd=REPO_ROOT, stdout=sys.stdout, stderr=open(state / f"{job}.log", "w"))
-        if done.returncode != 0:
-            print(f"error: the Spark job {job} failed; its log is {state / f'{job}.log'}", file=sys.stderr)
-            return 1
+    step("running the Spark jobs word_counts and game_events (local[2], one Spark session; their progress follows)")
+    cmd = [sys.executable, "-m", "spark.jobs.pipeline", "--bootstrap-servers", bootstrap, "--application-id", APP,
+           "--master", "local[2]", "--events", str(args.events), "--game-input", str(state / "game_events")]
+    log = state / "spark.log"
+    done = subprocess.run(cmd, cwd=REPO_ROOT, stdout=sys.stdout, stderr=open(log, "w"))
+    if done.returncode != 0:
+        print(f"error: the Spark jobs failed; their log is {log}", file=sys.stderr)
+        return 1
 
     nodes = _start_nodes(bootstrap, state)
     try:
