@@ -44,9 +44,11 @@ def range_query(view: ShardView, q: RangeQuery) -> pa.RecordBatch:
     if q.descending:
         ranges = [r.__class__(r.start, r.stop, not r.reverse) for r in reversed(ranges)]
     for r in ranges:
-        for k, v in view.scan(r.start, r.stop, r.reverse):
-            keys.append(k)
-            stored.append(v)
+        pairs = list(view.scan(r.start, r.stop, r.reverse))
+        if pairs:
+            ks, vs = zip(*pairs)
+            keys.extend(ks)
+            stored.extend(vs)
     return build_batch(view.schema, view.definition, keys, stored)
 
 

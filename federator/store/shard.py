@@ -42,7 +42,7 @@ class ShardView:
     """What store types read and write through: point gets and bounded scans of one shard,
     in its default column family or one the store type declared."""
 
-    __slots__ = ("definition", "schema", "partition", "_db", "_families")
+    __slots__ = ("definition", "schema", "partition", "_db", "_families", "_bounds")
 
     def __init__(self, definition: StoreDefinition, schema: pa.Schema, partition: int, db: Rdict,
                  families: dict[str, tuple[Rdict, Any]] | None = None) -> None:
@@ -51,6 +51,10 @@ class ShardView:
         self.partition = partition
         self._db = db
         self._families = families or {}
+        # RocksDB keeps a pointer to an iterator's upper bound, not a copy: the bytes (and the
+        # options) must outlive the scan, or a caller's temporary bound turns into garbage
+        # mid-scan. A view lives for one query, so it keeps them for that long.
+        self._bounds: list[Any] = []
 
     def _declared(self, family: str) -> tuple[Rdict, Any]:
         try:
@@ -78,6 +82,7 @@ class ShardView:
         ro = ReadOptions()
         if stop is not None:
             ro.set_iterate_upper_bound(stop)
+            self._bounds.append((ro, stop))
         # rocksdict honours the upper bound natively but not the lower one: seek to it going
         # forward, and stop at it by hand going backward.
         if not reverse:
@@ -86,14 +91,7 @@ class ShardView:
             items = db.items(backwards=True, read_opt=ro)
             if start is not None:
                 items = itertools.takewhile(lambda kv: kv[0] >= start, items)
-        return _holding(items, (ro, stop))
-
-
-def _holding(items: Iterator[tuple[bytes, bytes]], keep: object) -> Iterator[tuple[bytes, bytes]]:
-    # RocksDB keeps a pointer to the upper bound's bytes, not a copy: they (and the options)
-    # must outlive the iteration, or a caller's temporary bound turns into garbage mid-scan.
-    yield from items
-    del keep
+        return iter(items)
 
 
 class Shard:
