@@ -43,12 +43,11 @@ def range_query(view: ShardView, q: RangeQuery) -> pa.RecordBatch:
     ranges = view.definition.key.byte_ranges(q.lower, q.upper, q.lower_inclusive, q.upper_inclusive)
     if q.descending:
         ranges = [r.__class__(r.start, r.stop, not r.reverse) for r in reversed(ranges)]
+    add_key, add_value = keys.append, stored.append
     for r in ranges:
-        pairs = list(view.scan(r.start, r.stop, r.reverse))
-        if pairs:
-            ks, vs = zip(*pairs)
-            keys.extend(ks)
-            stored.extend(vs)
+        for k, v in view.scan(r.start, r.stop, r.reverse):
+            add_key(k)
+            add_value(v)
     return build_batch(view.schema, view.definition, keys, stored)
 
 
