@@ -32,6 +32,13 @@ class ByteRange:
     reverse: bool = False
 
 
+def prefix_stop(prefix: bytes) -> bytes | None:
+    """The smallest byte string above every string that starts with ``prefix`` (None: no
+    such bound): the exclusive stop of a prefix scan."""
+    trimmed = prefix.rstrip(b"\xff")
+    return trimmed[:-1] + bytes([trimmed[-1] + 1]) if trimmed else None
+
+
 def _after(b: bytes) -> bytes:
     """The smallest byte string greater than ``b``: turns an inclusive bound into an exclusive one."""
     return b + b"\x00"

@@ -15,6 +15,7 @@ import pyarrow as pa
 from rocksdict import WriteBatch
 
 from federator.catalog.definition import DefinitionError, StoreDefinition
+from federator.formats import prefix_stop
 from federator.store.arrow import build_batch, empty_batch
 from federator.store.kv import KeyValueStoreType
 from federator.store.record import ChangelogRecord
@@ -36,12 +37,6 @@ def sortable(fmt: str, score: Any) -> bytes:
         # positives: set the sign bit; negatives: flip every bit (bigger magnitude sorts lower)
         return _U64.pack(bits ^ 0xFFFF_FFFF_FFFF_FFFF if bits & _SIGN else bits | _SIGN)
     return _U64.pack(int(score) + _SIGN)
-
-
-def _next_prefix(prefix: bytes) -> bytes | None:
-    """The smallest 8-byte value above ``prefix`` (None: there is none)."""
-    n = _U64.unpack(prefix)[0]
-    return None if n == 0xFFFF_FFFF_FFFF_FFFF else _U64.pack(n + 1)
 
 
 class LeaderboardStoreType(KeyValueStoreType):
@@ -106,7 +101,7 @@ def rank(view: ShardView, q: RankQuery) -> pa.RecordBatch:
     for score in q.scores:
         prefix = sortable(fmt, view.definition.value.coerce(score))
         if q.descending:
-            start, stop = _next_prefix(prefix), None
+            start, stop = prefix_stop(prefix), None  # past every entry with this score
             n = 0 if start is None else sum(1 for _ in view.scan(start, stop, family=INDEX))
         else:
             n = sum(1 for _ in view.scan(None, prefix, family=INDEX))

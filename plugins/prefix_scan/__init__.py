@@ -11,6 +11,7 @@ import pyarrow as pa
 from sqlglot import exp
 
 from federator.catalog.definition import StoreDefinition
+from federator.formats import prefix_stop
 from federator.plan.keys import SubQuery, conjuncts, like_prefix
 from federator.plugin import RulePlan, SqlRule, hookimpl
 from federator.plugin.rules import is_plain_column, literal
@@ -27,16 +28,10 @@ class PrefixScanQuery(Query):
     prefix: Any = ""
 
 
-def _after(prefix: bytes) -> bytes | None:
-    """The smallest byte string above every string that starts with ``prefix``."""
-    trimmed = prefix.rstrip(b"\xff")
-    return trimmed[:-1] + bytes([trimmed[-1] + 1]) if trimmed else None
-
-
 def prefix_scan(view: ShardView, q: PrefixScanQuery) -> pa.RecordBatch:
     start = view.definition.key.serialize(q.prefix)
     keys, stored = [], []
-    for k, v in view.scan(start, _after(start)):
+    for k, v in view.scan(start, prefix_stop(start)):
         keys.append(k)
         stored.append(v)
     return build_batch(view.schema, view.definition, keys, stored) if keys else empty_batch(view.schema)

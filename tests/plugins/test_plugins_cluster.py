@@ -39,20 +39,14 @@ def duck(db, text: str, params: list | None = None) -> list[list]:
 
 
 def with_env(env: dict[str, str | None], start) -> None:
-    saved = {k: os.environ.get(k) for k in env}
-    try:
+    """Run ``start`` (which spawns node processes) with these environment variables (None: unset)."""
+    with pytest.MonkeyPatch.context() as mp:
         for k, v in env.items():
             if v is None:
-                os.environ.pop(k, None)
+                mp.delenv(k, raising=False)
             else:
-                os.environ[k] = v
+                mp.setenv(k, v)
         start()
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 @pytest.fixture(scope="module")
