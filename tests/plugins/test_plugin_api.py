@@ -84,3 +84,18 @@ def test_a_format_name_is_registered_once() -> None:
     with pytest.raises(FormatError, match="already registered"):
         register(types.SimpleNamespace(register_formats=hookimpl(lambda: [Again()])), "again")
     assert not any(p.name == "again" for p in installed_plugins())
+
+
+def test_the_plugins_command_lists_the_installed_plugins() -> None:
+    import os
+    import subprocess
+
+    from tests.conftest import federator_cmd
+
+    out = subprocess.run(federator_cmd("plugins"), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "leaderboard" in out.stdout and "store type leaderboard" in out.stdout
+    assert "SQL rule prefix_scan.like" in out.stdout
+    none = subprocess.run(federator_cmd("plugins"), capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "FEDERATOR_PLUGINS": ""})
+    assert none.returncode == 0 and "no plugins installed" in none.stdout
