@@ -8,17 +8,22 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import math
 from typing import Any, Iterator, Protocol
 
 import pyarrow as pa
 from flask import Flask, Response, request
+from werkzeug.datastructures import MIMEAccept
+from werkzeug.http import parse_accept_header
+from werkzeug.wsgi import get_input_stream
 
 from federator.http.formats import MEDIA_TYPES, body_chunks, choose_format, json_rows_body, jsonable
 from federator.sql.errors import SqlError
 from federator.sql.result import SqlRequest, SqlResult
 
 TOKEN_HEADER = "X-Federator-Consistency-Token"
+_log = logging.getLogger("federator.http")
 
 # Body fields and their defaults; anything else is refused so a misspelt option
 # ("paramters") fails instead of being silently ignored.
@@ -75,12 +80,12 @@ def sql_request_from_body(body: Any) -> tuple[SqlRequest, Any]:
     return req, body.get("format")
 
 
-def _read_body() -> Any:
-    length = request.content_length
-    if length is not None and not request.environ.get("HTTP_TRANSFER_ENCODING"):
-        raw = request.environ["wsgi.input"].read(length)  # Werkzeug's stream wrappers cost ~40 us here
+def _read_body(environ: dict[str, Any]) -> Any:
+    length = environ.get("CONTENT_LENGTH")
+    if length and not environ.get("HTTP_TRANSFER_ENCODING"):
+        raw = environ["wsgi.input"].read(int(length))
     else:
-        raw = request.get_data(cache=False)
+        raw = get_input_stream(environ).read()  # chunked (the server has de-chunked it) or no length
     if not raw:
         raise SqlError("INVALID_PARAMETER", 'the request body is empty; send a JSON object like {"sql": "SELECT ..."}')
     try:
@@ -140,15 +145,13 @@ def _whole_if_small(chunks: Iterator[bytes]) -> bytes | Iterator[bytes]:
     return b"".join(head)
 
 
-def register_sql_routes(app: Flask, node: SqlNode) -> None:
-    app.register_error_handler(SqlError, sql_error_response)
-
-    @app.post("/v1/sql")
-    def sql() -> Response:
-        req, requested = sql_request_from_body(_read_body())
-        accept = request.headers.get("Accept")
+def sql_response(node: SqlNode, environ: dict[str, Any]) -> Response:
+    """The answer to a ``POST /v1/sql`` (errors included) from its WSGI environ."""
+    try:
+        req, requested = sql_request_from_body(_read_body(environ))
+        accept = environ.get("HTTP_ACCEPT")
         # the common headers need no parsing (Werkzeug's Accept matching costs ~50 us a request)
-        fmt = choose_format(requested, None if accept in _JSON_ACCEPTS else request.accept_mimetypes)
+        fmt = choose_format(requested, None if accept in _JSON_ACCEPTS else parse_accept_header(accept, MIMEAccept))
         result = node.sql(req)
         if fmt == "json" and result.rows is not None:
             body = json_rows_body(result.schema, result.rows,
@@ -167,6 +170,37 @@ def register_sql_routes(app: Flask, node: SqlNode) -> None:
 
         chunks = _closing(body_chunks(fmt, result.schema, _batches(first, rest), trailer), rest)
         return Response(_whole_if_small(chunks), mimetype=MEDIA_TYPES[fmt], headers=headers)
+    except SqlError as e:
+        return sql_error_response(e)
+    except Exception as e:  # noqa: BLE001 - the same JSON 500 the app gives for any other route
+        _log.exception("unexpected error on POST /v1/sql")
+        return json_response({"error": {"code": "INTERNAL", "message": f"{type(e).__name__}: {e}"}}, 500)
+
+
+class SqlFastPath:
+    """WSGI middleware that answers ``POST /v1/sql`` before Flask sees it.
+
+    Flask's request context, URL matching and session handling cost more CPU than a point
+    query itself (about 400 us against 150 us here); the SQL endpoint needs none of them.
+    Every other request, ``GET /v1/sql`` included (Flask's 405), goes on to the app."""
+
+    def __init__(self, app: Any, node: SqlNode) -> None:
+        self.app, self.node = app, node
+
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> Any:
+        if environ.get("PATH_INFO") == "/v1/sql" and environ.get("REQUEST_METHOD") == "POST":
+            return sql_response(self.node, environ)(environ, start_response)
+        return self.app(environ, start_response)
+
+
+def register_sql_routes(app: Flask, node: SqlNode) -> None:
+    app.register_error_handler(SqlError, sql_error_response)
+    app.wsgi_app = SqlFastPath(app.wsgi_app, node)  # type: ignore[method-assign]
+
+    @app.post("/v1/sql")
+    def sql() -> Response:
+        # reached only when the app runs without SqlFastPath (which answers POSTs first)
+        return sql_response(node, request.environ)
 
     @app.get("/v1/plugins")
     def plugins() -> Response:

@@ -332,3 +332,20 @@ def test_a_small_answer_that_fails_gets_the_real_status(fmt: str) -> None:
     client = create_app(MidStreamFailure()).test_client()
     resp = client.post("/v1/sql", json={"sql": "SELECT 1", "format": fmt})
     assert resp.status_code == 504 and resp.get_json()["error"]["code"] == "TIMEOUT"
+
+
+def test_a_chunked_request_body_is_read_whole(server_url: str, node: FakeSqlNode) -> None:
+    """Clients that stream their body (no Content-Length) are answered like any other."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    body = json.dumps({"sql": "SELECT * FROM scores WHERE player = ?", "parameters": ["alice"]}).encode()
+    conn = http.client.HTTPConnection(urlsplit(server_url).netloc, timeout=10)
+    conn.request("POST", "/v1/sql", body=iter([body[:10], body[10:]]),
+                 headers={"Content-Type": "application/json"}, encode_chunked=True)
+    resp = conn.getresponse()
+    answer = resp.read()
+    conn.close()
+    assert resp.status == 200, answer
+    assert json.loads(answer)["rows"][0][0] == "alice"
+    assert node.requests[-1].parameters == ["alice"]
