@@ -33,6 +33,7 @@ import functools
 import logging
 import struct
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -225,115 +226,29 @@ def _suffixed(keys: pa.Array, layout: str, t1: pa.Array | None, t2: pa.Array | N
     return pc.binary_join_element_wise(keys.cast(pa.binary()), tail, b"")
 
 
-# Pass 1 (checks + serialization) outputs one row per input batch (or per slice of one):
-# ``rows``; ``failed``, how many fail some check; ``hashes``, the rows'
-# changelog-key hashes (int64s); ``records``, the rows ready to produce as one Arrow IPC
-# stream (RECORD_SCHEMA). Spark caches a few large values instead of four columns per row,
-# so neither building the cache nor reading it back converts row by row. Once a check
-# fails, only counts follow: nothing will be written.
-RECORD_SCHEMA = pa.schema([
-    pa.field("p", pa.int32()),  # Kafka partition
-    pa.field("t", pa.int64()),  # record time (epoch ms)
-    pa.field("k", pa.binary()),  # changelog key
-    pa.field("v", pa.binary()),  # value
-])
-PREPARED_SCHEMA = pa.schema([
-    pa.field("rows", pa.int64()),
-    pa.field("failed", pa.int64()),
-    pa.field("hashes", pa.binary()),
-    pa.field("records", pa.binary()),
-])
-PREPARED_DDL = "rows long, failed long, hashes binary, records binary"
-MAX_SLICE_BYTES = 32 << 20  # one cached value stays well below Spark's 2 GB limit on binary
+def _bytes_list(arr: pa.Array) -> list[bytes]:
+    """A binary or fixed-size binary array (no nulls) as a list of bytes objects. Fixed-size
+    goes through numpy: pyarrow's to_pylist of fixed-size binary is ~15x slower."""
+    if pa.types.is_fixed_size_binary(arr.type):
+        import numpy as np
+
+        width = arr.type.byte_width
+        return np.frombuffer(arr.buffers()[1], dtype=f"V{width}", count=len(arr),
+                             offset=arr.offset * width).tolist()
+    return arr.to_pylist()
 
 
 @dataclass(frozen=True)
-class _PrepareSpec:
-    """What pass 1 needs (pickled into the task)."""
+class _WriteSpec:
+    """What a Spark task needs to serialize and produce its rows (pickled into the task)."""
 
+    bootstrap_servers: str
+    topic: str
     partitions: int
     layout: str  # kv, window or session
     key_format: str
     value_format: str  # a simple format, or "json" (the column already holds the document)
     now_ms: int  # kv records' time
-    max_slice_bytes: int = MAX_SLICE_BYTES
-
-
-def _one_binary(buf: pa.Buffer | bytes | None) -> pa.Array:
-    """A binary array of one value, without copying a pa.Buffer."""
-    if buf is None or isinstance(buf, bytes):
-        return pa.array([buf], pa.binary())
-    offsets = pa.py_buffer(struct.pack("<2i", 0, buf.size))
-    return pa.Array.from_buffers(pa.binary(), 1, [None, offsets, buf])
-
-
-def _prepared_row(rows: int, failed: int, hashes: pa.Buffer | bytes | None,
-                  records: pa.Buffer | None) -> pa.RecordBatch:
-    return pa.RecordBatch.from_arrays(
-        [pa.array([rows], pa.int64()), pa.array([failed], pa.int64()), _one_binary(hashes), _one_binary(records)],
-        schema=PREPARED_SCHEMA,
-    )
-
-
-def _ipc(batch: pa.RecordBatch) -> pa.Buffer:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, batch.schema) as writer:
-        writer.write_batch(batch)
-    return sink.getvalue()
-
-
-def _prepare_partition(spec: _PrepareSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """Count the rows that fail a check (their key hash ``h`` is null) and serialize the rows
-    (columns k, v[, t1[, t2]], h): changelog key and value bytes, Kafka partition (murmur2 of
-    the plain key), record time."""
-    import numpy as np
-
-    failed = False
-    for batch in batches:
-        n = batch.num_rows
-        if n == 0:
-            continue
-        bad = batch.column("h").null_count
-        failed = failed or bad > 0
-        if failed:  # the write will not happen: only count, the driver finds out what failed
-            yield _prepared_row(n, bad, None, None)
-            continue
-        names = batch.schema.names
-        plain = _serialize(batch.column("k"), spec.key_format)
-        t1 = batch.column("t1") if "t1" in names else None
-        t2 = batch.column("t2") if "t2" in names else None
-        time_col = {"kv": None, "window": t1, "session": t2}[spec.layout]
-        records = pa.RecordBatch.from_arrays(
-            [murmur2_partitions(plain, spec.partitions),
-             pa.repeat(pa.scalar(spec.now_ms, pa.int64()), n) if time_col is None else time_col,
-             _suffixed(plain, spec.layout, t1, t2),
-             _serialize(batch.column("v"), spec.value_format).cast(pa.binary())],
-            schema=RECORD_SCHEMA,
-        )
-        hashes = np.asarray(batch.column("h").to_numpy(zero_copy_only=False), dtype="<i8")
-        step = max(1, n * spec.max_slice_bytes // max(records.nbytes, 1))
-        for at in range(0, n, step):
-            part = records.slice(at, step)
-            yield _prepared_row(part.num_rows, 0, hashes[at:at + step].tobytes(), _ipc(part))
-
-
-def _unpack_hashes(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """Pass 1's hash values as an int64 column (for the group-by duplicate check)."""
-    for batch in batches:
-        blobs = [b for b in batch.column(0).to_pylist() if b]
-        if blobs:
-            data = b"".join(blobs)
-            arr = pa.Array.from_buffers(pa.int64(), len(data) // 8, [None, pa.py_buffer(data)])
-            yield pa.RecordBatch.from_arrays([arr], names=["h"])
-
-
-@dataclass(frozen=True)
-class _WriteSpec:
-    """What a Spark task needs to produce its prepared records (pickled into the task)."""
-
-    bootstrap_servers: str
-    topic: str
-    partitions: int
     producer_config: tuple[tuple[str, Any], ...]
     flush_timeout: float
     existing: Any = None  # replace mode: Broadcast of {changelog key: index} live before the write
@@ -347,7 +262,8 @@ RESULT_SCHEMA = pa.schema([
 ])
 RESULT_DDL = "partition int, offset long, records long, seen binary"
 
-# One producer per Python worker process, reused by the tasks it runs (Spark reuses workers).
+# One producer per Python worker process, reused by the tasks it runs (Spark reuses workers):
+# a new idempotent producer waits ~0.5 s for its producer id before its first delivery.
 _PRODUCERS: dict[tuple, Any] = {}
 
 
@@ -371,9 +287,9 @@ def _produce_waiting(producer: Any, *args: Any) -> None:
 
 
 def _write_partition(spec: _WriteSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """Produce one Spark partition's prepared records (pass 1's ``records``); yield the last
-    offset delivered per Kafka partition and, in replace mode, a bitmap of the pre-existing
-    keys it wrote."""
+    """Serialize and produce one Spark partition's rows (columns k, v[, t1[, t2]], h); yield the
+    last offset delivered per Kafka partition and, in replace mode, a bitmap of the
+    pre-existing keys it wrote."""
     try:
         yield _produce_batches(spec, batches)
     except BaseException:
@@ -382,34 +298,39 @@ def _write_partition(spec: _WriteSpec, batches: Iterator[pa.RecordBatch]) -> Ite
         raise
 
 
-def _records(blobs: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """The record batches inside pass 1's ``records`` values (read in place, not copied)."""
-    for batch in blobs:
-        column = batch.column(0)
-        for i in range(len(column)):
-            if column[i].is_valid:
-                yield from pa.ipc.open_stream(column[i].as_buffer())
-
-
 def _produce_batches(spec: _WriteSpec, batches: Iterator[pa.RecordBatch]) -> pa.RecordBatch:
+    import itertools
+
+    import numpy as np
+
     producer = _producer(spec)
     produce = producer.produce
-    topic, nparts = spec.topic, spec.partitions
+    topic, nparts, layout = spec.topic, spec.partitions, spec.layout
     # Delivery reports land in one dict per partition through a C-level bound method:
     # d[None] = last delivered message (in order: the producer is idempotent), d[err] = failures.
     reports: list[dict] = [{} for _ in range(nparts)]
     callbacks = [d.__setitem__ for d in reports]
-    counts = [0] * nparts
+    counts = np.zeros(nparts, dtype=np.int64)
     existing = spec.existing.value if spec.existing is not None else None
     seen = bytearray((len(existing) + 7) // 8) if existing else None  # bit i: existing key i was written
-    for batch in _records(batches):
-        if batch.num_rows == 0:
+    for batch in batches:
+        n = batch.num_rows
+        if n == 0:
             continue
-        parts_arr = batch.column(0)
-        for item in pc.value_counts(parts_arr).to_pylist():
-            counts[item["values"]] += item["counts"]
-        keys = batch.column(2).to_pylist()
-        for p, t, k, v in zip(parts_arr.to_pylist(), batch.column(1).to_pylist(), keys, batch.column(3).to_pylist()):
+        if batch.column("h").null_count:  # pass 1 saw none: the DataFrame changed in between
+            raise RuntimeError("a row fails a check in the write pass although every row passed pass 1's checks: "
+                               "is the DataFrame non-deterministic? Records before it may have been written")
+        names = batch.schema.names
+        plain = _serialize(batch.column("k"), spec.key_format)
+        t1 = batch.column("t1") if "t1" in names else None
+        t2 = batch.column("t2") if "t2" in names else None
+        parts = murmur2_partitions(plain, nparts).to_numpy()
+        counts += np.bincount(parts, minlength=nparts)
+        keys = _bytes_list(plain if layout == "kv" else _suffixed(plain, layout, t1, t2))
+        values = _bytes_list(_serialize(batch.column("v"), spec.value_format))
+        time_col = {"kv": None, "window": t1, "session": t2}[layout]
+        times = itertools.repeat(spec.now_ms) if time_col is None else time_col.to_numpy().tolist()
+        for p, t, k, v in zip(parts.tolist(), times, keys, values):
             try:  # positional: (topic, value, key, partition, callback, on_delivery alias, timestamp)
                 produce(topic, v, k, p, callbacks[p], None, t)
             except BufferError:
@@ -435,7 +356,7 @@ def _produce_batches(spec: _WriteSpec, batches: Iterator[pa.RecordBatch]) -> pa.
         if d.get(None) is not None:
             rows_p.append(p)
             rows_o.append(d[None].offset())
-            rows_n.append(counts[p])
+            rows_n.append(int(counts[p]))
             rows_s.append(None)
     if seen is not None and any(seen):
         rows_p.append(-1)
@@ -711,6 +632,27 @@ def _live_keys(bootstrap: str, topic: str, partitions: int, timeout: float) -> s
     return {k for k, alive in live.items() if alive}
 
 
+# The driver's producer (catalog records, tombstones), kept like the workers' ones: a new
+# idempotent producer waits ~0.5 s for its producer id before its first delivery.
+_DRIVER_PRODUCERS: dict[str, Any] = {}
+_DRIVER_LOCK = threading.Lock()
+
+
+def _driver_producer(bootstrap: str) -> Any:
+    with _DRIVER_LOCK:
+        p = _DRIVER_PRODUCERS.get(bootstrap)
+        if p is None:
+            p = _DRIVER_PRODUCERS[bootstrap] = kafka.producer(bootstrap, **dict(PRODUCER_CONFIG))
+        return p
+
+
+def _drop_driver_producer(bootstrap: str, producer: Any) -> None:
+    """Forget a producer that failed (it may be in a fatal state); the next write makes another."""
+    with _DRIVER_LOCK:
+        if _DRIVER_PRODUCERS.get(bootstrap) is producer:
+            del _DRIVER_PRODUCERS[bootstrap]
+
+
 _SUFFIX_LEN = {"kv": 0, "window": 12, "session": 16}
 
 
@@ -719,9 +661,18 @@ def _tombstones(bootstrap: str, defn: StoreDefinition, keys: Sequence[bytes], no
     """Delete ``keys`` (changelog keys); the last offset per partition."""
     cut = _SUFFIX_LEN[changelog_layout(defn.type)]
     parts = murmur2_partitions(pa.array([k[: len(k) - cut] for k in keys], pa.binary()), defn.partitions)
-    producer = kafka.producer(bootstrap, **{"linger.ms": 20})
+    producer = _driver_producer(bootstrap)
+    try:
+        return _tombstones_with(producer, bootstrap, defn, keys, parts.to_pylist(), now_ms, timeout)
+    except BaseException:
+        _drop_driver_producer(bootstrap, producer)
+        raise
+
+
+def _tombstones_with(producer: Any, bootstrap: str, defn: StoreDefinition, keys: Sequence[bytes],
+                     parts: list[int], now_ms: int, timeout: float) -> dict[int, int]:
     reports: list[dict] = [{} for _ in range(defn.partitions)]
-    for k, p in zip(keys, parts.to_pylist()):
+    for k, p in zip(keys, parts):
         try:
             producer.produce(defn.topic, None, k, p, reports[p].__setitem__, None, now_ms)
         except BufferError:
@@ -755,8 +706,9 @@ def _unmarked(keys: list[bytes], bitmap: int) -> list[bytes]:
 PRODUCER_CONFIG: tuple[tuple[str, Any], ...] = (
     ("linger.ms", 20), ("batch.size", 1_000_000), ("queue.buffering.max.messages", 500_000),
 )
-# Up to this many rows the duplicate check sorts the 8-byte key hashes on the driver (8 MB per
-# million rows); above it a Spark group-by on the hashes keeps the driver's memory flat.
+# Up to this many rows (as Spark's plan statistics estimate them) the duplicate check sorts the
+# 8-byte key hashes on the driver (8 MB per million rows); above it, or without an estimate, a
+# Spark group-by on the hashes keeps the driver's memory flat.
 DRIVER_HASH_ROWS = 4_000_000
 _SPARK_FAILURES = ("PythonException", "Py4JJavaError", "SparkRuntimeException")
 
@@ -768,19 +720,50 @@ def _key_hash(columns: Sequence[str]) -> Any:
     return F.xxhash64(*[F.col(c) for c in columns])
 
 
-def _maybe_duplicates(prepared: Any, total: int) -> bool:
-    """Whether two rows share a key hash: every duplicate does (a hash collision may too)."""
-    if total <= DRIVER_HASH_ROWS:
-        import numpy as np
+def _estimated_rows(df: Any) -> int | None:
+    """Spark's estimate of ``df``'s row count: exact for ranges and local data, else its size
+    estimate over 8 bytes (an over-estimate: every row here holds a key and a value)."""
+    try:
+        stats = df._jdf.queryExecution().optimizedPlan().stats()
+        count = stats.rowCount()
+        return int(count.get().toString()) if count.isDefined() else int(stats.sizeInBytes().toString()) // 8
+    except Exception:  # an internal API: without it, take the path that fits any size
+        log.debug("no row estimate for the duplicate check", exc_info=True)
+        return None
 
-        blobs = [r["hashes"] for r in prepared.select("hashes").collect() if r["hashes"]]
-        h = np.frombuffer(b"".join(blobs), dtype="<i8").copy()
-        h.sort()
-        return bool(len(h) > 1 and (h[1:] == h[:-1]).any())
+
+def _costly(df: Any) -> bool:
+    """Whether computing ``df`` a second time (pass 2) costs a shuffle, or could give other rows
+    than pass 1 checked: then the rows are cached between the passes."""
+    try:
+        qe = df._jdf.queryExecution()
+        return not qe.optimizedPlan().deterministic() or "Exchange" in qe.executedPlan().toString()
+    except Exception:  # an internal API: without it, caching is the safe side
+        log.debug("cannot inspect the plan; caching the rows between the passes", exc_info=True)
+        return True
+
+
+def _check_rows(staged: Any) -> tuple[int, int, bool]:
+    """Pass 1, in Spark alone (no Python worker, nothing cached unless ``staged`` is): the
+    rows, how many fail some check (their hash ``h`` is null) and whether two rows share a key
+    hash (every duplicate does; a hash collision may too)."""
     from pyspark.sql import functions as F
 
-    hashes = _map_in_arrow(prepared.select("hashes"), _unpack_hashes, "h long")
-    return bool(hashes.groupBy("h").count().where(F.col("count") > 1).limit(1).collect())
+    estimate = _estimated_rows(staged)
+    if estimate is not None and estimate <= DRIVER_HASH_ROWS:
+        import numpy as np
+
+        h = staged.select("h").toArrow().column("h")
+        failed = h.null_count
+        if failed:
+            return len(h), failed, False
+        arr = np.sort(h.to_numpy())
+        return len(arr), 0, bool(len(arr) > 1 and (arr[1:] == arr[:-1]).any())
+    n = F.col("n")
+    per_hash = staged.groupBy("h").agg(F.count(F.lit(1)).alias("n"))
+    r = per_hash.agg(F.sum(n).alias("total"), F.sum(F.when(F.col("h").isNull(), n)).alias("failed"),
+                     F.max(F.when(F.col("h").isNotNull(), n)).alias("most")).first()
+    return int(r["total"] or 0), int(r["failed"] or 0), bool((r["most"] or 0) > 1)
 
 
 def _raise_check_failures(rows: Any, plan: _Plan, store: str) -> None:
@@ -864,6 +847,7 @@ def write_store(
     with the same DataFrame leaves the same store. ``progress`` gets one line per step.
     """
     from pyspark import StorageLevel
+    from pyspark.sql import functions as F
 
     say = progress or (lambda msg: log.info("%s", msg))
     if mode not in MODES:
@@ -877,30 +861,31 @@ def write_store(
         session_start=session_start, session_end=session_end,
     )
     catalog = Catalog(bootstrap_servers, application_id)
-    # the catalog is read while Spark runs pass 1; a definition that does not fit still fails first
+    # While Spark runs pass 1: read the catalog, and have the driver's producer (catalog record,
+    # tombstones) fetch its producer id. Neither writes anything; a definition that does not
+    # fit still fails first.
     pool = ThreadPoolExecutor(1)
     store_check = pool.submit(_check_store, catalog, plan.defn)
+    warm = pool.submit(_driver_producer, bootstrap_servers)
     pool.shutdown(wait=False)
 
     started = time.monotonic()
     now_ms = int(time.time() * 1000)  # kv records' time: the write's start
     rows = df.select(*plan.projection, *plan.extra)
     write_columns = [c for c in ("k", "v", "t1", "t2") if c in rows.columns]
-    # ---- pass 1: every check and the serialization in one Spark job, its output cached --------
-    from pyspark.sql import functions as F
-
-    # one column more than the rows: the key hash, null where any check fails (each column
-    # costs Spark's Arrow writer per row; the error path can afford a job of its own)
+    # one column more than the rows: the key hash, null where any check fails (the error path
+    # can afford a job of its own to count each check)
     fails = functools.reduce(lambda a, b: a | b, [F.coalesce(cond, F.lit(False)) for _, cond in plan.checks])
     staged = rows.select(*write_columns, F.when(fails, F.lit(None)).otherwise(_key_hash(plan.unique_by)).alias("h"))
-    prep = _PrepareSpec(partitions=plan.defn.partitions, layout=changelog_layout(plan.defn.type),
-                        key_format=plan.defn.key_format, value_format=plan.defn.value_format, now_ms=now_ms,
-                        max_slice_bytes=MAX_SLICE_BYTES)
-    prepared = _map_in_arrow(staged, functools.partial(_prepare_partition, prep), PREPARED_DDL)
-    prepared = prepared.persist(StorageLevel.MEMORY_AND_DISK)
+    # Pass 2 computes the rows again unless that costs a shuffle or may give other rows
+    # (non-deterministic): then Spark caches them, so both passes see the same rows.
+    cached = _costly(staged)
+    if cached:
+        staged = staged.persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        try:  # builds the cache of serialized records; brings back only the per-batch counts
-            counted = prepared.select("rows", "failed").collect()
+        # ---- pass 1: every check, in Spark; only the key hashes come back ----------------
+        try:
+            total, failed, maybe_duplicates = _check_rows(staged)
         except Exception as e:  # a task failed: say why in one line
             store_check.result()
             if e.__class__.__name__ in _SPARK_FAILURES:
@@ -908,18 +893,21 @@ def write_store(
                                    f"{_worker_failure(e)}") from e
             raise
         defn, exists = store_check.result()
-        total = sum(r["rows"] for r in counted)
-        if any(r["failed"] for r in counted):
+        if failed:
             _raise_check_failures(rows, plan, store)
-        if _maybe_duplicates(prepared, total):
+        if maybe_duplicates:
             _raise_duplicates(rows, plan, store)  # a hash collision passes: the exact check finds none
         say(f"{store}: {total} rows checked ({time.monotonic() - started:.1f}s)")
 
         # ---- register, then write -------------------------------------------------------
+        producer = warm.result()
         try:
-            catalog.register(defn)
+            catalog.register(defn, producer=producer)
         except CatalogConflict as e:  # another writer registered it meanwhile
             raise SinkError(str(e)) from None
+        except BaseException:
+            _drop_driver_producer(bootstrap_servers, producer)
+            raise
         if not exists:
             say(f"{store}: registered in {catalog.topic} "
                 f"({defn.type}, {defn.partitions} partitions, topic {defn.topic})")
@@ -933,12 +921,14 @@ def write_store(
               if existing_keys else None)
         spec = _WriteSpec(
             bootstrap_servers=bootstrap_servers, topic=defn.topic, partitions=defn.partitions,
-            producer_config=PRODUCER_CONFIG, flush_timeout=timeout, existing=bc,
+            layout=changelog_layout(defn.type), key_format=defn.key_format, value_format=defn.value_format,
+            now_ms=now_ms, producer_config=PRODUCER_CONFIG, flush_timeout=timeout, existing=bc,
         )
+        # ---- pass 2: serialize and produce, one Python pass over the rows ----------------
         write_started = time.monotonic()
         try:
             writer = functools.partial(_write_partition, spec)
-            results = _map_in_arrow(prepared.select("records"), writer, RESULT_DDL).collect()
+            results = _map_in_arrow(staged, writer, RESULT_DDL).collect()
         except Exception as e:  # a task failed: say why in one line
             if e.__class__.__name__ in _SPARK_FAILURES:
                 raise kafka.KafkaUnavailable(f"writing store {store!r} failed: {_worker_failure(e)}") from e
@@ -965,7 +955,8 @@ def write_store(
                     offsets[p] = max(offsets.get(p, -1), o)
             say(f"{store}: deleted {len(gone)} keys that are no longer in the DataFrame")
     finally:
-        prepared.unpersist()
+        if cached:
+            staged.unpersist()
     return Position({defn.topic: offsets}).to_token()
 
 

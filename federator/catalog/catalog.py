@@ -10,7 +10,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-from confluent_kafka import KafkaError, Message, TopicPartition
+from confluent_kafka import KafkaError, Message, Producer, TopicPartition
 
 from federator import kafka
 from federator.catalog.definition import DefinitionError, StoreDefinition
@@ -102,10 +102,12 @@ class Catalog:
     def get(self, name: str) -> StoreDefinition | None:
         return self.load().get(name)
 
-    def register(self, defn: StoreDefinition) -> bool:
+    def register(self, defn: StoreDefinition, producer: Producer | None = None) -> bool:
         """Create the changelog topic and record the definition. False if it was already there.
 
         The same definition again succeeds; a different one raises CatalogConflict naming the differences.
+        ``producer``: an idempotent producer to record it with (a caller's warm one skips a new
+        producer's ~0.5 s wait for its producer id); by default a new one.
         """
         defn.validate()
         existing = self.load().get(defn.name)
@@ -119,7 +121,8 @@ class Catalog:
                 "use the existing definition or another store name"
             )
         kafka.ensure_topic(kafka.admin(self.bootstrap_servers), defn.topic, defn.partitions, COMPACTED, self.timeout)
-        producer = kafka.producer(self.bootstrap_servers)
+        if producer is None:
+            producer = kafka.producer(self.bootstrap_servers)
         errors: list[str] = []
         producer.produce(
             self.topic, key=defn.name.encode(), value=defn.to_json(),

@@ -1,5 +1,6 @@
-"""The sink's two passes: records serialized and cached in slices by pass 1 are what pass 2
-produces, and a key-hash match that is not a real duplicate does not stop a write."""
+"""The sink's two passes: pass 1 checks in Spark, pass 2 serializes and produces many Arrow
+batches per task; rows that must be computed again are cached between the passes; a key-hash
+match that is not a real duplicate does not stop a write."""
 
 from __future__ import annotations
 
@@ -30,10 +31,19 @@ def changelog(broker, app: str, store: str) -> list[tuple[int, int, bytes, bytes
     return [(p, o, k, v, t) for p in range(P) for o, k, v, t in read_partition(broker, topic, p)]
 
 
-def test_many_slices_round_trip(broker, spark, app, monkeypatch):
+def test_many_batches_round_trip(broker, spark, app):
     from pyspark.sql import functions as F
 
-    monkeypatch.setattr(sink, "MAX_SLICE_BYTES", 200)  # a handful of records per cached value
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "7")  # many Arrow batches per task
+    try:
+        _many_batches_round_trip(broker, spark, app)
+    finally:
+        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+
+
+def _many_batches_round_trip(broker, spark, app):
+    from pyspark.sql import functions as F
+
     df = spark.range(500).select(F.format_string("key-%d", F.col("id")).alias("k"), (F.col("id") * 3).alias("v"))
     token = write_store(df, "sliced", key="k", value="v", partitions=P, bootstrap_servers=broker.bootstrap_servers,
                         application_id=app)
@@ -44,7 +54,7 @@ def test_many_slices_round_trip(broker, spark, app, monkeypatch):
     assert len({t for *_, t in records}) == 1  # kv: one record time, the write's
     last = {p: max(o for q, o, *_ in records if q == p) for p in {p for p, *_ in records}}
     assert Position.from_token(token).partitions(changelog_topic(app, "sliced")) == last
-    # a duplicate in another slice is still found
+    # a duplicate in another batch is still found
     dup = df.union(spark.createDataFrame([("key-250", 0)], "k string, v long"))
     with pytest.raises(SinkError, match=r"'key-250' x2"):
         write_store(dup, "sliced", key="k", value="v", partitions=P, bootstrap_servers=broker.bootstrap_servers,
@@ -64,3 +74,26 @@ def test_equal_hashes_of_distinct_keys_are_written(broker, spark, app, monkeypat
     with pytest.raises(SinkError, match=r"'a' x2"):  # and real duplicates still fail
         write_store(df.union(df.where("k = 'a'")), "collide", key="k", value="v", partitions=P,
                     bootstrap_servers=broker.bootstrap_servers, application_id=app)
+
+
+def test_costly_or_changing_rows_are_cached_between_the_passes(spark):
+    """A shuffle or a non-deterministic expression: pass 2 reads the rows pass 1 checked."""
+    from pyspark.sql import functions as F
+
+    df = spark.range(100).select(F.format_string("k%d", F.col("id")).alias("k"), F.col("id").alias("v"))
+    assert not sink._costly(df)
+    assert sink._costly(df.groupBy("k").agg(F.sum("v").alias("v")))
+    assert sink._costly(df.withColumn("v", (F.rand() * 10).cast("long")))
+
+
+def test_a_non_deterministic_frame_is_written(broker, spark, app):
+    """Values drawn at random (a non-deterministic plan, so cached between the passes): one
+    record per row."""
+    from pyspark.sql import functions as F
+
+    df = spark.range(2000).select(F.format_string("r%d", F.col("id")).alias("k"),
+                                  (F.rand() * 1e9).cast("long").alias("v"))
+    write_store(df, "drawn", key="k", value="v", partitions=P, bootstrap_servers=broker.bootstrap_servers,
+                application_id=app)
+    records = changelog(broker, app, "drawn")
+    assert sorted(k for _, _, k, _, _ in records) == sorted(f"r{i}".encode() for i in range(2000))
