@@ -17,21 +17,21 @@ Bad input fails before anything is written (not even the catalog entry), with a 
 naming the column and saying what to do. ``mode="replace"`` also deletes, with tombstones,
 the keys that the changelog holds but the DataFrame no longer has.
 
-Two Spark jobs over Arrow batches (mapInArrow). The first runs every check (null keys,
-NaN in JSON doubles, ...: row conditions Spark evaluates; a failing row gets no key hash, and
-only then does a job of its own count each check for the message) and serializes the rows a
-whole batch at a time (keys, values, Kafka's murmur2 vectorized over Arrow), keeping the
-serialized records cached; duplicates are found from a 64-bit hash per key (sorted on the
-driver, or grouped by Spark for very large writes), with an exact group-by only when two
-hashes match. The second job reads the cached bytes and produces them: the per-record work
-is one ``produce`` call.
+Two Spark jobs. Pass 1 runs in Spark alone (no Python worker): every check is a row
+condition (null keys, NaN in JSON doubles, ...), and each row gets a 64-bit hash of its
+changelog key, null where a check fails; only the hashes come back, sorted on the driver to
+find duplicates (or grouped by Spark for very large writes), with an exact group-by only when
+two hashes match, and a job of its own to count each check only when some row failed. Pass 2
+(mapInArrow) serializes each Arrow batch at once (keys, values, Kafka's murmur2 vectorized)
+and produces it: the per-record work is one ``produce`` call. The rows are computed by both
+passes; they are cached in between only when computing them costs a shuffle or may give other
+rows (a non-deterministic plan). Nothing is written before pass 1 has passed.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import struct
 import sys
 import threading
 import time
