@@ -16,6 +16,8 @@ import sys
 import unicodedata
 from typing import Any, BinaryIO, Sequence, TextIO
 
+from federator.http.formats import failure_at_end
+
 DEFAULT_URL = "http://127.0.0.1:8080"
 NUMERIC_TYPES = ("TINYINT", "SMALLINT", "INTEGER", "BIGINT", "UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT",
                  "FLOAT", "DOUBLE", "DECIMAL")
@@ -24,6 +26,7 @@ _FLOAT = re.compile(r"[+-]?(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?")
 # Control characters would break the table's lines; show them escaped instead.
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _READ_TIMEOUT_S = 60.0  # longer than any server-side timeout_ms a user is likely to wait for
+_TAIL = 64 * 1024  # how much of a streamed answer's end is kept to look for the error marker
 
 
 def add_sql_parser(sub: Any) -> None:
@@ -144,9 +147,15 @@ def run_sql(args: argparse.Namespace, stdout: TextIO | None = None, stderr: Text
             print(format_table(doc.get("columns", []), doc.get("rows", []), doc.get("stats")), file=out)
             return 0
         sink: BinaryIO = getattr(out, "buffer", out)  # type: ignore[assignment]
+        tail = b""
         for chunk in resp.stream(64 * 1024):
             sink.write(chunk)
+            tail = (tail + chunk)[-_TAIL:]
         sink.flush()
+        failure = failure_at_end(fmt, tail)
+        if failure is not None:  # the server failed mid-stream and marked the end (formats' module doc)
+            print(f"error: the answer from {endpoint} is incomplete: {failure}", file=err)
+            return 2
         return 0
     except urllib3.exceptions.HTTPError as e:  # the server gave up mid-body (see formats' module doc)
         print(f"error: the answer from {endpoint} was cut off: {_reason(e)}", file=err)

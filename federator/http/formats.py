@@ -22,13 +22,19 @@ empty string and an empty unquoted field is NULL. Nested values are JSON text.
 
 A failure after the first chunk has been sent can no longer change the HTTP status. JSON
 then ends with an ``"error"`` member in place of the token and stats, NDJSON with an
-``{"error": ...}`` line; CSV and Arrow, which have no place for it, are cut off (the chunked
-response never ends properly, so a client sees an incomplete body, not a short result).
+``{"error": ...}`` line. CSV and Arrow have no place for it, so they end with something no
+reader takes for data: CSV with a line of one field more than the header,
+``"federator_error","CODE: message",...`` (pandas and Arrow's CSV reader refuse a ragged
+line; a lenient reader still shows the error as the last row), Arrow with an invalid IPC
+message. The body is then also cut off where the
+server allows it (waitress never ends the chunked body; granian does end it), so no client
+takes a short result for a whole one.
 """
 
 from __future__ import annotations
 
 import base64
+import csv
 import datetime as _dt
 import io
 import json
@@ -368,7 +374,39 @@ def _csv_column(field: pa.Field, col: pa.Array, conv: Converter) -> pa.Array:
     return pa.array(conv(col), pa.string())  # timestamps, binary
 
 
+CSV_ERROR_FIELD = b'"federator_error",'
+# An IPC message whose 8 metadata bytes are no valid flatbuffer: every Arrow reader stops on it.
+ARROW_ERROR_MESSAGE = b"\xff\xff\xff\xff\x08\x00\x00\x00FEDERROR"
+
+
+def csv_error_line(e: BaseException, columns: int) -> bytes:
+    err = error_body(e)["error"]
+    text = f"{err['code']}: {err['message']}".replace('"', '""')
+    return CSV_ERROR_FIELD + f'"{text}"'.encode() + b"," * (columns - 1) + b"\n"
+
+
+def failure_at_end(fmt: str, tail: bytes) -> str | None:
+    """What went wrong, when a streamed CSV or Arrow body ends with the error marker above."""
+    if fmt == "csv":
+        line = tail.rstrip(b"\n").rpartition(b"\n")[2]
+        if line.startswith(CSV_ERROR_FIELD):
+            fields = next(csv.reader([line.decode("utf-8", "replace")]))
+            return fields[1] if len(fields) > 1 else "the answer failed after it had started"
+    if fmt == "arrow" and tail.endswith(ARROW_ERROR_MESSAGE):
+        return "the answer failed after it had started; ask again (the server log says why)"
+    return None
+
+
 def csv_chunks(schema: pa.Schema, batches: Iterable[pa.RecordBatch]) -> Iterator[bytes]:
+    try:
+        yield from _csv_chunks(schema, batches)
+    except Exception as e:
+        log.warning("SQL result failed while streaming CSV: %s", e, exc_info=not isinstance(e, SqlError))
+        yield csv_error_line(e, len(schema))
+        raise
+
+
+def _csv_chunks(schema: pa.Schema, batches: Iterable[pa.RecordBatch]) -> Iterator[bytes]:
     converters = [converter_for(f.type) for f in schema]
     sink = io.BytesIO()
     writer: pa_csv.CSVWriter | None = None
@@ -390,11 +428,17 @@ def csv_chunks(schema: pa.Schema, batches: Iterable[pa.RecordBatch]) -> Iterator
 def arrow_chunks(schema: pa.Schema, batches: Iterable[pa.RecordBatch]) -> Iterator[bytes]:
     """The Arrow IPC stream format: schema, each batch as it comes, end-of-stream marker."""
     sink = io.BytesIO()
-    with pa_ipc.new_stream(sink, schema) as writer:
-        yield _drain(sink)
+    writer = pa_ipc.new_stream(sink, schema)
+    yield _drain(sink)
+    try:
         for batch in batches:
             writer.write_batch(batch)
             yield _drain(sink)
+    except Exception as e:
+        log.warning("SQL result failed while streaming Arrow: %s", e, exc_info=not isinstance(e, SqlError))
+        yield _drain(sink) + ARROW_ERROR_MESSAGE
+        raise
+    writer.close()
     if tail := _drain(sink):
         yield tail
 

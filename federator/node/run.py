@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
+import socket
 import sys
 import threading
 from pathlib import Path
@@ -21,7 +22,7 @@ def _host_port(text: str, flag: str) -> tuple[str, int]:
 
 def run_node(args: argparse.Namespace) -> int:
     from federator.http.app import create_app
-    from federator.http.server import serve, shutdown
+    from federator.http.server import default_server, serve, shutdown
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     logging.getLogger("waitress").setLevel(logging.WARNING)
@@ -45,29 +46,90 @@ def run_node(args: argparse.Namespace) -> int:
     from federator.store.scan_cache import SCAN_CACHE
 
     SCAN_CACHE.max_bytes = args.scan_cache_mb << 20
-    server = serve(create_app(node), host, port, threads=args.threads)
     stopping = threading.Event()
-
-    def on_signal(*_: object) -> None:
-        stopping.set()
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
-    flight_sql = None
-    if getattr(args, "flight_sql_port", None) is not None:
-        from federator.flight import server as flight_server
-
-        flight_sql = flight_server.start(node, host, args.flight_sql_port)  # binds now: a taken port fails early
+    _stop_on_signals(stopping)
+    app = create_app(node)
+    if (getattr(args, "server", None) or default_server()) == "granian":
+        return _run_on_granian(node, app, host, port, args, stopping)
+    server = serve(app, host, port, threads=args.threads)
+    flight_sql = _start_flight_sql(node, host, args)
     node.start()
     http = threading.Thread(target=server.run, name="http", daemon=True)
     http.start()
+    _print_serving(node, host, flight_sql)
+    stopping.wait()
+    _hand_over(node, flight_sql)
+    shutdown(server)
+    return 0
+
+
+def _stop_on_signals(stopping: threading.Event) -> None:
+    """SIGINT/SIGTERM set ``stopping``, even while the main thread sleeps in a wait no signal
+    interrupts: a signal taken by another thread (granian's Rust threads do not block them)
+    only flags the main thread, so the C-level handler's wakeup byte is read here as well."""
+    signal.signal(signal.SIGINT, lambda *_: stopping.set())
+    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    reader, writer = socket.socketpair()
+    writer.setblocking(False)
+    signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+
+    def read_wakeups() -> None:
+        with reader, writer:  # held here: a collected writer would close the fd the handler writes to
+            while not stopping.is_set():
+                data = reader.recv(64)
+                if any(sig in (signal.SIGINT, signal.SIGTERM) for sig in data):
+                    stopping.set()
+
+    threading.Thread(target=read_wakeups, name="signals", daemon=True).start()
+
+
+def _start_flight_sql(node: Node, host: str, args: argparse.Namespace) -> object | None:
+    if getattr(args, "flight_sql_port", None) is None:
+        return None
+    from federator.flight import server as flight_server
+
+    return flight_server.start(node, host, args.flight_sql_port)  # binds now: a taken port fails early
+
+
+def _print_serving(node: Node, host: str, flight_sql: object | None) -> None:
     print(f"node {node.node_id} serving http://{node.endpoint} (state in {node.state_dir})", flush=True)
     if flight_sql is not None:
-        print(f"node {node.node_id} serving Flight SQL on grpc://{host}:{flight_sql.port}", flush=True)
-    stopping.wait()
+        print(f"node {node.node_id} serving Flight SQL on grpc://{host}:{flight_sql.port}", flush=True)  # type: ignore[attr-defined]
+
+
+def _hand_over(node: Node, flight_sql: object | None) -> None:
     logging.getLogger(__name__).info("stopping: handing partitions over")
     if flight_sql is not None:
+        from federator.flight import server as flight_server
+
         flight_server.stop(flight_sql)  # external clients only: stop them before the handover
     node.stop()
-    shutdown(server)
+
+
+def _run_on_granian(node: Node, app: object, host: str, port: int, args: argparse.Namespace,
+                    stopping: threading.Event) -> int:
+    """granian runs in the main thread (it sets signal handlers as it starts); a second
+    thread keeps the shutdown order of the waitress path: hand over, then stop serving."""
+    from federator.http.granian_server import GranianServer
+
+    server = GranianServer(app, host, port, threads=args.threads, on_signal=stopping.set)
+    flight_sql = _start_flight_sql(node, host, args)
+    node.start()
+
+    def stop_in_order() -> None:
+        while not (server.listening.wait(0.1) or stopping.is_set()):
+            pass
+        if server.listening.is_set():
+            _print_serving(node, host, flight_sql)
+        stopping.wait()
+        _hand_over(node, flight_sql)
+        server.stop()
+
+    stopper = threading.Thread(target=stop_in_order, name="stopper")
+    stopper.start()
+    try:
+        server.run()
+    finally:
+        stopping.set()  # the server ended on its own (a bind error): still hand over
+        stopper.join()
     return 0

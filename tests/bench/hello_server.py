@@ -1,7 +1,7 @@
-"""The baseline: a bare Flask app on the node's server stack (federator.http.server.serve, i.e.
-waitress with the same thread count as `federator node`), in its own process.
+"""The baseline: a bare Flask app on the node's server stack (the server `federator node` would
+use, granian or waitress, with the same thread count), in its own process.
 
-    python -m tests.bench.hello_server --port PORT [--threads 8]
+    python -m tests.bench.hello_server --port PORT [--threads 8] [--server granian|waitress]
 
 ``GET /hello`` answers a small JSON object; ``POST /hello`` also reads and decodes a JSON
 body first, the shape of a ``POST /v1/sql`` round trip with none of its work.
@@ -18,7 +18,7 @@ import threading
 
 from flask import Flask, Response, request
 
-from federator.http.server import serve, shutdown
+from federator.http.server import SERVERS, default_server, serve, shutdown
 
 
 def create_app() -> Flask:
@@ -40,8 +40,17 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--threads", type=int, default=8)  # `federator node --threads` default
+    ap.add_argument("--server", choices=SERVERS, default=None)  # `federator node --server` default
     args = ap.parse_args()
     logging.getLogger("waitress").setLevel(logging.WARNING)
+    if (args.server or default_server()) == "granian":
+        from federator.http.granian_server import GranianServer
+
+        granian = GranianServer(create_app(), "127.0.0.1", args.port, threads=args.threads)
+        threading.Thread(target=lambda: (granian.listening.wait(30), print(f"ready http://127.0.0.1:{args.port}", flush=True)),
+                         daemon=True).start()
+        granian.run()  # until SIGTERM/SIGINT (granian's own handlers)
+        return 0
     server = serve(create_app(), "127.0.0.1", args.port, threads=args.threads)
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())

@@ -343,3 +343,36 @@ def test_json_from_python_rows_equals_json_from_arrow() -> None:
     assert json_rows_body(schema, [], trailer) == b"".join(json_chunks(schema, [], lambda: trailer))
     nested = pa.schema([("l", pa.list_(pa.int64()))])
     assert json_rows_body(nested, [([1],)], trailer) is None  # such columns take the Arrow path
+
+
+def test_a_failure_mid_stream_leaves_csv_and_arrow_no_reader_accepts() -> None:
+    """Once the status is sent, CSV and Arrow end with a marker readers refuse, not a short result."""
+    import io
+
+    import pyarrow.csv as pa_csv
+    import pyarrow.ipc as pa_ipc
+
+    from federator.http.formats import arrow_chunks, csv_chunks, failure_at_end
+    from federator.sql.errors import SqlError
+
+    schema = pa.schema([("a", pa.int64()), ("b", pa.string())])
+
+    def failing() -> Iterator[pa.RecordBatch]:
+        yield pa.RecordBatch.from_pylist([{"a": 1, "b": 'say "x"'}] * 3, schema=schema)
+        raise SqlError("TIMEOUT", 'partition 5 did not answer "in time"')
+
+    bodies = {}
+    for fmt, chunks in (("csv", csv_chunks), ("arrow", arrow_chunks)):
+        out = b""
+        with pytest.raises(SqlError):  # still raised, so a server that can cuts the body off too
+            for chunk in chunks(schema, failing()):
+                out += chunk
+        bodies[fmt] = out
+    assert failure_at_end("csv", bodies["csv"]) == 'TIMEOUT: partition 5 did not answer "in time"'
+    assert failure_at_end("arrow", bodies["arrow"]) is not None
+    with pytest.raises(pa.ArrowInvalid, match="Expected 2 columns, got 3"):
+        pa_csv.read_csv(io.BytesIO(bodies["csv"]))
+    with pytest.raises((pa.ArrowInvalid, OSError)):
+        pa_ipc.open_stream(io.BytesIO(bodies["arrow"])).read_all()
+    whole = b"".join(csv_chunks(schema, iter([pa.RecordBatch.from_pylist([{"a": 1, "b": "x"}], schema=schema)])))
+    assert failure_at_end("csv", whole) is None and failure_at_end("arrow", b"") is None
