@@ -56,7 +56,7 @@ def run_node(args: argparse.Namespace) -> int:
     node.start()
     http = threading.Thread(target=server.run, name="http", daemon=True)
     http.start()
-    _print_serving(node, host, flight_sql)
+    _print_serving(node, host, flight_sql, "waitress")
     stopping.wait()
     _hand_over(node, flight_sql)
     shutdown(server)
@@ -91,8 +91,8 @@ def _start_flight_sql(node: Node, host: str, args: argparse.Namespace) -> object
     return flight_server.start(node, host, args.flight_sql_port)  # binds now: a taken port fails early
 
 
-def _print_serving(node: Node, host: str, flight_sql: object | None) -> None:
-    print(f"node {node.node_id} serving http://{node.endpoint} (state in {node.state_dir})", flush=True)
+def _print_serving(node: Node, host: str, flight_sql: object | None, server: str) -> None:
+    print(f"node {node.node_id} serving http://{node.endpoint} on {server} (state in {node.state_dir})", flush=True)
     if flight_sql is not None:
         print(f"node {node.node_id} serving Flight SQL on grpc://{host}:{flight_sql.port}", flush=True)  # type: ignore[attr-defined]
 
@@ -120,7 +120,7 @@ def _run_on_granian(node: Node, app: object, host: str, port: int, args: argpars
         while not (server.listening.wait(0.1) or stopping.is_set()):
             pass
         if server.listening.is_set():
-            _print_serving(node, host, flight_sql)
+            _print_serving(node, host, flight_sql, "granian")
         stopping.wait()
         _hand_over(node, flight_sql)
         server.stop()

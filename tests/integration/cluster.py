@@ -30,7 +30,9 @@ def wait_for(cond: Callable[[], T], timeout: float = 30.0, what: str = "conditio
 
 class NodeProcess:
     def __init__(self, bootstrap: str, app_id: str, node_id: str, state_dir: Path, standby_replicas: int = 1,
-                 secret: str | None = None, port: int | None = None, flight_port: int | None = None) -> None:
+                 secret: str | None = None, port: int | None = None, flight_port: int | None = None,
+                 server: str | None = None) -> None:
+        self.server = server  # `--server` (None: the default)
         self.bootstrap, self.app_id, self.node_id, self.state_dir = bootstrap, app_id, node_id, state_dir
         self.flight_port = flight_port  # serve Flight SQL there too when given
         self.standby_replicas, self.secret = standby_replicas, secret
@@ -48,6 +50,8 @@ class NodeProcess:
             args += ["--cluster-secret", self.secret]
         if self.flight_port:
             args += ["--flight-sql-port", str(self.flight_port)]
+        if self.server:
+            args += ["--server", self.server]
         self.state_dir.parent.mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen(federator_cmd(*args), stdout=open(self.log, "a"), stderr=subprocess.STDOUT)
         wait_for(lambda: self.client.get_json("/healthz", timeout=1)[0] == 200, 30, f"{self.node_id} to answer /healthz")
@@ -72,11 +76,12 @@ class NodeProcess:
 
 class Cluster:
     def __init__(self, bootstrap: str, app_id: str, root: Path, size: int = 3, standby_replicas: int = 1,
-                 secret: str | None = None, flight_sql: bool = False) -> None:
+                 secret: str | None = None, flight_sql: bool = False, servers: dict[int, str] | None = None) -> None:
         self.standby_replicas = standby_replicas
         self.nodes = [
             NodeProcess(bootstrap, app_id, f"n{i}", root / f"n{i}", standby_replicas, secret,
-                        flight_port=free_port() if flight_sql else None) for i in range(size)
+                        flight_port=free_port() if flight_sql else None, server=(servers or {}).get(i))
+            for i in range(size)
         ]
 
     def start(self) -> Cluster:

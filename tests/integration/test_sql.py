@@ -70,7 +70,9 @@ def sql_cluster(broker, tmp_path_factory):
         (r["player"].encode(), window_key(r["player"].encode(), r["window_start"]), minutes.value.serialize(r["points"]), r["window_start"])
         for r in win_rows])
 
-    c = Cluster(broker.bootstrap_servers, app_id, tmp_path_factory.mktemp("sqlnodes"), size=3, standby_replicas=1)
+    # n2 on the other HTTP server: every query here also crosses a mixed granian/waitress cluster
+    c = Cluster(broker.bootstrap_servers, app_id, tmp_path_factory.mktemp("sqlnodes"), size=3, standby_replicas=1,
+                servers={2: "waitress"})
     c.start()
     for store in ("players", "scores", "per_minute"):
         c.wait_settled(store, P, timeout=60)
