@@ -4,6 +4,7 @@ copies, publishes its heartbeat, and answers per-partition queries for the shard
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import threading
 import time
@@ -53,8 +54,10 @@ def _node_id(state_dir: Path) -> str:
     return node_id
 
 
-def _apply_pipeline(spec: dict[str, Any], result: QueryResult) -> QueryResult:
-    """Run the SQL work that belongs where the rows are (filter, partial aggregate, top-k)."""
+def _apply_pipeline(spec: dict[str, Any], result: QueryResult, shard: Any = None) -> QueryResult:
+    """Run the SQL work that belongs where the rows are (filter, partial aggregate, top-k).
+
+    Over a shard's cached full scan the output is kept with the scan (see scan_cache)."""
     from federator.sql.pipeline import Pipeline, as_batch, run
 
     if spec.keys() == {"columns"} and spec["columns"] is not None:  # a point lookup's projection
@@ -63,6 +66,18 @@ def _apply_pipeline(spec: dict[str, Any], result: QueryResult) -> QueryResult:
         except (KeyError, ValueError) as e:
             return QueryResult.failed(result.partition, FailureReason.STORE_EXCEPTION, f"{type(e).__name__}: {e}")
         return result
+    scan, key = result.batch, json.dumps(spec, sort_keys=True, default=str)
+    kept = SCAN_CACHE.derived(shard, scan, key) if shard is not None else None
+    if kept is not None:
+        result.batch = kept
+        return result
+    try:
+        result.batch = as_batch(run(Pipeline.from_dict(spec), scan))
+    except Exception as e:  # noqa: BLE001 - a bad pipeline is this partition's typed failure
+        return QueryResult.failed(result.partition, FailureReason.STORE_EXCEPTION, f"{type(e).__name__}: {e}")
+    if shard is not None:
+        SCAN_CACHE.put_derived(shard, scan, key, result.batch)
+    return result
     try:
         result.batch = as_batch(run(Pipeline.from_dict(spec), result.batch))
     except Exception as e:  # noqa: BLE001 - a bad pipeline is this partition's typed failure
@@ -266,7 +281,7 @@ class Node:
                 continue
             result = hs.shard.run(request.query, request.bound, request.collect_execution_info)
             if request.pipeline is not None and result.ok:
-                result = _apply_pipeline(request.pipeline, result)
+                result = _apply_pipeline(request.pipeline, result, hs.shard)
             results.append(result)
         return results
 

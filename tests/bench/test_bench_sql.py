@@ -536,7 +536,7 @@ def test_scan_and_aggregates_vs_raw_iteration(broker, report: Report, tmp_path_f
     report.section(f"Full scan and aggregates ({SCAN_ROWS:,} rows, kv string -> long, 8 partitions, one node)", [
         f"Each scan {SCAN_REPEATS}x and each aggregate {AGG_REPEATS}x, cold then warm; medians. Cold: right after one "
         "record was written to every partition, so every shard is read from RocksDB. Warm: the same query again, "
-        "answered from each shard's scan cache (its last full scan as Arrow, kept while the shard is unchanged). "
+        "answered from each shard's scan cache (its last full scan as Arrow, kept while the shard is unchanged, with the partial aggregates computed over it). "
         "Baselines read the node's own shard directories after it stopped. Rows/s of an aggregate = rows it covered "
         "per second.", "", *rows])
     fraction = raw_s / scan_s["cold"]

@@ -689,6 +689,45 @@ def test_scan_cache_keeps_to_its_budget() -> None:
     assert cache.stats()["bytes"] <= 2000
 
 
+def test_work_over_a_cached_scan_is_kept_with_it_and_goes_with_it(tmp_path) -> None:
+    """An aggregate over an unchanged shard is computed once; a write makes it recomputed."""
+    from federator.node.node import _apply_pipeline
+    from federator.query.result import QueryResult
+
+    shard = Shard(tmp_path / "s", definition(), 0)
+    shard.apply([ChangelogRecord(b"a", b"1", 0, 1), ChangelogRecord(b"b", b"2", 1, 1)])
+    calls = []
+
+    def run(request_spec: dict) -> QueryResult:
+        result = shard.run(RangeQuery())
+        return _apply_pipeline(request_spec, result, shard)
+
+    import federator.sql.pipeline as pipeline
+
+    real_run = pipeline.run
+
+    def counting_run(p, batch):
+        calls.append(batch.num_rows)
+        return real_run(p, batch)
+
+    pipeline.run = counting_run
+    try:
+        spec = {"aggregate": True, "aggs": [["COUNT", None, False, "n"]]}
+        first = run(spec)
+        second = run(spec)
+        assert first.ok and second.ok, (first.message, second.message)
+        assert second.batch is first.batch and len(calls) == 1
+        assert first.batch.to_pylist() == [{"__a0_count": 2}]
+        other = run({"aggregate": True, "aggs": [["COUNT", "v", False, "n"]]})  # other work: its own entry
+        assert len(calls) == 2 and other.batch is not first.batch
+        shard.apply([ChangelogRecord(b"c", b"3", 2, 1)])
+        third = run(spec)
+        assert len(calls) == 3 and third.batch.to_pylist() == [{"__a0_count": 3}]
+    finally:
+        pipeline.run = real_run
+        shard.close()
+
+
 def test_a_scan_with_a_temporary_upper_bound_reads_the_whole_range(tmp_path) -> None:
     """RocksDB keeps a pointer to the bound's bytes: a bound nobody else holds must still
     stop the scan in the right place (it once stopped after the first key)."""
