@@ -145,7 +145,21 @@ def _whole_if_small(chunks: Iterator[bytes]) -> bytes | Iterator[bytes]:
     return b"".join(head)
 
 
-def sql_response(node: SqlNode, environ: dict[str, Any]) -> Response:
+class _JsonBody:
+    """A whole JSON answer as a bare WSGI app: building a Werkzeug Response and running it
+    cost more than the point query it carries."""
+
+    __slots__ = ("body",)
+
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        start_response("200 OK", [("Content-Type", MEDIA_TYPES["json"]), ("Content-Length", str(len(self.body)))])
+        return [self.body]
+
+
+def sql_response(node: SqlNode, environ: dict[str, Any]) -> Response | _JsonBody:
     """The answer to a ``POST /v1/sql`` (errors included) from its WSGI environ."""
     try:
         req, requested = sql_request_from_body(_read_body(environ))
@@ -157,7 +171,7 @@ def sql_response(node: SqlNode, environ: dict[str, Any]) -> Response:
             body = json_rows_body(result.schema, result.rows,
                                   {"consistency_token": result.consistency_token, "stats": result.stats})
             if body is not None:
-                return Response(body, mimetype=MEDIA_TYPES[fmt])
+                return _JsonBody(body)
         rest = iter(result.batches)
         # Pull the first batch before answering: most failures (unreachable partitions,
         # timeouts, bad plans found late) surface here and can still get their real status.

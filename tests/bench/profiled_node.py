@@ -61,6 +61,13 @@ def main() -> int:
     signal.signal(signal.SIGUSR1, lambda *_: _on.set())
     original = http_server.serve
     http_server.serve = lambda app, host, port, threads=8: original(Profiled(app), host, port, threads)
+    from federator.http import granian_server
+
+    class ProfiledGranian(granian_server.GranianServer):
+        def __init__(self, app, *args, **kwargs) -> None:
+            super().__init__(Profiled(app), *args, **kwargs)
+
+    granian_server.GranianServer = ProfiledGranian  # type: ignore[misc]
     from federator.cli import main as cli_main
 
     try:
