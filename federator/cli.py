@@ -71,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "default $FEDERATOR_HTTP_SERVER, else granian")
     n.add_argument("--scan-cache-mb", type=int, default=256, metavar="MB",
                    help="memory for keeping unchanged shards' full scans as Arrow (default 256, 0 = off)")
+    n.add_argument("--scan-cache-follow", type=int, default=50_000, metavar="N",
+                   help="writes a kept scan is brought up to date with, per shard, before it is read "
+                        "again from RocksDB instead (default 50000, 0 = drop it on any write)")
     n.add_argument("--flight-sql-port", type=int, metavar="P",
                    help="also serve Arrow Flight SQL on this port, on the --listen host (default: off)")
 

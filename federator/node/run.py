@@ -46,6 +46,9 @@ def run_node(args: argparse.Namespace) -> int:
     from federator.store.scan_cache import SCAN_CACHE
 
     SCAN_CACHE.max_bytes = args.scan_cache_mb << 20
+    if getattr(args, "scan_cache_follow", 0) < 0:
+        raise ValueError("--scan-cache-follow must be 0 or more")
+    SCAN_CACHE.max_pending = getattr(args, "scan_cache_follow", SCAN_CACHE.max_pending)
     stopping = threading.Event()
     _stop_on_signals(stopping)
     app = create_app(node)

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from federator.catalog.definition import StoreDefinition
 from federator.partitioner import partition_for
 from federator.query.queries import KeyQuery, KeysQuery, RangeQuery
 from federator.store.arrow import build_batch, empty_batch
 from federator.store.shard import ShardView
-from federator.store.types import StoreType, register_store_type, rowtime_field
+from federator.store.record import ChangelogRecord
+from federator.store.types import StoreType, register_store_type, rowtime_field, stored_value
 
 
 def key_query(view: ShardView, q: KeyQuery) -> pa.RecordBatch:
@@ -52,6 +56,11 @@ def range_query(view: ShardView, q: RangeQuery) -> pa.RecordBatch:
 
 
 _EVERYTHING = RangeQuery()
+# Key formats whose Arrow sort order is the order of a full scan: byte order for strings and
+# bytes (Arrow compares them bytewise, as RocksDB does), value order for integers (their
+# byte ranges are scanned negatives first). Doubles are left out: -0.0 and 0.0 sort apart in
+# a scan but equal in Arrow.
+_FOLLOWABLE_KEYS = ("string", "bytes", "long", "int")
 
 
 class KeyValueStoreType(StoreType):
@@ -63,6 +72,40 @@ class KeyValueStoreType(StoreType):
 
     def schema(self, defn: StoreDefinition) -> pa.Schema:
         return pa.schema([pa.field(defn.key_name, defn.key.arrow_type), *defn.value_arrow_fields(), rowtime_field()])
+
+    def follow_scan(self, defn: StoreDefinition, schema: pa.Schema, scan: pa.RecordBatch,
+                    records: Sequence[ChangelogRecord]) -> pa.RecordBatch | None:
+        """The written keys' rows replaced in place when they all exist already (the common
+        update), else dropped, the live ones added and the batch sorted by key again."""
+        if defn.key.name not in _FOLLOWABLE_KEYS:
+            return None
+        last = {r.key: r for r in records}  # in offset order: the last record of a key wins
+        written = defn.key.decode_many(list(last))
+        hit = pc.is_in(scan.column(0), value_set=written)
+        live = [r for r in last.values() if r.value is not None]
+        if live and pc.sum(hit).as_py() == len(last):  # every written key is in the scan: no new rows
+            return self._replace_in_place(defn, schema, scan, hit, last)
+        kept = scan.filter(pc.invert(hit))
+        if not live:
+            return kept
+        added = build_batch(schema, defn, [r.key for r in live], [stored_value(r) for r in live])
+        table = pa.Table.from_batches([kept, added]).sort_by([(schema.names[0], "ascending")])
+        return table.combine_chunks().to_batches()[0]
+
+    @staticmethod
+    def _replace_in_place(defn: StoreDefinition, schema: pa.Schema, scan: pa.RecordBatch, hit: pa.Array,
+                          last: dict[bytes, ChangelogRecord]) -> pa.RecordBatch:
+        by_key = {defn.key.decode_many([k])[0].as_py(): r for k, r in last.items()}
+        rows = [by_key[k] for k in scan.column(0).filter(hit).to_pylist()]  # the hit rows, in scan order
+        live = [r for r in rows if r.value is not None]
+        deleted = [r.key for r in rows if r.value is None]
+        gone = pc.is_in(scan.column(0), value_set=defn.key.decode_many(deleted)) if deleted else None
+        if gone is not None:
+            hit = pc.and_(hit, pc.invert(gone))  # replaced: the live rows only
+        new = build_batch(schema, defn, [r.key for r in live], [stored_value(r) for r in live])
+        scan = pa.RecordBatch.from_arrays(
+            [pc.replace_with_mask(col, hit, new.column(i)) for i, col in enumerate(scan.columns)], schema=scan.schema)
+        return scan if gone is None else scan.filter(pc.invert(gone))
 
 
 register_store_type(KeyValueStoreType())

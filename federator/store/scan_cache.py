@@ -7,6 +7,12 @@ entry is keyed by the shard's write sequence, so any write makes it stale: answe
 never older than what the shard holds. Entries are evicted least recently used first,
 within a byte budget (``federator node --scan-cache-mb``, 0 turns it off).
 
+Writes do not simply throw the scan away: the records a shard applies after its scan was
+kept are held beside it (up to ``MAX_PENDING``), and the next full scan folds them into the
+kept batch when the store type knows how (``StoreType.follow_scan``, kv stores) instead of
+reading RocksDB again (``federator node --scan-cache-follow``, 0 turns it off). The cost of
+a write thus moves to the next reader, once, not to every write.
+
 What the owner's SQL work made of a cached scan (a partial aggregate, a filter, a top-k) is
 kept beside it, keyed by that work's description: it is as deterministic as the scan, so a
 repeated aggregate over an unchanged shard costs a lookup. It goes when the scan goes.
@@ -16,62 +22,95 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Sequence
 
 import pyarrow as pa
 
 DEFAULT_MB = 256
-
-
 MAX_DERIVED = 16  # results kept per cached scan (distinct SQL shapes over one shard)
+DEFAULT_FOLLOW = 50_000  # writes held for a kept scan; with more, reading the shard again is cheaper
+
+
+@dataclass(eq=False)
+class _Entry:
+    seq: int  # the shard's write sequence the scan reflects
+    batch: pa.RecordBatch
+    size: int
+    derived: dict[str, pa.RecordBatch] = field(default_factory=dict)
+    pending: list[Any] = field(default_factory=list)  # records applied since, in order
+    pending_seq: int | None = None  # the sequence scan + pending reflect
 
 
 class ScanCache:
-    def __init__(self, max_bytes: int) -> None:
+    def __init__(self, max_bytes: int, max_pending: int = DEFAULT_FOLLOW) -> None:
         self.max_bytes = max_bytes
-        # owner -> (write sequence, scan, bytes, {work key: result})
-        self._entries: OrderedDict[Any, tuple[int, pa.RecordBatch, int, dict[str, pa.RecordBatch]]] = OrderedDict()
+        self.max_pending = max_pending
+        self._entries: OrderedDict[Any, _Entry] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
+        self.followed = 0  # scans brought up to date from pending writes
 
     def get(self, owner: Any, seq: int) -> pa.RecordBatch | None:
         with self._lock:
             entry = self._entries.get(owner)
-            if entry is None or entry[0] != seq:
+            if entry is None or entry.seq != seq:
                 self.misses += 1
                 return None
             self._entries.move_to_end(owner)
             self.hits += 1
-            return entry[1]
+            return entry.batch
 
-    def put(self, owner: Any, seq: int, batch: pa.RecordBatch) -> None:
+    def pending(self, owner: Any, seq: int) -> tuple[pa.RecordBatch, list[Any]] | None:
+        """The kept scan and the records applied since, when together they reflect ``seq``."""
+        with self._lock:
+            entry = self._entries.get(owner)
+            if entry is None or entry.pending_seq != seq:
+                return None
+            return entry.batch, list(entry.pending)
+
+    def note_writes(self, owner: Any, before: int, after: int, records: Sequence[Any]) -> None:
+        """``owner`` went from sequence ``before`` to ``after`` by applying ``records``."""
+        with self._lock:
+            entry = self._entries.get(owner)
+            if entry is None:
+                return
+            last = entry.pending_seq if entry.pending_seq is not None else entry.seq
+            if last != before or len(entry.pending) + len(records) > self.max_pending:
+                self._drop(owner)
+                return
+            entry.pending.extend(records)
+            entry.pending_seq = after
+
+    def put(self, owner: Any, seq: int, batch: pa.RecordBatch, followed: bool = False) -> None:
         size = batch.nbytes
         with self._lock:
             self._drop(owner)
             if size > self.max_bytes:
                 return
-            self._entries[owner] = (seq, batch, size, {})
+            self._entries[owner] = _Entry(seq, batch, size)
             self._bytes += size
+            self.followed += followed
             self._evict()
 
     def derived(self, owner: Any, scan: pa.RecordBatch, key: str) -> pa.RecordBatch | None:
         """The result kept for ``key`` over ``scan``, if ``scan`` is still owner's cached scan."""
         with self._lock:
             entry = self._entries.get(owner)
-            if entry is None or entry[1] is not scan:
+            if entry is None or entry.batch is not scan:
                 return None
-            return entry[3].get(key)
+            return entry.derived.get(key)
 
     def put_derived(self, owner: Any, scan: pa.RecordBatch, key: str, result: pa.RecordBatch) -> None:
         with self._lock:
             entry = self._entries.get(owner)
-            if entry is None or entry[1] is not scan or key in entry[3] or len(entry[3]) >= MAX_DERIVED:
+            if entry is None or entry.batch is not scan or key in entry.derived or len(entry.derived) >= MAX_DERIVED:
                 return
             size = result.nbytes
-            entry[3][key] = result
-            self._entries[owner] = (entry[0], entry[1], entry[2] + size, entry[3])
+            entry.derived[key] = result
+            entry.size += size
             self._bytes += size
             self._evict()
 
@@ -86,12 +125,12 @@ class ScanCache:
     def _drop(self, owner: Any) -> None:
         entry = self._entries.pop(owner, None)
         if entry is not None:
-            self._bytes -= entry[2]
+            self._bytes -= entry.size
 
     def stats(self) -> dict[str, int]:
         with self._lock:
             return {"entries": len(self._entries), "bytes": self._bytes, "max_bytes": self.max_bytes,
-                    "hits": self.hits, "misses": self.misses}
+                    "hits": self.hits, "misses": self.misses, "followed": self.followed}
 
 
 SCAN_CACHE = ScanCache(DEFAULT_MB << 20)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import shutil
 import threading
 import time
@@ -20,6 +21,8 @@ from federator.query.result import FailureReason, QueryResult
 from federator.store.record import ChangelogRecord
 from federator.store.scan_cache import SCAN_CACHE
 from federator.store.types import StoreType, get_store_type
+
+log = logging.getLogger(__name__)
 
 META_CF = "federator_meta"
 _POSITION = b"position"
@@ -163,12 +166,14 @@ class Shard:
             self.store_type.apply(wb, records, self._view())
             position = self._position.with_offset(self.topic, self.partition, records[-1].offset)
             wb.put(_POSITION, json.dumps(position.to_dict()).encode(), self._meta_handle)
+            before = self._seq
             self._seq += 1
             try:
                 self.db.write(wb)
                 self._position = position
             finally:
                 self._seq += 1
+            SCAN_CACHE.note_writes(self, before, self._seq, records)  # the write landed: a kept scan can follow it
 
     @property
     def source(self) -> str | None:
@@ -253,9 +258,11 @@ class Shard:
                 time.sleep(0)  # a write is in flight; let it finish
                 continue
             position = self._position
-            batch = SCAN_CACHE.get(self, seq) if full_scan else None
+            batch = self._kept_scan(seq) if full_scan else None
             if batch is not None:
-                return batch, position
+                if self._seq == seq:  # the position read belongs to this scan
+                    return batch, position
+                continue
             batch = handler(view, query)
             if self._seq == seq:
                 if full_scan:
@@ -263,6 +270,26 @@ class Shard:
                 return batch, position
         with self._lock:  # writes kept coming: read while holding them off
             return handler(view, query), self._position
+
+    def _kept_scan(self, seq: int) -> pa.RecordBatch | None:
+        """The full scan at ``seq`` from the scan cache, folding in writes held since it was kept."""
+        batch = SCAN_CACHE.get(self, seq)
+        if batch is not None:
+            return batch
+        pending = SCAN_CACHE.pending(self, seq)
+        if pending is None:
+            return None
+        try:
+            batch = self.store_type.follow_scan(self.definition, self.schema, *pending)
+        except Exception:  # noqa: BLE001 - a record that does not decode: the full scan says so properly
+            log.warning("store %r partition %s: could not bring the kept scan up to date; reading the shard",
+                        self.definition.name, self.partition, exc_info=True)
+            batch = None
+        if batch is None:
+            SCAN_CACHE.drop(self)
+            return None
+        SCAN_CACHE.put(self, seq, batch, followed=True)
+        return batch
 
     def run(
         self, query: Query, bound: PositionBound = PositionBound.unbounded(), collect_execution_info: bool = False

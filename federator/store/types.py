@@ -6,7 +6,7 @@ Built-in types are kv, window and session; plugins register more with ``register
 from __future__ import annotations
 
 import struct
-from typing import TYPE_CHECKING, Callable, ClassVar, Iterable
+from typing import TYPE_CHECKING, Callable, ClassVar, Iterable, Sequence
 
 import pyarrow as pa
 from rocksdict import WriteBatch
@@ -57,6 +57,12 @@ class StoreType:
     def is_full_scan(self, query: Query) -> bool:
         """Whether ``query`` reads the whole shard in key order (its answer may come from the scan cache)."""
         return False
+
+    def follow_scan(self, defn: StoreDefinition, schema: pa.Schema, scan: pa.RecordBatch,
+                    records: Sequence[ChangelogRecord]) -> pa.RecordBatch | None:
+        """The full scan after ``records`` were applied to a shard whose full scan was ``scan``,
+        or None to have the shard read again (the default)."""
+        return None
 
     def handler_for(self, query: Query) -> Handler | None:
         return self.handlers.get(type(query))

@@ -33,6 +33,7 @@ class NodeProcess:
                  secret: str | None = None, port: int | None = None, flight_port: int | None = None,
                  server: str | None = None) -> None:
         self.server = server  # `--server` (None: the default)
+        self.extra_args: list[str] = []  # more `federator node` flags
         self.bootstrap, self.app_id, self.node_id, self.state_dir = bootstrap, app_id, node_id, state_dir
         self.flight_port = flight_port  # serve Flight SQL there too when given
         self.standby_replicas, self.secret = standby_replicas, secret
@@ -52,6 +53,7 @@ class NodeProcess:
             args += ["--flight-sql-port", str(self.flight_port)]
         if self.server:
             args += ["--server", self.server]
+        args += self.extra_args
         self.state_dir.parent.mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen(federator_cmd(*args), stdout=open(self.log, "a"), stderr=subprocess.STDOUT)
         wait_for(lambda: self.client.get_json("/healthz", timeout=1)[0] == 200, 30, f"{self.node_id} to answer /healthz")

@@ -1,0 +1,95 @@
+"""A kept full scan brought up to date from the writes applied since equals reading the shard
+again, for any sequence of upserts and deletes, and the shard never answers from it with
+data older or newer than the position it reports."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from federator.catalog import StoreDefinition
+from federator.query.queries import RangeQuery
+from federator.store.record import ChangelogRecord
+from federator.store.scan_cache import SCAN_CACHE
+from federator.store.shard import Shard
+
+FAST = settings(max_examples=15, database=None, deadline=None)
+KEYS = {
+    "string": st.text(max_size=4),
+    "bytes": st.binary(max_size=4),
+    "long": st.integers(-(1 << 63), (1 << 63) - 1),
+    "int": st.integers(-(1 << 31), (1 << 31) - 1),
+}
+
+
+def _definition(key_format: str) -> StoreDefinition:
+    return StoreDefinition.from_dict({"name": "s", "type": "kv", "topic": "t", "partitions": 1,
+                                      "key": {"name": "k", "format": key_format},
+                                      "value": {"name": "v", "format": "long"}})
+
+
+def _full_scan(shard: Shard) -> pa.RecordBatch:
+    return shard.store_type.handler_for(RangeQuery())(shard._view(), RangeQuery())
+
+
+@pytest.mark.parametrize("key_format", sorted(KEYS))
+@FAST
+@given(data=st.data())
+def test_a_followed_scan_equals_reading_the_shard(tmp_path_factory, key_format: str, data) -> None:
+    defn = _definition(key_format)
+    shard = Shard(tmp_path_factory.mktemp("s") / "p", defn, 0)
+    keys = data.draw(st.lists(KEYS[key_format], min_size=1, max_size=12, unique=True))
+    offset = 0
+
+    def write(n: int) -> None:
+        nonlocal offset
+        records = []
+        for _ in range(n):
+            k = defn.key.serialize(data.draw(st.sampled_from(keys)))
+            value = data.draw(st.one_of(st.none(), st.integers(-5, 5)))
+            records.append(ChangelogRecord(k, None if value is None else struct.pack(">q", value), offset, offset))
+            offset += 1
+        shard.apply(records)
+
+    try:
+        write(data.draw(st.integers(1, 8)))
+        shard.query(RangeQuery())  # kept from here on
+        for _ in range(data.draw(st.integers(1, 4))):
+            write(data.draw(st.integers(1, 8)))
+            followed_before = SCAN_CACHE.followed
+            got, position = shard.query(RangeQuery())
+            assert SCAN_CACHE.followed == followed_before + 1  # it did follow, not read again
+            assert got.equals(_full_scan(shard)), (got.to_pylist(), _full_scan(shard).to_pylist())
+            assert position.get("t", 0) == offset - 1
+    finally:
+        shard.close()
+
+
+def test_doubles_and_other_store_types_are_read_again(tmp_path: Path) -> None:
+    defn = StoreDefinition.from_dict({"name": "s", "type": "kv", "topic": "t", "partitions": 1,
+                                      "key": {"format": "double"}, "value": {"format": "long"}})
+    shard = Shard(tmp_path / "p", defn, 0)
+    shard.apply([ChangelogRecord(struct.pack(">d", 1.5), struct.pack(">q", 1), 0, 0)])
+    shard.query(RangeQuery())
+    shard.apply([ChangelogRecord(struct.pack(">d", -0.0), struct.pack(">q", 2), 1, 1)])
+    followed = SCAN_CACHE.followed
+    got, _ = shard.query(RangeQuery())
+    assert SCAN_CACHE.followed == followed and got.num_rows == 2
+    shard.close()
+
+
+def test_too_many_writes_since_the_scan_drop_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(SCAN_CACHE, "max_pending", 3)
+    shard = Shard(tmp_path / "p", _definition("string"), 0)
+    shard.apply([ChangelogRecord(b"a", struct.pack(">q", 1), 0, 0)])
+    shard.query(RangeQuery())
+    shard.apply([ChangelogRecord(b"k%d" % i, struct.pack(">q", i), 1 + i, 1) for i in range(4)])
+    assert shard not in SCAN_CACHE._entries
+    got, _ = shard.query(RangeQuery())
+    assert got.column(0).to_pylist() == ["a", "k0", "k1", "k2", "k3"]
+    shard.close()
