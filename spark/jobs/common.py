@@ -7,7 +7,7 @@ import datetime as dt
 import os
 import sys
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from federator.query.position import Position
 
@@ -70,3 +70,16 @@ def finish(tokens: Mapping[str, str]) -> None:
         step(f"store {store}: consistency token {token}")
     # the last line: what a reader passes to /v1/sql as consistency_token
     print(f"consistency token: {merged_token(tokens)}", flush=True)
+
+
+def run_job(master: str, app_name: str, job: Callable[[Any], Mapping[str, str] | None]) -> int:
+    """A job's main: start Spark, run ``job(spark)``, stop Spark, print the tokens it returns."""
+    step(f"starting Spark ({master})")
+    spark = spark_session(master, app_name)
+    try:
+        tokens = job(spark)
+    finally:
+        spark.stop()
+    if tokens is not None:
+        finish(tokens)
+    return 0

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from spark.jobs import streaming
-from spark.jobs.common import finish, merged_token, parser, spark_session, step
+from spark.jobs.common import merged_token, parser, run_job, step
 from spark.sink import delete_keys, write_store
 
 DEFAULT_INPUT = ".federator/game_events/input"
@@ -316,22 +316,18 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--trigger-seconds must be positive")
     if args.max_batches is not None and args.max_batches < 1:
         p.error("--max-batches must be at least 1")
-    step(f"starting Spark ({args.master})")
-    spark = spark_session(args.master, "game_events")
-    try:
+
+    def job(spark: Any) -> dict[str, str] | None:
         if args.generate_into:
             generate_into(spark, args.generate_into, args.events, args.seed)
-            return 0
+            return None
         if args.stream:
-            tokens = stream(spark, args.bootstrap_servers, args.application_id, args.input, args.checkpoint,
-                            args.partitions, args.trigger_seconds or 5.0, args.max_batches, args.until_idle)
-        else:
-            tokens = run(spark, args.bootstrap_servers, args.application_id, args.input, args.events, args.seed,
-                         args.partitions, generate_input=not args.no_generate)
-    finally:
-        spark.stop()
-    finish(tokens)
-    return 0
+            return stream(spark, args.bootstrap_servers, args.application_id, args.input, args.checkpoint,
+                          args.partitions, args.trigger_seconds or 5.0, args.max_batches, args.until_idle)
+        return run(spark, args.bootstrap_servers, args.application_id, args.input, args.events, args.seed,
+                   args.partitions, generate_input=not args.no_generate)
+
+    return run_job(args.master, "game_events", job)
 
 
 if __name__ == "__main__":

@@ -10,9 +10,10 @@ more than either job on the demo's data.
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 from spark.jobs import game_events, word_counts
-from spark.jobs.common import finish, parser, spark_session, step
+from spark.jobs.common import parser, run_job, step
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,19 +25,15 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.events < 1:
         p.error("--events must be at least 1")
-    step(f"starting Spark ({args.master})")
-    spark = spark_session(args.master, "federator-pipeline")
-    tokens: dict[str, str] = {}
-    try:
+
+    def both(spark: Any) -> dict[str, str]:
         step("job word_counts")
-        tokens.update(word_counts.run(spark, args.bootstrap_servers, args.application_id, None, args.partitions))
+        tokens = word_counts.run(spark, args.bootstrap_servers, args.application_id, None, args.partitions)
         step("job game_events")
-        tokens.update(game_events.run(spark, args.bootstrap_servers, args.application_id, args.game_input,
-                                      args.events, args.seed, args.partitions))
-    finally:
-        spark.stop()
-    finish(tokens)
-    return 0
+        return {**tokens, **game_events.run(spark, args.bootstrap_servers, args.application_id, args.game_input,
+                                            args.events, args.seed, args.partitions)}
+
+    return run_job(args.master, "federator-pipeline", both)
 
 
 if __name__ == "__main__":
