@@ -26,6 +26,8 @@ from typing import Any, Callable
 from granian.constants import Interfaces
 from granian.server.mt import MTServer
 
+from federator.broker import port_open
+
 log = logging.getLogger(__name__)
 
 
@@ -87,13 +89,10 @@ class GranianServer:
         host = "127.0.0.1" if self.host in ("0.0.0.0", "") else "::1" if self.host == "::" else self.host
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            try:
-                socket.create_connection((host, self.port), timeout=0.5).close()
-            except OSError:
-                time.sleep(0.02)
-                continue
-            self.listening.set()
-            return
+            if port_open(host, self.port, timeout=0.5):
+                self.listening.set()
+                return
+            time.sleep(0.02)
         log.error("granian did not start listening on %s:%s within %.0fs", self.host, self.port, timeout)
 
     def run(self) -> None:

@@ -84,7 +84,7 @@ class KeyValueStoreType(StoreType):
         hit = pc.is_in(scan.column(0), value_set=written)
         live = [r for r in last.values() if r.value is not None]
         if live and pc.sum(hit).as_py() == len(last):  # every written key is in the scan: no new rows
-            return self._replace_in_place(defn, schema, scan, hit, last)
+            return self._replace_in_place(defn, schema, scan, hit, dict(zip(written.to_pylist(), last.values())))
         kept = scan.filter(pc.invert(hit))
         if not live:
             return kept
@@ -94,8 +94,7 @@ class KeyValueStoreType(StoreType):
 
     @staticmethod
     def _replace_in_place(defn: StoreDefinition, schema: pa.Schema, scan: pa.RecordBatch, hit: pa.Array,
-                          last: dict[bytes, ChangelogRecord]) -> pa.RecordBatch:
-        by_key = {defn.key.decode_many([k])[0].as_py(): r for k, r in last.items()}
+                          by_key: dict[object, ChangelogRecord]) -> pa.RecordBatch:
         rows = [by_key[k] for k in scan.column(0).filter(hit).to_pylist()]  # the hit rows, in scan order
         live = [r for r in rows if r.value is not None]
         deleted = [r.key for r in rows if r.value is None]
