@@ -312,6 +312,46 @@ def test_read_your_writes_with_the_writers_token(sql_cluster, broker) -> None:
     assert Position.from_token(body["consistency_token"]).get(topic, partition_for(key, P)) >= offsets[partition_for(key, P)]
 
 
+def test_kept_scans_follow_later_updates_inserts_and_deletes(sql_cluster, broker) -> None:
+    """Each shard keeps its last full scan and brings it up to date with the writes that come
+    after; answers read with the writer's token hold every update, insert and delete."""
+    from federator import kafka
+    from federator.query.position import Position
+
+    cluster, _ = sql_cluster
+    q = "SELECT key, score FROM scores"
+    before = {k: s for k, s in sql_json(cluster.nodes[0], q)["rows"]}
+    for n in cluster.nodes:
+        sql_json(n, "SELECT COUNT(*), SUM(score) FROM scores")  # every shard's scan kept, with its aggregate
+
+    def followed() -> int:
+        return sum(n.metadata()["local"]["scan_cache"]["followed"] for n in cluster.nodes)
+
+    followed_before = followed()
+    topic = f"{cluster.nodes[0].app_id}-scores-changelog"
+    writes = {-300: 99.5, -297: None, 7_000_001: 1.25}  # an update, a delete, a new key
+    producer = kafka.producer(broker.bootstrap_servers)
+    offsets: dict[int, int] = {}
+
+    def done(err, msg):
+        assert err is None, err
+        offsets[msg.partition()] = max(offsets.get(msg.partition(), -1), msg.offset())
+
+    for k, v in writes.items():
+        kb = k.to_bytes(8, "big", signed=True)
+        producer.produce(topic, key=kb, value=None if v is None else struct.pack(">d", v),
+                         partition=partition_for(kb, P), on_delivery=done)
+    assert producer.flush(10) == 0
+    token = Position({topic: offsets}).to_token()
+    expected = {**before, **{k: v for k, v in writes.items() if v is not None}}
+    del expected[-297]
+    for n in cluster.nodes:
+        assert {k: s for k, s in sql_json(n, q, consistency_token=token)["rows"]} == expected
+    n, total = sql_json(cluster.nodes[1], "SELECT COUNT(*), SUM(score) FROM scores", consistency_token=token)["rows"][0]
+    assert n == len(expected) and total == pytest.approx(sum(expected.values()))
+    assert followed() > followed_before  # brought up to date, not read again
+
+
 def test_a_query_racing_a_node_stop_is_right_or_unavailable(sql_cluster) -> None:
     cluster, db = sql_cluster
     want = db.execute("SELECT COUNT(*), SUM(total_score) FROM players").fetchone()
