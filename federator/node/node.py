@@ -78,11 +78,6 @@ def _apply_pipeline(spec: dict[str, Any], result: QueryResult, shard: Any = None
     if shard is not None:
         SCAN_CACHE.put_derived(shard, scan, key, result.batch)
     return result
-    try:
-        result.batch = as_batch(run(Pipeline.from_dict(spec), result.batch))
-    except Exception as e:  # noqa: BLE001 - a bad pipeline is this partition's typed failure
-        return QueryResult.failed(result.partition, FailureReason.STORE_EXCEPTION, f"{type(e).__name__}: {e}")
-    return result
 
 
 class Node:
@@ -250,6 +245,10 @@ class Node:
         defn = self.stores.get(request.store)
         partitions = request.partitions if request.partitions is not None else range(defn.partitions if defn else 0)
         results = []
+        # an aggregate whose state the scan cache may keep up to date through writes
+        kept_key = (json.dumps(request.pipeline, sort_keys=True, default=str)
+                    if request.pipeline is not None and request.pipeline.get("aggregate")
+                    and not request.collect_execution_info else None)
         for p in partitions:
             if defn is None or not 0 <= p < defn.partitions:
                 what = f"store {request.store!r}" if defn is None else f"partition {p} of store {request.store!r}"
@@ -279,6 +278,14 @@ class Node:
                     p, FailureReason.NOT_ACTIVE,
                     f"node {self.node_id} holds partition {p} of store {request.store!r} as {why}"))
                 continue
+            if kept_key is not None and hs.shard.store_type.is_full_scan(request.query):
+                from federator.sql.incremental import maintained_aggregate
+
+                aggregate = maintained_aggregate(kept_key, hs.shard.schema)
+                result = hs.shard.run_maintained(aggregate, request.bound) if aggregate is not None else None
+                if result is not None:
+                    results.append(result)
+                    continue
             result = hs.shard.run(request.query, request.bound, request.collect_execution_info)
             if request.pipeline is not None and result.ok:
                 result = _apply_pipeline(request.pipeline, result, hs.shard)

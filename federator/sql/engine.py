@@ -25,11 +25,26 @@ from federator.sql.point import PointAnswer, PointPlan, point_plan
 from federator.sql.result import SqlRequest, SqlResult
 
 
+def _plan_key(req: SqlRequest) -> tuple | None:
+    """What a store query's plan depends on besides the store: the SQL text and the parameters
+    with their types (1 and True hash alike, and bind differently); None when some parameter
+    cannot be a key."""
+    key = (req.sql, tuple((type(p), p) for p in req.parameters))
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
 class SqlEngine:
     def __init__(self, node: Any) -> None:
         self.node = node
         self.dispatcher = Dispatcher(node)
         self._points: dict[str, PointPlan | None] = {}  # SQL text -> its point plan (None: not a point lookup)
+        # (SQL text, parameters) -> a store query's plan and its pipeline as sent: planning costs
+        # more than answering a repeated aggregate over kept scans
+        self._plans: dict[tuple, tuple[SelectPlan, dict[str, Any]]] = {}
 
     def _stores(self) -> dict[str, StoreDefinition]:
         return self.node.stores
@@ -108,6 +123,10 @@ class SqlEngine:
             fast = self._point(stmt, req, position, deadline, stats)
             if fast is not None:
                 return fast
+        plan_key = None if stmt.explain else _plan_key(req)
+        kept = self._plans.get(plan_key) if plan_key is not None else None
+        if kept is not None and self._stores().get(kept[0].store.name) is kept[0].store:  # type: ignore[union-attr]
+            return self._gather(kept[0], kept[1], req, position, deadline, stats)
         select = bind_parameters(stmt.select, list(req.parameters), stmt.param_count)  # type: ignore[arg-type]
         source = select.args.get("from_") or select.args.get("from")
         if source is None:
@@ -141,8 +160,18 @@ class SqlEngine:
             assert plan.virtual is not None
             batches = run(plan.pipeline, plan.virtual).to_batches()
             return finish(plan, batches), position, stats
+        pipeline = plan.pipeline.to_dict()
+        if plan_key is not None:
+            if len(self._plans) >= 1024:  # one entry per distinct SQL text and parameters; keep it bounded
+                self._plans.clear()
+            self._plans[plan_key] = (plan, pipeline)
+        return self._gather(plan, pipeline, req, position, deadline, stats)
+
+    def _gather(self, plan: SelectPlan, pipeline: dict[str, Any], req: SqlRequest, position: Position,
+                deadline: float, stats: dict[str, Any]) -> tuple[pa.Table, Position, dict[str, Any]]:
+        assert plan.store is not None
         gathered = self.dispatcher.gather(
-            plan.store.name, plan.store.partitions, plan.subqueries, plan.pipeline.to_dict(),
+            plan.store.name, plan.store.partitions, plan.subqueries, pipeline,
             PositionBound.at(position) if not position.is_empty() else PositionBound.unbounded(),
             req.allow_stale, req.max_lag, deadline,
         )

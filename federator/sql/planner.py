@@ -33,6 +33,8 @@ class SelectPlan:
     offset: int
     limit: int | None
     notes: list[str] = field(default_factory=list)
+    # what the receiver compiled for this plan (the engine keeps plans of repeated queries)
+    compiled: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
 
 
 def bind_parameters(select: exp.Select, params: list[Any], expected: int) -> exp.Select:

@@ -16,6 +16,11 @@ a write thus moves to the next reader, once, not to every write.
 What the owner's SQL work made of a cached scan (a partial aggregate, a filter, a top-k) is
 kept beside it, keyed by that work's description: it is as deterministic as the scan, so a
 repeated aggregate over an unchanged shard costs a lookup. It goes when the scan goes.
+
+Aggregates whose states can be taken back (counts, exact sums) are also kept *maintained*:
+a state over the kept scan and the first n pending writes, brought forward by the rows the
+later writes removed and added (``federator.sql.incremental``). A COUNT or SUM right after a
+write then costs the write's rows, not the shard's, and the scan itself is not folded.
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ class _Entry:
     batch: pa.RecordBatch
     size: int
     derived: dict[str, pa.RecordBatch] = field(default_factory=dict)
+    # key -> (pending records reflected, state, the answer made of it)
+    maintained: dict[str, tuple[int, pa.Table, pa.RecordBatch]] = field(default_factory=dict)
     pending: list[Any] = field(default_factory=list)  # records applied since, in order
     pending_seq: int | None = None  # the sequence scan + pending reflect
 
@@ -52,6 +59,7 @@ class ScanCache:
         self.hits = 0
         self.misses = 0
         self.followed = 0  # scans brought up to date from pending writes
+        self.maintained = 0  # aggregates brought up to date from pending writes
 
     def get(self, owner: Any, seq: int) -> pa.RecordBatch | None:
         with self._lock:
@@ -71,6 +79,44 @@ class ScanCache:
                 return None
             return entry.batch, list(entry.pending)
 
+    def kept(self, owner: Any, seq: int) -> tuple[pa.RecordBatch, list[Any]] | None:
+        """The kept scan and the records applied since (maybe none), when together they reflect ``seq``."""
+        with self._lock:
+            entry = self._entries.get(owner)
+            if entry is None:
+                return None
+            if entry.pending_seq == seq:
+                return entry.batch, list(entry.pending)
+            return (entry.batch, []) if entry.seq == seq and entry.pending_seq is None else None
+
+    def state(self, owner: Any, scan: pa.RecordBatch, key: str) -> tuple[int, pa.Table, pa.RecordBatch] | None:
+        """The maintained state for ``key`` over ``scan``: (pending records it reflects, state, answer)."""
+        with self._lock:
+            entry = self._entries.get(owner)
+            if entry is None or entry.batch is not scan:
+                return None
+            return entry.maintained.get(key)
+
+    def put_state(self, owner: Any, scan: pa.RecordBatch, key: str, applied: int, state: pa.Table,
+                  answer: pa.RecordBatch, advanced: bool) -> None:
+        with self._lock:
+            self.maintained += advanced
+            entry = self._entries.get(owner)
+            if entry is None or entry.batch is not scan:
+                return
+            old = entry.maintained.get(key)
+            if old is not None:
+                if old[0] >= applied:
+                    return
+                entry.size -= old[1].get_total_buffer_size()
+                self._bytes -= old[1].get_total_buffer_size()
+            elif len(entry.maintained) >= MAX_DERIVED:
+                return
+            entry.maintained[key] = (applied, state, answer)
+            entry.size += state.get_total_buffer_size()
+            self._bytes += state.get_total_buffer_size()
+            self._evict()
+
     def note_writes(self, owner: Any, before: int, after: int, records: Sequence[Any]) -> None:
         """``owner`` went from sequence ``before`` to ``after`` by applying ``records``."""
         with self._lock:
@@ -84,15 +130,25 @@ class ScanCache:
             entry.pending.extend(records)
             entry.pending_seq = after
 
-    def put(self, owner: Any, seq: int, batch: pa.RecordBatch, followed: bool = False) -> None:
+    def put(self, owner: Any, seq: int, batch: pa.RecordBatch,
+            followed: tuple[pa.RecordBatch, int] | None = None) -> None:
+        """Keep ``batch``, owner's full scan at ``seq``: read from the shard, or ``followed``
+        = (the kept scan, n) with its first n pending records folded in (maintained states that
+        reflect exactly those records carry over)."""
         size = batch.nbytes
         with self._lock:
+            old = self._entries.get(owner)
             self._drop(owner)
             if size > self.max_bytes:
                 return
-            self._entries[owner] = _Entry(seq, batch, size)
-            self._bytes += size
-            self.followed += followed
+            entry = self._entries[owner] = _Entry(seq, batch, size)
+            if followed is not None:
+                self.followed += 1
+                base, folded = followed
+                if old is not None and old.batch is base:
+                    entry.maintained = {k: (0, st, a) for k, (n, st, a) in old.maintained.items() if n == folded}
+                    entry.size += sum(st.get_total_buffer_size() for _, st, _ in entry.maintained.values())
+            self._bytes += entry.size
             self._evict()
 
     def derived(self, owner: Any, scan: pa.RecordBatch, key: str) -> pa.RecordBatch | None:
@@ -130,7 +186,7 @@ class ScanCache:
     def stats(self) -> dict[str, int]:
         with self._lock:
             return {"entries": len(self._entries), "bytes": self._bytes, "max_bytes": self.max_bytes,
-                    "hits": self.hits, "misses": self.misses, "followed": self.followed}
+                    "hits": self.hits, "misses": self.misses, "followed": self.followed, "maintained": self.maintained}
 
 
 SCAN_CACHE = ScanCache(DEFAULT_MB << 20)

@@ -288,8 +288,49 @@ class Shard:
         if batch is None:
             SCAN_CACHE.drop(self)
             return None
-        SCAN_CACHE.put(self, seq, batch, followed=True)
+        SCAN_CACHE.put(self, seq, batch, followed=(pending[0], len(pending[1])))
         return batch
+
+    def run_maintained(self, aggregate: Any, bound: PositionBound = PositionBound.unbounded()) -> QueryResult | None:
+        """A full scan's partial aggregate from its state kept beside the kept scan, brought up
+        to date with the writes applied since (``federator.sql.incremental.MaintainedAggregate``);
+        None when there is no kept scan at this shard's sequence, or the bound is not met (the
+        caller takes the general path, and its errors)."""
+        if not bound.is_satisfied_by(self._position, self.topic, self.partition):
+            return None
+        for _ in range(3):
+            seq = self._seq
+            if seq & 1:
+                time.sleep(0)
+                continue
+            position = self._position
+            kept = SCAN_CACHE.kept(self, seq)
+            if kept is None:
+                return None
+            scan, pending = kept
+            applied, state, answer = SCAN_CACHE.state(self, scan, aggregate.key) or (0, None, None)
+            if applied != len(pending) or state is None:
+                if applied > len(pending):  # kept by a reader that saw later writes than this one
+                    applied, state = 0, None
+                try:
+                    if state is None:
+                        state = aggregate.over(scan)
+                    if applied < len(pending):
+                        changes = self.store_type.changed_rows(self.definition, self.schema, scan,
+                                                               pending[:applied], pending[applied:])
+                        if changes is None:
+                            return None
+                        state = aggregate.advance(state, *changes)
+                    answer = aggregate.answer(state)
+                except Exception:  # noqa: BLE001 - the general path reads the shard and reports properly
+                    log.warning("store %r partition %s: could not bring a kept aggregate up to date; reading the "
+                                "shard", self.definition.name, self.partition, exc_info=True)
+                    return None
+                SCAN_CACHE.put_state(self, scan, aggregate.key, len(pending), state, answer,
+                                     advanced=applied < len(pending))
+            if self._seq == seq:  # the position read belongs to this state
+                return QueryResult.success(self.partition, answer, position)
+        return None
 
     def run(
         self, query: Query, bound: PositionBound = PositionBound.unbounded(), collect_execution_info: bool = False

@@ -64,6 +64,14 @@ class StoreType:
         or None to have the shard read again (the default)."""
         return None
 
+    def changed_rows(self, defn: StoreDefinition, schema: pa.Schema, scan: pa.RecordBatch,
+                     earlier: Sequence[ChangelogRecord], records: Sequence[ChangelogRecord],
+                     ) -> tuple[pa.Table, pa.Table] | None:
+        """The rows ``records`` removed and added, applied to a shard whose full scan was
+        ``scan`` followed by ``earlier``; None when this store type cannot tell (the default):
+        aggregates kept up to date by these rows are then computed again."""
+        return None
+
     def handler_for(self, query: Query) -> Handler | None:
         return self.handlers.get(type(query))
 

@@ -461,7 +461,7 @@ def test_scan_and_aggregates_vs_raw_iteration(broker, report: Report, tmp_path_f
         cache = node.metadata()["local"]["scan_cache"]
         report.notes.append(f"Scan cache of the restarted node after its runs: {cache['entries']} shards, "
                             f"{cache['bytes'] / 1e6:.0f} MB, {cache['hits']} hits, {cache['misses']} misses, "
-                            f"{cache['followed']} scans brought up to date from writes.")
+                            f"{cache['followed']} scans and {cache['maintained']} aggregates brought up to date from writes.")
     finally:
         cluster.stop()
 
@@ -564,7 +564,9 @@ def test_scan_and_aggregates_vs_raw_iteration(broker, report: Report, tmp_path_f
         "RocksDB. Warm: the same query again, answered from each shard's scan cache (its last full scan as Arrow, "
         "kept while the shard is unchanged, with the partial aggregates computed over it). Followed: right after "
         "one record was written to every partition, on the node restarted with its defaults, so each kept scan is "
-        "brought up to date with the write instead of read again. Baselines read the node's own shard directories "
+        "brought up to date with the write instead of read again, and the counts and integer sums kept beside it "
+        "take in the written rows alone (the scan itself is brought up to date only when a query needs its rows). "
+        "Baselines read the node's own shard directories "
         "after it stopped. Rows/s of an aggregate = rows it covered per second.", "", *rows])
     fraction = raw_s / scan_s["cold"]
     report.target(f"scan >= {T_SCAN_FRACTION:.0%} of raw iteration",
@@ -572,5 +574,6 @@ def test_scan_and_aggregates_vs_raw_iteration(broker, report: Report, tmp_path_f
                   f"(warm {raw_s / scan_s['warm']:.0%})", fraction >= T_SCAN_FRACTION)
     for name, x in speedups.items():
         report.target(f"{name} >= {T_AGG_SPEEDUP}x faster than pulling the rows",
-                      f"warm {x['warm']:.1f}x; right after a write: {x['followed']:.1f}x with kept scans followed, "
-                      f"{x['cold']:.1f}x read from RocksDB", x["warm"] >= T_AGG_SPEEDUP)
+                      f"warm {x['warm']:.1f}x; right after a write: {x['followed']:.1f}x with kept scans and "
+                      f"aggregates followed, {x['cold']:.1f}x read from RocksDB (both sides read every row)",
+                      min(x["warm"], x["followed"]) >= T_AGG_SPEEDUP)

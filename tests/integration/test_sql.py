@@ -217,6 +217,19 @@ def test_parameters_and_point_queries_touch_one_partition(sql_cluster) -> None:
     assert body["stats"]["partitions_queried"] == len(parts)
 
 
+def test_a_repeated_query_with_other_parameters_is_answered_for_those(sql_cluster) -> None:
+    """Plans are kept per SQL text and parameters: other parameters get their own plan and answer."""
+    cluster, db = sql_cluster
+    sql = "SELECT COUNT(*), SUM(total_score) FROM players WHERE total_score > ? AND player < ?"
+    for params in ([0, "p0100"], [500, "p0100"], [500, "p0050"], [0, "p0100"], [1, "p0100"], [1.5, "p0100"]):
+        for _ in range(2):
+            got = sql_json(cluster.nodes[2], sql, params)["rows"]
+            assert got == [list(r) for r in db.execute(sql, params).fetchall()], params
+    flag = "SELECT COUNT(*) FROM players WHERE (total_score > 0) = ?"
+    assert sql_json(cluster.nodes[0], flag, [True])["rows"] == [list(db.execute(flag, [True]).fetchone())]
+    assert sql_json(cluster.nodes[0], flag, [False])["rows"] == [list(db.execute(flag, [False]).fetchone())]
+
+
 def test_formats_json_ndjson_csv(sql_cluster) -> None:
     cluster, _ = sql_cluster
     node = cluster.nodes[1]
@@ -312,22 +325,25 @@ def test_read_your_writes_with_the_writers_token(sql_cluster, broker) -> None:
     assert Position.from_token(body["consistency_token"]).get(topic, partition_for(key, P)) >= offsets[partition_for(key, P)]
 
 
-def test_kept_scans_follow_later_updates_inserts_and_deletes(sql_cluster, broker) -> None:
-    """Each shard keeps its last full scan and brings it up to date with the writes that come
-    after; answers read with the writer's token hold every update, insert and delete."""
+def test_kept_scans_and_aggregates_follow_later_updates_inserts_and_deletes(sql_cluster, broker) -> None:
+    """Each shard keeps its last full scan and brings it, and the counts and integer sums kept
+    beside it, up to date with the writes that come after; answers read with the writer's token
+    hold every update, insert and delete."""
     from federator import kafka
     from federator.query.position import Position
 
     cluster, _ = sql_cluster
     q = "SELECT key, score FROM scores"
+    agg = "SELECT key % 3 AS g, COUNT(*) AS n, SUM(key) AS s, AVG(key) AS a FROM scores GROUP BY g ORDER BY g"
     before = {k: s for k, s in sql_json(cluster.nodes[0], q)["rows"]}
     for n in cluster.nodes:
         sql_json(n, "SELECT COUNT(*), SUM(score) FROM scores")  # every shard's scan kept, with its aggregate
+        sql_json(n, agg)
 
-    def followed() -> int:
-        return sum(n.metadata()["local"]["scan_cache"]["followed"] for n in cluster.nodes)
+    def cache_stat(name: str) -> int:
+        return sum(n.metadata()["local"]["scan_cache"][name] for n in cluster.nodes)
 
-    followed_before = followed()
+    followed_before, maintained_before = cache_stat("followed"), cache_stat("maintained")
     topic = f"{cluster.nodes[0].app_id}-scores-changelog"
     writes = {-300: 99.5, -297: None, 7_000_001: 1.25}  # an update, a delete, a new key
     producer = kafka.producer(broker.bootstrap_servers)
@@ -345,11 +361,16 @@ def test_kept_scans_follow_later_updates_inserts_and_deletes(sql_cluster, broker
     token = Position({topic: offsets}).to_token()
     expected = {**before, **{k: v for k, v in writes.items() if v is not None}}
     del expected[-297]
+    rows = pa.table({"key": pa.array(list(expected), pa.int64()), "score": list(expected.values())})
+    want = [list(r) for r in duckdb.connect().execute(agg.replace("FROM scores", "FROM rows")).fetchall()]
+    for n in cluster.nodes:  # the aggregates first: brought up to date from the writes alone
+        assert sql_json(n, agg, consistency_token=token)["rows"] == want
+    assert cache_stat("maintained") > maintained_before
     for n in cluster.nodes:
         assert {k: s for k, s in sql_json(n, q, consistency_token=token)["rows"]} == expected
     n, total = sql_json(cluster.nodes[1], "SELECT COUNT(*), SUM(score) FROM scores", consistency_token=token)["rows"][0]
     assert n == len(expected) and total == pytest.approx(sum(expected.values()))
-    assert followed() > followed_before  # brought up to date, not read again
+    assert cache_stat("followed") > followed_before  # brought up to date, not read again
 
 
 def test_a_query_racing_a_node_stop_is_right_or_unavailable(sql_cluster) -> None:
