@@ -278,6 +278,7 @@ class Node:
                     p, FailureReason.NOT_ACTIVE,
                     f"node {self.node_id} holds partition {p} of store {request.store!r} as {why}"))
                 continue
+            aggregate = None
             if kept_key is not None and hs.shard.store_type.is_full_scan(request.query):
                 from federator.sql.incremental import maintained_aggregate
 
@@ -287,6 +288,11 @@ class Node:
                     results.append(result)
                     continue
             result = hs.shard.run(request.query, request.bound, request.collect_execution_info)
+            if aggregate is not None and result.ok:  # the scan is kept now: start its state
+                kept = hs.shard.run_maintained(aggregate, request.bound)
+                if kept is not None:
+                    results.append(kept)
+                    continue
             if request.pipeline is not None and result.ok:
                 result = _apply_pipeline(request.pipeline, result, hs.shard)
             results.append(result)
