@@ -94,6 +94,13 @@ def sort_indices(table: pa.Table, keys: list[tuple[pa.Array, bool, bool]]) -> pa
     return pc.sort_indices(pa.table(cols), sort_keys=sort_keys)
 
 
+@functools.lru_cache(maxsize=1024)
+def _aggregation(pipeline: Pipeline, schema: pa.Schema) -> tuple[list, list[AggSpec]]:
+    """The group keys and aggregates of ``pipeline`` compiled over ``schema``."""
+    keys = [_compiled(g, schema) for g in pipeline.group_by]
+    return keys, [AggSpec(f, None if a is None else _compiled(a, schema), d, n) for f, a, d, n in pipeline.aggs]
+
+
 def run(pipeline: Pipeline, batch: pa.RecordBatch | pa.Table) -> pa.Table:
     table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
     schema = table.schema
@@ -101,8 +108,7 @@ def run(pipeline: Pipeline, batch: pa.RecordBatch | pa.Table) -> pa.Table:
         mask = _compiled(pipeline.where, schema)(table)
         table = table.filter(pc.fill_null(mask, False))
     if pipeline.aggregate:
-        keys = [_compiled(g, schema) for g in pipeline.group_by]
-        aggs = [AggSpec(f, None if a is None else _compiled(a, schema), d, n) for f, a, d, n in pipeline.aggs]
+        keys, aggs = _aggregation(pipeline, schema)
         return partial(table, keys, aggs)
     if pipeline.limit is not None and table.num_rows > pipeline.limit:
         if pipeline.order_by:
