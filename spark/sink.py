@@ -30,6 +30,7 @@ rows (a non-deterministic plan). Nothing is written before pass 1 has passed.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import sys
@@ -94,61 +95,40 @@ def _cast_hint(col: str, dtype: Any, allowed: str) -> str:
     return f"use one of: {allowed}{cast}"
 
 
-# ---- Kafka's murmur2, vectorized over Arrow -------------------------------------------------
-_U32 = pa.uint32()
-_M = pa.scalar(0x5BD1E995, _U32)
+# ---- Kafka's murmur2, vectorized with numpy -------------------------------------------------
+_M = 0x5BD1E995
 _SEED = 0x9747B28C
-_MASK = 0xFFFFFFFF
 
 
-def _u32(v: int) -> pa.Scalar:
-    return pa.scalar(v & _MASK, _U32)
+def _murmur2_uniform(data: pa.Buffer | None, start: int, length: int, n: int) -> Any:
+    """murmur2 (uint32 numpy array) of ``n`` keys of ``length`` bytes each, stored back to back
+    in ``data`` from byte ``start``. uint32 arithmetic wraps modulo 2**32, as Java's int does."""
+    import numpy as np
 
-
-def _mix(h: Any, k: pa.Array) -> Any:
-    """One 4-byte word into the hash (murmur2's inner loop)."""
-    k = pc.multiply(k, _M)  # unsigned: wraps modulo 2**32, as Java's int arithmetic
-    k = pc.bit_wise_xor(k, pc.shift_right(k, _u32(24)))
-    k = pc.multiply(k, _M)
-    return pc.bit_wise_xor(pc.multiply(h, _M), k)
-
-
-def _murmur2_uniform(data: pa.Buffer | None, start: int, length: int, n: int) -> pa.Array:
-    """murmur2 (as uint32) of ``n`` keys of ``length`` bytes each, stored back to back in
-    ``data`` from byte ``start``."""
-    h: Any = _u32(_SEED ^ length)
-    end = length - (length & 3)
+    m = np.uint32(_M)
+    h = np.full(n, (_SEED ^ length) & 0xFFFFFFFF, dtype=np.uint32)
     if length:
-        if length % 4 == 0 and start % 4 == 0 and sys.byteorder == "little":
-            words = pa.Array.from_buffers(_U32, n * length // 4, [None, data], offset=start // 4)
-            per = length // 4
-            base = pc.subtract(pc.cumulative_sum(pa.repeat(pa.scalar(per, pa.int64()), n)), per)
-            for i in range(per):
-                h = _mix(h, words.take(pc.add(base, i)))
-        else:
-            u8 = pa.Array.from_buffers(pa.uint8(), n * length, [None, data], offset=start)
-            base = pc.subtract(pc.cumulative_sum(pa.repeat(pa.scalar(length, pa.int64()), n)), length)
-
-            def byte(j: int, shift: int = 0) -> pa.Array:
-                b = u8.take(pc.add(base, j)).cast(_U32)
-                return pc.shift_left(b, _u32(shift)) if shift else b
-
-            for i in range(0, end, 4):
-                k = pc.bit_wise_or(pc.bit_wise_or(byte(i), byte(i + 1, 8)),
-                                   pc.bit_wise_or(byte(i + 2, 16), byte(i + 3, 24)))
-                h = _mix(h, k)
-            rest = length & 3
-            if rest == 3:
-                h = pc.bit_wise_xor(h, byte(end + 2, 16))
-            if rest >= 2:
-                h = pc.bit_wise_xor(h, byte(end + 1, 8))
-            if rest >= 1:
-                h = pc.multiply(pc.bit_wise_xor(h, byte(end)), _M)
-    h = pc.bit_wise_xor(h, pc.shift_right(h, _u32(13)))
-    h = pc.multiply(h, _M)
-    h = pc.bit_wise_xor(h, pc.shift_right(h, _u32(15)))
-    if isinstance(h, pa.Scalar):  # empty keys: one hash for all
-        return pa.repeat(h, n)
+        rows = np.frombuffer(data, dtype=np.uint8, count=n * length, offset=start).reshape(n, length)
+        end = length - (length & 3)
+        # the 4-byte words (little-endian, as murmur2 reads them), one column per word
+        words = np.ascontiguousarray(rows[:, :end]).view("<u4") if end else None
+        for i in range(end // 4):
+            k = words[:, i] * m
+            k ^= k >> np.uint32(24)
+            k *= m
+            h *= m
+            h ^= k
+        rest = length & 3
+        if rest == 3:
+            h ^= rows[:, end + 2].astype(np.uint32) << np.uint32(16)
+        if rest >= 2:
+            h ^= rows[:, end + 1].astype(np.uint32) << np.uint32(8)
+        if rest >= 1:
+            h ^= rows[:, end].astype(np.uint32)
+            h *= m
+    h ^= h >> np.uint32(13)
+    h *= m
+    h ^= h >> np.uint32(15)
     return h
 
 
@@ -161,6 +141,8 @@ def _binary_start(arr: pa.Array) -> int:
 def murmur2_partitions(keys: pa.Array, partitions: int) -> pa.Array:
     """``(murmur2(key) & 0x7fffffff) % partitions`` for every key (no nulls), as int32:
     ``federator.partitioner.partition_for`` for a whole batch at once."""
+    import numpy as np
+
     n = len(keys)
     if n == 0:
         return pa.array([], pa.int32())
@@ -175,16 +157,12 @@ def murmur2_partitions(keys: pa.Array, partitions: int) -> pa.Array:
         if mm["min"] == mm["max"]:
             h = _murmur2_uniform(keys.buffers()[2], _binary_start(keys), mm["min"], n)
         else:  # one pass per key length, then back into row order
-            idx_parts, h_parts = [], []
+            h = np.empty(n, dtype=np.uint32)
             for length in pc.unique(lengths).to_pylist():
                 idx = pc.indices_nonzero(pc.equal(lengths, length))
                 sub = keys.take(idx)
-                h_parts.append(_murmur2_uniform(sub.buffers()[2], _binary_start(sub), length, len(sub)))
-                idx_parts.append(idx)
-            h = pa.concat_arrays(h_parts).take(pc.sort_indices(pa.concat_arrays(idx_parts)))
-    positive = pc.bit_wise_and(h, _u32(0x7FFFFFFF))
-    p = _u32(partitions)
-    return pc.subtract(positive, pc.multiply(pc.divide(positive, p), p)).cast(pa.int32())
+                h[idx.to_numpy()] = _murmur2_uniform(sub.buffers()[2], _binary_start(sub), length, len(sub))
+    return pa.array(((h & np.uint32(0x7FFFFFFF)) % np.uint32(partitions)).astype(np.int32))
 
 
 # ---- serialization (worker side) -----------------------------------------------------------
@@ -262,16 +240,26 @@ RESULT_SCHEMA = pa.schema([
 ])
 RESULT_DDL = "partition int, offset long, records long, seen binary"
 
-# One producer per Python worker process, reused by the tasks it runs (Spark reuses workers):
-# a new idempotent producer waits ~0.5 s for its producer id before its first delivery.
+# Producers per Python worker process, reused by the tasks it runs (Spark reuses workers): a
+# new idempotent producer waits ~0.5 s for its producer id before its first delivery.
+# Each worker has two: "bulk" reports failed deliveries only (a delivery report costs a Python
+# call and a Message object per record, ~1 us), "last" reports every delivery; it writes each
+# task's last record per Kafka partition, after "bulk" has delivered the rest, so its offsets
+# are the task's last ones (a write holds each changelog key once, so the order of records
+# within it does not matter).
 _PRODUCERS: dict[tuple, Any] = {}
 
 
-def _producer(spec: _WriteSpec) -> Any:
-    key = (spec.bootstrap_servers, spec.producer_config)
+def _producer_key(spec: _WriteSpec, role: str) -> tuple:
+    return spec.bootstrap_servers, spec.producer_config, role
+
+
+def _producer(spec: _WriteSpec, role: str) -> Any:
+    key = _producer_key(spec, role)
     p = _PRODUCERS.get(key)
     if p is None:
-        p = _PRODUCERS[key] = kafka.producer(spec.bootstrap_servers, **dict(spec.producer_config))
+        extra = {"delivery.report.only.error": True} if role == "bulk" else {}
+        p = _PRODUCERS[key] = kafka.producer(spec.bootstrap_servers, **dict(spec.producer_config), **extra)
     return p
 
 
@@ -294,8 +282,18 @@ def _write_partition(spec: _WriteSpec, batches: Iterator[pa.RecordBatch]) -> Ite
         yield _produce_batches(spec, batches)
     except BaseException:
         # a producer that failed (e.g. a fatal idempotence error) is not reused by later tasks
-        _PRODUCERS.pop((spec.bootstrap_servers, spec.producer_config), None)
+        for role in ("bulk", "last"):
+            _PRODUCERS.pop(_producer_key(spec, role), None)
         raise
+
+
+def _flush(producer: Any, spec: _WriteSpec) -> None:
+    remaining = producer.flush(spec.flush_timeout)
+    if remaining:
+        raise RuntimeError(
+            f"{remaining} records to {spec.topic!r} were not delivered within {spec.flush_timeout:.0f}s; "
+            f"is the broker at {spec.bootstrap_servers} healthy?"
+        )
 
 
 def _produce_batches(spec: _WriteSpec, batches: Iterator[pa.RecordBatch]) -> pa.RecordBatch:
@@ -303,13 +301,12 @@ def _produce_batches(spec: _WriteSpec, batches: Iterator[pa.RecordBatch]) -> pa.
 
     import numpy as np
 
-    producer = _producer(spec)
-    produce = producer.produce
+    bulk, last = _producer(spec, "bulk"), _producer(spec, "last")
+    produce = bulk.produce
     topic, nparts, layout = spec.topic, spec.partitions, spec.layout
-    # Delivery reports land in one dict per partition through a C-level bound method:
-    # d[None] = last delivered message (in order: the producer is idempotent), d[err] = failures.
-    reports: list[dict] = [{} for _ in range(nparts)]
-    callbacks = [d.__setitem__ for d in reports]
+    failed: dict = {}  # err -> message: bulk's failed deliveries (successes are not reported)
+    on_failure = failed.__setitem__  # C-level: no Python frame per report
+    held: list[tuple | None] = [None] * nparts  # per partition: its last record so far, for "last"
     counts = np.zeros(nparts, dtype=np.int64)
     existing = spec.existing.value if spec.existing is not None else None
     seen = bytearray((len(existing) + 7) // 8) if existing else None  # bit i: existing key i was written
@@ -324,30 +321,46 @@ def _produce_batches(spec: _WriteSpec, batches: Iterator[pa.RecordBatch]) -> pa.
         plain = _serialize(batch.column("k"), spec.key_format)
         t1 = batch.column("t1") if "t1" in names else None
         t2 = batch.column("t2") if "t2" in names else None
-        parts = murmur2_partitions(plain, nparts).to_numpy()
-        counts += np.bincount(parts, minlength=nparts)
+        parts_np = murmur2_partitions(plain, nparts).to_numpy()
+        counts += np.bincount(parts_np, minlength=nparts)
         keys = _bytes_list(plain if layout == "kv" else _suffixed(plain, layout, t1, t2))
         values = _bytes_list(_serialize(batch.column("v"), spec.value_format))
         time_col = {"kv": None, "window": t1, "session": t2}[layout]
-        times = itertools.repeat(spec.now_ms) if time_col is None else time_col.to_numpy().tolist()
-        for p, t, k, v in zip(parts.tolist(), times, keys, values):
-            try:  # positional: (topic, value, key, partition, callback, on_delivery alias, timestamp)
-                produce(topic, v, k, p, callbacks[p], None, t)
-            except BufferError:
-                _produce_waiting(producer, topic, v, k, p, callbacks[p], None, t)
-        producer.poll(0)
+        times = time_col.to_numpy().tolist() if time_col is not None else None
+        # this batch's last row per partition is held back; the one it replaces goes to bulk
+        rev_first = np.unique(parts_np[::-1], return_index=True)
+        hold = {int(p): n - 1 - int(i) for p, i in zip(*rev_first)}
+        for p, i in hold.items():
+            if held[p] is not None:
+                _produce_one(bulk, topic, held[p], on_failure)
+            held[p] = (keys[i], values[i], p, spec.now_ms if times is None else times[i])
+        parts = parts_np.tolist()
+        start = 0
+        for stop in [*sorted(hold.values()), n]:  # the runs of rows between the held ones
+            ts = itertools.repeat(spec.now_ms) if times is None else times[start:stop]
+            for p, t, k, v in zip(parts[start:stop], ts, keys[start:stop], values[start:stop]):
+                try:  # positional: (topic, value, key, partition, callback, on_delivery alias, timestamp)
+                    produce(topic, v, k, p, on_failure, None, t)
+                except BufferError:
+                    _produce_waiting(bulk, topic, v, k, p, on_failure, None, t)
+            start = stop + 1
+        bulk.poll(0)
         if existing:
             get = existing.get
             for k in keys:
                 i = get(k)
                 if i is not None:
                     seen[i >> 3] |= 1 << (i & 7)
-    remaining = producer.flush(spec.flush_timeout)
-    if remaining:
-        raise RuntimeError(
-            f"{remaining} records to {topic!r} were not delivered within {spec.flush_timeout:.0f}s; "
-            f"is the broker at {spec.bootstrap_servers} healthy?"
-        )
+    _flush(bulk, spec)
+    if failed:
+        err = next(iter(failed))
+        raise RuntimeError(f"producing to {topic}[{failed[err].partition()}] failed: {err.str()}")
+    # every other record is delivered: the held records come after them in their partitions
+    reports: list[dict] = [{} for _ in range(nparts)]  # d[None] = the delivered message, d[err] = failures
+    for p, rec in enumerate(held):
+        if rec is not None:
+            _produce_one(last, topic, rec, reports[p].__setitem__)
+    _flush(last, spec)
     rows_p, rows_o, rows_n, rows_s = [], [], [], []
     for p, d in enumerate(reports):
         errors = [e for e in d if e is not None]
@@ -368,6 +381,35 @@ def _produce_batches(spec: _WriteSpec, batches: Iterator[pa.RecordBatch]) -> pa.
          pa.array(rows_s, pa.binary())],
         schema=RESULT_SCHEMA,
     )
+
+
+def _produce_one(producer: Any, topic: str, record: tuple, callback: Callable) -> None:
+    k, v, p, t = record
+    try:
+        producer.produce(topic, v, k, p, callback, None, t)
+    except BufferError:
+        _produce_waiting(producer, topic, v, k, p, callback, None, t)
+
+
+# Pass 2's Arrow batches, unless the session sets this itself. Spark checks the byte limit by
+# measuring its Arrow vectors after every row (~10% of the JVM's time in pass 2); at its
+# largest value it skips that, and the record limit (maxRecordsPerBatch, 10,000 by default)
+# alone bounds a batch. Larger batches measured no faster.
+PASS2_ARROW_CONF = {"spark.sql.execution.arrow.maxBytesPerBatch": str(2**31 - 1)}
+
+
+@contextlib.contextmanager
+def _session_conf(spark: Any, conf: dict[str, str]) -> Iterator[None]:
+    """Set ``conf`` on the session for the block (keys the session sets itself are left alone),
+    then take it back."""
+    ours = {k: v for k, v in conf.items() if spark.conf.get(k, None) is None}
+    for k, v in ours.items():
+        spark.conf.set(k, v)
+    try:
+        yield
+    finally:
+        for k in ours:
+            spark.conf.unset(k)
 
 
 def _map_in_arrow(df: Any, func: Callable, ddl: str) -> Any:
@@ -726,7 +768,8 @@ def _estimated_rows(df: Any) -> int | None:
     try:
         stats = df._jdf.queryExecution().optimizedPlan().stats()
         count = stats.rowCount()
-        return int(count.get().toString()) if count.isDefined() else int(stats.sizeInBytes().toString()) // 8
+        # str(): py4j hands Scala BigInts over as Python ints (which have no toString)
+        return int(str(count.get())) if count.isDefined() else int(str(stats.sizeInBytes())) // 8
     except Exception:  # an internal API: without it, take the path that fits any size
         log.debug("no row estimate for the duplicate check", exc_info=True)
         return None
@@ -928,7 +971,8 @@ def write_store(
         write_started = time.monotonic()
         try:
             writer = functools.partial(_write_partition, spec)
-            results = _map_in_arrow(staged, writer, RESULT_DDL).collect()
+            with _session_conf(spark, PASS2_ARROW_CONF):
+                results = _map_in_arrow(staged, writer, RESULT_DDL).collect()
         except Exception as e:  # a task failed: say why in one line
             if e.__class__.__name__ in _SPARK_FAILURES:
                 raise kafka.KafkaUnavailable(f"writing store {store!r} failed: {_worker_failure(e)}") from e

@@ -86,6 +86,34 @@ def test_costly_or_changing_rows_are_cached_between_the_passes(spark):
     assert sink._costly(df.withColumn("v", (F.rand() * 10).cast("long")))
 
 
+def test_rows_are_estimated_so_small_writes_sort_their_hashes_on_the_driver(spark):
+    """Spark's plan statistics give an estimate (an upper bound here), which keeps writes below
+    DRIVER_HASH_ROWS off the group-by path."""
+    from pyspark.sql import functions as F
+
+    assert sink._estimated_rows(spark.range(1000)) == 1000
+    df = spark.range(1000).select(F.format_string("k%d", F.col("id")).alias("k"), F.col("id").alias("v"))
+    estimate = sink._estimated_rows(df)
+    assert isinstance(estimate, int) and 1000 <= estimate <= sink.DRIVER_HASH_ROWS
+
+
+def test_pass_2_settings_are_set_for_the_write_only(spark):
+    """The sink's Arrow settings hold inside the block, a value the session sets itself wins,
+    and afterwards the session is as it was."""
+    key = "spark.sql.execution.arrow.maxBytesPerBatch"
+    assert spark.conf.get(key, None) is None
+    with sink._session_conf(spark, sink.PASS2_ARROW_CONF):
+        assert spark.conf.get(key) == sink.PASS2_ARROW_CONF[key]
+    assert spark.conf.get(key, None) is None
+    spark.conf.set(key, "1000000")
+    try:
+        with sink._session_conf(spark, sink.PASS2_ARROW_CONF):
+            assert spark.conf.get(key) == "1000000"
+        assert spark.conf.get(key) == "1000000"
+    finally:
+        spark.conf.unset(key)
+
+
 def test_a_non_deterministic_frame_is_written(broker, spark, app):
     """Values drawn at random (a non-deterministic plan, so cached between the passes): one
     record per row."""
