@@ -19,7 +19,7 @@ from federator.store.record import ChangelogRecord
 from federator.store.scan_cache import SCAN_CACHE
 from federator.store.shard import Shard
 
-FAST = settings(max_examples=20, database=None, deadline=None)
+FAST = settings(max_examples=12, database=None, deadline=None)
 
 DEFN = StoreDefinition.from_dict({
     "name": "s", "type": "kv", "topic": "t", "partitions": 1, "key": {"name": "k", "format": "string"},
