@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import bisect
-from typing import Sequence
+from typing import Callable, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -94,14 +94,14 @@ class KeyValueStoreType(StoreType):
         return table.combine_chunks().to_batches()[0]
 
     def changed_rows(self, defn: StoreDefinition, schema: pa.Schema, scan: pa.RecordBatch,
-                     earlier: Sequence[ChangelogRecord], records: Sequence[ChangelogRecord],
-                     ) -> tuple[pa.Table, pa.Table] | None:
-        """Each written key's row before ``records`` (from the latest earlier record, else the
+                     records: Sequence[ChangelogRecord],
+                     earlier: Callable[[bytes], ChangelogRecord | None]) -> tuple[pa.Table, pa.Table] | None:
+        """Each written key's row before ``records`` (from its latest earlier record, else the
         scan) is removed; its row after them, unless deleted, is added."""
         if defn.key.name not in _FOLLOWABLE_KEYS:
             return None
         last = {r.key: r for r in records}
-        before = {r.key: r for r in earlier if r.key in last}
+        before = {k: r for k in last if (r := earlier(k)) is not None}
         old = [r for r in before.values() if r.value is not None]
         from_scan = [k for k in last if k not in before]
         removed = [scan.take(_rows_of(scan.column(0), defn.key.decode_many(from_scan)))] if from_scan else []

@@ -25,6 +25,7 @@ write then costs the write's rows, not the shard's, and the scan itself is not f
 
 from __future__ import annotations
 
+import bisect
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -37,6 +38,32 @@ MAX_DERIVED = 16  # results kept per cached scan (distinct SQL shapes over one s
 DEFAULT_FOLLOW = 50_000  # writes held for a kept scan; with more, reading the shard again is cheaper
 
 
+class Pending:
+    """The records a shard applied since its scan was kept: append-only, with where each key
+    was written, so a reader holding a length n sees a fixed prefix and finds the record of a
+    key before any position without walking the list."""
+
+    def __init__(self) -> None:
+        self.records: list[Any] = []
+        self._at: dict[bytes, list[int]] = {}
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def extend(self, records: Sequence[Any]) -> None:
+        for i, r in enumerate(records, len(self.records)):
+            self._at.setdefault(r.key, []).append(i)
+        self.records.extend(records)
+
+    def latest_before(self, key: bytes, n: int) -> Any | None:
+        """The last record of ``key`` among the first ``n``, or None."""
+        at = self._at.get(key)
+        if not at:
+            return None
+        i = bisect.bisect_left(at, n)
+        return self.records[at[i - 1]] if i else None
+
+
 @dataclass(eq=False)
 class _Entry:
     seq: int  # the shard's write sequence the scan reflects
@@ -45,7 +72,7 @@ class _Entry:
     derived: dict[str, pa.RecordBatch] = field(default_factory=dict)
     # key -> (pending records reflected, state, the answer made of it)
     maintained: dict[str, tuple[int, pa.Table, pa.RecordBatch]] = field(default_factory=dict)
-    pending: list[Any] = field(default_factory=list)  # records applied since, in order
+    pending: Pending = field(default_factory=Pending)  # records applied since, in order
     pending_seq: int | None = None  # the sequence scan + pending reflect
 
 
@@ -77,17 +104,18 @@ class ScanCache:
             entry = self._entries.get(owner)
             if entry is None or entry.pending_seq != seq:
                 return None
-            return entry.batch, list(entry.pending)
+            return entry.batch, entry.pending.records[:]
 
-    def kept(self, owner: Any, seq: int) -> tuple[pa.RecordBatch, list[Any]] | None:
-        """The kept scan and the records applied since (maybe none), when together they reflect ``seq``."""
+    def kept(self, owner: Any, seq: int) -> tuple[pa.RecordBatch, Pending, int] | None:
+        """The kept scan and the records applied since, of which the first n (maybe none)
+        together with the scan reflect ``seq``."""
         with self._lock:
             entry = self._entries.get(owner)
             if entry is None:
                 return None
-            if entry.pending_seq == seq:
-                return entry.batch, list(entry.pending)
-            return (entry.batch, []) if entry.seq == seq and entry.pending_seq is None else None
+            if entry.pending_seq == seq or (entry.seq == seq and entry.pending_seq is None):
+                return entry.batch, entry.pending, len(entry.pending)
+            return None
 
     def state(self, owner: Any, scan: pa.RecordBatch, key: str) -> tuple[int, pa.Table, pa.RecordBatch] | None:
         """The maintained state for ``key`` over ``scan``: (pending records it reflects, state, answer)."""

@@ -307,17 +307,18 @@ class Shard:
             kept = SCAN_CACHE.kept(self, seq)
             if kept is None:
                 return None
-            scan, pending = kept
+            scan, pending, n = kept
             applied, state, answer = SCAN_CACHE.state(self, scan, aggregate.key) or (0, None, None)
-            if applied != len(pending) or state is None:
-                if applied > len(pending):  # kept by a reader that saw later writes than this one
+            if applied != n or state is None:
+                if applied > n:  # kept by a reader that saw later writes than this one
                     applied, state = 0, None
                 try:
                     if state is None:
                         state = aggregate.over(scan)
-                    if applied < len(pending):
-                        changes = self.store_type.changed_rows(self.definition, self.schema, scan,
-                                                               pending[:applied], pending[applied:])
+                    if applied < n:
+                        changes = self.store_type.changed_rows(
+                            self.definition, self.schema, scan, pending.records[applied:n],
+                            lambda key, before=applied: pending.latest_before(key, before))
                         if changes is None:
                             return None
                         state = aggregate.advance(state, *changes)
@@ -326,8 +327,7 @@ class Shard:
                     log.warning("store %r partition %s: could not bring a kept aggregate up to date; reading the "
                                 "shard", self.definition.name, self.partition, exc_info=True)
                     return None
-                SCAN_CACHE.put_state(self, scan, aggregate.key, len(pending), state, answer,
-                                     advanced=applied < len(pending))
+                SCAN_CACHE.put_state(self, scan, aggregate.key, n, state, answer, advanced=applied < n)
             if self._seq == seq:  # the position read belongs to this state
                 return QueryResult.success(self.partition, answer, position)
         return None

@@ -65,11 +65,12 @@ class StoreType:
         return None
 
     def changed_rows(self, defn: StoreDefinition, schema: pa.Schema, scan: pa.RecordBatch,
-                     earlier: Sequence[ChangelogRecord], records: Sequence[ChangelogRecord],
-                     ) -> tuple[pa.Table, pa.Table] | None:
+                     records: Sequence[ChangelogRecord],
+                     earlier: Callable[[bytes], ChangelogRecord | None]) -> tuple[pa.Table, pa.Table] | None:
         """The rows ``records`` removed and added, applied to a shard whose full scan was
-        ``scan`` followed by ``earlier``; None when this store type cannot tell (the default):
-        aggregates kept up to date by these rows are then computed again."""
+        ``scan`` followed by earlier records (``earlier(key)``: the last of them for a key, or
+        None); None when this store type cannot tell (the default): aggregates kept up to date
+        by these rows are then computed again."""
         return None
 
     def handler_for(self, query: Query) -> Handler | None:
