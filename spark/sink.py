@@ -275,7 +275,7 @@ def _produce_waiting(producer: Any, *args: Any) -> None:
 
 
 def _write_partition(spec: _WriteSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """Serialize and produce one Spark partition's rows (columns k, v[, t1[, t2]], h); yield the
+    """Serialize and produce one Spark partition's rows (columns k, v[, t1[, t2]], bad); yield the
     last offset delivered per Kafka partition and, in replace mode, a bitmap of the
     pre-existing keys it wrote."""
     try:
@@ -314,7 +314,7 @@ def _produce_batches(spec: _WriteSpec, batches: Iterator[pa.RecordBatch]) -> pa.
         n = batch.num_rows
         if n == 0:
             continue
-        if batch.column("h").null_count:  # pass 1 saw none: the DataFrame changed in between
+        if pc.any(batch.column("bad")).as_py():  # pass 1 saw none: the DataFrame changed in between
             raise RuntimeError("a row fails a check in the write pass although every row passed pass 1's checks: "
                                "is the DataFrame non-deterministic? Records before it may have been written")
         names = batch.schema.names
@@ -925,6 +925,10 @@ def write_store(
     cached = _costly(staged)
     if cached:
         staged = staged.persist(StorageLevel.MEMORY_AND_DISK)
+    # Pass 2 reads the rows and whether each fails a check (its guard against rows that changed
+    # since pass 1), not the hash: computed again, that is Spark's hashing twice.
+    to_write = (staged.select(*write_columns, F.col("h").isNull().alias("bad")) if cached
+                else rows.select(*write_columns, fails.alias("bad")))
     try:
         # ---- pass 1: every check, in Spark; only the key hashes come back ----------------
         try:
@@ -972,7 +976,7 @@ def write_store(
         try:
             writer = functools.partial(_write_partition, spec)
             with _session_conf(spark, PASS2_ARROW_CONF):
-                results = _map_in_arrow(staged, writer, RESULT_DDL).collect()
+                results = _map_in_arrow(to_write, writer, RESULT_DDL).collect()
         except Exception as e:  # a task failed: say why in one line
             if e.__class__.__name__ in _SPARK_FAILURES:
                 raise kafka.KafkaUnavailable(f"writing store {store!r} failed: {_worker_failure(e)}") from e
