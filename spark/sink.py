@@ -764,7 +764,8 @@ def _key_hash(columns: Sequence[str]) -> Any:
 
 def _estimated_rows(df: Any) -> int | None:
     """Spark's estimate of ``df``'s row count: exact for ranges and local data, else its size
-    estimate over 8 bytes (an over-estimate: every row here holds a key and a value)."""
+    estimate over 8 bytes (for files that is their compressed size, so it may be off a few
+    times either way: the driver path holds 8 bytes per row)."""
     try:
         stats = df._jdf.queryExecution().optimizedPlan().stats()
         count = stats.rowCount()
@@ -786,24 +787,24 @@ def _costly(df: Any) -> bool:
         return True
 
 
-def _check_rows(staged: Any) -> tuple[int, int, bool]:
-    """Pass 1, in Spark alone (no Python worker, nothing cached unless ``staged`` is): the
-    rows, how many fail some check (their hash ``h`` is null) and whether two rows share a key
-    hash (every duplicate does; a hash collision may too)."""
+def _check_rows(hashes: Any) -> tuple[int, int, bool]:
+    """Pass 1, in Spark alone (no Python worker): over ``hashes`` (one column ``h``, null where
+    a row fails some check), the rows, how many fail and whether two rows share a key hash
+    (every duplicate does; a hash collision may too)."""
     from pyspark.sql import functions as F
 
-    estimate = _estimated_rows(staged)
+    estimate = _estimated_rows(hashes)
     if estimate is not None and estimate <= DRIVER_HASH_ROWS:
         import numpy as np
 
-        h = staged.select("h").toArrow().column("h")
+        h = hashes.toArrow().column("h")
         failed = h.null_count
         if failed:
             return len(h), failed, False
         arr = np.sort(h.to_numpy())
         return len(arr), 0, bool(len(arr) > 1 and (arr[1:] == arr[:-1]).any())
     n = F.col("n")
-    per_hash = staged.groupBy("h").agg(F.count(F.lit(1)).alias("n"))
+    per_hash = hashes.groupBy("h").agg(F.count(F.lit(1)).alias("n"))
     r = per_hash.agg(F.sum(n).alias("total"), F.sum(F.when(F.col("h").isNull(), n)).alias("failed"),
                      F.max(F.when(F.col("h").isNotNull(), n)).alias("most")).first()
     return int(r["total"] or 0), int(r["failed"] or 0), bool((r["most"] or 0) > 1)
@@ -916,23 +917,25 @@ def write_store(
     now_ms = int(time.time() * 1000)  # kv records' time: the write's start
     rows = df.select(*plan.projection, *plan.extra)
     write_columns = [c for c in ("k", "v", "t1", "t2") if c in rows.columns]
-    # one column more than the rows: the key hash, null where any check fails (the error path
-    # can afford a job of its own to count each check)
+    # Pass 1 reads one column: the key hash, null where any check fails (the error path can
+    # afford a job of its own to count each check). Pass 2 reads the rows and whether each fails
+    # a check (its guard against rows that changed since pass 1), not the hash again.
     fails = functools.reduce(lambda a, b: a | b, [F.coalesce(cond, F.lit(False)) for _, cond in plan.checks])
-    staged = rows.select(*write_columns, F.when(fails, F.lit(None)).otherwise(_key_hash(plan.unique_by)).alias("h"))
+    key_hash = F.when(fails, F.lit(None)).otherwise(_key_hash(plan.unique_by)).alias("h")
     # Pass 2 computes the rows again unless that costs a shuffle or may give other rows
     # (non-deterministic): then Spark caches them, so both passes see the same rows.
-    cached = _costly(staged)
+    cached = _costly(rows)
     if cached:
-        staged = staged.persist(StorageLevel.MEMORY_AND_DISK)
-    # Pass 2 reads the rows and whether each fails a check (its guard against rows that changed
-    # since pass 1), not the hash: computed again, that is Spark's hashing twice.
-    to_write = (staged.select(*write_columns, F.col("h").isNull().alias("bad")) if cached
-                else rows.select(*write_columns, fails.alias("bad")))
+        staged = rows.select(*write_columns, key_hash).persist(StorageLevel.MEMORY_AND_DISK)
+        hashes = staged.select("h")
+        to_write = staged.select(*write_columns, F.col("h").isNull().alias("bad"))
+    else:  # one DataFrame (one plan to analyze) fewer
+        hashes = rows.select(key_hash)
+        to_write = rows.select(*write_columns, fails.alias("bad"))
     try:
         # ---- pass 1: every check, in Spark; only the key hashes come back ----------------
         try:
-            total, failed, maybe_duplicates = _check_rows(staged)
+            total, failed, maybe_duplicates = _check_rows(hashes)
         except Exception as e:  # a task failed: say why in one line
             store_check.result()
             if e.__class__.__name__ in _SPARK_FAILURES:
