@@ -23,9 +23,11 @@ changelog key, null where a check fails; only the hashes come back, sorted on th
 find duplicates (or grouped by Spark for very large writes), with an exact group-by only when
 two hashes match, and a job of its own to count each check only when some row failed. Pass 2
 (mapInArrow) serializes each Arrow batch at once (keys, values, Kafka's murmur2 vectorized)
-and produces it: the per-record work is one ``produce`` call. The rows are computed by both
-passes; they are cached in between only when computing them costs a shuffle or may give other
-rows (a non-deterministic plan). Nothing is written before pass 1 has passed.
+and produces it: the per-record work is one ``produce`` call, and only failed deliveries are
+reported back to Python; each task's last record per partition is produced after the rest is
+delivered, and its offset goes into the token. The rows are computed by both passes; they are
+cached in between only when computing them costs a shuffle or may give other rows (a
+non-deterministic plan). Nothing is written before pass 1 has passed.
 """
 
 from __future__ import annotations
