@@ -11,7 +11,8 @@
 
 Each size runs REPS rounds of (a) then (b), so both sides see the same noise; the table gives
 medians, and the first round of (b) on its own (the JVM still compiling Spark's code paths for
-that size). Nothing here asserts on timings: the rates and where each target stands are printed
+that size), and the CPU seconds each side used by process (the machine has 2 cores: the sum
+over 2 bounds the time). Nothing here asserts on timings: the rates and where each target stands are printed
 and written to tests/bench/results_sink.md (test_bench_sql.py's results.md is left alone). Run
 with ``.venv/bin/python -m pytest tests/bench/test_bench_sink.py -s -q``;
 FEDERATOR_BENCH_SINK_ROWS (e.g. "20000" or "20000,50000") picks other sizes for a quick look.
@@ -83,6 +84,46 @@ def plain_produce(bootstrap: str, topic: str, n: int, config: dict) -> float:
     return took
 
 
+def cpu_seconds(broker_pid: int) -> dict[str, float]:
+    """CPU seconds used so far (Linux /proc; empty elsewhere) by this process (the driver, or the
+    plain loop), its child processes (Spark's JVM and its Python workers) and the broker's
+    process tree. Exited processes are not counted: Spark keeps its workers for the session."""
+    hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    procs: dict[int, tuple[int, float]] = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return {}
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{name}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()  # after "pid (comm) "
+        procs[int(name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / hz)
+
+    def tree(root: int) -> set[int]:
+        out, grew = {root}, True
+        while grew:
+            grew = False
+            for pid, (ppid, _) in procs.items():
+                if ppid in out and pid not in out:
+                    out.add(pid)
+                    grew = True
+        return out
+
+    me, broker = os.getpid(), tree(broker_pid)
+    used = lambda pids: sum(procs[p][1] for p in pids if p in procs)  # noqa: E731
+    return {"this process": used({me}), "Spark (JVM, Python workers)": used(tree(me) - broker - {me}),
+            "broker": used(broker)}
+
+
+def cpu_used(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {k: after[k] - before[k] for k in before}
+
+
 def render(report: Report) -> str:
     out = [
         "# Federator benchmarks: Spark sink",
@@ -130,6 +171,7 @@ def test_sink_vs_plain_producer(broker) -> None:
     spark = spark_session("local[2]", "federator-bench-sink")
     progress(f"SparkSession up in {time.perf_counter() - t0:.1f}s")
     results: dict[int, dict[str, list[float]]] = {}
+    cpu: dict[int, dict[str, list[dict[str, float]]]] = {}  # size -> side -> per round: CPU seconds by process
     try:
         def frame(n: int):
             return spark.range(n).select(F.format_string(KEY_FORMAT, F.col("id")).alias("key"),
@@ -149,19 +191,24 @@ def test_sink_vs_plain_producer(broker) -> None:
 
         for n in SIZES:
             r = results[n] = {"plain": [], "sink": [], "checks": [], "register": [], "produce": []}
+            cpu[n] = {"plain": [], "sink": []}
             for rep in range(REPS):
                 topic = f"bench-plain-{uuid.uuid4().hex[:8]}"
                 kafka.ensure_topic(adm, topic, PARTITIONS)
+                before = cpu_seconds(broker.proc.pid)
                 r["plain"].append(plain_produce(bootstrap, topic, n, config))
+                cpu[n]["plain"].append(cpu_used(before, cpu_seconds(broker.proc.pid)))
                 progress(f"{n:,} rows, round {rep + 1}: plain producer {r['plain'][-1]:.2f}s "
                          f"({n / r['plain'][-1]:,.0f} records/s)")
                 df = frame(n)
                 events.clear()
                 store = f"bench_{n}_{rep}"
+                before = cpu_seconds(broker.proc.pid)
                 started = time.perf_counter()
                 token = write_store(df, store, key="key", value="value", partitions=PARTITIONS,
                                     bootstrap_servers=bootstrap, application_id=app_id, progress=say)
                 r["sink"].append(time.perf_counter() - started)
+                cpu[n]["sink"].append(cpu_used(before, cpu_seconds(broker.proc.pid)))
                 written = sum(o + 1 for _t, _p, o in Position.from_token(token))
                 assert written == n, f"the changelog holds {written} records after the write, not {n}"
                 for phase, s in phases(events, started).items():
@@ -190,6 +237,12 @@ def test_sink_vs_plain_producer(broker) -> None:
             f"{produce_rate / plain_rate:.2f}x |",
             f"| write_store, first round only | {r['sink'][0]:.2f} | {n / r['sink'][0]:,.0f} | |",
         ]
+        if all(cpu[n][side] and cpu[n][side][0] for side in ("plain", "sink")):
+            def cpu_line(side: str) -> str:
+                return ", ".join(f"{k} {statistics.median(c[k] for c in cpu[n][side]):.2f}" for k in cpu[n][side][0])
+
+            rows += ["", "CPU seconds (medians of rounds; 2 cores, so CPU seconds over 2 bound the time): "
+                         f"plain loop: {cpu_line('plain')}; write_store: {cpu_line('sink')}."]
         report.section(f"{n:,} records (40-byte string keys, long values, {PARTITIONS} partitions)", [
             f"Rounds: {REPS}; each writes a fresh topic (plain) and a fresh store (write_store). "
             f"write_store seconds per round: {', '.join(f'{s:.2f}' for s in r['sink'])}; "
