@@ -183,7 +183,7 @@ def _timestamp_converter(unit: str) -> Converter:
         # timestamp formats them in UTC without consulting a time zone database.
         text = col.view(_INT64).view(naive).cast(pa.string())
         text = pc.replace_substring(text, " ", "T", max_replacements=1)
-        return pc.binary_join_element_wise(text, _Z, _EMPTY).to_pylist()
+        return pc.binary_join_element_wise(text, "Z", "").to_pylist()
 
     def convert(col: pa.Array) -> list:
         if len(col) >= _VECTOR_MIN_ROWS:
@@ -196,7 +196,7 @@ def _timestamp_converter(unit: str) -> Converter:
     return convert
 
 
-_Z, _EMPTY, _INT64 = pa.scalar("Z"), pa.scalar(""), pa.int64()
+_INT64 = pa.int64()
 
 
 def _dates(col: pa.Array) -> list:
