@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pyarrow.compute as pc
-
-from federator.sql.aggregate import AggSpec, final
 from sqlglot import exp
 
+from federator.sql.aggregate import AggSpec, final
 from federator.sql.evaluate import Compiled, compile_expr
 from federator.sql.pipeline import parse_fragment, run, sort_indices
 from federator.sql.planner import SelectPlan

@@ -136,13 +136,15 @@ class ScanCache:
             if old is not None:
                 if old[0] >= applied:
                     return
-                entry.size -= old[1].get_total_buffer_size()
-                self._bytes -= old[1].get_total_buffer_size()
+                freed = old[1].get_total_buffer_size()
+                entry.size -= freed
+                self._bytes -= freed
             elif len(entry.maintained) >= MAX_DERIVED:
                 return
             entry.maintained[key] = (applied, state, answer)
-            entry.size += state.get_total_buffer_size()
-            self._bytes += state.get_total_buffer_size()
+            size = state.get_total_buffer_size()
+            entry.size += size
+            self._bytes += size
             self._evict()
 
     def note_writes(self, owner: Any, before: int, after: int, records: Sequence[Any]) -> None:

@@ -313,14 +313,16 @@ class Shard:
                 if applied > n:  # kept by a reader that saw later writes than this one
                     applied, state = 0, None
                 try:
-                    if state is None:
-                        state = aggregate.over(scan)
-                    if applied < n:
+                    changes = None
+                    if applied < n:  # asked first: a store type that cannot tell costs no state
                         changes = self.store_type.changed_rows(
                             self.definition, self.schema, scan, pending.records[applied:n],
                             lambda key, before=applied: pending.latest_before(key, before))
                         if changes is None:
                             return None
+                    if state is None:
+                        state = aggregate.over(scan)
+                    if changes is not None:
                         state = aggregate.advance(state, *changes)
                     answer = aggregate.answer(state)
                 except Exception:  # noqa: BLE001 - the general path reads the shard and reports properly
