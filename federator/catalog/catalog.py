@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from confluent_kafka import KafkaError, Message, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from federator import kafka
 from federator.catalog.definition import DefinitionError, StoreDefinition
@@ -65,19 +66,32 @@ class Catalog:
     bootstrap_servers: str
     application_id: str
     timeout: float = 15.0
+    # One admin client per Catalog, and the catalog topic checked once: a second load() (say,
+    # register's re-read right after a writer's own check) costs only the read, not two new
+    # broker connections (~70 ms).
+    _admin: AdminClient | None = field(default=None, init=False, repr=False, compare=False)
+    _topic_ready: bool = field(default=False, init=False, repr=False, compare=False)
 
     @property
     def topic(self) -> str:
         return catalog_topic(self.application_id)
 
+    def admin(self) -> AdminClient:
+        if self._admin is None:
+            self._admin = kafka.admin(self.bootstrap_servers)
+        return self._admin
+
     def ensure_topic(self) -> None:
         kafka.check_reachable(self.bootstrap_servers)
-        kafka.ensure_topic(kafka.admin(self.bootstrap_servers), self.topic, 1, COMPACTED, self.timeout)
+        kafka.ensure_topic(self.admin(), self.topic, 1, COMPACTED, self.timeout)
+        self._topic_ready = True
 
     def load(self) -> dict[str, StoreDefinition]:
         """Every store definition, read from the start of the catalog topic to its end."""
-        self.ensure_topic()
-        consumer = kafka.reader(self.bootstrap_servers)
+        if not self._topic_ready:
+            self.ensure_topic()
+        # read to the end once: the broker need not hold an empty fetch (the end shows as one)
+        consumer = kafka.reader(self.bootstrap_servers, **{"fetch.wait.max.ms": 5})
         stores: dict[str, StoreDefinition] = {}
         try:
             consumer.assign([TopicPartition(self.topic, 0, 0)])
@@ -113,14 +127,14 @@ class Catalog:
         existing = self.load().get(defn.name)
         if existing is not None:
             if existing == defn:
-                kafka.ensure_topic(kafka.admin(self.bootstrap_servers), defn.topic, defn.partitions, COMPACTED, self.timeout)
+                kafka.ensure_topic(self.admin(), defn.topic, defn.partitions, COMPACTED, self.timeout)
                 return False
             diffs = "; ".join(existing.differences(defn))
             raise CatalogConflict(
                 f"store {defn.name!r} already exists with another definition (existing vs requested: {diffs}); "
                 "use the existing definition or another store name"
             )
-        kafka.ensure_topic(kafka.admin(self.bootstrap_servers), defn.topic, defn.partitions, COMPACTED, self.timeout)
+        kafka.ensure_topic(self.admin(), defn.topic, defn.partitions, COMPACTED, self.timeout)
         if producer is None:
             producer = kafka.producer(self.bootstrap_servers)
         errors: list[str] = []

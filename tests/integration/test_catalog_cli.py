@@ -106,3 +106,26 @@ def test_describe_unknown_store_and_unreachable_broker(broker, app_id) -> None:
     )
     assert r.returncode == 2
     assert "no Kafka broker answers at 127.0.0.1:1" in r.stderr and "federator broker" in r.stderr
+
+
+def test_a_catalog_reads_again_before_registering_and_sees_another_writer(broker, app_id) -> None:
+    """A Catalog keeps its admin client and checks its topic once; its later reads and its
+    register still see what another writer recorded in between."""
+    from federator.catalog import CatalogConflict, StoreDefinition, changelog_topic
+
+    def defn(partitions: int) -> StoreDefinition:
+        return StoreDefinition(name="s", type="kv", topic=changelog_topic(app_id, "s"), partitions=partitions,
+                               key_format="string", value_format="long")
+
+    mine, other = Catalog(broker.bootstrap_servers, app_id), Catalog(broker.bootstrap_servers, app_id)
+    assert mine.load() == {}
+    assert other.register(defn(4)) is True
+    assert mine.load()["s"].partitions == 4
+    assert mine.register(defn(4)) is False
+    try:
+        mine.register(defn(6))
+    except CatalogConflict as e:
+        assert "partitions: 4 vs 6" in str(e)
+    else:
+        raise AssertionError("registering another definition of an existing store must fail")
+    assert Catalog(broker.bootstrap_servers, app_id).get("s").partitions == 4
