@@ -32,6 +32,13 @@ class NodeInfo:
     restoring: dict[str, list[int]] = field(default_factory=dict)  # active partitions not yet caught up
     timestamp_ms: int = 0
 
+    def routing(self) -> tuple:
+        """What peers place standbys and route by; positions and lags travel with the regular beat."""
+        def frozen(d: dict[str, list[int]]) -> tuple:
+            return tuple(sorted((s, tuple(sorted(ps))) for s, ps in d.items() if ps))
+
+        return self.endpoint, self.state, frozen(self.active), frozen(self.standby), frozen(self.restoring)
+
     def to_json(self) -> bytes:
         return json.dumps(
             {
@@ -86,20 +93,26 @@ class ClusterView:
         self.dead_after = dead_after
         self.changed = threading.Event()
 
-    def apply(self, msg: Message) -> None:
+    def apply(self, msg: Message) -> bool:
+        """Fold one heartbeat in; True if it changed who the node is or what it hosts (its
+        routing), False for a beat that only moves its positions, lags and time."""
         key = msg.key()
         if key is None:
-            return
+            return False
         node_id = key.decode()
         with self._lock:
+            before = self._nodes.get(node_id)
             if msg.value() is None:
                 self._nodes.pop(node_id, None)
+                changed = before is not None
             else:
                 try:
-                    self._nodes[node_id] = NodeInfo.from_json(msg.value())
+                    info = self._nodes[node_id] = NodeInfo.from_json(msg.value())
                 except (ValueError, KeyError):
-                    return
+                    return False
+                changed = before is None or before.routing() != info.routing()
         self.changed.set()
+        return changed
 
     def update_local(self, info: NodeInfo) -> None:
         """Our own heartbeat counts at once, before it comes back from the topic."""

@@ -155,8 +155,9 @@ class Node:
         self._wake.set()
 
     def _on_member(self, msg: Message) -> None:
-        self.view.apply(msg)
-        if msg.key() is not None and msg.key().decode() != self.node_id:
+        # Only a peer whose routing changed wakes the loop: waking (and beating) on every beat
+        # made the nodes echo each other's beats, about ten per second each.
+        if self.view.apply(msg) and msg.key() is not None and msg.key().decode() != self.node_id:
             self._wake.set()
 
     def _on_assignment(self, partitions: set[tuple[str, int]]) -> None:
@@ -172,6 +173,7 @@ class Node:
     # ---- reconcile and heartbeat -----------------------------------------------------------
     def _loop(self) -> None:
         next_beat = 0.0
+        published: tuple | None = None  # our routing as of our last beat
         while not self._stop.is_set():
             self._wake.wait(max(0.0, next_beat - time.monotonic()))
             self._wake.clear()
@@ -181,10 +183,15 @@ class Node:
                 if self.state == "CREATED" and self.catalog_tail.caught_up.is_set() and not self.stores:
                     self.state = "RUNNING"  # nothing to own yet
                 self._reconcile()
-                self._publish()
+                info = self.local_info()
+                # beat on time, and at once when what peers route by has changed
+                if time.monotonic() >= next_beat or info.routing() != published:
+                    self._publish(info)
+                    published = info.routing()
+                    next_beat = time.monotonic() + HEARTBEAT_SECONDS
             except Exception:  # noqa: BLE001
                 log.exception("reconcile/heartbeat failed")
-            next_beat = time.monotonic() + HEARTBEAT_SECONDS
+                next_beat = time.monotonic() + HEARTBEAT_SECONDS
 
     def _roles(self) -> dict[tuple[str, int], str]:
         stores = self.stores
@@ -227,8 +234,8 @@ class Node:
                 info.restoring.setdefault(store, []).append(p)
         return info
 
-    def _publish(self) -> None:
-        info = self.local_info()
+    def _publish(self, info: NodeInfo | None = None) -> None:
+        info = info or self.local_info()
         self.view.update_local(info)
         try:
             self._producer.produce(nodes_topic(self.config.application_id), key=self.node_id.encode(), value=info.to_json())

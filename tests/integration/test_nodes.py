@@ -9,8 +9,11 @@ import time
 from collections import Counter
 
 import pytest
+from confluent_kafka import KafkaError, TopicPartition
 
+from federator import kafka
 from federator.dispatch import NodeCallError, NodeClient
+from federator.node.membership import HEARTBEAT_SECONDS, nodes_topic
 from federator.partitioner import partition_for
 from federator.query import FailureReason, KeyQuery, RangeQuery, StateQueryRequest
 from tests.conftest import RunningBroker, free_port
@@ -35,6 +38,25 @@ def ask(node: NodeProcess, store: str, key: str, require_active: bool = True):
     p = partition_for(key.encode(), P)
     (r,) = node.client.query(StateQueryRequest(store, KeyQuery(key), (p,), require_active=require_active))
     return r
+
+
+def membership_records(broker, app_id: str) -> int:
+    """Records in the nodes' heartbeat topic, read to its end."""
+    consumer = kafka.reader(broker.bootstrap_servers)
+    consumer.assign([TopicPartition(nodes_topic(app_id), 0, 0)])
+    n, deadline = 0, time.monotonic() + 30
+    try:
+        while time.monotonic() < deadline:
+            m = consumer.poll(0.5)
+            if m is None:
+                continue
+            if m.error():
+                assert m.error().code() == KafkaError._PARTITION_EOF, m.error().str()
+                return n
+            n += 1
+    finally:
+        consumer.close()
+    raise AssertionError("reading the heartbeat topic to its end took over 30 s")
 
 
 def value_of(r) -> int | None:
@@ -98,6 +120,13 @@ def test_three_nodes_split_eight_partitions_and_each_owner_answers(broker, app_i
     with pytest.raises(NodeCallError) as e:
         NodeClient(c.nodes[0].endpoint).query(StateQueryRequest("counts", KeyQuery(key), (p,)))
     assert e.value.status == 403
+
+    # a settled cluster beats about once a second per node; a beat does not answer a beat
+    # (the nodes once echoed each other's beats, ~10 a second each, and kept the broker busy)
+    before, started = membership_records(broker, app_id), time.monotonic()
+    time.sleep(4)
+    beats = membership_records(broker, app_id) - before
+    assert beats <= len(c.nodes) * ((time.monotonic() - started) / HEARTBEAT_SECONDS + 2), beats
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])

@@ -54,3 +54,19 @@ def test_the_view_routes_by_live_heartbeats() -> None:
 def test_heartbeats_round_trip() -> None:
     i = NodeInfo("n", "h:1", "RUNNING", {"s": [1]}, {"t": [2]}, {"s": {1: 10}}, {"s": {1: 0}}, {"s": [1]}, 5)
     assert NodeInfo.from_json(i.to_json()) == i
+
+
+def test_a_beat_that_only_moves_positions_is_not_a_routing_change() -> None:
+    view = ClusterView(dead_after=6)
+    first = NodeInfo("n1", "n1:1", "RUNNING", {"s": [0, 1]}, {"s": [2]}, {"s": {0: 5}}, {"s": {2: 3}})
+    assert view.apply(Msg(b"n1", first.to_json())) is True  # a new node
+    later = NodeInfo("n1", "n1:1", "RUNNING", {"s": [1, 0]}, {"s": [2]}, {"s": {0: 9}}, {"s": {2: 0}},
+                     timestamp_ms=first.timestamp_ms + 1000)
+    assert view.apply(Msg(b"n1", later.to_json())) is False  # positions, lags, time, partition order
+    for changed in (NodeInfo("n1", "n1:1", "RUNNING", {"s": [1]}, {"s": [0, 2]}),  # a partition moved
+                    NodeInfo("n1", "n1:1", "REBALANCING", {"s": [1]}, {"s": [0, 2]}),
+                    NodeInfo("n1", "n1:1", "REBALANCING", {"s": [1]}, {"s": [0, 2]}, restoring={"s": [1]}),
+                    NodeInfo("n1", "n1:2", "REBALANCING", {"s": [1]}, {"s": [0, 2]}, restoring={"s": [1]})):
+        assert view.apply(Msg(b"n1", changed.to_json())) is True
+    assert view.apply(Msg(b"n1", None)) is True  # left
+    assert view.apply(Msg(b"n1", None)) is False
