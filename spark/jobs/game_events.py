@@ -222,14 +222,20 @@ def _cached(*frames: Any) -> Iterator[list[Any]]:
             f.unpersist()
 
 
+def _touched_player_stats(mb: streaming.MicroBatch) -> Any:
+    """player_stats over every event of the micro-batch's players, computed once for both
+    stores that hold it."""
+    return mb.shared("player_stats", lambda: player_stats(mb.so_far("player")))
+
+
 def stream_player_stats(mb: streaming.MicroBatch, sink: dict[str, Any]) -> tuple[str, str]:
-    with _cached(player_stats(mb.so_far("player"))) as (stats,):  # every event of the micro-batch's players
-        return write_player_stats(stats, "upsert", sink), f"{stats.count()} players"
+    stats = _touched_player_stats(mb)
+    return write_player_stats(stats, "upsert", sink), f"{stats.count()} players"
 
 
 def stream_leaderboard(mb: streaming.MicroBatch, sink: dict[str, Any]) -> tuple[str, str]:
-    with _cached(player_stats(mb.so_far("player"))) as (stats,):
-        return write_leaderboard(stats, "upsert", sink), f"{stats.count()} players"
+    stats = _touched_player_stats(mb)
+    return write_leaderboard(stats, "upsert", sink), f"{stats.count()} players"
 
 
 def stream_scores_per_minute(mb: streaming.MicroBatch, sink: dict[str, Any]) -> tuple[str, str]:

@@ -45,6 +45,7 @@ class MicroBatch:
     files: list[str]  # the new files
     earlier_files: list[str]  # files of earlier micro-batches
     _history: dict[tuple[str, ...], Any] = field(default_factory=dict)
+    _shared: dict[str, Any] = field(default_factory=dict)
 
     def earlier(self, *keys: str) -> Any:
         """Rows of earlier micro-batches whose ``keys`` columns match a row of this one
@@ -71,10 +72,18 @@ class MicroBatch:
             return self.new
         return self.spark.read.schema(self.schema).parquet(*self.earlier_files).unionByName(self.new)
 
+    def shared(self, name: str, build: Callable[[], Any]) -> Any:
+        """``build()`` cached for the micro-batch under ``name``: stores that derive from the
+        same frame (say, two stores of one aggregation) compute it once."""
+        if name not in self._shared:
+            self._shared[name] = build().cache()
+        return self._shared[name]
+
     def release(self) -> None:
-        for df in self._history.values():
+        for df in [*self._history.values(), *self._shared.values()]:
             df.unpersist()
         self._history.clear()
+        self._shared.clear()
 
 
 # An update writes its stores from one micro-batch: store -> (consistency token, summary).
