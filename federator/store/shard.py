@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import pyarrow as pa
-from rocksdict import Options, ReadOptions, Rdict, WriteBatch
+from rocksdict import DbClosedError, Options, ReadOptions, Rdict, WriteBatch
 
 from federator.catalog.definition import StoreDefinition
 from federator.query.position import Position, PositionBound
@@ -32,6 +32,10 @@ _SOURCE = b"source"  # the broker's id of the changelog topic the data came from
 
 class UnsupportedQuery(Exception):
     """The store type has no handler for this query."""
+
+
+class ShardClosed(Exception):
+    """The shard was closed (its partition left this node in a rebalance) before or while a query read it."""
 
 
 def _options() -> Options:
@@ -112,6 +116,7 @@ class Shard:
         # flight; a read that saw the same even number before and after saw one consistent
         # state, the one ``_position`` names. (rocksdict snapshots do not cover iterators.)
         self._seq = 0
+        self._closed = False
         self._open()
 
     def _open(self) -> None:
@@ -216,6 +221,7 @@ class Shard:
 
     def close(self) -> None:
         """Close the database; snapshots still held by readers keep it open until they go."""
+        self._closed = True  # before the handles go: a reader that fails from here on says why
         SCAN_CACHE.drop(self)
         with self._lock:
             self._meta_handle = None
@@ -244,6 +250,8 @@ class Shard:
 
     def query(self, query: Query, optimistic_tries: int = 3) -> tuple[pa.RecordBatch, Position]:
         """The answer and the Position it reflects exactly."""
+        if self._closed:
+            raise ShardClosed()
         handler = self.store_type.handler_for(query)
         if handler is None:
             raise UnsupportedQuery(
@@ -362,6 +370,15 @@ class Shard:
         except UnsupportedQuery as e:
             return QueryResult.failed(self.partition, FailureReason.UNKNOWN_QUERY_TYPE, str(e))
         except Exception as e:  # noqa: BLE001 - any store failure becomes a typed per-partition failure
+            if self._closed or isinstance(e, (ShardClosed, DbClosedError)):
+                # A rebalance moved the partition off this node under the query: not a store
+                # failure; NOT_PRESENT sends the caller to the partition's new owner.
+                return QueryResult.failed(
+                    self.partition,
+                    FailureReason.NOT_PRESENT,
+                    f"partition {self.partition} of store {self.definition.name!r} was closed on this node "
+                    "(moved by a rebalance) while the query ran; its new owner answers it",
+                )
             return QueryResult.failed(
                 self.partition,
                 FailureReason.STORE_EXCEPTION,

@@ -402,6 +402,32 @@ def test_store_exception_for_key_of_the_wrong_type(open_shard) -> None:
     assert r.failure is FailureReason.STORE_EXCEPTION and "long format" in r.message
 
 
+@pytest.mark.parametrize("query", [KeyQuery("a"), RangeQuery()])
+def test_a_closed_shard_is_not_present_not_a_store_exception(open_shard, rec, query: Query) -> None:
+    # a rebalance closes the shard of a partition that leaves the node while queries still hold it
+    shard = open_shard(definition())
+    shard.apply([rec(b"a", b"1")])
+    shard.close()
+    r = shard.run(query)
+    assert r.failure is FailureReason.NOT_PRESENT, r
+    assert "closed" in r.message and "rebalance" in r.message
+    assert shard.run(query, collect_execution_info=True).failure is FailureReason.NOT_PRESENT
+
+
+def test_a_shard_closed_while_a_query_reads_it_is_not_present(open_shard, rec, monkeypatch) -> None:
+    shard = open_shard(definition())
+    shard.apply([rec(b"a", b"1")])
+    read = shard.store_type.handler_for(RangeQuery())
+
+    def closed_midway(view, query):
+        shard.close()
+        return read(view, query)  # rocksdict raises its DbClosedError here
+
+    monkeypatch.setattr(shard.store_type, "handler_for", lambda q: closed_midway)
+    r = shard.run(RangeQuery())
+    assert r.failure is FailureReason.NOT_PRESENT, r
+
+
 # ---- redefinition ---------------------------------------------------------------------------------
 
 
