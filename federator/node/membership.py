@@ -14,6 +14,9 @@ from confluent_kafka import Message
 STATES = ("CREATED", "REBALANCING", "RUNNING", "PENDING_SHUTDOWN", "ERROR")
 HEARTBEAT_SECONDS = 1.0
 DEAD_AFTER_SECONDS = 6.0
+# A process that has not beaten for this long is gone, as far as its node id is concerned: a
+# restarted node waits out its dead predecessor's last record for at most this long.
+SAME_ID_LIVE_SECONDS = 3 * HEARTBEAT_SECONDS
 
 
 def nodes_topic(application_id: str) -> str:
@@ -31,13 +34,18 @@ class NodeInfo:
     lags: dict[str, dict[int, int]] = field(default_factory=dict)  # store -> partition -> records behind
     restoring: dict[str, list[int]] = field(default_factory=dict)  # active partitions not yet caught up
     timestamp_ms: int = 0
+    # Which process beats: a random id drawn at start, and the start time. A node id is one
+    # process at a time; these tell a live rival from a record left by this node before a restart.
+    incarnation: str = ""
+    started_ms: int = 0
 
     def routing(self) -> tuple:
         """What peers place standbys and route by; positions and lags travel with the regular beat."""
         def frozen(d: dict[str, list[int]]) -> tuple:
             return tuple(sorted((s, tuple(sorted(ps))) for s, ps in d.items() if ps))
 
-        return self.endpoint, self.state, frozen(self.active), frozen(self.standby), frozen(self.restoring)
+        return (self.endpoint, self.state, frozen(self.active), frozen(self.standby), frozen(self.restoring),
+                self.incarnation)
 
     def to_json(self) -> bytes:
         return json.dumps(
@@ -51,6 +59,8 @@ class NodeInfo:
                 "lags": {s: {str(p): o for p, o in d.items()} for s, d in self.lags.items()},
                 "restoring": self.restoring,
                 "timestamp_ms": self.timestamp_ms,
+                "incarnation": self.incarnation,
+                "started_ms": self.started_ms,
             },
             separators=(",", ":"),
         ).encode()
@@ -68,6 +78,8 @@ class NodeInfo:
             lags={s: {int(p): o for p, o in m.items()} for s, m in d.get("lags", {}).items()},
             restoring={s: list(ps) for s, ps in d.get("restoring", {}).items()},
             timestamp_ms=int(d.get("timestamp_ms", 0)),
+            incarnation=str(d.get("incarnation", "")),
+            started_ms=int(d.get("started_ms", 0)),
         )
 
     def to_public(self) -> dict[str, Any]:
@@ -81,7 +93,29 @@ class NodeInfo:
             "lags": {s: {str(p): o for p, o in d.items()} for s, d in self.lags.items()},
             "positions": {s: {str(p): o for p, o in d.items()} for s, d in self.positions.items()},
             "last_heartbeat_ms": self.timestamp_ms,
+            "incarnation": self.incarnation,
+            "started_ms": self.started_ms,
         }
+
+
+def same_id(mine: NodeInfo, other: NodeInfo, now_ms: float) -> str:
+    """What a node makes of a heartbeat record under its own node id.
+
+    ``"self"``: its own beat. ``"gone"``: another process's, but that process left (it said
+    PENDING_SHUTDOWN) or stopped beating (nothing for SAME_ID_LIVE_SECONDS): typically this
+    node's own record from before a restart. ``"unknown"``: recent, but beaten before this
+    process started, so it may be a process that has just died; its next beat (or its silence)
+    tells. ``"older"``: another live process (it beat after this one started) that has had the
+    id longer: this one must refuse to serve. ``"newer"``: a live process that started after
+    this one: it refuses (the same rule on its side). Equal start times fall to the incarnation.
+    """
+    if other.incarnation == mine.incarnation and other.started_ms == mine.started_ms:
+        return "self"
+    if other.state == "PENDING_SHUTDOWN" or now_ms - other.timestamp_ms >= SAME_ID_LIVE_SECONDS * 1000:
+        return "gone"
+    if other.timestamp_ms <= mine.started_ms:
+        return "unknown"
+    return "older" if (other.started_ms, other.incarnation) < (mine.started_ms, mine.incarnation) else "newer"
 
 
 class ClusterView:

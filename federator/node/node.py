@@ -11,7 +11,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pyarrow as pa
 from confluent_kafka import KafkaException, Message
@@ -21,7 +21,14 @@ from federator.catalog.catalog import COMPACTED, Catalog, apply_catalog_message,
 from federator.catalog.definition import StoreDefinition
 from federator.node.group import GroupMember
 from federator.node.materializer import ACTIVE, STANDBY, Materializer
-from federator.node.membership import HEARTBEAT_SECONDS, ClusterView, NodeInfo, nodes_topic, place_standbys
+from federator.node.membership import (
+    HEARTBEAT_SECONDS,
+    ClusterView,
+    NodeInfo,
+    nodes_topic,
+    place_standbys,
+    same_id,
+)
 from federator.node.topic_tail import TopicTail
 from federator.partitioner import partition_for
 from federator.query.position import Position, PositionBound
@@ -95,6 +102,14 @@ class Node:
         self.endpoint = config.advertise or config.listen
         self.cluster_secret = config.cluster_secret
         self.state = "CREATED"
+        # This process, as told apart from any other that uses (or used) the same node id.
+        self.incarnation = uuid.uuid4().hex[:12]
+        self.started_ms = int(time.time() * 1000)
+        self.refused: str | None = None  # why this node will not serve: another live process has its id
+        self.on_refused: Callable[[str], None] = lambda why: None  # the process exits (federator node)
+        self._rival: NodeInfo | None = None  # the latest record of another process under our id
+        self._warned: set[str] = set()  # newer rivals already reported
+        self._identity_checked = threading.Event()
         self.stores: dict[str, StoreDefinition] = {}
         self.unusable_stores: dict[str, str] = {}  # store name -> why this node cannot host it
         self._assigned: frozenset[tuple[str, int]] = frozenset()
@@ -121,21 +136,23 @@ class Node:
         self.materializer.start()
         self.members_tail.start()
         self.catalog_tail.start()
-        self.group.start()
-        self._loop_thread.start()
+        self._loop_thread.start()  # it joins the group once no other live process has our node id
 
     def stop(self) -> None:
-        """Hand partitions over cleanly: say so, leave the group, remove our record."""
+        """Hand partitions over cleanly: say so, leave the group, remove our record. A node that
+        refused to serve publishes nothing: the record under its id belongs to the live process."""
         self.state = "PENDING_SHUTDOWN"
         self._publish()
-        self.group.stop()
+        if self._identity_checked.is_set():
+            self.group.stop()
         self._stop.set()
         self._loop_thread.join(10)
-        try:
-            self._producer.produce(nodes_topic(self.config.application_id), key=self.node_id.encode(), value=None)
-            self._producer.flush(5)
-        except KafkaException as e:
-            log.warning("could not remove this node's membership record: %s", e.args[0].str())
+        if self.refused is None and self._identity_checked.is_set():
+            try:
+                self._producer.produce(nodes_topic(self.config.application_id), key=self.node_id.encode(), value=None)
+                self._producer.flush(5)
+            except KafkaException as e:
+                log.warning("could not remove this node's membership record: %s", e.args[0].str())
         self.catalog_tail.stop()
         self.members_tail.stop()
         self.materializer.stop()
@@ -155,10 +172,68 @@ class Node:
         self._wake.set()
 
     def _on_member(self, msg: Message) -> None:
+        if msg.key() is not None and msg.key().decode() == self.node_id:
+            # Our own beats are in the view already; another process's records under our id
+            # never enter it: they are checked (a dead predecessor's, or a live rival's).
+            self._check_identity(msg.value())
+            return
         # Only a peer whose routing changed wakes the loop: waking (and beating) on every beat
         # made the nodes echo each other's beats, about ten per second each.
-        if self.view.apply(msg) and msg.key() is not None and msg.key().decode() != self.node_id:
+        if self.view.apply(msg):
             self._wake.set()
+
+    # ---- one live process per node id -----------------------------------------------------
+    def _check_identity(self, value: bytes | None) -> None:
+        try:
+            other = NodeInfo.from_json(value) if value is not None else None
+        except (ValueError, KeyError):
+            return
+        if other is None or (other.incarnation == self.incarnation and other.started_ms == self.started_ms):
+            return
+        self._rival = other
+        verdict = same_id(self._me(), other, time.time() * 1000)
+        if verdict == "older":
+            self._refuse(other)
+        elif verdict == "newer" and other.incarnation not in self._warned:
+            self._warned.add(other.incarnation)
+            log.warning("another process at %s has started with this node id %r (incarnation %s); this node "
+                        "keeps serving and that one refuses to", other.endpoint, self.node_id, other.incarnation)
+
+    def _me(self) -> NodeInfo:
+        return NodeInfo(self.node_id, self.endpoint, self.state, incarnation=self.incarnation, started_ms=self.started_ms)
+
+    def _refuse(self, other: NodeInfo) -> None:
+        if self.refused is not None:
+            return
+        self.state = "ERROR"
+        self.refused = (
+            f"node id {self.node_id!r} is already used by a live node at {other.endpoint} in application "
+            f"{self.config.application_id!r} (it started earlier, incarnation {other.incarnation or 'unknown'}); "
+            "node ids are unique within an application: stop that node, or give this one another --node-id"
+        )
+        log.error("refusing to serve: %s", self.refused)
+        self._wake.set()
+        self.on_refused(self.refused)
+
+    def _await_identity(self) -> bool:
+        """Before the first beat and the group join: wait until no other live process that
+        started before us uses our node id. A record under our id from before a restart (a
+        process that died) is waited out: it is gone once it has not beaten for
+        SAME_ID_LIVE_SECONDS. A process that started after us refuses once it sees us beat.
+        False: we refuse."""
+        deadline = time.monotonic() + 10
+        while not self.members_tail.caught_up.wait(0.1):
+            if self._stop.is_set():
+                return False
+            if time.monotonic() > deadline:
+                log.warning("the membership topic was not read to its end in 10 s; starting without the node id check")
+                break
+        while not self._stop.is_set() and self.refused is None:
+            rival = self._rival
+            if rival is None or same_id(self._me(), rival, time.time() * 1000) in ("gone", "newer"):
+                return True
+            self._stop.wait(0.1)
+        return False
 
     def _on_assignment(self, partitions: set[tuple[str, int]]) -> None:
         self._assigned = frozenset(partitions)
@@ -172,9 +247,13 @@ class Node:
 
     # ---- reconcile and heartbeat -----------------------------------------------------------
     def _loop(self) -> None:
+        if not self._await_identity():
+            return
+        self.group.start()
+        self._identity_checked.set()
         next_beat = 0.0
         published: tuple | None = None  # our routing as of our last beat
-        while not self._stop.is_set():
+        while not self._stop.is_set() and self.refused is None:
             self._wake.wait(max(0.0, next_beat - time.monotonic()))
             self._wake.clear()
             if self._stop.is_set():
@@ -222,7 +301,8 @@ class Node:
         self.materializer.set_desired(self.stores, self._roles())
 
     def local_info(self) -> NodeInfo:
-        info = NodeInfo(self.node_id, self.endpoint, self.state, timestamp_ms=int(time.time() * 1000))
+        info = NodeInfo(self.node_id, self.endpoint, self.state, timestamp_ms=int(time.time() * 1000),
+                        incarnation=self.incarnation, started_ms=self.started_ms)
         for (store, p), hs in sorted(self.materializer.snapshot().items()):
             (info.active if hs.role == ACTIVE else info.standby).setdefault(store, []).append(p)
             if hs.shard.offset is not None:
@@ -235,6 +315,8 @@ class Node:
         return info
 
     def _publish(self, info: NodeInfo | None = None) -> None:
+        if self.refused is not None or not self._identity_checked.is_set():
+            return  # the record under our id is another process's
         info = info or self.local_info()
         self.view.update_local(info)
         try:
@@ -400,6 +482,10 @@ class Node:
 
     def ready(self) -> tuple[bool, list[str]]:
         reasons = []
+        if self.refused is not None:
+            reasons.append(self.refused)
+        elif not self._identity_checked.is_set():
+            reasons.append(f"checking that no other live process uses the node id {self.node_id!r}")
         if self.state != "RUNNING":
             reasons.append(f"state is {self.state}")
         hosted = self.materializer.snapshot()

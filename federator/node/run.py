@@ -1,4 +1,5 @@
-"""`federator node`: a node and its HTTP server in one process, until SIGINT/SIGTERM."""
+"""`federator node`: a node and its HTTP server in one process, until SIGINT/SIGTERM, or until it
+finds that another live process has its node id (then it exits with REFUSED)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import threading
 from pathlib import Path
 
 from federator.node.node import Node, NodeConfig
+
+REFUSED = 3  # the exit code of a node that refused to serve: another live node has its node id
 
 
 def _host_port(text: str, flag: str) -> tuple[str, int]:
@@ -51,6 +54,7 @@ def run_node(args: argparse.Namespace) -> int:
     SCAN_CACHE.max_pending = getattr(args, "scan_cache_follow", SCAN_CACHE.max_pending)
     stopping = threading.Event()
     _stop_on_signals(stopping)
+    node.on_refused = lambda why: stopping.set()  # the node logged why; exit with REFUSED
     app = create_app(node)
     if (getattr(args, "server", None) or default_server()) == "granian":
         return _run_on_granian(node, app, host, port, args, stopping)
@@ -63,7 +67,14 @@ def run_node(args: argparse.Namespace) -> int:
     stopping.wait()
     _hand_over(node, flight_sql)
     shutdown(server)
-    return 0
+    return _exit_code(node)
+
+
+def _exit_code(node: Node) -> int:
+    if node.refused is None:
+        return 0
+    print(f"error: node {node.node_id} refused to serve: {node.refused}", file=sys.stderr, flush=True)
+    return REFUSED
 
 
 def _stop_on_signals(stopping: threading.Event) -> None:
@@ -135,4 +146,4 @@ def _run_on_granian(node: Node, app: object, host: str, port: int, args: argpars
     finally:
         stopping.set()  # the server ended on its own (a bind error): still hand over
         stopper.join()
-    return 0
+    return _exit_code(node)

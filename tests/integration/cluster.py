@@ -43,7 +43,8 @@ class NodeProcess:
         self.proc: subprocess.Popen | None = None
         self.log = state_dir.parent / f"{node_id}.log"
 
-    def start(self) -> NodeProcess:
+    def start(self, wait: bool = True) -> NodeProcess:
+        """Start the process; with ``wait``, return once it answers /healthz."""
         args = ["node", "--bootstrap-servers", self.bootstrap, "--application-id", self.app_id,
                 "--listen", self.endpoint, "--state-dir", str(self.state_dir), "--node-id", self.node_id,
                 "--standby-replicas", str(self.standby_replicas)]
@@ -56,7 +57,9 @@ class NodeProcess:
         args += self.extra_args
         self.state_dir.parent.mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen(federator_cmd(*args), stdout=open(self.log, "a"), stderr=subprocess.STDOUT)
-        wait_for(lambda: self.client.get_json("/healthz", timeout=1)[0] == 200, 30, f"{self.node_id} to answer /healthz")
+        if wait:
+            wait_for(lambda: self.client.get_json("/healthz", timeout=1)[0] == 200, 30,
+                     f"{self.node_id} to answer /healthz")
         return self
 
     def stop(self, sig: int = signal.SIGTERM) -> int:

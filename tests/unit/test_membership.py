@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 
-from federator.node.membership import ClusterView, NodeInfo, place_standbys
+from federator.node.membership import SAME_ID_LIVE_SECONDS, ClusterView, NodeInfo, place_standbys, same_id
 
 
 class Msg:
@@ -52,8 +52,40 @@ def test_the_view_routes_by_live_heartbeats() -> None:
 
 
 def test_heartbeats_round_trip() -> None:
-    i = NodeInfo("n", "h:1", "RUNNING", {"s": [1]}, {"t": [2]}, {"s": {1: 10}}, {"s": {1: 0}}, {"s": [1]}, 5)
+    i = NodeInfo("n", "h:1", "RUNNING", {"s": [1]}, {"t": [2]}, {"s": {1: 10}}, {"s": {1: 0}}, {"s": [1]}, 5, "inc1", 3)
     assert NodeInfo.from_json(i.to_json()) == i
+    # a record from before incarnations were beaten reads as an unknown process that started at 0
+    old = NodeInfo.from_json(b'{"node_id":"n","endpoint":"h:1","state":"RUNNING","timestamp_ms":5}')
+    assert (old.incarnation, old.started_ms) == ("", 0)
+
+
+def test_one_live_process_per_node_id_the_newer_refuses() -> None:
+    now = 1_000_000_000
+    me = NodeInfo("n", "h:2", "CREATED", incarnation="b", started_ms=now - 500)
+
+    def rival(beat_ago_ms: float, started_ago_ms: float, incarnation: str = "a", state: str = "RUNNING") -> NodeInfo:
+        return NodeInfo("n", "h:1", state, timestamp_ms=int(now - beat_ago_ms), incarnation=incarnation,
+                        started_ms=int(now - started_ago_ms))
+
+    live = SAME_ID_LIVE_SECONDS * 1000
+    assert same_id(me, NodeInfo("n", "h:2", "RUNNING", timestamp_ms=now, incarnation="b", started_ms=now - 500), now) == "self"
+    # another process beat after we started and started before us: it has the id, we refuse
+    assert same_id(me, rival(beat_ago_ms=100, started_ago_ms=60_000), now) == "older"
+    # it started after us: it refuses, we keep serving
+    assert same_id(me, rival(beat_ago_ms=100, started_ago_ms=200, incarnation="c"), now) == "newer"
+    # the same start time: the incarnation decides, the same way on both sides
+    twin = rival(beat_ago_ms=100, started_ago_ms=500, incarnation="a")
+    assert same_id(me, twin, now) == "older"
+    assert same_id(twin, NodeInfo("n", "h:2", "RUNNING", timestamp_ms=now - 50, incarnation="b", started_ms=now - 500),
+                   now) == "newer"
+    # our own record from before a restart: the process died; its last beat is before we started
+    assert same_id(me, rival(beat_ago_ms=800, started_ago_ms=90_000), now) == "unknown"  # may still beat: wait
+    assert same_id(me, rival(beat_ago_ms=live, started_ago_ms=90_000), now) == "gone"  # silent for a while: dead
+    assert same_id(me, rival(beat_ago_ms=live + 60_000, started_ago_ms=90_000), now) == "gone"
+    # a process that said it is leaving does not hold the id
+    assert same_id(me, rival(beat_ago_ms=100, started_ago_ms=60_000, state="PENDING_SHUTDOWN"), now) == "gone"
+    # a node of an older version beats no incarnation: live and after our start, it is the older one
+    assert same_id(me, rival(beat_ago_ms=100, started_ago_ms=now, incarnation=""), now) == "older"
 
 
 def test_a_beat_that_only_moves_positions_is_not_a_routing_change() -> None:
