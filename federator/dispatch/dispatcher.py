@@ -2,7 +2,9 @@
 
 Partitions this node hosts run in-process. On NOT_PRESENT, NOT_ACTIVE, NOT_UP_TO_BOUND or a
 node that does not answer, the routing view (kept current by heartbeats) is read again and
-the partition retried with backoff until the deadline. The internal endpoint never forwards,
+the partition retried with backoff until the deadline. Reads go to active owners, unless
+stale reads are allowed, or a consistency token names the partition and a standby has reached
+it while the owner cannot answer (see ``targets_for``). The internal endpoint never forwards,
 so calls cannot loop between nodes that disagree during a rebalance. No silent partial
 answers: every partition answers, or the query fails naming the ones that did not.
 """
@@ -69,22 +71,24 @@ class Dispatcher:
         avoid: dict[tuple[int, int], set[str]] = defaultdict(set)
         delay = 0.02
         view = self.node.view
+        token = _token_offsets(bound, self.node.stores.get(store))
         while pending:
-            # route every pending partition; group into one request per (node, subquery)
-            groups: dict[tuple[str, str, int], list[int]] = defaultdict(list)
+            # route every pending partition; group into one request per (node, subquery, whether
+            # it must be the active copy: not for a standby that a token sent us to)
+            groups: dict[tuple[str, str, int, bool], list[int]] = defaultdict(list)
             for item in sorted(pending):
                 i, p = item
-                targets = targets_for(view, store, p, allow_stale, max_lag, frozenset(avoid[item]))
+                targets = targets_for(view, store, p, allow_stale, max_lag, frozenset(avoid[item]), token.get(p))
                 if not targets:
                     reasons[item] = "no node serves it (a rebalance may be under way)"
                     continue
                 t = targets[0]
-                groups[(t.node_id, t.endpoint, i)].append(p)
+                groups[(t.node_id, t.endpoint, i, t.active and not allow_stale)].append(p)
             local, remote = [], []
-            for (node_id, endpoint, i), parts in groups.items():
+            for (node_id, endpoint, i, require_active), parts in groups.items():
                 req = StateQueryRequest(
                     store, subqueries[i].query, tuple(parts), bound,
-                    require_active=not allow_stale, pipeline=pipeline,
+                    require_active=require_active, pipeline=pipeline,
                 )
                 (local if node_id == self.node.node_id else remote).append((node_id, endpoint, i, req))
             if len(remote) == 1 and not local:
@@ -134,8 +138,8 @@ class Dispatcher:
                     if r.failure not in RETRYABLE:
                         raise SqlError("INTERNAL", f"partition {r.partition} on node {nid}: {r.failure.value}: {r.message}")
                     reasons[item] = f"{r.failure.value} on node {nid}: {r.message}"
-                    if r.failure is not FailureReason.NOT_UP_TO_BOUND and allow_stale:
-                        avoid[item].add(nid)
+                    if r.failure is not FailureReason.NOT_UP_TO_BOUND and (allow_stale or r.partition in token):
+                        avoid[item].add(nid)  # another copy may answer: try it next
             if not pending:
                 break
             if time.monotonic() + delay >= deadline:
@@ -157,6 +161,13 @@ class Dispatcher:
                            "retry, or raise timeout_ms", partitions=parts)
         raise SqlError("UNAVAILABLE", f"partitions {parts} are unavailable: {why}; retry shortly, or pass "
                        "allow_stale to read a standby", partitions=parts, retry_after=1)
+
+
+def _token_offsets(bound: PositionBound, defn: Any) -> dict[int, int]:
+    """partition -> the changelog offset the consistency token asks this store for."""
+    if bound.position is None or defn is None:
+        return {}
+    return bound.position.partitions(defn.topic)
 
 
 def _unknown_query_message(sub: SubQuery, message: str, node_id: str) -> str:

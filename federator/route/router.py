@@ -1,4 +1,5 @@
-"""Partition → node, from the membership view; standbys when stale reads are allowed."""
+"""Partition → node, from the membership view; standbys when stale reads are allowed, or when a
+consistency token asks for no more than a standby already has."""
 
 from __future__ import annotations
 
@@ -15,19 +16,45 @@ class Target:
 
 
 def targets_for(view: ClusterView, store: str, partition: int, allow_stale: bool, max_lag: int | None,
-                avoid: frozenset[str] = frozenset()) -> list[Target]:
-    """Where to ask, best first: the active owner, then (with allow_stale) standbys within max_lag."""
+                avoid: frozenset[str] = frozenset(), at_least: int | None = None) -> list[Target]:
+    """Where to ask, best first.
+
+    The active owner. With ``allow_stale``, then the standbys within ``max_lag`` (least lag
+    first). Without it, a standby is asked only for a read whose consistency token names this
+    partition (``at_least``: the changelog offset the token asks for) and only while the active
+    owner cannot answer (none in the view, in ``avoid`` because it failed, or still restoring
+    the partition): the standbys whose published position has reached ``at_least``, most
+    advanced first. Such a read is not stale, since the token asks for no more (Kafka Streams
+    serves a PositionBound from standbys the same way); the owner that serves it checks the
+    bound again. An owner in ``avoid`` comes last, in case it was only briefly unable.
+    """
     out: list[Target] = []
     owner = view.active_owner(store, partition)
-    if owner is not None and owner.node_id not in avoid:
-        out.append(Target(owner.node_id, owner.endpoint, True))
+    avoided = owner is not None and owner.node_id in avoid
     if allow_stale:
+        if owner is not None and not avoided:
+            out.append(Target(owner.node_id, owner.endpoint, True))
         standbys = sorted(view.standbys(store, partition), key=lambda n: n.lags.get(store, {}).get(partition, 1 << 62))
         for n in standbys:
             lag = n.lags.get(store, {}).get(partition)
             if n.node_id in avoid or (max_lag is not None and (lag is None or lag > max_lag)):
                 continue
             out.append(Target(n.node_id, n.endpoint, False))
-        if owner is not None and owner.node_id in avoid:
+        if avoided:
+            out.append(Target(owner.node_id, owner.endpoint, True))  # type: ignore[union-attr]
+        return out
+    restoring = owner is not None and partition in owner.restoring.get(store, ())
+    if at_least is None or (owner is not None and not avoided and not restoring):
+        if owner is not None and not avoided:
             out.append(Target(owner.node_id, owner.endpoint, True))
+        return out
+
+    def position(n) -> int:
+        return n.positions.get(store, {}).get(partition, -1)
+
+    for n in sorted(view.standbys(store, partition), key=position, reverse=True):
+        if n.node_id not in avoid and position(n) >= at_least:
+            out.append(Target(n.node_id, n.endpoint, False))
+    if owner is not None:
+        out.append(Target(owner.node_id, owner.endpoint, True))
     return out

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import time
 from pathlib import Path
 from typing import Callable, TypeVar
 
+import urllib3
+
 from federator.dispatch import NodeCallError, NodeClient
+from federator.query.position import Position
 from tests.conftest import federator_cmd, free_port
 
 T = TypeVar("T")
+_HTTP = urllib3.PoolManager(maxsize=32, retries=False)
 
 
 def wait_for(cond: Callable[[], T], timeout: float = 30.0, what: str = "condition", interval: float = 0.2) -> T:
@@ -78,6 +83,14 @@ class NodeProcess:
     def ready(self) -> bool:
         return self.client.get_json("/readyz", timeout=2)[0] == 200
 
+    def sql(self, sql: str, timeout: float = 30.0, **fields) -> tuple[int, dict]:
+        """POST /v1/sql: the status and the JSON body (``fields``: consistency_token, allow_stale, ...)."""
+        resp = _HTTP.request("POST", f"http://{self.endpoint}/v1/sql", json={"sql": sql, **fields}, timeout=timeout)
+        try:
+            return resp.status, json.loads(resp.data)
+        except ValueError:
+            return resp.status, {"error": {"code": None, "message": resp.data[:300].decode("utf-8", "replace")}}
+
 
 class Cluster:
     def __init__(self, bootstrap: str, app_id: str, root: Path, size: int = 3, standby_replicas: int = 1,
@@ -143,3 +156,27 @@ class Cluster:
             return maps[0]
 
         return wait_for(settled, timeout, f"store {store} to settle on {sorted(ids)}")
+
+
+def write_with_token(bootstrap: str, defn, items: dict, producer=None) -> Position:
+    """Upsert ``items`` (key -> value, None deletes) into a kv store's changelog, as a writer does;
+    returns the Position of the writes: the consistency token that reads them back."""
+    from federator import kafka
+    from federator.partitioner import partition_for
+
+    p = producer or kafka.producer(bootstrap, **{"linger.ms": 5})
+    offsets: dict[int, int] = {}
+    failed: list[str] = []
+
+    def done(err, msg) -> None:
+        if err is not None:
+            failed.append(str(err))
+        else:
+            offsets[msg.partition()] = max(offsets.get(msg.partition(), -1), msg.offset())
+
+    for k, v in items.items():
+        kb = defn.key.serialize(k)
+        p.produce(defn.topic, key=kb, value=None if v is None else defn.value.serialize(v),
+                  partition=partition_for(kb, defn.partitions), on_delivery=done)
+    assert p.flush(30) == 0 and not failed, failed
+    return Position({defn.topic: offsets})

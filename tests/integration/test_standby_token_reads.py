@@ -1,0 +1,64 @@
+"""A read whose consistency token a standby already satisfies is served by the standby while the
+active owner is gone, before the group has moved the partition; without a token it is not."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+from federator.partitioner import partition_for
+from tests.integration.changelog_util import register
+from tests.integration.cluster import Cluster, wait_for, write_with_token
+
+P = 4
+
+
+def test_a_token_read_is_served_by_the_standby_while_the_owner_is_dead(broker, app_id, tmp_path) -> None:
+    defn = register(broker, app_id, {"name": "s", "type": "kv", "partitions": P,
+                                     "key": {"format": "string"}, "value": {"format": "long"}})
+    keys = [f"k{i}" for i in range(100)]
+    write_with_token(broker.bootstrap_servers, defn, {k: 0 for k in keys})
+    c = Cluster(broker.bootstrap_servers, app_id, tmp_path / "nodes", size=2, standby_replicas=1).start()
+    try:
+        owners = c.wait_settled("s", P)
+        survivor, victim = c.nodes
+        lost = sorted(p for p, n in owners.items() if n == victim.node_id)
+        assert lost, owners
+        key = next(k for k in keys if partition_for(k.encode(), P) in lost)
+        token = write_with_token(broker.bootstrap_servers, defn, {k: 1000 + i for i, k in enumerate(keys)})
+        assert sorted(token.partitions(defn.topic)) == list(range(P))  # the token names every partition
+        point = f"SELECT value FROM s WHERE key = '{key}'"
+        want = 1000 + keys.index(key)
+        # the survivor's standby copies publish positions that reach the token
+        def standby_positions() -> dict:
+            (me,) = [n for n in survivor.metadata()["nodes"] if n["node_id"] == survivor.node_id]
+            return me["positions"]["s"]
+
+        wait_for(lambda: all(standby_positions().get(str(p), -1) >= token.get(defn.topic, p) for p in lost), 10,
+                 "the standby copies to reach the token")
+        for n in c.nodes:  # (and the first SQL each node answers is behind us: it loads the engine)
+            assert n.sql(point, consistency_token=token.to_token())[1]["rows"] == [[want]]
+
+        victim.stop(signal.SIGKILL)
+        killed = time.monotonic()
+        status, body = survivor.sql(point, consistency_token=token.to_token(), timeout_ms=3000)
+        took = time.monotonic() - killed
+        assert status == 200, body
+        assert body["rows"] == [[want]]
+        status, body = survivor.sql("SELECT COUNT(*), SUM(value) FROM s", consistency_token=token.to_token(),
+                                    timeout_ms=3000)
+        assert status == 200, body
+        assert body["rows"] == [[len(keys), sum(range(1000, 1000 + len(keys)))]]
+        # without a token (nor allow_stale) only the active copy will do: none answers yet
+        status, body = survivor.sql(point, timeout_ms=500)
+        assert status == 503 and body["error"]["code"] == "UNAVAILABLE", body
+        # all of that before the group gave the partitions to the survivor: it still holds them as standby
+        (me,) = [n for n in survivor.metadata()["nodes"] if n["node_id"] == survivor.node_id]
+        assert set(lost) <= set(me["standby"].get("s", [])) and not set(lost) & set(me["active"].get("s", [])), me
+        assert took < 2.5, took
+
+        # and after the rebalance the survivor answers as the owner
+        wait_for(lambda: sorted(c.active_map("s", survivor)) == list(range(P)), 20, "the survivor to own all")
+        assert survivor.sql(point)[1]["rows"] == [[want]]
+    finally:
+        c.stop()
