@@ -28,6 +28,8 @@ from federator.route.router import targets_for
 from federator.plugin.manager import provider_of
 from federator.sql.errors import SqlError
 
+# codes an owner may give a STORE_EXCEPTION that are the request's fault (see QueryResult.code)
+USER_ERRORS = {"INVALID_DATA", "SQL_PARSE_ERROR", "UNKNOWN_COLUMN", "UNSUPPORTED", "TIMEOUT"}
 RETRYABLE = {FailureReason.NOT_PRESENT, FailureReason.NOT_ACTIVE, FailureReason.NOT_UP_TO_BOUND, FailureReason.DOES_NOT_EXIST}
 
 
@@ -135,6 +137,9 @@ class Dispatcher:
                         continue
                     if r.failure is FailureReason.UNKNOWN_QUERY_TYPE:
                         raise SqlError("UNKNOWN_QUERY_TYPE", _unknown_query_message(subqueries[i], r.message, nid))
+                    if r.failure is FailureReason.STORE_EXCEPTION and r.code in USER_ERRORS:
+                        # the data or the SQL made the owner's part fail: the user's error, not ours
+                        raise SqlError(r.code, r.message)
                     if r.failure not in RETRYABLE:
                         raise SqlError("INTERNAL", f"partition {r.partition} on node {nid}: {r.failure.value}: {r.message}")
                     reasons[item] = f"{r.failure.value} on node {nid}: {r.message}"

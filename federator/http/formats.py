@@ -13,7 +13,8 @@ Value conventions (JSON and NDJSON; CSV uses the same text for the same values):
   many fraction digits as the column's unit (none for s, 3 for ms, 6 for us, 9 for ns).
   Naive timestamps are taken to be UTC: Federator's own are epoch milliseconds;
 * dates ``YYYY-MM-DD``; times ``HH:MM:SS[.fff]``; durations ISO-8601 (``PT1.5S``);
-* decimals are strings, so no digit is lost to a float;
+* decimals are strings, so no digit is lost to a float; those of scale 0 (DuckDB's HUGEINT,
+  the type of an integer SUM) are integers, exact as the others;
 * binary is standard base64 (with padding); booleans true/false; NULL is ``null``;
 * lists are arrays, structs objects, maps arrays of ``[key, value]`` pairs.
 
@@ -123,7 +124,7 @@ def jsonable(v: Any) -> Any:
     if isinstance(v, (bytes, bytearray, memoryview)):
         return base64.b64encode(v).decode("ascii")
     if isinstance(v, Decimal):
-        return str(v)
+        return int(v) if v == v.to_integral_value() and v.as_tuple().exponent == 0 else str(v)
     if isinstance(v, Mapping):
         return {str(k): jsonable(x) for k, x in v.items()}
     if isinstance(v, (list, tuple)):
@@ -232,6 +233,8 @@ def converter_for(t: pa.DataType) -> Converter:
         return _timestamp_converter(t.unit)
     if pa.types.is_date(t):
         return _dates
+    if pa.types.is_decimal(t) and t.scale == 0:
+        return _whole_decimals
     if pa.types.is_time(t) or pa.types.is_decimal(t):
         return _as_text
     if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t) or _is(t, "is_binary_view"):
@@ -240,6 +243,10 @@ def converter_for(t: pa.DataType) -> Converter:
             or _is(t, "is_string_view") or pa.types.is_null(t)):
         return _plain
     return _nested  # lists, structs, maps, durations, intervals
+
+
+def _whole_decimals(col: pa.Array) -> list:
+    return [None if v is None else int(v) for v in col.to_pylist()]
 
 
 def _finite(v: Any) -> Any:

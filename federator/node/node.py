@@ -49,6 +49,7 @@ class NodeConfig:
     standby_replicas: int = 0
     node_id: str | None = None
     cluster_secret: str | None = None
+    duckdb_memory_limit: str = "2GB"  # DuckDB's memory_limit; past it, queries spill under state_dir/spill
 
 
 def _node_id(state_dir: Path) -> str:
@@ -61,27 +62,31 @@ def _node_id(state_dir: Path) -> str:
     return node_id
 
 
-def _apply_pipeline(spec: dict[str, Any], result: QueryResult, shard: Any = None) -> QueryResult:
-    """Run the SQL work that belongs where the rows are (filter, partial aggregate, top-k).
+def _apply_pipeline(spec: dict[str, Any], result: QueryResult, shard: Any, duck: Any) -> QueryResult:
+    """Run the SQL work that belongs where the rows are (filter, top-k, partial aggregate) in
+    DuckDB over the partition's rows.
 
     Over a shard's cached full scan the output is kept with the scan (see scan_cache)."""
-    from federator.sql.pipeline import Pipeline, as_batch, run
-
-    if spec.keys() == {"columns"} and spec["columns"] is not None:  # a point lookup's projection
+    columns = spec.get("columns")
+    if "sql" not in spec:  # a projection: no SQL to run
         try:
-            result.batch = result.batch.select(spec["columns"])
-        except (KeyError, ValueError) as e:
+            result.batch = result.batch.select(columns)
+        except (KeyError, ValueError, TypeError) as e:
             return QueryResult.failed(result.partition, FailureReason.STORE_EXCEPTION, f"{type(e).__name__}: {e}")
         return result
-    scan, key = result.batch, json.dumps(spec, sort_keys=True, default=str)
+    scan, key = result.batch, spec["sql"]
     kept = SCAN_CACHE.derived(shard, scan, key) if shard is not None else None
     if kept is not None:
         result.batch = kept
         return result
+    from federator.sql.duck import one_batch, sql_error
+    import duckdb
+
     try:
-        result.batch = as_batch(run(Pipeline.from_dict(spec), scan))
-    except Exception as e:  # noqa: BLE001 - a bad pipeline is this partition's typed failure
-        return QueryResult.failed(result.partition, FailureReason.STORE_EXCEPTION, f"{type(e).__name__}: {e}")
+        result.batch = one_batch(duck.over_rows(key, scan))
+    except duckdb.Error as e:  # the data or the SQL failed: the receiver reports it as the user's error
+        err = sql_error(e)
+        return QueryResult.failed(result.partition, FailureReason.STORE_EXCEPTION, err.message, code=err.code)
     if shard is not None:
         SCAN_CACHE.put_derived(shard, scan, key, result.batch)
     return result
@@ -334,10 +339,6 @@ class Node:
         defn = self.stores.get(request.store)
         partitions = request.partitions if request.partitions is not None else range(defn.partitions if defn else 0)
         results = []
-        # an aggregate whose state the scan cache may keep up to date through writes
-        kept_key = (json.dumps(request.pipeline, sort_keys=True, default=str)
-                    if request.pipeline is not None and request.pipeline.get("aggregate")
-                    and not request.collect_execution_info else None)
         for p in partitions:
             if defn is None or not 0 <= p < defn.partitions:
                 what = f"store {request.store!r}" if defn is None else f"partition {p} of store {request.store!r}"
@@ -367,23 +368,9 @@ class Node:
                     p, FailureReason.NOT_ACTIVE,
                     f"node {self.node_id} holds partition {p} of store {request.store!r} as {why}"))
                 continue
-            aggregate = None
-            if kept_key is not None and hs.shard.store_type.is_full_scan(request.query):
-                from federator.sql.incremental import maintained_aggregate
-
-                aggregate = maintained_aggregate(kept_key, hs.shard.schema)
-                result = hs.shard.run_maintained(aggregate, request.bound) if aggregate is not None else None
-                if result is not None:
-                    results.append(result)
-                    continue
             result = hs.shard.run(request.query, request.bound, request.collect_execution_info)
-            if aggregate is not None and result.ok:  # the scan is kept now: start its state
-                kept = hs.shard.run_maintained(aggregate, request.bound)
-                if kept is not None:
-                    results.append(kept)
-                    continue
             if request.pipeline is not None and result.ok:
-                result = _apply_pipeline(request.pipeline, result, hs.shard)
+                result = _apply_pipeline(request.pipeline, result, hs.shard, self.duck)
             results.append(result)
         return results
 
@@ -396,6 +383,13 @@ class Node:
         return hs.shard.read(key, bound)
 
     # ---- SQL and the REST views of stores ------------------------------------------------
+    @functools.cached_property
+    def duck(self):
+        """This node's DuckDB: the owners' per-partition SQL and the receiver's whole statements."""
+        from federator.sql.duck import Duck, DuckConfig
+
+        return Duck(DuckConfig(memory_limit=self.config.duckdb_memory_limit, spill_dir=self.state_dir / "spill"))
+
     @functools.cached_property
     def sql_engine(self):
         from federator.sql.engine import SqlEngine

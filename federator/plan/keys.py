@@ -37,6 +37,9 @@ class NotALiteral(Exception):
     pass
 
 
+_NUMBER_CASTS = {exp.DataType.Type.BIGINT: int, exp.DataType.Type.DOUBLE: float}
+
+
 def literal_value(node: exp.Expression, params: list[Any]) -> Any:
     """The Python value of a literal or bound parameter; NotALiteral for anything else."""
     if isinstance(node, exp.Paren):
@@ -62,6 +65,14 @@ def literal_value(node: exp.Expression, params: list[Any]) -> Any:
     if isinstance(node, (exp.Cast, exp.TryCast)) and node.to.this in (exp.DataType.Type.TIMESTAMP, exp.DataType.Type.TIMESTAMPTZ):
         v = literal_value(node.this, params)
         return _millis(v)
+    if isinstance(node, exp.Cast) and node.to.this in _NUMBER_CASTS:  # how a bound parameter is typed
+        v = literal_value(node.this, params)
+        if isinstance(v, bool):
+            raise NotALiteral
+        try:
+            return _NUMBER_CASTS[node.to.this](v)
+        except (TypeError, ValueError):
+            raise NotALiteral from None
     if isinstance(node, exp.Boolean):
         return node.this
     raise NotALiteral

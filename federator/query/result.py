@@ -26,6 +26,9 @@ class QueryResult:
     position: Position | None = None
     failure: FailureReason | None = None
     message: str = ""
+    # for STORE_EXCEPTION: whose fault, as the SQL error code the receiver answers with
+    # (INVALID_DATA: the data made the pushed-down SQL fail; None: the store failed)
+    code: str | None = None
     execution_info: list[str] = field(default_factory=list)
 
     @classmethod
@@ -33,8 +36,8 @@ class QueryResult:
         return cls(partition, batch=batch, position=position)
 
     @classmethod
-    def failed(cls, partition: int, reason: FailureReason, message: str) -> QueryResult:
-        return cls(partition, failure=reason, message=message)
+    def failed(cls, partition: int, reason: FailureReason, message: str, code: str | None = None) -> QueryResult:
+        return cls(partition, failure=reason, message=message, code=code)
 
     @property
     def ok(self) -> bool:

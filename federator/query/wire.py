@@ -36,6 +36,7 @@ def _header(r: QueryResult) -> bytes:
             "position": None if r.position is None else r.position.to_dict(),
             "failure": None if r.failure is None else r.failure.value,
             "message": r.message,
+            "code": r.code,
             "execution_info": list(r.execution_info),
         },
         separators=(",", ":"),
@@ -88,6 +89,7 @@ def _result_from(batch: pa.RecordBatch, meta: pa.KeyValueMetadata | None) -> Que
             position=position,
             failure=failure,
             message=str(h.get("message", "")),
+            code=h.get("code"),
             execution_info=list(h.get("execution_info") or []),
         )
     except WireError:

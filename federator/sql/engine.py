@@ -3,24 +3,22 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Iterator
 
 import pyarrow as pa
 
 from federator.catalog.definition import StoreDefinition
 from federator.dispatch.dispatcher import Dispatcher
-from federator.merge.merge import finish
 from federator.query.position import Position, PositionBound
-from federator.sql.catalog_tables import CATALOG, SCHEMA, describe, information_schema, show_tables
+from federator.sql.catalog_tables import describe, information_schema, show_tables
 from federator.sql.errors import SqlError
 from federator.sql.parse import Statement, parse
-from federator.sql.pipeline import run
 from federator.partitioner import partition_for
 from federator.plan.keys import SubQuery
 from federator.query.queries import KeyQuery
-from federator.sql.planner import SelectPlan, bind_parameters, plan_select
+from federator.sql.duck import Duck
+from federator.sql.planner import QueryPlan, StoreRef, bind_parameters, plan_query
 from federator.plugin.manager import sql_rules
-from federator.plugin.rules import RulePlan, SqlRule, first_plan
 from federator.sql.point import PointAnswer, PointPlan, point_plan
 from federator.sql.result import SqlRequest, SqlResult
 
@@ -37,6 +35,15 @@ def _plan_key(req: SqlRequest) -> tuple | None:
     return key
 
 
+def _counted(batches: Iterator[pa.RecordBatch], stats: dict[str, Any], started: float) -> Iterator[pa.RecordBatch]:
+    """The batches as they come, with the answer's row count and time kept in ``stats``."""
+    for batch in batches:
+        stats["rows"] += batch.num_rows
+        stats["elapsed_ms"] = round((time.perf_counter() - started) * 1000, 3)
+        yield batch
+    stats["elapsed_ms"] = round((time.perf_counter() - started) * 1000, 3)
+
+
 class SqlEngine:
     def __init__(self, node: Any) -> None:
         self.node = node
@@ -44,7 +51,8 @@ class SqlEngine:
         self._points: dict[str, PointPlan | None] = {}  # SQL text -> its point plan (None: not a point lookup)
         # (SQL text, parameters) -> a store query's plan and its pipeline as sent: planning costs
         # more than answering a repeated aggregate over kept scans
-        self._plans: dict[tuple, tuple[SelectPlan, dict[str, Any]]] = {}
+        self._plans: dict[tuple, QueryPlan] = {}
+        self.duck: Duck = node.duck
 
     def _stores(self) -> dict[str, StoreDefinition]:
         return self.node.stores
@@ -77,6 +85,9 @@ class SqlEngine:
             table = describe(self.resolve_store(stmt.table or ""))
         else:
             table, position, stats = self._select(stmt, req, position, deadline, stats)
+        if isinstance(table, tuple):  # DuckDB's answer, counted as it streams out
+            schema, batches = table
+            return SqlResult(schema, _counted(batches, stats, started), position.to_token(), stats)
         stats["rows"] = table.num_rows
         stats["elapsed_ms"] = round((time.perf_counter() - started) * 1000, 3)
         if isinstance(table, PointAnswer):
@@ -118,127 +129,94 @@ class SqlEngine:
         return table.select(list(cached.columns)).rename_columns(list(cached.names)), position.merge(gathered.position), stats
 
     def _select(self, stmt: Statement, req: SqlRequest, position: Position, deadline: float,
-                stats: dict[str, Any]) -> tuple[pa.Table, Position, dict[str, Any]]:
+                stats: dict[str, Any]) -> tuple[pa.Schema, Iterator[pa.RecordBatch], Position, dict[str, Any]] | tuple:
         if not stmt.explain:
             fast = self._point(stmt, req, position, deadline, stats)
             if fast is not None:
                 return fast
-        plan_key = None if stmt.explain else _plan_key(req)
-        kept = self._plans.get(plan_key) if plan_key is not None else None
-        if kept is not None and self._stores().get(kept[0].store.name) is kept[0].store:  # type: ignore[union-attr]
-            return self._gather(kept[0], kept[1], req, position, deadline, stats)
-        select = bind_parameters(stmt.select, list(req.parameters), stmt.param_count)  # type: ignore[arg-type]
-        source = select.args.get("from_") or select.args.get("from")
-        if source is None:
-            virtual = pa.table({"__one": pa.array([1], pa.int64())})  # SELECT 1: one row, no store
-            plan = plan_select(select, virtual.schema, None, virtual, [])
-        else:
-            tbl = source.this
-            if not hasattr(tbl, "db") or tbl.__class__.__name__ != "Table":
-                raise SqlError("UNSUPPORTED", f"FROM {tbl.sql()[:60]} is not supported; name one store")
-            if tbl.catalog and tbl.catalog.lower() != CATALOG:
-                raise SqlError("UNKNOWN_STORE", f"unknown catalog {tbl.catalog!r}; the one catalog is {CATALOG!r}")
-            if tbl.db and tbl.db.lower() == "information_schema":
-                virtual = information_schema(tbl.name.lower(), self._stores())
-                if virtual is None:
-                    raise SqlError("UNKNOWN_STORE", f"information_schema has tables and columns, not {tbl.name!r}")
-                plan = plan_select(select, virtual.schema, None, virtual, [])
-            elif tbl.db and tbl.db.lower() != SCHEMA:
-                raise SqlError("UNKNOWN_STORE", f"unknown schema {tbl.db!r}; stores live in the schema {SCHEMA!r}")
-            else:
-                defn = self.resolve_store(tbl.name)
-                ruled = first_plan(sql_rules(), select, defn)
-                if ruled is not None and ruled[1].combine is not None:
-                    return self._combined(ruled[0], ruled[1], defn, stmt.explain, req, position, deadline, stats)
-                plan = plan_select(select, defn.arrow_schema(), defn, None, [])
-                if ruled is not None:  # the rule's queries replace the built-in key planning
-                    plan.subqueries = ruled[1].subqueries
-                    plan.notes.append(f"rule {ruled[0].name}: {ruled[1].note}")
+        plan = self._plan(stmt, req)
         if stmt.explain:
             return self._explain(plan), position, stats
-        if plan.store is None:
-            assert plan.virtual is not None
-            batches = run(plan.pipeline, plan.virtual).to_batches()
-            return finish(plan, batches), position, stats
-        pipeline = plan.pipeline.to_dict()
+        bound = PositionBound.at(position) if not position.is_empty() else PositionBound.unbounded()
+        relations: dict[str, pa.Table] = {r.relation: r.table for r in plan.local}
+        seen: dict[str, Any] = {"position": position, "partitions": set(), "nodes": set()}
+        for ref in plan.refs:
+            relations[ref.relation] = self._rows(ref, bound, req, deadline, seen)
+        stats["partitions_queried"] = len(seen["partitions"])
+        stats["nodes"] = len(seen["nodes"])
+        schema, batches = self.duck.stream(plan.sql, relations, deadline)
+        return (schema, batches), seen["position"], stats
+
+    def _plan(self, stmt: Statement, req: SqlRequest) -> QueryPlan:
+        plan_key = None if stmt.explain else _plan_key(req)
+        stores = self._stores()
+        kept = self._plans.get(plan_key) if plan_key is not None else None
+        if kept is not None and all(stores.get(r.store.name) is r.store for r in kept.refs):
+            return kept
+        tree = bind_parameters(stmt.select, list(req.parameters), stmt.param_count)  # type: ignore[arg-type]
+        plan = plan_query(tree, self.resolve_store, lambda name: information_schema(name, self._stores()),
+                          sql_rules(), self._schema_of)
         if plan_key is not None:
             if len(self._plans) >= 1024:  # one entry per distinct SQL text and parameters; keep it bounded
                 self._plans.clear()
-            self._plans[plan_key] = (plan, pipeline)
-        return self._gather(plan, pipeline, req, position, deadline, stats)
+            self._plans[plan_key] = plan
+        return plan
 
-    def _gather(self, plan: SelectPlan, pipeline: dict[str, Any], req: SqlRequest, position: Position,
-                deadline: float, stats: dict[str, Any]) -> tuple[pa.Table, Position, dict[str, Any]]:
-        assert plan.store is not None
-        gathered = self.dispatcher.gather(
-            plan.store.name, plan.store.partitions, plan.subqueries, pipeline,
-            PositionBound.at(position) if not position.is_empty() else PositionBound.unbounded(),
-            req.allow_stale, req.max_lag, deadline,
-        )
-        stats["partitions_queried"] = len({p for _, p in gathered.partitions})
-        stats["nodes"] = len(gathered.nodes)
-        return finish(plan, gathered.batches), position.merge(gathered.position), stats
+    def _schema_of(self, sql: str, relations: dict[str, pa.Table]) -> pa.Schema:
+        """The schema of ``sql``'s answer over ``relations`` (DuckDB binds it: its errors are the user's)."""
+        schema, batches = self.duck.stream(sql, relations, time.monotonic() + 10)
+        for _ in batches:
+            pass
+        return schema
 
-    def _combined(self, rule: SqlRule, rp: RulePlan, defn: StoreDefinition, explain: bool, req: SqlRequest,
-                  position: Position, deadline: float, stats: dict[str, Any]) -> tuple[pa.Table, Position, dict[str, Any]]:
-        """A rule that builds the rows itself from as many rounds of calls as it needs."""
-        if explain:
-            return self._explain_calls(defn, rp.subqueries, f"via rule {rule.name}", "nothing", rp.note), position, stats
-        bound = PositionBound.at(position) if not position.is_empty() else PositionBound.unbounded()
-        seen: dict[str, Any] = {"position": position, "partitions": set(), "nodes": set()}
+    def _rows(self, ref: StoreRef, bound: PositionBound, req: SqlRequest, deadline: float,
+              seen: dict[str, Any]) -> pa.Table:
+        """What the owners return for one store reference, as one table."""
+        defn = ref.store
 
-        def fetch(subqueries: list[SubQuery]) -> list[pa.RecordBatch]:
-            gathered = self.dispatcher.gather(defn.name, defn.partitions, subqueries, None, bound,
+        def fetch(subqueries: list[SubQuery], work: dict[str, Any] | None = None) -> list[pa.RecordBatch]:
+            gathered = self.dispatcher.gather(defn.name, defn.partitions, subqueries, work, bound,
                                               req.allow_stale, req.max_lag, deadline)
             seen["position"] = seen["position"].merge(gathered.position)
-            seen["partitions"] |= {p for _, p in gathered.partitions}
+            seen["partitions"] |= {(defn.name, p) for _, p in gathered.partitions}
             seen["nodes"] |= set(gathered.nodes)
             return gathered.batches
 
-        table = rp.combine(fetch)  # type: ignore[misc]
-        stats["partitions_queried"] = len(seen["partitions"])
-        stats["nodes"] = len(seen["nodes"])
-        if rp.remaining is not None:
-            plan = plan_select(rp.remaining, table.schema, None, table, [])
-            table = finish(plan, run(plan.pipeline, table).to_batches())
-        return table, seen["position"], stats
+        if ref.combine is not None:
+            return ref.combine(lambda subqueries: fetch(subqueries))
+        batches = fetch(ref.subqueries, ref.work.to_dict())
+        schema = ref.rows_schema or defn.arrow_schema()
+        if not batches:
+            return schema.empty_table()
+        return pa.Table.from_batches([b if b.schema.equals(schema) else b.cast(schema) for b in batches], schema)
 
-    def _explain(self, plan: SelectPlan) -> pa.Table:
-        remaining = []
-        if plan.aggregate:
-            remaining.append("final aggregate")
-        if plan.having is not None:
-            remaining.append(f"having {plan.having.sql()}")
-        if plan.order:
-            remaining.append("merge sort " + ", ".join(f"{e.sql()} {'DESC' if d else 'ASC'}" for e, d, _ in plan.order))
-        if plan.offset or plan.limit is not None:
-            remaining.append(f"offset {plan.offset} limit {plan.limit}")
-        remaining.append("select " + ", ".join(n for n, _ in plan.outputs))
-        if plan.store is not None:
-            via = "; ".join(f"via {n}" for n in plan.notes)
-            return self._explain_calls(plan.store, plan.subqueries, via, plan.pipeline.describe(), "; ".join(remaining))
-        row = ["(catalog)", "local table", "", self.node.node_id + " (local)", plan.pipeline.describe(),
-               "; ".join(remaining)]
-        return pa.table({k: pa.array([v], pa.string()) for k, v in zip(_EXPLAIN_COLUMNS, row)})
-
-    def _explain_calls(self, store: StoreDefinition, subqueries: list[SubQuery], via: str, pushed_down: str,
-                       at_receiver: str) -> pa.Table:
-        """One row per node call: the store, query, partitions, target node, what runs where."""
+    def _explain(self, plan: QueryPlan) -> pa.Table:
         rows: dict[str, list] = {k: [] for k in _EXPLAIN_COLUMNS}
         view = self.node.view
-        for sq in subqueries:
-            parts = sq.partitions if sq.partitions is not None else range(store.partitions)
-            by_node: dict[str, list[int]] = {}
-            for p in parts:
-                owner = view.active_owner(store.name, p)
-                by_node.setdefault(owner.node_id if owner else "(no owner)", []).append(p)
-            for node_id, ps in sorted(by_node.items()):
-                rows["store"].append(store.name)
-                rows["query"].append(repr(sq.query) + (f" {via}" if via else ""))
-                rows["partitions"].append(",".join(map(str, ps)))
-                rows["node"].append(node_id + (" (local)" if node_id == self.node.node_id else ""))
-                rows["pushed_down"].append(pushed_down)
-                rows["at_receiver"].append(at_receiver)
+        at_receiver = "DuckDB: " + plan.sql + "".join(f" ({n})" for n in plan.notes)
+        for ref in plan.refs:
+            via = "; ".join(f"via {n}" for n in ref.notes)
+            pushed = "rows built by the rule" if ref.combine is not None else ref.work.describe()
+            for sq in ref.subqueries:
+                parts = sq.partitions if sq.partitions is not None else range(ref.store.partitions)
+                by_node: dict[str, list[int]] = {}
+                for p in parts:
+                    owner = view.active_owner(ref.store.name, p)
+                    by_node.setdefault(owner.node_id if owner else "(no owner)", []).append(p)
+                for node_id, ps in sorted(by_node.items()):
+                    rows["store"].append(ref.store.name)
+                    rows["query"].append(repr(sq.query) + (f" {via}" if via else ""))
+                    rows["partitions"].append(",".join(map(str, ps)))
+                    rows["node"].append(node_id + (" (local)" if node_id == self.node.node_id else ""))
+                    rows["pushed_down"].append(pushed)
+                    rows["at_receiver"].append(at_receiver)
+        for lr in plan.local:
+            for k, v in zip(_EXPLAIN_COLUMNS, ["(catalog)", lr.relation, "", self.node.node_id + " (local)",
+                                               "nothing", at_receiver]):
+                rows[k].append(v)
+        if not plan.refs and not plan.local:
+            for k, v in zip(_EXPLAIN_COLUMNS, ["(none)", "", "", self.node.node_id + " (local)", "nothing", at_receiver]):
+                rows[k].append(v)
         return pa.table({k: pa.array(v, pa.string()) for k, v in rows.items()})
 
 

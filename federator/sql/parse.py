@@ -11,19 +11,20 @@ from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
 
 from federator.sql.errors import SqlError, unsupported
-from federator.sql.evaluate import _anonymous_in_text_order
+from federator.sql.guard import check_input
 
 _EXPLAIN = re.compile(r"^\s*EXPLAIN\s+", re.IGNORECASE)
 _SHOW_TABLES = re.compile(r"^\s*SHOW\s+TABLES\s*;?\s*$", re.IGNORECASE)
 _DESCRIBE = re.compile(r"^\s*(?:DESCRIBE|DESC)\s+(?:TABLE\s+)?([A-Za-z_][A-Za-z0-9_]*|\"[^\"]+\")\s*;?\s*$", re.IGNORECASE)
 
+_READS = (exp.Select, exp.SetOperation, exp.Values, exp.Subquery)
 _WRITES = (exp.Insert, exp.Update, exp.Delete, exp.Create, exp.Drop, exp.Alter, exp.Merge, exp.TruncateTable)
 
 
 @dataclass(frozen=True)
 class Statement:
     kind: str  # select | show_tables | describe
-    select: exp.Select | None = None
+    select: exp.Expression | None = None  # a query: SELECT, a set operation, VALUES
     table: str | None = None
     explain: bool = False
     param_count: int = 0
@@ -32,6 +33,7 @@ class Statement:
 @functools.lru_cache(maxsize=2048)
 def parse(sql: str) -> Statement:
     """Parse once per SQL text (parameterized queries are parsed once). Do not mutate the result."""
+    check_input(sql)
     explain = False
     m = _EXPLAIN.match(sql)
     if m:
@@ -53,6 +55,8 @@ def parse(sql: str) -> Statement:
         ) from None
     except TokenError as e:
         raise SqlError("SQL_PARSE_ERROR", f"cannot read the SQL: {e}") from None
+    except RecursionError:  # nesting that check_input does not count, such as a long chain of NOTs
+        raise SqlError("SQL_PARSE_ERROR", "the SQL is nested too deeply to parse; flatten it") from None
     if not statements:
         raise SqlError("SQL_PARSE_ERROR", "the SQL is empty; send one SELECT statement")
     if len(statements) > 1:
@@ -67,13 +71,54 @@ def parse(sql: str) -> Statement:
         )
     if isinstance(stmt, exp.Describe):
         return Statement("describe", table=stmt.this.name, explain=explain)
-    if isinstance(stmt, (exp.Union, exp.Intersect, exp.Except)):
-        raise unsupported(f"{stmt.key.upper()} of queries", "query one store at a time")
-    if not isinstance(stmt, exp.Select):
+    if not isinstance(stmt, _READS):
         raise unsupported(f"the statement {stmt.sql()[:60]!r}", "send a SELECT")
-    # Number the ? placeholders left to right, as the parameters list is given. In text order,
-    # not tree order: a tree walk visits LIMIT before WHERE (`WHERE x = ? LIMIT ?` bound backwards).
-    nodes = _anonymous_in_text_order(stmt) + [n for n in stmt.find_all(exp.Placeholder, bfs=False) if n.this]
-    for count, node in enumerate(nodes):
-        node.meta["param_index"] = count
-    return Statement("select", select=stmt, explain=explain, param_count=len(nodes))
+    return Statement("select", select=stmt, explain=explain, param_count=_number_placeholders(stmt))
+
+
+def _number_placeholders(stmt: exp.Expression) -> int:
+    """Give each placeholder the index of its value in the parameters list; returns how many
+    values the statement takes. The ? placeholders count left to right in text order, not tree
+    order: a tree walk visits LIMIT before WHERE (`WHERE x = ? LIMIT ?` bound backwards). $k takes
+    the k-th value, as in DuckDB: $1 used twice takes one value, and $2, $1 swaps the first two."""
+    anonymous = _anonymous_in_text_order(stmt)
+    numbered = [n for n in stmt.find_all(exp.Placeholder, bfs=False) if n.this]
+    if anonymous and numbered:
+        raise SqlError("INVALID_PARAMETER", f"the SQL mixes ? and ${numbered[0].this} placeholders; use one kind")
+    for i, node in enumerate(anonymous):
+        node.meta["param_index"] = i
+    used = set()
+    for node in numbered:
+        text = str(node.this)
+        if not text.isdigit():
+            raise SqlError("INVALID_PARAMETER", f"the placeholder ${text} has a name, but parameters are a list: "
+                                                "use ? or $1, $2, ...")
+        if int(text) == 0:
+            raise SqlError("INVALID_PARAMETER", f"the placeholder ${text} does not exist: parameters count from $1")
+        node.meta["param_index"] = int(text) - 1
+        used.add(int(text))
+    missing = min(set(range(1, len(used) + 1)) - used, default=None)
+    if missing is not None:  # DuckDB refuses gaps too: a value nothing takes is a mistake
+        raise SqlError("INVALID_PARAMETER", f"the placeholder ${max(used)} leaves ${missing} unused: number the "
+                                            "placeholders $1, $2, ... without gaps, one per parameter")
+    return len(anonymous) + len(used)
+
+
+_MARK = "zzfederatorparam{}zz"
+
+
+def _anonymous_in_text_order(tree: exp.Expression) -> list[exp.Placeholder]:
+    """The `?` placeholders of `tree` in the order they appear in the SQL text.
+
+    sqlglot keeps no token positions on placeholders, and a tree walk visits LIMIT before FROM,
+    so the order comes from the generator, which writes clauses in SQL's grammar order: mark
+    each `?` of a copy, render it, and read the marks back."""
+    nodes = [n for n in tree.walk() if isinstance(n, exp.Placeholder) and not n.this]
+    if not nodes:
+        return []
+    copy = tree.copy()
+    marks = [n for n in copy.walk() if isinstance(n, exp.Placeholder) and not n.this]
+    for i, node in enumerate(marks):
+        node.set("this", _MARK.format(i))
+    order = [int(m) for m in re.findall(_MARK.format(r"(\d+)"), copy.sql(dialect="duckdb"))]
+    return [nodes[i] for i in order]

@@ -1,236 +1,231 @@
-"""Planning: a bound SELECT → per-partition sub-queries, what runs at the owners, what the receiver finishes."""
+"""Planning: a bound statement → per store reference, the IQv2 calls and the owners' SQL;
+and the statement the receiver runs in DuckDB over what they return."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import pyarrow as pa
 from sqlglot import exp
+from sqlglot.errors import OptimizeError
+from sqlglot.optimizer.scope import traverse_scope
 
 from federator.catalog.definition import StoreDefinition
 from federator.plan.keys import SubQuery, plan_store_queries
-from federator.sql.errors import SqlError, unsupported
-from federator.sql.evaluate import compile_expr
-from federator.sql.pipeline import OrderKey, Pipeline
+from federator.plugin.rules import RulePlan, SqlRule, first_plan
+from federator.sql.catalog_tables import CATALOG, SCHEMA
+from federator.sql.errors import SqlError
+from federator.sql import pushdown
+from federator.sql.pushdown import ROWS, OwnerWork
 
-AGG_FUNCS = {exp.Count: "count", exp.Sum: "sum", exp.Min: "min", exp.Max: "max", exp.Avg: "avg"}
+# Schemas DuckDB answers itself (its catalog views); everything else names a store.
+DUCKDB_SCHEMAS = {"pg_catalog"}
 
 
 @dataclass
-class SelectPlan:
-    source_schema: pa.Schema
-    store: StoreDefinition | None  # None: a table Federator makes itself (information_schema)
-    virtual: pa.Table | None
+class StoreRef:
+    """One store read somewhere in the statement."""
+
+    store: StoreDefinition
+    relation: str  # its name in the receiver's DuckDB
     subqueries: list[SubQuery]
-    pipeline: Pipeline
-    aggregate: bool
-    n_keys: int
-    aggs: list[tuple[str, str | None, bool, str]]
-    outputs: list[tuple[str, exp.Expression]]  # over the merged table
-    having: exp.Expression | None
-    order: list[tuple[exp.Expression, bool, bool]]  # over the merged table
-    offset: int
-    limit: int | None
+    work: OwnerWork
     notes: list[str] = field(default_factory=list)
-    # what the receiver compiled for this plan (the engine keeps plans of repeated queries)
-    compiled: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
+    rows_schema: pa.Schema | None = None  # what the owners return (None: the store's columns)
+    combine: Callable[..., pa.Table] | None = None  # a rule that builds the rows itself
 
 
-def bind_parameters(select: exp.Select, params: list[Any], expected: int) -> exp.Select:
-    """A copy of ``select`` with each ? replaced by its parameter as a literal."""
+@dataclass
+class LocalRef:
+    """A table this node makes from its catalog (information_schema)."""
+
+    relation: str
+    table: pa.Table
+
+
+@dataclass
+class QueryPlan:
+    sql: str  # what the receiver runs in DuckDB
+    refs: list[StoreRef]
+    local: list[LocalRef]
+    notes: list[str] = field(default_factory=list)
+
+
+def bind_parameters(tree: exp.Expression, params: list[Any], expected: int) -> exp.Expression:
+    """A copy of ``tree`` with each placeholder replaced by its parameter as a literal."""
     if len(params) != expected:
         raise SqlError(
             "INVALID_PARAMETER",
-            f"the SQL has {expected} ? placeholder(s) but {len(params)} parameter(s) were given",
+            f"the SQL has {expected} placeholder(s) but {len(params)} parameter(s) were given",
         )
     if not expected:
-        return select
-    bound = select.copy()
+        return tree
+    bound = tree.copy()
     for node in list(bound.find_all(exp.Placeholder, bfs=False)):
-        value = params[node.meta["param_index"]]
-        if value is not None and not isinstance(value, (str, int, float, bool)):
-            raise SqlError(
-                "INVALID_PARAMETER",
-                f"parameter {node.meta['param_index'] + 1} is {type(value).__name__}; "
-                "parameters are strings, numbers, booleans or null",
-            )
-        node.replace(exp.convert(value))
+        index = node.meta["param_index"]
+        node.replace(literal(params[index], index))
     return bound
 
 
-def _check_supported(select: exp.Select) -> None:
-    if select.args.get("with_") or select.args.get("with"):
-        raise unsupported("WITH (common table expressions)", "query one store directly")
-    if select.args.get("joins"):
-        raise unsupported("JOIN", "query one store per request; joins of co-partitioned stores come later")
-    for node in select.find_all(exp.Subquery, exp.Window, exp.Lateral, exp.Unnest):
-        name = {exp.Subquery: "a subquery", exp.Window: "a window function (OVER)"}.get(type(node), node.key.upper())
-        raise unsupported(f"{name} ({node.sql()[:60]})")
-    if select.args.get("qualify"):
-        raise unsupported("QUALIFY")
+def literal(value: Any, index: int = 0) -> exp.Expression:
+    """A parameter as a literal of the type DuckDB would bind it to: str VARCHAR, int an
+    integer literal, float DOUBLE (a bare 2.5 would be DECIMAL)."""
+    if value is None or isinstance(value, (bool, str, int)):
+        return exp.convert(value)
+    if isinstance(value, float):
+        return exp.cast(exp.Literal.string(repr(value)), "DOUBLE")
+    raise SqlError("INVALID_PARAMETER", f"parameter {index + 1} is {type(value).__name__}; "
+                                        "parameters are strings, numbers, booleans or null")
 
 
-def _resolve_alias_or_ordinal(node: exp.Expression, outputs: list[tuple[str, exp.Expression]], schema: pa.Schema) -> exp.Expression:
-    if isinstance(node, exp.Literal) and not node.is_string:
-        idx = int(node.this)
-        if not 1 <= idx <= len(outputs):
-            raise SqlError("SQL_PARSE_ERROR", f"position {idx} is not in the select list (1..{len(outputs)})")
-        return outputs[idx - 1][1]
-    if isinstance(node, exp.Column) and not node.table:
-        names = {f.name.lower() for f in schema}
-        if node.name.lower() not in names:
-            for name, e in outputs:
-                if name.lower() == node.name.lower():
-                    return e
-    return node
+Resolver = Callable[[str], StoreDefinition]
+LocalTables = Callable[[str], "pa.Table | None"]
 
 
-def _output_name(node: exp.Expression) -> str:
-    if isinstance(node, exp.Alias):
-        return node.alias
-    if isinstance(node, exp.Column):
-        return node.name
-    return node.sql(dialect="duckdb")
+def plan_query(tree: exp.Expression, resolve: Resolver, information_schema: LocalTables,
+               rules: list[SqlRule], schema_of: Callable[[str, dict[str, pa.Table]], pa.Schema]) -> QueryPlan:
+    """Plan ``tree`` (parameters bound). ``schema_of(sql, relations)`` binds SQL over empty
+    relations in DuckDB and returns its answer's schema (and raises DuckDB's errors)."""
+    tree = tree.copy()
+    mentioned = pushdown.named(tree)
+    try:
+        scopes = traverse_scope(tree)
+    except OptimizeError as e:
+        raise SqlError("SQL_PARSE_ERROR", f"cannot resolve the query's names: {e}") from None
+    seen: set[int] = set()
+    tables: list[tuple[exp.Table, exp.Expression]] = []  # (table, the query that reads it)
+    for scope in scopes:
+        for source in scope.sources.values():
+            if isinstance(source, exp.Table) and id(source) not in seen and isinstance(source.this, exp.Identifier):
+                seen.add(id(source))
+                tables.append((source, scope.expression))
 
-
-def _expand_outputs(select: exp.Select, schema: pa.Schema) -> list[tuple[str, exp.Expression]]:
-    out: list[tuple[str, exp.Expression]] = []
-    for item in select.expressions:
-        if isinstance(item, exp.Star) or (isinstance(item, exp.Column) and isinstance(item.this, exp.Star)):
-            # rowtime is a pseudo-column (like ksqlDB's ROWTIME): selectable, not in *
-            out.extend((f.name, exp.column(f.name)) for f in schema if f.name != "rowtime")
+    refs: list[StoreRef] = []
+    local: list[LocalRef] = []
+    used: dict[str, int] = {}
+    empty: dict[str, pa.Table] = {}  # relation -> no rows of its schema, to bind against
+    replaced: list[tuple[exp.Expression, exp.Expression]] = []
+    planned: list[tuple[StoreRef, exp.Table, exp.Expression]] = []
+    for table, query in tables:
+        db, catalog = (table.db or "").lower(), (table.catalog or "").lower()
+        if catalog and catalog != CATALOG:
+            raise SqlError("UNKNOWN_STORE", f"unknown catalog {table.catalog!r}; the one catalog is {CATALOG!r}")
+        if db in DUCKDB_SCHEMAS:
             continue
-        name = _output_name(item)
-        out.append((name, item.this if isinstance(item, exp.Alias) else item))
-    return out
+        if db == "information_schema":
+            made = information_schema(table.name.lower())
+            if made is None:
+                raise SqlError("UNKNOWN_STORE", f"information_schema has tables and columns, not {table.name!r}")
+            relation = _relation(f"information_schema_{table.name.lower()}", used)
+            local.append(LocalRef(relation, made))
+            empty[relation] = made.schema.empty_table()
+            _rename(table, relation)
+            continue
+        if db and db != SCHEMA:
+            raise SqlError("UNKNOWN_STORE", f"unknown schema {table.db!r}; stores live in the schema {SCHEMA!r}")
+        defn = resolve(table.name)
+        ref = _plan_ref(defn, table, query, mentioned, rules, _relation(defn.name, used))
+        refs.append(ref)
+        planned.append((ref, table, query))
+
+    for ref, table, query in planned:
+        if ref.combine is not None:
+            remaining = ref.notes.pop()  # the rule's SQL over its rows, in place of the SELECT
+            new = _parse_remaining(remaining)
+            for t in new.find_all(exp.Table):
+                if t.name.lower() == table.name.lower():
+                    _rename(t, ref.relation)
+            replaced.append((query, new))
+        _rename(table, ref.relation)
+        empty[ref.relation] = (ref.rows_schema or ref.store.arrow_schema()).empty_table()
+    for old, new in replaced:
+        if old is tree:
+            tree = new
+        else:
+            old.replace(new)
+
+    sql = tree.sql(dialect="duckdb")
+    notes: list[str] = []
+    if any(ref.combine is not None for ref in refs):
+        return QueryPlan(sql, refs, local, notes)  # the rule's rows exist only once fetched
+    names = schema_of(sql, empty).names  # DuckDB's binder errors, with the user's own names
+    # One store read by the whole statement: partial aggregates on the owners.
+    if len(planned) == 1 and not local and isinstance(tree, exp.Select) and planned[0][2] is tree:
+        ref, table, _ = planned[0]
+        columns = {f.name.lower() for f in ref.store.arrow_schema()}
+        split = pushdown.partial_aggregate(tree, table, columns, ref.relation, names)
+        if split is not None:
+            owner_sql = split.owner_select.sql(dialect="duckdb")
+            ref.rows_schema = schema_of(owner_sql, {ROWS: ref.store.arrow_schema().empty_table()})
+            ref.work = OwnerWork(ref.work.columns, owner_sql, "partial aggregate")
+            sql = split.final.sql(dialect="duckdb")
+            notes.append("final aggregate over the partitions' states")
+    return QueryPlan(sql, refs, local, notes)
 
 
-def _columns_used(nodes: list[exp.Expression], schema: pa.Schema) -> tuple[str, ...]:
-    by_lower = {f.name.lower(): f.name for f in schema}
-    used: list[str] = []
-    for n in nodes:
-        for col in n.find_all(exp.Column):
-            name = by_lower.get(col.name.lower())
-            if name is None:
-                raise SqlError(
-                    "UNKNOWN_COLUMN",
-                    f"unknown column {col.name!r}; columns are {', '.join(f.name for f in schema)}",
-                )
-            if name not in used:
-                used.append(name)
-    return tuple(used) or (schema[0].name,)  # COUNT(*) still needs rows
+def _parse_remaining(sql: str) -> exp.Expression:
+    import sqlglot
+
+    return sqlglot.parse_one(sql, read="duckdb")
 
 
-def _int_clause(select: exp.Select, name: str) -> int | None:
-    node = select.args.get(name)
-    if node is None:
-        return None
-    value = node.expression if isinstance(node, (exp.Limit, exp.Offset)) else node
-    if isinstance(value, exp.Literal) and not value.is_string and value.this.isdigit():
-        return int(value.this)
-    raise SqlError("INVALID_PARAMETER", f"{name.upper()} takes a non-negative integer, got {value.sql()}")
+def _relation(name: str, used: dict[str, int]) -> str:
+    n = used.get(name.lower(), 0) + 1
+    used[name.lower()] = n
+    return name if n == 1 else f"{name}__{n}"
 
 
-def plan_select(select: exp.Select, schema: pa.Schema, store: StoreDefinition | None, virtual: pa.Table | None,
-                params: list[Any]) -> SelectPlan:
-    _check_supported(select)
-    outputs = _expand_outputs(select, schema)
-    where = select.args.get("where")
-    where_expr = where.this if where is not None else None
-    group = select.args.get("group")
-    group_items = [_resolve_alias_or_ordinal(g, outputs, schema) for g in (group.expressions if group else [])]
-    having = select.args.get("having")
-    having_expr = having.this if having is not None else None
-    order_items = []
-    order = select.args.get("order")
-    for o in order.expressions if order else []:
-        desc = bool(o.args.get("desc"))
-        nulls_first = bool(o.args.get("nulls_first"))  # DuckDB's default: NULLS LAST either way
-        order_items.append((_resolve_alias_or_ordinal(o.this, outputs, schema), desc, nulls_first))
-    limit = _int_clause(select, "limit")
-    offset = _int_clause(select, "offset") or 0
-    distinct = select.args.get("distinct") is not None
+def _rename(table: exp.Table, relation: str) -> None:
+    """Point ``table`` at the relation registered for it; its columns keep their qualifier."""
+    alias = table.alias_or_name
+    table.set("this", exp.to_identifier(relation, quoted=True))
+    table.set("db", None)
+    table.set("catalog", None)
+    if alias.lower() != relation.lower() and not table.alias:
+        table.set("alias", exp.TableAlias(this=exp.to_identifier(alias, quoted=True)))
 
-    if where_expr is not None and any(True for _ in where_expr.find_all(exp.AggFunc)):
-        raise SqlError("SQL_PARSE_ERROR", "aggregates are not allowed in WHERE; use HAVING")
-    # validate every column and expression against the source schema early (clear errors)
-    _columns_used([e for _, e in outputs] + ([where_expr] if where_expr is not None else []) + group_items, schema)
-    if where_expr is not None:
-        compile_expr(where_expr, schema)
 
-    subqueries = plan_store_queries(store, where_expr, params) if store is not None else []
-    where_sql = where_expr.sql(dialect="duckdb") if where_expr is not None else None
-    aggregate = bool(group_items) or distinct or any(
-        True for _, e in outputs for _ in e.find_all(exp.AggFunc)
-    ) or having_expr is not None
-
-    if not aggregate:
-        for e, _, _ in order_items:
-            compile_expr(e, schema)
-        for _, e in outputs:
-            compile_expr(e, schema)
-        needed = _columns_used([e for _, e in outputs] + [e for e, _, _ in order_items], schema)
-        keep = None if offset + (limit or 0) == 0 and limit is None else offset + (limit or 0)
-        pipeline = Pipeline(
-            where=where_sql,
-            columns=needed,
-            order_by=tuple(OrderKey(e.sql(dialect="duckdb"), d, n) for e, d, n in order_items),
-            limit=keep if limit is not None else None,
-        )
-        return SelectPlan(schema, store, virtual, subqueries, pipeline, False, 0, [], outputs, None,
-                          order_items, offset, limit)
-
-    if distinct:
-        if group_items:
-            raise unsupported("SELECT DISTINCT with GROUP BY")
-        group_items = [e for _, e in outputs]
-    group_sql = [g.sql(dialect="duckdb") for g in group_items]
-    for g in group_items:
-        compile_expr(g, schema)
-    aggs: list[tuple[str, str | None, bool, str]] = []
-    agg_index: dict[str, int] = {}
-
-    def rewrite(node: exp.Expression) -> exp.Expression:
-        def swap(n: exp.Expression) -> exp.Expression:
-            text = n.sql(dialect="duckdb")
-            if text in group_sql:
-                return exp.column(f"__g{group_sql.index(text)}")
-            if isinstance(n, exp.AggFunc):
-                func = AGG_FUNCS.get(type(n))
-                if func is None:
-                    raise unsupported(f"the aggregate {n.sql()}", "use COUNT, SUM, MIN, MAX or AVG")
-                arg = n.this
-                distinct_arg = isinstance(arg, exp.Distinct)
-                if distinct_arg:
-                    if func != "count" or len(arg.expressions) != 1:
-                        raise unsupported(f"{n.sql()}", "DISTINCT works with COUNT of one column")
-                    arg = arg.expressions[0]
-                if isinstance(arg, exp.Star):
-                    arg_sql = None
-                else:
-                    compile_expr(arg, schema)
-                    if any(True for _ in arg.find_all(exp.AggFunc)):
-                        raise SqlError("SQL_PARSE_ERROR", f"aggregates cannot nest: {n.sql()}")
-                    arg_sql = arg.sql(dialect="duckdb")
-                key = text
-                if key not in agg_index:
-                    agg_index[key] = len(aggs)
-                    aggs.append((func, arg_sql, distinct_arg, f"__a{len(aggs)}"))
-                return exp.column(f"__a{agg_index[key]}")
-            if isinstance(n, exp.Column):
-                raise SqlError(
-                    "SQL_PARSE_ERROR",
-                    f"column {n.name!r} must appear in GROUP BY or be used in an aggregate function",
-                )
-            return n
-
-        return node.copy().transform(swap)
-
-    new_outputs = [(name, rewrite(e)) for name, e in outputs]
-    new_having = rewrite(having_expr) if having_expr is not None else None
-    new_order = [(rewrite(e), d, n) for e, d, n in order_items]
-    aggs = [(f, a, d, f"__a{i}") for i, (f, a, d, _) in enumerate(aggs)]
-    pipeline = Pipeline(where=where_sql, group_by=tuple(group_sql), aggs=tuple(aggs), aggregate=True)
-    return SelectPlan(schema, store, virtual, subqueries, pipeline, True, len(group_sql), aggs, new_outputs,
-                      new_having, new_order, offset, limit)
+def _plan_ref(defn: StoreDefinition, table: exp.Table, query: exp.Expression, mentioned: set[str],
+              rules: list[SqlRule], relation: str) -> StoreRef:
+    schema = defn.arrow_schema()
+    columns = {f.name.lower() for f in schema}
+    select = query if isinstance(query, exp.Select) else None
+    conds = pushdown.pushable_filter(select, table, columns) if select is not None else []
+    where = pushdown.and_all([pushdown.unqualified(c) for c in conds])
+    # rowtime is a pseudo-column (like ksqlDB's ROWTIME): read when named, not part of *
+    everything = select is None or pushdown.reads_everything(select, table)
+    keep = tuple(f.name for f in schema if (everything and f.name != "rowtime") or f.name.lower() in mentioned)
+    keep = keep or (defn.key_name,)  # COUNT(*) still needs the rows
+    notes: list[str] = []
+    rule: RulePlan | None = None
+    single = select is not None and not select.args.get("joins")
+    if single:
+        ruled = first_plan(rules, select, defn)
+        if ruled is not None:
+            rule = ruled[1]
+            notes.append(f"rule {ruled[0].name}: {rule.note}")
+    if rule is not None and rule.combine is not None:
+        rows_schema = None
+        ref = StoreRef(defn, relation, rule.subqueries, OwnerWork(tuple(f.name for f in schema)), notes,
+                       rows_schema, combine=rule.combine)
+        if rule.remaining is None:
+            raise SqlError("INTERNAL", f"rule {notes[0]} builds rows but gives no SQL to run over them")
+        ref.notes.append(rule.remaining.sql(dialect="duckdb"))
+        return ref
+    subqueries = rule.subqueries if rule is not None else plan_store_queries(defn, where, [])
+    sql_parts = []
+    kind = "columns"
+    top = pushdown.top_k(select, table, columns) if single and select is not None else None
+    if where is not None or top is not None:
+        q = exp.select(*[exp.column(c, quoted=True) for c in keep]).from_(ROWS)
+        if where is not None:
+            q = q.where(where)
+            kind = "filter"
+        if top is not None:
+            q = q.order_by(*top[0]).limit(top[1])
+            kind = "top-k" if where is None else "filter, top-k"
+        sql_parts.append(q.sql(dialect="duckdb"))
+    work = OwnerWork(keep, sql_parts[0] if sql_parts else None, kind)
+    rows_schema = pa.schema([schema.field(c) for c in keep])
+    return StoreRef(defn, relation, subqueries, work, notes, rows_schema)

@@ -174,6 +174,30 @@ QUERIES = [
     "SELECT player, window_start, window_end, points FROM per_minute WHERE player = 'p0003'",
     f"SELECT player, points FROM per_minute WHERE window_start >= TIMESTAMP '{ts(BASE + 120_000).isoformat()}' AND points > 10",
     "SELECT player, SUM(points) AS total FROM per_minute GROUP BY player HAVING SUM(points) > 20",
+    # what BI tools and analysts send: wrappers, time grains, joins, CTEs, windows, set operations
+    "SELECT team, COUNT(*) AS count FROM (SELECT * FROM players) AS virtual_table GROUP BY team LIMIT 10000",
+    'SELECT "source"."team" AS "team", SUM("source"."total_score") AS "sum" FROM (SELECT "players"."team" AS "team", '
+    '"players"."total_score" AS "total_score" FROM "players") AS "source" GROUP BY "source"."team" LIMIT 1048575',
+    "SELECT DATE_TRUNC('hour', last_seen) AS __timestamp, COUNT(*) AS n FROM players GROUP BY DATE_TRUNC('hour', last_seen)",
+    "SELECT DATE_TRUNC('week', last_seen) AS w, DATE_TRUNC('quarter', last_seen) AS q, COUNT(*) FROM players GROUP BY 1, 2",
+    "SELECT EXTRACT(hour FROM last_seen) AS h, strftime(last_seen, '%Y-%m-%d %H') AS s, last_seen + INTERVAL 1 DAY AS d "
+    "FROM players WHERE player < 'p0010'",
+    "SELECT p.player, p.total_score, s.score FROM players p JOIN scores s ON p.games = s.key WHERE p.team = 'red'",
+    "SELECT p.player, s.score FROM players p LEFT JOIN scores s ON p.games = s.key AND s.score > 10 WHERE p.player < 'p0050'",
+    "WITH t AS (SELECT team, SUM(total_score) AS s FROM players GROUP BY team) SELECT team, s FROM t WHERE s > 0",
+    "SELECT player, total_score, RANK() OVER (PARTITION BY team ORDER BY total_score DESC) AS r FROM players "
+    "QUALIFY r <= 2",
+    "SELECT player FROM players WHERE team = 'red' UNION ALL SELECT CAST(key AS VARCHAR) FROM scores WHERE key > 250",
+    "SELECT player FROM players WHERE games IN (SELECT key FROM scores WHERE key BETWEEN 0 AND 20)",
+    "SELECT player, total_score - (SELECT AVG(total_score) FROM players) AS diff FROM players WHERE player < 'p0020'",
+    "SELECT median(total_score) AS m, quantile_cont(best, 0.9) AS q FROM players",
+    "SELECT team, regexp_matches(player, '7$') AS seven, lpad(CAST(games AS VARCHAR), 4, '0') AS g FROM players "
+    "WHERE player < 'p0030'",
+    "SELECT DISTINCT ON (team) team, player FROM players ORDER BY team, player",
+    "SELECT team, active, COUNT(*) FROM players GROUP BY ROLLUP (team, active)",
+    "SELECT a.player, b.player FROM players a JOIN players b ON a.total_score = b.total_score AND a.player < b.player",
+    "SELECT COUNT(DISTINCT NULL), SUM(DISTINCT NULL) FROM players",
+    "SELECT team, COUNT(DISTINCT NULL) FROM players GROUP BY team",
 ]
 
 ORDERED = [
@@ -273,7 +297,9 @@ def test_show_describe_explain(sql_cluster) -> None:
     ({"sql": "SELECT * FROM other.players"}, 404, "UNKNOWN_STORE"),
     ({"sql": "SELECT * FROM elsewhere.main.players"}, 404, "UNKNOWN_STORE"),
     ({"sql": "SELECT nothing FROM players"}, 404, "UNKNOWN_COLUMN"),
-    ({"sql": "SELECT * FROM players a JOIN scores b ON a.games = b.key"}, 422, "UNSUPPORTED"),
+    ({"sql": "SELECT * FROM read_csv('/etc/passwd')"}, 422, "UNSUPPORTED"),
+    ({"sql": "SELECT CAST(team AS INTEGER) FROM players"}, 400, "INVALID_DATA"),
+    ({"sql": "SELECT key FROM scores WHERE CAST(CAST(key AS VARCHAR) || 'x' AS INTEGER) > 0"}, 400, "INVALID_DATA"),
     ({"sql": "DELETE FROM players"}, 422, "UNSUPPORTED"),
     ({"sql": "SELECT player FROM players", "consistency_token": "garbage!"}, 400, "INVALID_PARAMETER"),
 ])
@@ -343,7 +369,7 @@ def test_kept_scans_and_aggregates_follow_later_updates_inserts_and_deletes(sql_
     def cache_stat(name: str) -> int:
         return sum(n.metadata()["local"]["scan_cache"][name] for n in cluster.nodes)
 
-    followed_before, maintained_before = cache_stat("followed"), cache_stat("maintained")
+    followed_before = cache_stat("followed")
     topic = f"{cluster.nodes[0].app_id}-scores-changelog"
     writes = {-300: 99.5, -297: None, 7_000_001: 1.25}  # an update, a delete, a new key
     producer = kafka.producer(broker.bootstrap_servers)
@@ -363,9 +389,8 @@ def test_kept_scans_and_aggregates_follow_later_updates_inserts_and_deletes(sql_
     del expected[-297]
     rows = pa.table({"key": pa.array(list(expected), pa.int64()), "score": list(expected.values())})
     want = [list(r) for r in duckdb.connect().execute(agg.replace("FROM scores", "FROM rows")).fetchall()]
-    for n in cluster.nodes:  # the aggregates first: brought up to date from the writes alone
+    for n in cluster.nodes:  # the aggregates first: over the kept scans brought up to date
         assert sql_json(n, agg, consistency_token=token)["rows"] == want
-    assert cache_stat("maintained") > maintained_before
     for n in cluster.nodes:
         assert {k: s for k, s in sql_json(n, q, consistency_token=token)["rows"]} == expected
     n, total = sql_json(cluster.nodes[1], "SELECT COUNT(*), SUM(score) FROM scores", consistency_token=token)["rows"][0]

@@ -719,38 +719,38 @@ def test_work_over_a_cached_scan_is_kept_with_it_and_goes_with_it(tmp_path) -> N
     """An aggregate over an unchanged shard is computed once; a write makes it recomputed."""
     from federator.node.node import _apply_pipeline
     from federator.query.result import QueryResult
+    from federator.sql.duck import Duck, DuckConfig
 
     shard = Shard(tmp_path / "s", definition(), 0)
     shard.apply([ChangelogRecord(b"a", b"1", 0, 1), ChangelogRecord(b"b", b"2", 1, 1)])
     calls = []
 
+    class CountingDuck(Duck):
+        def over_rows(self, sql, rows, name="rows"):
+            calls.append(rows.num_rows)
+            return super().over_rows(sql, rows, name)
+
+    duck = CountingDuck(DuckConfig(memory_limit="100MB", spill_dir=tmp_path / "spill"))
+
     def run(request_spec: dict) -> QueryResult:
         result = shard.run(RangeQuery())
-        return _apply_pipeline(request_spec, result, shard)
+        return _apply_pipeline(request_spec, result, shard, duck)
 
-    import federator.sql.pipeline as pipeline
-
-    real_run = pipeline.run
-
-    def counting_run(p, batch):
-        calls.append(batch.num_rows)
-        return real_run(p, batch)
-
-    pipeline.run = counting_run
     try:
-        spec = {"aggregate": True, "aggs": [["COUNT", None, False, "n"]]}
+        spec = {"sql": 'SELECT COUNT(*) AS "__a0" FROM rows'}
         first = run(spec)
         second = run(spec)
         assert first.ok and second.ok, (first.message, second.message)
         assert second.batch is first.batch and len(calls) == 1
-        assert first.batch.to_pylist() == [{"__a0_count": 2}]
-        other = run({"aggregate": True, "aggs": [["COUNT", "v", False, "n"]]})  # other work: its own entry
+        assert first.batch.to_pylist() == [{"__a0": 2}]
+        other = run({"sql": 'SELECT COUNT(v) AS "__a0" FROM rows'})  # other work: its own entry
         assert len(calls) == 2 and other.batch is not first.batch
         shard.apply([ChangelogRecord(b"c", b"3", 2, 1)])
         third = run(spec)
-        assert len(calls) == 3 and third.batch.to_pylist() == [{"__a0_count": 3}]
+        assert len(calls) == 3 and third.batch.to_pylist() == [{"__a0": 3}]
+        failed = run({"sql": "SELECT CAST(k AS INTEGER) FROM rows"})  # the data fails the SQL: the user's error
+        assert not failed.ok and failed.code == "INVALID_DATA", failed
     finally:
-        pipeline.run = real_run
         shard.close()
 
 

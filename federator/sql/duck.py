@@ -1,0 +1,194 @@
+"""DuckDB, sandboxed: the engine that evaluates SQL over the Arrow rows the stores return.
+
+One in-memory database per node. User SQL never reaches files, the network or extensions
+(external access off, no extension autoload or install, configuration locked), memory is
+capped with spill to a directory under the node's state dir, and a query past its deadline
+is interrupted. Each query runs on its own cursor, which sees only the relations
+registered on it, so concurrent queries cannot see each other's rows.
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import duckdb
+import pyarrow as pa
+
+from federator.sql.errors import SqlError
+
+DEFAULT_MEMORY_LIMIT = "2GB"
+
+
+@dataclass(frozen=True)
+class DuckConfig:
+    memory_limit: str = DEFAULT_MEMORY_LIMIT
+    spill_dir: Path | None = None  # None: a temporary directory
+    threads: int = 2
+
+
+class Duck:
+    """The node's DuckDB database; ``cursor()`` for a query's own connection."""
+
+    def __init__(self, config: DuckConfig = DuckConfig()) -> None:
+        spill = config.spill_dir or Path(tempfile.mkdtemp(prefix="federator-spill-"))
+        spill.mkdir(parents=True, exist_ok=True)
+        self.config = config
+        self._db = duckdb.connect(":memory:", config={
+            "enable_external_access": False,
+            "autoload_known_extensions": False,
+            "autoinstall_known_extensions": False,
+            "memory_limit": config.memory_limit,
+            "temp_directory": str(spill),
+            "threads": config.threads,
+        })
+        self._db.execute("SET TimeZone = 'UTC'")  # answers must not depend on the machine's zone
+        self._db.execute("SET lock_configuration = true")
+        self._local = threading.local()
+
+    def cursor(self) -> duckdb.DuckDBPyConnection:
+        return self._db.cursor()
+
+    def local_cursor(self) -> duckdb.DuckDBPyConnection:
+        """This thread's cursor, kept for the small per-partition queries owners run."""
+        cur = getattr(self._local, "cursor", None)
+        if cur is None:
+            cur = self._local.cursor = self._db.cursor()
+        return cur
+
+    def over_rows(self, sql: str, rows: pa.RecordBatch | pa.Table, name: str = "rows") -> pa.Table:
+        """Run ``sql``, which reads the relation ``name``, over ``rows``."""
+        cur = self.local_cursor()
+        cur.register(name, rows)
+        try:
+            return cur.sql(sql).to_arrow_table()
+        finally:
+            cur.unregister(name)
+
+    def stream(self, sql: str, relations: dict[str, pa.Table], deadline: float | None,
+               batch_rows: int = 65_536) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
+        """Run ``sql`` over ``relations`` on a cursor of its own: the answer's schema and its
+        batches as DuckDB makes them. Errors come as SqlError; most before this returns (the
+        first batch is made here), the rest while the batches are read."""
+        cur = self.cursor()
+        timer = None
+        try:
+            for name, table in relations.items():
+                cur.register(name, table)
+            if deadline is not None:
+                timer = threading.Timer(max(0.0, deadline - time.monotonic()), cur.interrupt)
+                timer.daemon = True
+                timer.start()
+            reader = cur.sql(sql).to_arrow_reader(batch_rows)
+            first = _next(reader)
+        except (duckdb.Error, pa.ArrowException) as e:
+            _stop(timer, cur)
+            raise sql_error(e) from None
+        except BaseException:
+            _stop(timer, cur)
+            raise
+        if first is None:
+            _stop(timer, cur)
+            return reader.schema, iter(())
+
+        def rest() -> Iterator[pa.RecordBatch]:
+            try:
+                batch: pa.RecordBatch | None = first
+                while batch is not None:
+                    yield batch
+                    batch = _next(reader)
+            except (duckdb.Error, pa.ArrowException) as e:
+                raise sql_error(e) from None
+            finally:
+                _stop(timer, cur)
+
+        return reader.schema, rest()
+
+
+def _next(reader: pa.RecordBatchReader) -> pa.RecordBatch | None:
+    try:
+        return reader.read_next_batch()
+    except StopIteration:
+        return None
+
+
+def one_batch(table: pa.Table) -> pa.RecordBatch:
+    """``table`` as one record batch (the wire carries one per partition)."""
+    table = table.combine_chunks()
+    batches = table.to_batches()
+    if not batches:
+        return pa.RecordBatch.from_pylist([], schema=table.schema)
+    return batches[0]
+
+
+def _stop(timer: threading.Timer | None, cur: duckdb.DuckDBPyConnection) -> None:
+    if timer is not None:
+        timer.cancel()
+    try:
+        cur.close()
+    except duckdb.Error:
+        pass
+
+
+_LINE = re.compile(r"\n\s*\nLINE \d+:.*", re.S)
+_PREFIX = re.compile(r"^[A-Za-z ]+ Error: ")
+
+
+def _message(e: BaseException) -> str:
+    text = _LINE.sub("", str(e)).strip()
+    return _PREFIX.sub("", text, count=1)
+
+
+# DuckDB's exception classes → our codes (the contract: 400 bad SQL or data, 404 unknown
+# names, 422 refused, 504 timeout). Checked in order: the subclasses first.
+_CODES: list[tuple[type[BaseException], str]] = [
+    (duckdb.InterruptException, "TIMEOUT"),
+    (duckdb.PermissionException, "UNSUPPORTED"),
+    (duckdb.NotImplementedException, "UNSUPPORTED"),
+    (duckdb.OutOfMemoryException, "UNSUPPORTED"),
+    (duckdb.ParserException, "SQL_PARSE_ERROR"),
+    (duckdb.ConversionException, "INVALID_DATA"),
+    (duckdb.OutOfRangeException, "INVALID_DATA"),
+    (duckdb.InvalidInputException, "INVALID_DATA"),
+    (duckdb.ConstraintException, "INVALID_DATA"),
+    (duckdb.DataError, "INVALID_DATA"),
+    (duckdb.BinderException, "SQL_PARSE_ERROR"),
+    (duckdb.CatalogException, "SQL_PARSE_ERROR"),
+    (duckdb.TypeMismatchException, "SQL_PARSE_ERROR"),
+    (duckdb.ProgrammingError, "SQL_PARSE_ERROR"),
+]
+
+_UNKNOWN_COLUMN = re.compile(r'Referenced column "([^"]+)" not found|column "([^"]+)" not found', re.I)
+
+
+def sql_error(e: BaseException) -> SqlError:
+    """The SqlError a user gets for a DuckDB error: its code, and DuckDB's own words."""
+    message = _message(e)
+    if isinstance(e, pa.ArrowException):  # raised through the Arrow stream: classify by its text
+        for name, code in (("Interrupt", "TIMEOUT"), ("Conversion Error", "INVALID_DATA"),
+                           ("Out of Range Error", "INVALID_DATA"), ("Invalid Input Error", "INVALID_DATA")):
+            if name in str(e):
+                return SqlError(code, message + _HINTS[code])
+        return SqlError("INVALID_DATA", message)
+    if isinstance(e, duckdb.BinderException) and _UNKNOWN_COLUMN.search(str(e)):
+        return SqlError("UNKNOWN_COLUMN", message)
+    if isinstance(e, duckdb.OutOfMemoryException):
+        return SqlError("UNSUPPORTED", f"{message}; the query needs more memory than this node allows "
+                                       "(--duckdb-memory-limit): filter or aggregate more, or raise the limit")
+    for cls, code in _CODES:
+        if isinstance(e, cls):
+            return SqlError(code, message + _HINTS.get(code, ""))
+    return SqlError("INTERNAL", message)
+
+
+_HINTS = {
+    "TIMEOUT": "; the query ran past timeout_ms: raise timeout_ms or narrow the query",
+    "UNSUPPORTED": "",
+    "INVALID_DATA": "",
+    "SQL_PARSE_ERROR": "",
+}
