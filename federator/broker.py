@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
 import sys
 import time
 from types import FrameType
-from typing import IO
+from typing import IO, Callable
 
 
 class BrokerError(RuntimeError):
@@ -44,14 +45,25 @@ def _answers_metadata(bootstrap: str, timeout: float) -> bool:
         return False
 
 
-def _die_with_parent() -> None:
-    """In the child: have Linux stop the broker if we die without stopping it (SIGKILL)."""
-    try:
-        import ctypes
+def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None]:
+    """A ``preexec_fn`` that has Linux send the child ``sig`` when this process dies, however it
+    dies (SIGKILL included): prctl(PR_SET_PDEATHSIG). The kernel does it, so it works for any
+    program (the broker is not Python) and needs nothing running in the child. It fires when the
+    thread that started the child ends, so start children from a thread that lives as long as
+    the process (the main thread). Elsewhere than Linux it does nothing."""
+    parent = os.getpid()
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
+    def in_child() -> None:
+        try:
+            import ctypes
+
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, sig)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            return
+        if os.getppid() != parent:  # the parent died before the prctl: nobody will signal us
+            os.kill(os.getpid(), sig)
+
+    return in_child
 
 
 class BrokerProcess:
@@ -81,7 +93,7 @@ class BrokerProcess:
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent(signal.SIGTERM),
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

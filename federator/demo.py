@@ -3,6 +3,10 @@
 It starts the local broker, runs the Spark jobs (word counts, and the game-events
 leaderboard: player_stats, scores_per_minute, player_sessions, leaderboard), starts three nodes that
 share the partitions (with standby copies), and answers example SQL over HTTP.
+
+Everything it starts dies with it, however it dies (SIGKILL included): each child gets
+PR_SET_PDEATHSIG (see ``die_with_parent``). It will not share its application with a node it did
+not start: a live one found there (an earlier demo's?) stops it with that node's id and address.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from pathlib import Path
 
 import urllib3
 
-from federator.broker import BrokerError, BrokerProcess
+from federator.broker import BrokerError, BrokerProcess, die_with_parent
 from federator.client.sql_cli import format_table
 
 APP = "federator-demo"
@@ -37,12 +41,13 @@ def run_demo(args: argparse.Namespace) -> int:
     state.mkdir(parents=True)
     log = open(state / "broker.log", "w")
     step(f"starting the local broker on 127.0.0.1:{args.port} (log: {state / 'broker.log'})")
-    broker = BrokerProcess("127.0.0.1", args.port, output=log)
+    broker = BrokerProcess("127.0.0.1", args.port, output=log)  # it dies with us (PR_SET_PDEATHSIG)
     try:
         broker.start()
     except BrokerError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    step(f"broker ready (pid {broker.proc.pid})")  # type: ignore[union-attr]
     try:
         return _pipeline(broker.bootstrap_servers, state, args)
     finally:
@@ -55,11 +60,17 @@ def _pipeline(bootstrap: str, state: Path, args: argparse.Namespace) -> int:
     cmd = [sys.executable, "-m", "spark.jobs.pipeline", "--bootstrap-servers", bootstrap, "--application-id", APP,
            "--master", "local[2]", "--events", str(args.events), "--game-input", str(state / "game_events")]
     log = state / "spark.log"
-    done = subprocess.run(cmd, cwd=REPO_ROOT, stdout=sys.stdout, stderr=open(log, "w"))
+    # the job's JVM exits when its Python driver does (it reads the driver's stdin)
+    done = subprocess.run(cmd, cwd=REPO_ROOT, stdout=sys.stdout, stderr=open(log, "w"),
+                          preexec_fn=die_with_parent(signal.SIGTERM))
     if done.returncode != 0:
         print(f"error: the Spark jobs failed; their log is {log}", file=sys.stderr)
         return 1
 
+    foreign = foreign_nodes_message(bootstrap, APP)
+    if foreign is not None:
+        print(f"error: {foreign}", file=sys.stderr)
+        return 1
     nodes = _start_nodes(bootstrap, state)
     try:
         step("asking the nodes in SQL over HTTP (POST /v1/sql)")
@@ -94,6 +105,19 @@ EXAMPLES = [
 ]
 
 
+def foreign_nodes_message(bootstrap: str, app: str) -> str | None:
+    """Why the demo must not start its nodes: live nodes it did not start in its application
+    (say, ones an earlier demo left running). None when there are none."""
+    from federator.node.membership import read_live_nodes
+
+    live = read_live_nodes(bootstrap, app)
+    if not live:
+        return None
+    names = ", ".join(f"{n.node_id} at http://{n.endpoint}" for n in live)
+    return (f"live nodes that this demo did not start are in its application {app!r} on {bootstrap}: {names}. "
+            "They would mix with the demo's own nodes; stop them (an earlier demo's?) and run the demo again")
+
+
 def _start_nodes(bootstrap: str, state: Path) -> list[tuple[subprocess.Popen, str]]:
     nodes = []
     for i in range(3):
@@ -103,8 +127,10 @@ def _start_nodes(bootstrap: str, state: Path) -> list[tuple[subprocess.Popen, st
         cmd = [sys.executable, "-m", "federator.cli", "node", "--bootstrap-servers", bootstrap, "--application-id", APP,
                "--listen", endpoint, "--state-dir", str(state / f"node{i}"), "--node-id", f"node{i}",
                "--standby-replicas", "1"]
-        nodes.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), endpoint))
-        step(f"started node{i} at http://{endpoint} (log: {state / f'node{i}.log'})")
+        # SIGKILL when the demo dies: its broker goes too, so there is nothing to hand over to
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent(signal.SIGKILL))
+        nodes.append((proc, endpoint))
+        step(f"started node{i} at http://{endpoint}, pid {proc.pid} (log: {state / f'node{i}.log'})")
     step("waiting for the nodes to share the partitions and restore their shards")
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:

@@ -194,3 +194,29 @@ def place_standbys(live_ids: list[str], active_owner: str | None, partition: int
     start = ids.index(active_owner) + 1 if active_owner in ids else partition % len(ids)
     ring = [ids[(start + i) % len(ids)] for i in range(len(ids))]
     return [n for n in ring if n != active_owner][:replicas]
+
+
+def read_live_nodes(bootstrap_servers: str, application_id: str, timeout: float = 10.0) -> list[NodeInfo]:
+    """The nodes of an application that beat within the last SAME_ID_LIVE_SECONDS, read from its
+    membership topic from outside the cluster (none when the topic does not exist)."""
+    from confluent_kafka import KafkaError, TopicPartition
+
+    from federator import kafka
+
+    topic = nodes_topic(application_id)
+    if kafka.topic_id(kafka.admin(bootstrap_servers), topic, timeout=timeout) is None:
+        return []
+    view = ClusterView(dead_after=SAME_ID_LIVE_SECONDS)
+    consumer = kafka.reader(bootstrap_servers)
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            for msg in kafka.next_batch(consumer, 1000, 0.5):
+                if msg.error() is None:
+                    view.apply(msg)
+                elif msg.error().code() == KafkaError._PARTITION_EOF:
+                    return view.live()
+    finally:
+        consumer.close()
+    return view.live()
