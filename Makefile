@@ -4,7 +4,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test bench chaos clean
 
 $(BIN)/.installed: setup.cfg pyproject.toml
 	@echo "==> creating $(VENV) and installing federator with its test dependencies (about a minute)"
@@ -23,6 +23,10 @@ test: install
 
 bench: install
 	$(BIN)/python -m pytest tests/bench -s
+
+# the kill test's long run (9 kills over 2,000 keys; the default test run makes 2 kills)
+chaos: install
+	FEDERATOR_CHAOS_KILLS=9 $(BIN)/python -m pytest tests/integration/test_chaos.py -s
 
 clean:
 	rm -rf $(VENV) .federator
