@@ -142,6 +142,7 @@ class Node:
         self.members_tail.start()
         self.catalog_tail.start()
         self._loop_thread.start()  # it joins the group once no other live process has our node id
+        self.sql_engine.duck.stream("SELECT 1", {}, None)  # DuckDB started now, not by the first query
 
     def stop(self) -> None:
         """Hand partitions over cleanly: say so, leave the group, remove our record. A node that

@@ -35,6 +35,11 @@ def _plan_key(req: SqlRequest) -> tuple | None:
     return key
 
 
+def _check_deadline(deadline: float, during: str) -> None:
+    if time.monotonic() >= deadline:
+        raise SqlError("TIMEOUT", f"the query ran past timeout_ms while {during}; raise timeout_ms or narrow the query")
+
+
 def _counted(batches: Iterator[pa.RecordBatch], stats: dict[str, Any], started: float) -> Iterator[pa.RecordBatch]:
     """The batches as they come, with the answer's row count and time kept in ``stats``."""
     for batch in batches:
@@ -137,6 +142,7 @@ class SqlEngine:
         plan = self._plan(stmt, req)
         if stmt.explain:
             return self._explain(plan), position, stats
+        _check_deadline(deadline, "planning")
         bound = PositionBound.at(position) if not position.is_empty() else PositionBound.unbounded()
         relations: dict[str, pa.Table] = {r.relation: r.table for r in plan.local}
         seen: dict[str, Any] = {"position": position, "partitions": set(), "nodes": set()}
@@ -144,6 +150,7 @@ class SqlEngine:
             relations[ref.relation] = self._rows(ref, bound, req, deadline, seen)
         stats["partitions_queried"] = len(seen["partitions"])
         stats["nodes"] = len(seen["nodes"])
+        _check_deadline(deadline, "reading the partitions")
         schema, batches = self.duck.stream(plan.sql, relations, deadline)
         return (schema, batches), seen["position"], stats
 

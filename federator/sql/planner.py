@@ -34,6 +34,7 @@ class StoreRef:
     notes: list[str] = field(default_factory=list)
     rows_schema: pa.Schema | None = None  # what the owners return (None: the store's columns)
     combine: Callable[..., pa.Table] | None = None  # a rule that builds the rows itself
+    remaining: exp.Expression | None = None  # with combine: the SQL over its rows, in place of the SELECT
 
 
 @dataclass
@@ -131,8 +132,9 @@ def plan_query(tree: exp.Expression, resolve: Resolver, information_schema: Loca
 
     for ref, table, query in planned:
         if ref.combine is not None:
-            remaining = ref.notes.pop()  # the rule's SQL over its rows, in place of the SELECT
-            new = _parse_remaining(remaining)
+            # the rule's SQL over its rows (or the rows as they are) takes the SELECT's place
+            new = ref.remaining.copy() if ref.remaining is not None else exp.select("*").from_(
+                exp.to_table(ref.relation))
             for t in new.find_all(exp.Table):
                 if t.name.lower() == table.name.lower():
                     _rename(t, ref.relation)
@@ -162,12 +164,6 @@ def plan_query(tree: exp.Expression, resolve: Resolver, information_schema: Loca
             sql = split.final.sql(dialect="duckdb")
             notes.append("final aggregate over the partitions' states")
     return QueryPlan(sql, refs, local, notes)
-
-
-def _parse_remaining(sql: str) -> exp.Expression:
-    import sqlglot
-
-    return sqlglot.parse_one(sql, read="duckdb")
 
 
 def _relation(name: str, used: dict[str, int]) -> str:
@@ -206,13 +202,8 @@ def _plan_ref(defn: StoreDefinition, table: exp.Table, query: exp.Expression, me
             rule = ruled[1]
             notes.append(f"rule {ruled[0].name}: {rule.note}")
     if rule is not None and rule.combine is not None:
-        rows_schema = None
-        ref = StoreRef(defn, relation, rule.subqueries, OwnerWork(tuple(f.name for f in schema)), notes,
-                       rows_schema, combine=rule.combine)
-        if rule.remaining is None:
-            raise SqlError("INTERNAL", f"rule {notes[0]} builds rows but gives no SQL to run over them")
-        ref.notes.append(rule.remaining.sql(dialect="duckdb"))
-        return ref
+        return StoreRef(defn, relation, rule.subqueries, OwnerWork(tuple(f.name for f in schema)), notes,
+                        combine=rule.combine, remaining=rule.remaining)
     subqueries = rule.subqueries if rule is not None else plan_store_queries(defn, where, [])
     sql_parts = []
     kind = "columns"
