@@ -74,6 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--scan-cache-follow", type=int, default=50_000, metavar="N",
                    help="writes a kept scan is brought up to date with, per shard, before it is read "
                         "again from RocksDB instead (default 50000, 0 = drop it on any write)")
+    n.add_argument("--duckdb-memory-limit", default="2GB", metavar="SIZE",
+                   help="memory DuckDB may use for this node's SQL before it spills to --state-dir/spill "
+                        "(DuckDB's memory_limit, e.g. 512MB, 4GB; default 2GB)")
     n.add_argument("--flight-sql-port", type=int, metavar="P",
                    help="also serve Arrow Flight SQL on this port, on the --listen host (default: off)")
 

@@ -43,6 +43,7 @@ def run_node(args: argparse.Namespace) -> int:
         standby_replicas=args.standby_replicas,
         node_id=args.node_id,
         cluster_secret=args.cluster_secret,
+        duckdb_memory_limit=getattr(args, "duckdb_memory_limit", "2GB"),
     ))
     if args.scan_cache_mb < 0:
         raise ValueError("--scan-cache-mb must be 0 or more")

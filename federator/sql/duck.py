@@ -39,14 +39,18 @@ class Duck:
         spill = config.spill_dir or Path(tempfile.mkdtemp(prefix="federator-spill-"))
         spill.mkdir(parents=True, exist_ok=True)
         self.config = config
-        self._db = duckdb.connect(":memory:", config={
-            "enable_external_access": False,
-            "autoload_known_extensions": False,
-            "autoinstall_known_extensions": False,
-            "memory_limit": config.memory_limit,
-            "temp_directory": str(spill),
-            "threads": config.threads,
-        })
+        try:
+            self._db = duckdb.connect(":memory:", config={
+                "enable_external_access": False,
+                "autoload_known_extensions": False,
+                "autoinstall_known_extensions": False,
+                "memory_limit": config.memory_limit,
+                "temp_directory": str(spill),
+                "threads": config.threads,
+            })
+        except duckdb.Error as e:
+            raise ValueError(f"DuckDB refused memory limit {config.memory_limit!r} (--duckdb-memory-limit): "
+                             f"{_message(e)}; give a size such as 512MB or 4GB") from None
         self._db.execute("SET TimeZone = 'UTC'")  # answers must not depend on the machine's zone
         self._db.execute("SET lock_configuration = true")
         self._local = threading.local()

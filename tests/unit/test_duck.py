@@ -1,0 +1,89 @@
+"""The node's DuckDB: sandboxed, bounded, and its errors in our codes."""
+
+from __future__ import annotations
+
+import time
+
+import pyarrow as pa
+import pytest
+
+from federator.sql.duck import Duck, DuckConfig
+from federator.sql.errors import SqlError
+from federator.sql.parse import parse
+
+
+@pytest.fixture(scope="module")
+def duck(tmp_path_factory) -> Duck:
+    return Duck(DuckConfig(memory_limit="256MB", spill_dir=tmp_path_factory.mktemp("spill")))
+
+
+def run(duck: Duck, sql: str, relations: dict | None = None, deadline: float | None = None) -> pa.Table:
+    schema, batches = duck.stream(sql, relations or {}, deadline)
+    return pa.Table.from_batches(list(batches), schema)
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT * FROM read_csv('/etc/passwd')",
+    "SELECT * FROM read_parquet('/etc/passwd')",
+    "SELECT * FROM read_json_auto('/etc/passwd')",
+    "SELECT * FROM glob('/*')",
+    "SELECT * FROM read_text('/etc/hostname')",
+    "SELECT getenv('HOME')",
+    "COPY (SELECT 1) TO '/tmp/federator-sandbox-test.csv'",
+    "ATTACH '/tmp/federator-sandbox-test.db'",
+    "INSTALL httpfs",
+    "LOAD httpfs",
+    "SET memory_limit = '100GB'",
+    "SET enable_external_access = true",
+    "PRAGMA memory_limit = '100GB'",
+])
+def test_user_sql_reaches_no_file_network_extension_or_setting(duck, sql) -> None:
+    with pytest.raises(SqlError) as info:
+        run(duck, sql)
+    assert info.value.status in (400, 422), (info.value.code, info.value.message)
+    assert run(duck, "SELECT current_setting('enable_external_access') AS v").column("v").to_pylist() == [False]
+
+
+@pytest.mark.parametrize("sql", [
+    "COPY players TO '/tmp/x.csv'", "ATTACH '/tmp/x.db'", "INSTALL httpfs", "LOAD httpfs", "PRAGMA version",
+    "SET memory_limit = '1GB'", "CREATE TABLE t (x INT)", "INSERT INTO players VALUES (1)", "DROP TABLE players",
+])
+def test_statements_that_are_not_reads_are_refused_before_duckdb(sql) -> None:
+    with pytest.raises(SqlError) as info:
+        parse(sql)
+    assert info.value.code == "UNSUPPORTED" and info.value.status == 422
+
+
+@pytest.mark.parametrize(("sql", "code", "status"), [
+    ("SELECT CAST('x' AS INTEGER)", "INVALID_DATA", 400),
+    ("SELECT 9223372036854775807::BIGINT + 1", "INVALID_DATA", 400),
+    ("SELECT 1 // 0", "INVALID_DATA", 400),
+    ("SELECT nosuch FROM (SELECT 1 AS a)", "UNKNOWN_COLUMN", 404),
+    ("SELECT no_such_function(1)", "SQL_PARSE_ERROR", 400),
+    ("SELECT 1 +", "SQL_PARSE_ERROR", 400),
+])
+def test_duckdb_errors_map_to_our_codes_with_duckdbs_words(duck, sql, code, status) -> None:
+    with pytest.raises(SqlError) as info:
+        run(duck, sql)
+    assert (info.value.code, info.value.status) == (code, status)
+    assert "LINE 1" not in info.value.message and info.value.message
+
+
+def test_a_query_past_its_deadline_is_interrupted(duck) -> None:
+    started = time.monotonic()
+    with pytest.raises(SqlError) as info:
+        run(duck, "SELECT count(*) FROM range(10000000000) a", deadline=time.monotonic() + 0.2)
+    assert info.value.code == "TIMEOUT" and info.value.status == 504
+    assert time.monotonic() - started < 30  # interrupted, not run to its end (minutes)
+
+
+def test_a_query_sees_only_the_relations_registered_for_it(duck) -> None:
+    rows = pa.table({"x": [1, 2, 3]})
+    assert run(duck, "SELECT sum(x) AS s FROM t", {"t": rows}).column("s").to_pylist() == [6]
+    with pytest.raises(SqlError):
+        run(duck, "SELECT * FROM t")  # another query's relation is gone with its cursor
+
+
+def test_a_bad_memory_limit_names_the_flag() -> None:
+    with pytest.raises(ValueError, match="--duckdb-memory-limit"):
+        Duck(DuckConfig(memory_limit="lots"))
