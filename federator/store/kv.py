@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import bisect
-from typing import Callable, Sequence
+from typing import Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -93,24 +92,6 @@ class KeyValueStoreType(StoreType):
         table = pa.Table.from_batches([kept, added]).sort_by([(schema.names[0], "ascending")])
         return table.combine_chunks().to_batches()[0]
 
-    def changed_rows(self, defn: StoreDefinition, schema: pa.Schema, scan: pa.RecordBatch,
-                     records: Sequence[ChangelogRecord],
-                     earlier: Callable[[bytes], ChangelogRecord | None]) -> tuple[pa.Table, pa.Table] | None:
-        """Each written key's row before ``records`` (from its latest earlier record, else the
-        scan) is removed; its row after them, unless deleted, is added."""
-        if defn.key.name not in _FOLLOWABLE_KEYS:
-            return None
-        last = {r.key: r for r in records}
-        before = {k: r for k in last if (r := earlier(k)) is not None}
-        old = [r for r in before.values() if r.value is not None]
-        from_scan = [k for k in last if k not in before]
-        removed = [scan.take(_rows_of(scan.column(0), defn.key.decode_many(from_scan)))] if from_scan else []
-        if old:
-            removed.append(build_batch(schema, defn, [r.key for r in old], [stored_value(r) for r in old]))
-        new = [r for r in last.values() if r.value is not None]
-        added = [build_batch(schema, defn, [r.key for r in new], [stored_value(r) for r in new])] if new else []
-        return pa.Table.from_batches(removed, schema), pa.Table.from_batches(added, schema)
-
     @staticmethod
     def _replace_in_place(defn: StoreDefinition, schema: pa.Schema, scan: pa.RecordBatch, hit: pa.Array,
                           by_key: dict[object, ChangelogRecord]) -> pa.RecordBatch:
@@ -124,36 +105,6 @@ class KeyValueStoreType(StoreType):
         scan = pa.RecordBatch.from_arrays(
             [pc.replace_with_mask(col, hit, new.column(i)) for i, col in enumerate(scan.columns)], schema=scan.schema)
         return scan if gone is None else scan.filter(pc.invert(gone))
-
-
-# Up to this many keys are looked up by bisection (a few probes each, in Python); more by one
-# vectorized pass over the whole key column.
-_BISECT_KEYS = 32
-
-
-class _AsPython:
-    """A key column seen as a sequence of Python values, for bisect."""
-
-    def __init__(self, column: pa.Array) -> None:
-        self.column = column
-
-    def __len__(self) -> int:
-        return len(self.column)
-
-    def __getitem__(self, i: int) -> object:
-        return self.column[i].as_py()
-
-
-def _rows_of(column: pa.Array, keys: pa.Array) -> pa.Array:
-    """Indices of ``keys`` present in ``column`` (a scan: sorted, unique keys)."""
-    if len(keys) > _BISECT_KEYS:
-        return pc.indices_nonzero(pc.is_in(column, value_set=keys))
-    seq, found = _AsPython(column), []
-    for k in keys.to_pylist():
-        i = bisect.bisect_left(seq, k)
-        if i < len(seq) and seq[i] == k:
-            found.append(i)
-    return pa.array(sorted(found), pa.int64())
 
 
 register_store_type(KeyValueStoreType())

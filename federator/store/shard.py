@@ -296,51 +296,8 @@ class Shard:
         if batch is None:
             SCAN_CACHE.drop(self)
             return None
-        SCAN_CACHE.put(self, seq, batch, followed=(pending[0], len(pending[1])))
+        SCAN_CACHE.put(self, seq, batch, followed=True)
         return batch
-
-    def run_maintained(self, aggregate: Any, bound: PositionBound = PositionBound.unbounded()) -> QueryResult | None:
-        """A full scan's partial aggregate from its state kept beside the kept scan, brought up
-        to date with the writes applied since (``federator.sql.incremental.MaintainedAggregate``);
-        None when there is no kept scan at this shard's sequence, or the bound is not met (the
-        caller takes the general path, and its errors)."""
-        if not bound.is_satisfied_by(self._position, self.topic, self.partition):
-            return None
-        for _ in range(3):
-            seq = self._seq
-            if seq & 1:
-                time.sleep(0)
-                continue
-            position = self._position
-            kept = SCAN_CACHE.kept(self, seq)
-            if kept is None:
-                return None
-            scan, pending, n = kept
-            applied, state, answer = SCAN_CACHE.state(self, scan, aggregate.key) or (0, None, None)
-            if applied != n or state is None:
-                if applied > n:  # kept by a reader that saw later writes than this one
-                    applied, state = 0, None
-                try:
-                    changes = None
-                    if applied < n:  # asked first: a store type that cannot tell costs no state
-                        changes = self.store_type.changed_rows(
-                            self.definition, self.schema, scan, pending.records[applied:n],
-                            lambda key, before=applied: pending.latest_before(key, before))
-                        if changes is None:
-                            return None
-                    if state is None:
-                        state = aggregate.over(scan)
-                    if changes is not None:
-                        state = aggregate.advance(state, *changes)
-                    answer = aggregate.answer(state)
-                except Exception:  # noqa: BLE001 - the general path reads the shard and reports properly
-                    log.warning("store %r partition %s: could not bring a kept aggregate up to date; reading the "
-                                "shard", self.definition.name, self.partition, exc_info=True)
-                    return None
-                SCAN_CACHE.put_state(self, scan, aggregate.key, n, state, answer, advanced=applied < n)
-            if self._seq == seq:  # the position read belongs to this state
-                return QueryResult.success(self.partition, answer, position)
-        return None
 
     def run(
         self, query: Query, bound: PositionBound = PositionBound.unbounded(), collect_execution_info: bool = False

@@ -64,15 +64,6 @@ class StoreType:
         or None to have the shard read again (the default)."""
         return None
 
-    def changed_rows(self, defn: StoreDefinition, schema: pa.Schema, scan: pa.RecordBatch,
-                     records: Sequence[ChangelogRecord],
-                     earlier: Callable[[bytes], ChangelogRecord | None]) -> tuple[pa.Table, pa.Table] | None:
-        """The rows ``records`` removed and added, applied to a shard whose full scan was
-        ``scan`` followed by earlier records (``earlier(key)``: the last of them for a key, or
-        None); None when this store type cannot tell (the default): aggregates kept up to date
-        by these rows are then computed again."""
-        return None
-
     def handler_for(self, query: Query) -> Handler | None:
         return self.handlers.get(type(query))
 
