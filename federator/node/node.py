@@ -190,11 +190,14 @@ class Node:
 
     # ---- one live process per node id -----------------------------------------------------
     def _check_identity(self, value: bytes | None) -> None:
+        if value is None:  # a tombstone: the process that held the id left cleanly (one that refuses writes none)
+            self._rival = None
+            return
         try:
-            other = NodeInfo.from_json(value) if value is not None else None
+            other = NodeInfo.from_json(value)
         except (ValueError, KeyError):
             return
-        if other is None or (other.incarnation == self.incarnation and other.started_ms == self.started_ms):
+        if other.incarnation == self.incarnation and other.started_ms == self.started_ms:
             return
         self._rival = other
         verdict = same_id(self._me(), other, time.time() * 1000)
