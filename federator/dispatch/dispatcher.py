@@ -30,6 +30,13 @@ from federator.sql.errors import SqlError
 
 # codes an owner may give a STORE_EXCEPTION that are the request's fault (see QueryResult.code)
 USER_ERRORS = {"INVALID_DATA", "SQL_PARSE_ERROR", "UNKNOWN_COLUMN", "UNSUPPORTED", "TIMEOUT"}
+NOT_COLOCATED = "NOT_COLOCATED"  # a join's two partitions p are not on one node (a rebalance under way)
+
+
+class NotColocated(SqlError):
+    """A co-partitioned join cannot run on the owners: the caller joins at the receiver instead."""
+
+
 RETRYABLE = {FailureReason.NOT_PRESENT, FailureReason.NOT_ACTIVE, FailureReason.NOT_UP_TO_BOUND, FailureReason.DOES_NOT_EXIST}
 
 
@@ -137,6 +144,9 @@ class Dispatcher:
                         continue
                     if r.failure is FailureReason.UNKNOWN_QUERY_TYPE:
                         raise SqlError("UNKNOWN_QUERY_TYPE", _unknown_query_message(subqueries[i], r.message, nid))
+                    if r.failure is FailureReason.STORE_EXCEPTION and r.code == NOT_COLOCATED:
+                        raise NotColocated("UNAVAILABLE", f"partition {r.partition}: {r.message}",
+                                           partitions=[r.partition])
                     if r.failure is FailureReason.STORE_EXCEPTION and r.code in USER_ERRORS:
                         # the data or the SQL made the owner's part fail: the user's error, not ours
                         raise SqlError(r.code, r.message)

@@ -373,10 +373,42 @@ class Node:
                     f"node {self.node_id} holds partition {p} of store {request.store!r} as {why}"))
                 continue
             result = hs.shard.run(request.query, request.bound, request.collect_execution_info)
-            if request.pipeline is not None and result.ok:
+            if request.pipeline is not None and result.ok and "join" in request.pipeline:
+                result = self._join_partition(request, request.pipeline["join"], result)
+            elif request.pipeline is not None and result.ok:
                 result = _apply_pipeline(request.pipeline, result, hs.shard, self.duck)
             results.append(result)
         return results
+
+    def _join_partition(self, request: StateQueryRequest, other: str, left: QueryResult) -> QueryResult:
+        """A co-partitioned join of this partition with the same partition of ``other``, which
+        this node must hold as it holds the first (else NOT_COLOCATED: the receiver joins)."""
+        from federator.sql.copartition import LEFT, RIGHT
+        from federator.sql.duck import one_batch, sql_error
+        import duckdb
+
+        p = left.partition
+        hs = self.materializer.hosted(other, p)
+        if hs is None or hs.gone or not hs.caught_up or (request.require_active and (hs.role != ACTIVE or not hs.restored)):
+            return QueryResult.failed(p, FailureReason.STORE_EXCEPTION,
+                                      f"node {self.node_id} does not hold partition {p} of {other!r} beside "
+                                      f"{request.store!r}", code="NOT_COLOCATED")
+        right = hs.shard.run(request.query, request.bound)
+        if not right.ok:
+            return right
+        try:
+            cur = self.duck.local_cursor()
+            cur.register(LEFT, left.batch)
+            cur.register(RIGHT, right.batch)
+            try:
+                batch = one_batch(cur.sql(request.pipeline["sql"]).to_arrow_table())
+            finally:
+                cur.unregister(LEFT)
+                cur.unregister(RIGHT)
+        except duckdb.Error as e:
+            err = sql_error(e)
+            return QueryResult.failed(p, FailureReason.STORE_EXCEPTION, err.message, code=err.code)
+        return QueryResult.success(p, batch, left.position.merge(right.position))
 
     def read_local(self, store: str, partition: int, key: bytes, bound: PositionBound) -> tuple[bytes | None, Position] | None:
         """A key read straight from this node's active, current copy; None when this node cannot

@@ -8,7 +8,7 @@ from typing import Any, Iterator
 import pyarrow as pa
 
 from federator.catalog.definition import StoreDefinition
-from federator.dispatch.dispatcher import Dispatcher
+from federator.dispatch.dispatcher import Dispatcher, NotColocated
 from federator.query.position import Position, PositionBound
 from federator.sql.catalog_tables import describe, information_schema, show_tables
 from federator.sql.errors import SqlError
@@ -142,6 +142,13 @@ class SqlEngine:
         plan = self._plan(stmt, req)
         if stmt.explain:
             return self._explain(plan), position, stats
+        try:
+            return self._run(plan, req, position, deadline, stats)
+        except NotColocated:  # a rebalance parted a join's shards: join at the receiver this time
+            return self._run(self._plan(stmt, req, copartitioned=False), req, position, deadline, stats)
+
+    def _run(self, plan: QueryPlan, req: SqlRequest, position: Position, deadline: float,
+             stats: dict[str, Any]) -> tuple:
         _check_deadline(deadline, "planning")
         bound = PositionBound.at(position) if not position.is_empty() else PositionBound.unbounded()
         relations: dict[str, pa.Table] = {r.relation: r.table for r in plan.local}
@@ -150,19 +157,21 @@ class SqlEngine:
             relations[ref.relation] = self._rows(ref, bound, req, deadline, seen)
         stats["partitions_queried"] = len(seen["partitions"])
         stats["nodes"] = len(seen["nodes"])
+        if any(ref.joined is not None for ref in plan.refs):
+            stats["joined_on_owners"] = True  # no rows of either store crossed the network before the join
         _check_deadline(deadline, "reading the partitions")
         schema, batches = self.duck.stream(plan.sql, relations, deadline)
         return (schema, batches), seen["position"], stats
 
-    def _plan(self, stmt: Statement, req: SqlRequest) -> QueryPlan:
-        plan_key = None if stmt.explain else _plan_key(req)
+    def _plan(self, stmt: Statement, req: SqlRequest, copartitioned: bool = True) -> QueryPlan:
+        plan_key = None if stmt.explain or not copartitioned else _plan_key(req)
         stores = self._stores()
         kept = self._plans.get(plan_key) if plan_key is not None else None
         if kept is not None and all(stores.get(r.store.name) is r.store for r in kept.refs):
             return kept
         tree = bind_parameters(stmt.select, list(req.parameters), stmt.param_count)  # type: ignore[arg-type]
         plan = plan_query(tree, self.resolve_store, lambda name: information_schema(name, self._stores()),
-                          sql_rules(), self._schema_of)
+                          sql_rules(), self._schema_of, copartitioned)
         if plan_key is not None:
             if len(self._plans) >= 1024:  # one entry per distinct SQL text and parameters; keep it bounded
                 self._plans.clear()
@@ -191,7 +200,10 @@ class SqlEngine:
 
         if ref.combine is not None:
             return ref.combine(lambda subqueries: fetch(subqueries))
-        batches = fetch(ref.subqueries, ref.work.to_dict())
+        work = ref.work.to_dict()
+        if ref.joined is not None:
+            work["join"] = ref.joined
+        batches = fetch(ref.subqueries, work)
         schema = ref.rows_schema or defn.arrow_schema()
         if not batches:
             return schema.empty_table()

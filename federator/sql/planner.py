@@ -17,6 +17,7 @@ from federator.plugin.rules import RulePlan, SqlRule, first_plan
 from federator.sql.catalog_tables import CATALOG, SCHEMA
 from federator.sql.errors import SqlError
 from federator.sql import pushdown
+from federator.sql.copartition import co_join
 from federator.sql.pushdown import ROWS, OwnerWork
 
 # Schemas DuckDB answers itself (its catalog views); everything else names a store.
@@ -35,6 +36,12 @@ class StoreRef:
     rows_schema: pa.Schema | None = None  # what the owners return (None: the store's columns)
     combine: Callable[..., pa.Table] | None = None  # a rule that builds the rows itself
     remaining: exp.Expression | None = None  # with combine: the SQL over its rows, in place of the SELECT
+    joined: str | None = None  # a co-partitioned join: the other store, read by the same owners
+    source_schema: pa.Schema | None = None  # the rows the owner's SQL reads (None: the store's)
+
+    @property
+    def source(self) -> pa.Schema:
+        return self.source_schema or self.store.arrow_schema()
 
 
 @dataclass
@@ -85,10 +92,16 @@ LocalTables = Callable[[str], "pa.Table | None"]
 
 
 def plan_query(tree: exp.Expression, resolve: Resolver, information_schema: LocalTables,
-               rules: list[SqlRule], schema_of: Callable[[str, dict[str, pa.Table]], pa.Schema]) -> QueryPlan:
+               rules: list[SqlRule], schema_of: Callable[[str, dict[str, pa.Table]], pa.Schema],
+               copartitioned: bool = True) -> QueryPlan:
     """Plan ``tree`` (parameters bound). ``schema_of(sql, relations)`` binds SQL over empty
-    relations in DuckDB and returns its answer's schema (and raises DuckDB's errors)."""
+    relations in DuckDB and returns its answer's schema (and raises DuckDB's errors).
+    ``copartitioned``: run joins of co-partitioned stores on their owners where possible."""
     tree = tree.copy()
+    if copartitioned and isinstance(tree, exp.Select):
+        joined = _plan_co_join(tree, resolve, schema_of)
+        if joined is not None:
+            return joined
     mentioned = pushdown.named(tree)
     try:
         scopes = traverse_scope(tree)
@@ -154,16 +167,64 @@ def plan_query(tree: exp.Expression, resolve: Resolver, information_schema: Loca
     names = schema_of(sql, empty).names  # DuckDB's binder errors, with the user's own names
     # One store read by the whole statement: partial aggregates on the owners.
     if len(planned) == 1 and not local and isinstance(tree, exp.Select) and planned[0][2] is tree:
-        ref, table, _ = planned[0]
-        columns = {f.name.lower() for f in ref.store.arrow_schema()}
-        split = pushdown.partial_aggregate(tree, table, columns, ref.relation, names)
-        if split is not None:
-            owner_sql = split.owner_select.sql(dialect="duckdb")
-            ref.rows_schema = schema_of(owner_sql, {ROWS: ref.store.arrow_schema().empty_table()})
-            ref.work = OwnerWork(ref.work.columns, owner_sql, "partial aggregate")
-            sql = split.final.sql(dialect="duckdb")
-            notes.append("final aggregate over the partitions' states")
+        sql = _partial_aggregate(planned[0][0], planned[0][1], tree, names, schema_of, notes) or sql
     return QueryPlan(sql, refs, local, notes)
+
+
+def _partial_aggregate(ref: StoreRef, table: exp.Table, tree: exp.Select, names: list[str],
+                       schema_of: Callable[[str, dict[str, pa.Table]], pa.Schema], notes: list[str]) -> str | None:
+    """Split ``tree``'s aggregates into the owners' partial states and their merge: the merge's SQL."""
+    columns = {f.name.lower() for f in ref.source}
+    split = pushdown.partial_aggregate(tree, table, columns, ref.relation, names)
+    if split is None:
+        return None
+    owner_sql = split.owner_select.sql(dialect="duckdb")
+    ref.rows_schema = schema_of(owner_sql, {ROWS: ref.source.empty_table()})
+    ref.work = OwnerWork(ref.work.columns, owner_sql, "partial aggregate")
+    notes.append("final aggregate over the partitions' states")
+    return split.final.sql(dialect="duckdb")
+
+
+def _plan_co_join(tree: exp.Select, resolve: Resolver,
+                  schema_of: Callable[[str, dict[str, pa.Table]], pa.Schema]) -> QueryPlan | None:
+    """``tree`` as a join of co-partitioned stores run on the owners, or None when it is not one."""
+
+    def known(name: str) -> StoreDefinition | None:
+        try:
+            return resolve(name)
+        except SqlError:
+            return None
+
+    relation = "joined"
+    cj = co_join(tree, known, pushdown.named(tree), relation)
+    if cj is None:
+        return None
+    # the user's statement over the two stores first: DuckDB's errors and output names are its own
+    original = tree.copy()
+    for t in original.find_all(exp.Table):
+        _rename(t, (cj.left if t.name.lower() == tree.args["from_"].this.name.lower() else cj.right).name)
+    names = schema_of(original.sql(dialect="duckdb"), {cj.left.name: cj.left.arrow_schema().empty_table(),
+                                                      cj.right.name: cj.right.arrow_schema().empty_table()}).names
+    select = cj.select
+    if len(names) == len(select.expressions):
+        select.set("expressions", [exp.alias_(i.this if isinstance(i, exp.Alias) else i, n, quoted=True)
+                                   for i, n in zip(select.expressions, names)])
+    flat = {n.lower() for n in cj.schema.names}
+    ref = _plan_ref(cj.left, cj.table, select, flat, [], relation, source=cj.schema)
+    ref.subqueries = plan_store_queries(cj.left, cj.left_keys, [])
+    ref.joined = cj.right.name
+    ref.source_schema = cj.schema
+    notes = [f"join of co-partitioned {cj.left.name} and {cj.right.name} on the nodes that own both"]
+    ref.notes.append(notes[0])
+    sql = select.sql(dialect="duckdb")
+    final = _partial_aggregate(ref, cj.table, select, names, schema_of, notes) or sql
+    owner = ref.work.sql or exp.select(*[exp.column(c, quoted=True) for c in ref.work.columns]).from_(ROWS).sql(
+        dialect="duckdb")
+    ref.work = OwnerWork(ref.work.columns, f"WITH {ROWS} AS ({cj.join_sql}) {owner}", "join, " + ref.work.kind)
+    if ref.rows_schema is None:
+        ref.rows_schema = pa.schema([cj.schema.field(c) for c in ref.work.columns])
+    schema_of(final, {relation: ref.rows_schema.empty_table()})
+    return QueryPlan(final, [ref], [], notes)
 
 
 def _relation(name: str, used: dict[str, int]) -> str:
@@ -183,8 +244,8 @@ def _rename(table: exp.Table, relation: str) -> None:
 
 
 def _plan_ref(defn: StoreDefinition, table: exp.Table, query: exp.Expression, mentioned: set[str],
-              rules: list[SqlRule], relation: str) -> StoreRef:
-    schema = defn.arrow_schema()
+              rules: list[SqlRule], relation: str, source: pa.Schema | None = None) -> StoreRef:
+    schema = source or defn.arrow_schema()
     columns = {f.name.lower() for f in schema}
     select = query if isinstance(query, exp.Select) else None
     conds = pushdown.pushable_filter(select, table, columns) if select is not None else []
@@ -192,7 +253,7 @@ def _plan_ref(defn: StoreDefinition, table: exp.Table, query: exp.Expression, me
     # rowtime is a pseudo-column (like ksqlDB's ROWTIME): read when named, not part of *
     everything = select is None or pushdown.reads_everything(select, table)
     keep = tuple(f.name for f in schema if (everything and f.name != "rowtime") or f.name.lower() in mentioned)
-    keep = keep or (defn.key_name,)  # COUNT(*) still needs the rows
+    keep = keep or (defn.key_name if source is None else schema[0].name,)  # COUNT(*) still needs the rows
     notes: list[str] = []
     rule: RulePlan | None = None
     single = select is not None and not select.args.get("joins")

@@ -60,6 +60,12 @@ def sql_cluster(broker, tmp_path_factory):
                                        "value": {"name": "score", "format": "double"}})
     score_rows = [{"key": k, "score": k * 1.5} for k in range(-300, 300, 3)]
     produce(broker, scores.topic, P, [(scores.key.serialize(r["key"]),) * 2 + (scores.value.serialize(r["score"]), 1) for r in score_rows])
+    bonus = register(broker, app_id, {"name": "bonus", "type": "kv", "partitions": P,
+                                      "key": {"name": "player", "format": "string"},
+                                      "value": {"name": "bonus", "format": "long"}})
+    bonus_rows = [{"player": f"p{i:04d}", "bonus": i % 13} for i in range(0, 700, 2)]  # half the players, and more
+    produce(broker, bonus.topic, P, [(r["player"].encode(), r["player"].encode(), bonus.value.serialize(r["bonus"]), 1)
+                                     for r in bonus_rows])
     minutes = register(broker, app_id, {"name": "per_minute", "type": "window", "partitions": P, "key": {"name": "player", "format": "string"},
                                         "value": {"name": "points", "format": "long"}, "window_size_ms": 60_000})
     win_rows = []
@@ -74,7 +80,7 @@ def sql_cluster(broker, tmp_path_factory):
     c = Cluster(broker.bootstrap_servers, app_id, tmp_path_factory.mktemp("sqlnodes"), size=3, standby_replicas=1,
                 servers={2: "waitress"})
     c.start()
-    for store in ("players", "scores", "per_minute"):
+    for store in ("players", "scores", "per_minute", "bonus"):
         c.wait_settled(store, P, timeout=60)
 
     db = duckdb.connect()
@@ -97,6 +103,8 @@ def sql_cluster(broker, tmp_path_factory):
     db.register("players", t_players)
     db.register("scores", t_scores)
     db.register("per_minute", t_minutes)
+    db.register("bonus", pa.table({"player": [r["player"] for r in bonus_rows],
+                                   "bonus": pa.array([r["bonus"] for r in bonus_rows], pa.int64())}))
     db.execute("SET TimeZone = 'UTC'")
     yield c, db
     c.stop()
@@ -200,6 +208,18 @@ QUERIES = [
     "SELECT team, COUNT(DISTINCT NULL) FROM players GROUP BY team",
 ]
 
+# Joins on the keys of co-partitioned stores (players and bonus: same partitions, string keys)
+CO_JOINS = [
+    "SELECT p.player, p.total_score, b.bonus FROM players p JOIN bonus b ON p.player = b.player WHERE b.bonus > 5",
+    "SELECT p.player, b.bonus FROM players p LEFT JOIN bonus b ON p.player = b.player WHERE p.team = 'red'",
+    "SELECT * FROM players JOIN bonus ON players.player = bonus.player WHERE players.player < 'p0100'",
+    "SELECT p.team, SUM(b.bonus) AS s, COUNT(*) AS n, AVG(p.total_score) AS a FROM players p "
+    "JOIN bonus b ON p.player = b.player GROUP BY p.team",
+    "SELECT COUNT(*) FROM players p JOIN bonus b ON b.player = p.player AND b.bonus < p.games",
+    "SELECT p.player, bonus * 2 AS twice FROM players p JOIN bonus b ON p.player = b.player "
+    "WHERE p.player IN ('p0002', 'p0003', 'p0598')",
+]
+
 ORDERED = [
     "SELECT player, total_score FROM players ORDER BY total_score DESC, player LIMIT 10",
     "SELECT player, best FROM players ORDER BY best NULLS FIRST, player LIMIT 15 OFFSET 5",
@@ -218,6 +238,27 @@ def test_answers_equal_duckdb(sql_cluster, sql) -> None:
     got, _ = sql_arrow(random.choice(cluster.nodes), sql)
     want = duck(db, sql)
     assert sorted(rows_of(got), key=sort_key) == sorted(rows_of(want), key=sort_key)
+
+
+@pytest.mark.parametrize("sql", CO_JOINS)
+def test_co_partitioned_joins_run_on_the_owners_and_equal_duckdb(sql_cluster, sql) -> None:
+    cluster, db = sql_cluster
+    node = random.choice(cluster.nodes)
+    got, _ = sql_arrow(node, sql)
+    want = duck(db, sql)
+    assert got.column_names == want.column_names
+    assert sorted(rows_of(got), key=sort_key) == sorted(rows_of(want), key=sort_key)
+    plan = sql_json(node, "EXPLAIN " + sql)
+    assert all("co-partitioned players and bonus" in row[1] for row in plan["rows"]), plan["rows"]
+    assert sql_json(node, sql)["stats"].get("joined_on_owners") is True
+
+
+def test_a_top_k_over_a_co_partitioned_join_is_cut_on_the_owners(sql_cluster) -> None:
+    cluster, db = sql_cluster
+    sql = ("SELECT p.player, p.total_score + b.bonus AS t FROM players p JOIN bonus b ON p.player = b.player "
+           "ORDER BY t DESC, p.player LIMIT 5")
+    got, _ = sql_arrow(cluster.nodes[1], sql)
+    assert rows_of(got) == rows_of(duck(db, sql))
 
 
 @pytest.mark.parametrize("sql", ORDERED)

@@ -1,0 +1,161 @@
+"""Joins of co-partitioned stores, run on the nodes that own both shards.
+
+Two stores with the same partition count and key format keep a key in the same partition
+number of each (one partitioner over the same key bytes). An equality join on their keys
+therefore only pairs rows of partition p with rows of partition p, and Kafka's range assignor
+gives both partitions p to the same node: each owner can join its own two shards and no row
+crosses the network before the join. The receiver gets the joined rows (filtered, and
+aggregated or cut to a top-k when the statement allows it) and runs the statement over them.
+
+The statement is rewritten over one relation holding the joined columns, named
+``"<alias>.<column>"``; the owners build that relation from their two shards.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import pyarrow as pa
+from sqlglot import exp
+
+from federator.catalog.definition import StoreDefinition
+from federator.plan.keys import answers_key_queries
+from federator.sql import pushdown
+
+LEFT, RIGHT = "__left", "__right"  # the two shards' rows on the owner
+
+
+@dataclass
+class CoJoin:
+    left: StoreDefinition
+    right: StoreDefinition
+    select: exp.Select  # the statement over one table, ``table``, of the joined columns
+    table: exp.Table
+    schema: pa.Schema  # the joined columns the owners return
+    join_sql: str  # over LEFT and RIGHT: the joined rows with those columns
+    left_keys: exp.Expression | None  # conjuncts over the left store's columns alone (key planning)
+
+
+def co_join(select: exp.Select, resolve: Callable[[str], StoreDefinition | None], mentioned: set[str],
+            relation: str) -> CoJoin | None:
+    """The co-partitioned join ``select`` reads, or None when it reads anything else."""
+    source = select.args.get("from_") or select.args.get("from")
+    joins = select.args.get("joins") or []
+    if source is None or len(joins) != 1 or select.args.get("with_") or select.args.get("with"):
+        return None
+    join = joins[0]
+    if (join.args.get("method") or join.args.get("kind") or join.args.get("using")
+            or (join.args.get("side") or "").upper() not in ("", "LEFT") or join.args.get("on") is None):
+        return None
+    left_t, right_t = source.this, join.this
+    if not all(isinstance(t, exp.Table) and isinstance(t.this, exp.Identifier) and not t.args.get("joins")
+               for t in (left_t, right_t)):
+        return None
+    if any((t.db or "").lower() not in ("", "main") or t.catalog for t in (left_t, right_t)):
+        return None
+    left, right = resolve(left_t.name), resolve(right_t.name)
+    if left is None or right is None or not (answers_key_queries(left) and answers_key_queries(right)):
+        return None
+    if left.partitions != right.partitions or left.key_format != right.key_format:
+        return None
+    aliases = {left_t.alias_or_name.lower(): left, right_t.alias_or_name.lower(): right}
+    if len(aliases) != 2:
+        return None
+    (la, _), (ra, _) = aliases.items()
+    columns = {a: {f.name.lower(): f.name for f in d.arrow_schema()} for a, d in aliases.items()}
+    on = join.args["on"]
+    if not any(_keys_equal(c, la, ra, left, right) for c in pushdown.conjuncts(on)):
+        return None
+    if select.find(exp.Subquery, exp.Exists, exp.Lambda):
+        return None
+
+    def flat(col: exp.Column) -> str | None:
+        """The joined column ``col`` names, or None when that cannot be told."""
+        owner = col.table.lower() if col.table else None
+        if owner is None:
+            found = [a for a in aliases if col.name.lower() in columns[a]]
+            if len(found) != 1:
+                return None
+            owner = found[0]
+        if owner not in aliases or col.name.lower() not in columns[owner]:
+            return None
+        return f"{owner}.{columns[owner][col.name.lower()]}"
+
+    # every column the joined relation offers: the ones the statement names, or all for a star
+    star = any(not (isinstance(s.parent, exp.Count) and s.parent.this is s) for s in select.find_all(exp.Star, exp.Columns))
+    keep: list[tuple[str, str, pa.Field]] = []  # (alias, column, field)
+    for a, d in aliases.items():
+        for f in d.arrow_schema():
+            if (star and f.name != "rowtime") or f.name.lower() in mentioned:
+                keep.append((a, f.name, f))
+    if not keep:
+        keep.append((la, left.key_name, left.arrow_schema().field(left.key_name)))
+
+    rewritten = select.copy()
+    for col in list(rewritten.find_all(exp.Column)):
+        if isinstance(col.this, exp.Star):
+            continue  # a.*: expanded below
+        name = flat(col)
+        if name is None:
+            if not col.table and _names_an_output(col, select):
+                continue  # ORDER BY / HAVING naming a select-list alias
+            return None
+        # an unaliased select item keeps the name DuckDB gives it over the join
+        if isinstance(col.parent, exp.Select) and col.arg_key == "expressions":
+            col.replace(exp.alias_(exp.column(name, quoted=True), col.name, quoted=True))
+        else:
+            col.replace(exp.column(name, quoted=True))
+    items: list[exp.Expression] = []
+    for item in rewritten.expressions:
+        if isinstance(item, exp.Star) or (isinstance(item, exp.Column) and isinstance(item.this, exp.Star)):
+            star_node = item if isinstance(item, exp.Star) else item.this
+            if any(star_node.args.get(k) for k in ("except", "except_", "replace", "rename")):
+                return None
+            which = [item.table.lower()] if isinstance(item, exp.Column) and item.table else list(aliases)
+            if any(w not in aliases for w in which):
+                return None
+            for a in which:
+                for f in aliases[a].arrow_schema():
+                    if f.name != "rowtime":
+                        items.append(exp.alias_(exp.column(f"{a}.{f.name}", quoted=True), f.name, quoted=True))
+            continue
+        items.append(item)
+    rewritten.set("expressions", items)
+    table = exp.to_table(relation)
+    rewritten.set("from_", exp.From(this=table))
+    rewritten.set("joins", None)
+
+    owner_on = on.copy()
+    for col in list(owner_on.find_all(exp.Column)):
+        name = flat(col)
+        if name is None:
+            return None
+        a, c = name.split(".", 1)
+        col.replace(exp.column(c, table=a, quoted=True))
+    items_sql = [exp.alias_(exp.column(c, table=a, quoted=True), f"{a}.{c}", quoted=True) for a, c, _ in keep]
+    side = "LEFT " if (join.args.get("side") or "").upper() == "LEFT" else ""
+    join_sql = (exp.select(*items_sql).from_(exp.alias_(exp.to_table(LEFT), la, table=True))
+                .join(exp.alias_(exp.to_table(RIGHT), ra, table=True), on=owner_on, join_type=side.strip() or None)
+                .sql(dialect="duckdb"))
+    schema = pa.schema([f.with_name(f"{a}.{c}") for a, c, f in keep])
+
+    where = select.args.get("where")
+    left_cols = set(columns[la])
+    left_only = [pushdown.unqualified(c) for c in pushdown.conjuncts(where.this if where is not None else None)
+                 if pushdown.only_reads(c, la, left_cols, False)]
+    return CoJoin(left, right, rewritten, table, schema, join_sql, pushdown.and_all(left_only))
+
+
+def _keys_equal(node: exp.Expression, la: str, ra: str, left: StoreDefinition, right: StoreDefinition) -> bool:
+    if not isinstance(node, exp.EQ):
+        return False
+    a, b = node.this, node.expression
+    if not (isinstance(a, exp.Column) and isinstance(b, exp.Column) and a.table and b.table):
+        return False
+    pair = {(a.table.lower(), a.name.lower()), (b.table.lower(), b.name.lower())}
+    return pair == {(la, left.key_name.lower()), (ra, right.key_name.lower())}
+
+
+def _names_an_output(col: exp.Column, select: exp.Select) -> bool:
+    return any(isinstance(i, exp.Alias) and i.alias.lower() == col.name.lower() for i in select.expressions)
