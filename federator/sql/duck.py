@@ -51,7 +51,7 @@ class Duck:
         except duckdb.Error as e:
             raise ValueError(f"DuckDB refused memory limit {config.memory_limit!r} (--duckdb-memory-limit): "
                              f"{_message(e)}; give a size such as 512MB or 4GB") from None
-        self._db.execute("SET TimeZone = 'UTC'")  # answers must not depend on the machine's zone
+        self._db.execute("SET GLOBAL TimeZone = 'UTC'")  # answers must not depend on the machine's zone
         self._db.execute("SET lock_configuration = true")
         self._local = threading.local()
 

@@ -160,6 +160,11 @@ class SqlEngine:
         if any(ref.joined is not None for ref in plan.refs):
             stats["joined_on_owners"] = True  # no rows of either store crossed the network before the join
         _check_deadline(deadline, "reading the partitions")
+        if plan.columns_only is not None:  # nothing left to compute: the rows as the owners sent them
+            (rows,) = (relations[r.relation] for r in plan.refs)
+            table = rows.select([c for c, _ in plan.columns_only]).rename_columns([n for _, n in plan.columns_only])
+            table = table.cast(plan.schema) if plan.schema is not None else table  # DuckDB's types, as ever
+            return (table.schema, iter(table.to_batches())), seen["position"], stats
         schema, batches = self.duck.stream(plan.sql, relations, deadline)
         return (schema, batches), seen["position"], stats
 

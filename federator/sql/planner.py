@@ -58,6 +58,10 @@ class QueryPlan:
     refs: list[StoreRef]
     local: list[LocalRef]
     notes: list[str] = field(default_factory=list)
+    # (relation column, output name) when the statement only picks columns of one store's rows,
+    # every filter having run on the owners: the receiver answers with those columns as they came
+    columns_only: list[tuple[str, str]] | None = None
+    schema: pa.Schema | None = None  # the answer's schema, as DuckDB gives it
 
 
 def bind_parameters(tree: exp.Expression, params: list[Any], expected: int) -> exp.Expression:
@@ -164,11 +168,45 @@ def plan_query(tree: exp.Expression, resolve: Resolver, information_schema: Loca
     notes: list[str] = []
     if any(ref.combine is not None for ref in refs):
         return QueryPlan(sql, refs, local, notes)  # the rule's rows exist only once fetched
-    names = schema_of(sql, empty).names  # DuckDB's binder errors, with the user's own names
+    answer = schema_of(sql, empty)  # DuckDB's binder errors, with the user's own names
+    names = answer.names
     # One store read by the whole statement: partial aggregates on the owners.
     if len(planned) == 1 and not local and isinstance(tree, exp.Select) and planned[0][2] is tree:
-        sql = _partial_aggregate(planned[0][0], planned[0][1], tree, names, schema_of, notes) or sql
+        ref, table, _ = planned[0]
+        merged = _partial_aggregate(ref, table, tree, names, schema_of, notes)
+        if merged is not None:
+            return QueryPlan(merged, refs, local, notes)
+        return QueryPlan(sql, refs, local, notes, _columns_only(tree, ref, table, names), answer)
     return QueryPlan(sql, refs, local, notes)
+
+
+def _columns_only(select: exp.Select, ref: StoreRef, table: exp.Table, names: list[str]) -> list[tuple[str, str]] | None:
+    """The columns ``select`` picks, when that is all it does over rows the owners filtered."""
+    if ref.combine is not None or ref.work.kind not in ("columns", "filter"):
+        return None
+    if any(select.args.get(k) for k in ("joins", "group", "having", "order", "limit", "offset", "distinct",
+                                        "qualify", "with_", "with", "windows", "sample", "laterals")):
+        return None
+    where = select.args.get("where")
+    columns = {f.name.lower() for f in ref.store.arrow_schema()}
+    if where is not None and not all(pushdown.only_reads(c, table.alias_or_name, columns, True)
+                                     for c in pushdown.conjuncts(where.this)):
+        return None
+    kept = list((ref.rows_schema or ref.store.arrow_schema()).names)
+    by_lower = {c.lower(): c for c in kept}
+    picked: list[str] = []
+    for item in select.expressions:
+        node = item.this if isinstance(item, exp.Alias) else item
+        if isinstance(node, exp.Star) and not any(node.args.get(k) for k in ("except", "except_", "replace", "rename")):
+            picked += kept
+        elif isinstance(node, exp.Column) and isinstance(node.this, exp.Identifier) and \
+                (not node.table or node.table.lower() == table.alias_or_name.lower()) and node.name.lower() in by_lower:
+            picked.append(by_lower[node.name.lower()])
+        else:
+            return None
+    if len(picked) != len(names):
+        return None
+    return list(zip(picked, names))
 
 
 def _partial_aggregate(ref: StoreRef, table: exp.Table, tree: exp.Select, names: list[str],

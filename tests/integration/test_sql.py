@@ -238,6 +238,7 @@ def test_answers_equal_duckdb(sql_cluster, sql) -> None:
     got, _ = sql_arrow(random.choice(cluster.nodes), sql)
     want = duck(db, sql)
     assert sorted(rows_of(got), key=sort_key) == sorted(rows_of(want), key=sort_key)
+    assert got.schema.names == want.schema.names and got.schema.types == want.schema.types
 
 
 @pytest.mark.parametrize("sql", CO_JOINS)
@@ -311,7 +312,7 @@ def test_formats_json_ndjson_csv(sql_cluster) -> None:
 def test_show_describe_explain(sql_cluster) -> None:
     cluster, db = sql_cluster
     node = cluster.nodes[2]
-    assert [r[0] for r in sql_json(node, "SHOW TABLES")["rows"]] == ["per_minute", "players", "scores"]
+    assert [r[0] for r in sql_json(node, "SHOW TABLES")["rows"]] == ["bonus", "per_minute", "players", "scores"]
     cols = sql_json(node, "DESCRIBE players")["rows"]
     assert [c[0] for c in cols] == ["player", "team", "games", "total_score", "best", "active", "last_seen", "rowtime"]
     assert cols[2][1] == "BIGINT"
@@ -322,13 +323,13 @@ def test_show_describe_explain(sql_cluster) -> None:
     assert "KeyQuery" in row[1] and row[2] == str(partition_for(b"p0009", P))
     assert "partial aggregate" in row[4] and "final aggregate" in row[5]
     tables = sql_json(node, "SELECT table_name, store_type FROM information_schema.tables ORDER BY table_name")
-    assert tables["rows"] == [["per_minute", "window"], ["players", "kv"], ["scores", "kv"]]
+    assert tables["rows"] == [["bonus", "kv"], ["per_minute", "window"], ["players", "kv"], ["scores", "kv"]]
     cols = sql_json(node, "SELECT column_name, data_type FROM information_schema.columns WHERE table_name = 'scores'")
     assert cols["rows"] == [["key", "BIGINT"], ["score", "DOUBLE"], ["rowtime", "TIMESTAMP WITH TIME ZONE"]]
     # the names information_schema gives are the names a BI tool writes back
     qualified = sql_json(node, "SELECT COUNT(*) FROM federator.main.scores")
     assert qualified["rows"] == sql_json(node, "SELECT COUNT(*) FROM scores")["rows"]
-    assert sql_json(node, "SELECT COUNT(*) FROM federator.information_schema.tables")["rows"] == [[3]]
+    assert sql_json(node, "SELECT COUNT(*) FROM federator.information_schema.tables")["rows"] == [[4]]
 
 
 @pytest.mark.parametrize(("body", "status", "code"), [
@@ -468,7 +469,7 @@ def test_rest_store_views_and_routed_point_lookup(sql_cluster) -> None:
     node = cluster.nodes[0]
     resp = HTTP.request("GET", f"http://{node.endpoint}/v1/stores")
     stores = json.loads(resp.data)["stores"]
-    assert resp.status == 200 and [s["name"] for s in stores] == ["per_minute", "players", "scores"]
+    assert resp.status == 200 and [s["name"] for s in stores] == ["bonus", "per_minute", "players", "scores"]
     info = json.loads(HTTP.request("GET", f"http://{node.endpoint}/v1/stores/players").data)
     owners = info["partition_owners"]
     assert [o["partition"] for o in owners] == list(range(P)) and all(o["active"] for o in owners)

@@ -87,3 +87,8 @@ def test_a_query_sees_only_the_relations_registered_for_it(duck) -> None:
 def test_a_bad_memory_limit_names_the_flag() -> None:
     with pytest.raises(ValueError, match="--duckdb-memory-limit"):
         Duck(DuckConfig(memory_limit="lots"))
+
+
+def test_every_query_runs_in_utc_whatever_the_machines_zone(duck) -> None:
+    table = run(duck, "SELECT TIMESTAMPTZ '2024-01-01 00:00:00+00' AS t, current_setting('TimeZone') AS z")
+    assert table.schema.field("t").type.tz == "UTC" and table.column("z").to_pylist() == ["UTC"]
