@@ -1,1 +1,0 @@
-"""Merging per-partition Arrow results at the receiving node."""
