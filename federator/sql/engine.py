@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterator
 
 import pyarrow as pa
@@ -58,6 +60,10 @@ class SqlEngine:
         # more than answering a repeated aggregate over kept scans
         self._plans: dict[tuple, QueryPlan] = {}
         self.duck: Duck = node.duck
+        # store references of one statement are fetched side by side (the dispatcher's own pool
+        # makes the node calls; a separate pool cannot wait on itself)
+        self._refs_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="sql-refs")
+        self._seen_lock = threading.Lock()
 
     def _stores(self) -> dict[str, StoreDefinition]:
         return self.node.stores
@@ -153,8 +159,12 @@ class SqlEngine:
         bound = PositionBound.at(position) if not position.is_empty() else PositionBound.unbounded()
         relations: dict[str, pa.Table] = {r.relation: r.table for r in plan.local}
         seen: dict[str, Any] = {"position": position, "partitions": set(), "nodes": set()}
-        for ref in plan.refs:
-            relations[ref.relation] = self._rows(ref, bound, req, deadline, seen)
+        if len(plan.refs) == 1:
+            relations[plan.refs[0].relation] = self._rows(plan.refs[0], bound, req, deadline, seen)
+        else:  # each store's calls at once: a statement waits for its slowest store, not their sum
+            futures = [(ref, self._refs_pool.submit(self._rows, ref, bound, req, deadline, seen)) for ref in plan.refs]
+            for ref, future in futures:
+                relations[ref.relation] = future.result()
         stats["partitions_queried"] = len(seen["partitions"])
         stats["nodes"] = len(seen["nodes"])
         if any(ref.joined is not None for ref in plan.refs):
@@ -198,9 +208,10 @@ class SqlEngine:
         def fetch(subqueries: list[SubQuery], work: dict[str, Any] | None = None) -> list[pa.RecordBatch]:
             gathered = self.dispatcher.gather(defn.name, defn.partitions, subqueries, work, bound,
                                               req.allow_stale, req.max_lag, deadline)
-            seen["position"] = seen["position"].merge(gathered.position)
-            seen["partitions"] |= {(defn.name, p) for _, p in gathered.partitions}
-            seen["nodes"] |= set(gathered.nodes)
+            with self._seen_lock:
+                seen["position"] = seen["position"].merge(gathered.position)
+                seen["partitions"] |= {(defn.name, p) for _, p in gathered.partitions}
+                seen["nodes"] |= set(gathered.nodes)
             return gathered.batches
 
         if ref.combine is not None:
