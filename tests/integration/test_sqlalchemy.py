@@ -115,9 +115,31 @@ def test_pandas_read_sql_equals_v1_sql_and_duckdb(bi_cluster) -> None:
     assert records(df) == records(c.db.execute(SQL).df())
     one = pd.read_sql("SELECT player, games FROM players WHERE player = ?", engine_for(c), params=("p006",))
     assert records(one) == [("p006", 18)]
+    joined = ("SELECT p.player, p.team, SUM(m.points) AS points FROM players p JOIN per_minute m ON m.player = p.player "
+              "GROUP BY p.player, p.team ORDER BY points DESC, p.player LIMIT 20")
+    assert records(pd.read_sql(joined, engine_for(c))) == records(c.db.execute(joined).df())
 
 
-GRAINS = [("PT1S", "second"), ("PT1M", "minute"), ("PT1H", "hour"), ("P1D", "day"), ("P1M", "month"), ("P1Y", "year")]
+GRAFANA = [
+    # $__timeGroupAlias(last_seen, 1h) and $__timeFilter(last_seen) as Grafana's Postgres source expands them
+    'SELECT floor(extract(epoch from last_seen)/3600)*3600 AS "time", count(*) AS "value" FROM players '
+    "WHERE last_seen BETWEEN '1970-01-01T00:00:00Z' AND '2100-01-01T00:00:00Z' GROUP BY 1 ORDER BY 1",
+    'SELECT window_start AS "time", player AS metric, SUM(points) AS value FROM per_minute '
+    "WHERE window_start >= TIMESTAMPTZ '1970-01-01 00:00:00+00' GROUP BY 1, 2 ORDER BY 1, 2",
+]
+
+
+@pytest.mark.parametrize("sql", GRAFANA)
+def test_grafana_time_series_queries_equal_duckdb(bi_cluster, sql) -> None:
+    c = bi_cluster
+    body = v1_sql_json(c.nodes[0], sql)
+    types = [col["type"] for col in body["columns"]]
+    got = [tuple(from_json(v, t) for v, t in zip(row, types)) for row in body["rows"]]
+    assert got == records(c.db.execute(sql).df())
+
+
+GRAINS = [("PT1S", "second"), ("PT1M", "minute"), ("PT1H", "hour"), ("P1D", "day"), ("P1W", "week"),
+          ("P1M", "month"), ("P3M", "quarter"), ("P1Y", "year")]
 
 
 @pytest.mark.parametrize(("grain", "unit"), GRAINS)

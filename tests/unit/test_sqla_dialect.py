@@ -78,7 +78,7 @@ def test_service_type_names_map_to_sqlalchemy_types(name, want) -> None:
 
 def test_superset_spec_imports_without_superset() -> None:
     grains = FederatorEngineSpec._time_grain_expressions
-    assert {None, "PT1S", "PT1M", "PT1H", "P1D", "P1M", "P1Y"} == set(grains)
+    assert {None, "PT1S", "PT1M", "PT1H", "P1D", "P1W", "P1M", "P3M", "P1Y"} == set(grains)
     assert all("{col}" in e for e in grains.values())
     assert FederatorEngineSpec.convert_dttm("TIMESTAMP WITH TIME ZONE", dt.datetime(2024, 5, 1, 12)) == (
         "TIMESTAMP '2024-05-01 12:00:00.000000'")
