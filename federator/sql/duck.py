@@ -90,7 +90,7 @@ class Duck:
                 timer.start()
             reader = cur.sql(sql).to_arrow_reader(batch_rows)
             first = _next(reader)
-        except (duckdb.Error, pa.ArrowException) as e:
+        except (duckdb.Error, pa.ArrowException, OSError) as e:  # DuckDB's errors may come through Arrow's reader
             _stop(timer, cur)
             raise sql_error(e) from None
         except BaseException:
@@ -106,7 +106,7 @@ class Duck:
                 while batch is not None:
                     yield batch
                     batch = _next(reader)
-            except (duckdb.Error, pa.ArrowException) as e:
+            except (duckdb.Error, pa.ArrowException, OSError) as e:
                 raise sql_error(e) from None
             finally:
                 _stop(timer, cur)
@@ -173,12 +173,13 @@ _UNKNOWN_COLUMN = re.compile(r'Referenced column "([^"]+)" not found|column "([^
 def sql_error(e: BaseException) -> SqlError:
     """The SqlError a user gets for a DuckDB error: its code, and DuckDB's own words."""
     message = _message(e)
-    if isinstance(e, pa.ArrowException):  # raised through the Arrow stream: classify by its text
-        for name, code in (("Interrupt", "TIMEOUT"), ("Conversion Error", "INVALID_DATA"),
-                           ("Out of Range Error", "INVALID_DATA"), ("Invalid Input Error", "INVALID_DATA")):
+    if not isinstance(e, duckdb.Error):  # raised through the Arrow stream: classify by its text
+        for name, code in (("INTERRUPT", "TIMEOUT"), ("Interrupt", "TIMEOUT"), ("Conversion Error", "INVALID_DATA"),
+                           ("Out of Range Error", "INVALID_DATA"), ("Invalid Input Error", "INVALID_DATA"),
+                           ("Out of Memory Error", "UNSUPPORTED")):
             if name in str(e):
                 return SqlError(code, message + _HINTS[code])
-        return SqlError("INVALID_DATA", message)
+        return SqlError("INTERNAL", f"{type(e).__name__}: {message}")
     if isinstance(e, duckdb.BinderException) and _UNKNOWN_COLUMN.search(str(e)):
         return SqlError("UNKNOWN_COLUMN", message)
     if isinstance(e, duckdb.OutOfMemoryException):

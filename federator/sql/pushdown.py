@@ -197,7 +197,7 @@ def top_k(select: exp.Select, table: exp.Table, columns: set[str]) -> tuple[list
         if target is None or not only_reads(target, table.alias_or_name, columns, True):
             return None
         items.append(exp.Ordered(this=unqualified(target), desc=o.args.get("desc"), nulls_first=o.args.get("nulls_first")))
-    return items, skip + limit
+    return items, min(skip + limit, 2**63 - 1)  # DuckDB's LIMIT is a BIGINT
 
 
 @dataclass

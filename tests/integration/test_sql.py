@@ -228,6 +228,7 @@ ORDERED = [
     "SELECT team, COUNT(*) AS n FROM players GROUP BY team ORDER BY n DESC, team NULLS FIRST",
     "SELECT key, score FROM scores ORDER BY key LIMIT 12",
     "SELECT key FROM scores WHERE key > -30 ORDER BY 1 DESC LIMIT 5",
+    "SELECT key FROM scores ORDER BY key DESC LIMIT 9223372036854775807 OFFSET 2",
     "SELECT player AS p, total_score AS t FROM players ORDER BY t, p LIMIT 3",
 ]
 

@@ -92,3 +92,11 @@ def test_a_bad_memory_limit_names_the_flag() -> None:
 def test_every_query_runs_in_utc_whatever_the_machines_zone(duck) -> None:
     table = run(duck, "SELECT TIMESTAMPTZ '2024-01-01 00:00:00+00' AS t, current_setting('TimeZone') AS z")
     assert table.schema.field("t").type.tz == "UTC" and table.column("z").to_pylist() == ["UTC"]
+
+
+def test_a_data_error_met_while_streaming_is_invalid_data(duck) -> None:
+    """DuckDB reports some errors through the Arrow reader (as OSError): still the user's 400."""
+    rows = pa.table({"price": [1.0, 2.0], "id": [0, 1]})
+    with pytest.raises(SqlError) as info:
+        run(duck, "SELECT CAST((price / id) AS BIGINT) FROM t", {"t": rows})
+    assert info.value.code == "INVALID_DATA" and "out of range" in info.value.message
