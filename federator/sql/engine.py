@@ -14,7 +14,7 @@ from federator.dispatch.dispatcher import Dispatcher, NotColocated
 from federator.query.position import Position, PositionBound
 from federator.sql.catalog_tables import describe, information_schema, show_tables
 from federator.sql.errors import SqlError
-from federator.sql.parse import Statement, parse
+from federator.sql.parse import Statement, dialect_of, parse
 from federator.partitioner import partition_for
 from federator.plan.keys import SubQuery
 from federator.query.queries import KeyQuery
@@ -29,7 +29,7 @@ def _plan_key(req: SqlRequest) -> tuple | None:
     """What a store query's plan depends on besides the store: the SQL text and the parameters
     with their types (1 and True hash alike, and bind differently); None when some parameter
     cannot be a key."""
-    key = (req.sql, tuple((type(p), p) for p in req.parameters))
+    key = (req.sql, req.dialect, tuple((type(p), p) for p in req.parameters))
     try:
         hash(key)
     except TypeError:
@@ -55,7 +55,7 @@ class SqlEngine:
     def __init__(self, node: Any) -> None:
         self.node = node
         self.dispatcher = Dispatcher(node)
-        self._points: dict[str, PointPlan | None] = {}  # SQL text -> its point plan (None: not a point lookup)
+        self._points: dict[Any, PointPlan | None] = {}  # SQL text -> its point plan (None: not a point lookup)
         # (SQL text, parameters) -> a store query's plan and its pipeline as sent: planning costs
         # more than answering a repeated aggregate over kept scans
         self._plans: dict[tuple, QueryPlan] = {}
@@ -88,7 +88,7 @@ class SqlEngine:
             position = Position.from_token(req.consistency_token) if req.consistency_token else Position()
         except ValueError as e:
             raise SqlError("INVALID_PARAMETER", str(e)) from None
-        stmt = parse(req.sql)
+        stmt = parse(req.sql, dialect_of(req.dialect))
         stats: dict[str, Any] = {"partitions_queried": 0, "nodes": 0, "rows": 0, "elapsed_ms": 0.0}
         if stmt.kind == "show_tables":
             table = show_tables(self._stores())
@@ -109,12 +109,13 @@ class SqlEngine:
                stats: dict[str, Any]) -> tuple[pa.Table, Position, dict[str, Any]] | None:
         """The fast path for key lookups; None when the query is not one (or the key needs the general path)."""
         stores = self._stores()
-        cached = self._points.get(req.sql, False)
+        text = req.sql if req.dialect is None else (req.sql, req.dialect)  # the same text may parse otherwise
+        cached = self._points.get(text, False)
         if cached is False or (cached is not None and stores.get(cached.store.name) is not cached.store):
             cached = point_plan(stmt.select, stores) if stmt.select is not None else None
             if len(self._points) > 4096:  # one entry per distinct SQL text; keep it bounded
                 self._points.clear()
-            self._points[req.sql] = cached
+            self._points[text] = cached
         if cached is None or len(req.parameters) != stmt.param_count:
             return None
         key = cached.key(list(req.parameters))

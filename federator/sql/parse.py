@@ -30,9 +30,27 @@ class Statement:
     param_count: int = 0
 
 
+DIALECT = "duckdb"  # what the engine runs; a request may write in another that sqlglot reads
+
+
+def dialect_of(name: str | None) -> str:
+    """The sqlglot dialect a request names (default DuckDB's), or INVALID_PARAMETER listing them."""
+    if name is None or name.lower() == DIALECT:
+        return DIALECT
+    from sqlglot.dialects.dialect import Dialect, Dialects
+
+    try:
+        Dialect.get_or_raise(name.lower())
+    except ValueError:
+        known = ", ".join(sorted(d.value for d in Dialects if d.value))
+        raise SqlError("INVALID_PARAMETER", f"unknown SQL dialect {name!r}; dialects are: {known}") from None
+    return name.lower()
+
+
 @functools.lru_cache(maxsize=2048)
-def parse(sql: str) -> Statement:
-    """Parse once per SQL text (parameterized queries are parsed once). Do not mutate the result."""
+def parse(sql: str, dialect: str = DIALECT) -> Statement:
+    """Parse once per SQL text and dialect (parameterized queries are parsed once); the tree is
+    sqlglot's, which the planner writes back as DuckDB's SQL. Do not mutate the result."""
     check_input(sql)
     explain = False
     m = _EXPLAIN.match(sql)
@@ -44,7 +62,7 @@ def parse(sql: str) -> Statement:
     if d:
         return Statement("describe", table=d.group(1).strip('"'), explain=explain)
     try:
-        statements = [s for s in sqlglot.parse(sql, read="duckdb") if s is not None]
+        statements = [s for s in sqlglot.parse(sql, read=dialect) if s is not None]
     except ParseError as e:
         first = e.errors[0] if e.errors else {}
         raise SqlError(

@@ -16,6 +16,7 @@ class SqlRequest:
     allow_stale: bool = False
     max_lag: int | None = None
     timeout_ms: int = 10_000
+    dialect: str | None = None  # the SQL's dialect (sqlglot's names); None: DuckDB's
 
 
 @dataclass

@@ -1,8 +1,12 @@
-"""`?` parameters bind in the order they appear in the SQL text, whatever the clause."""
+"""`?` parameters bind in the order they appear in the SQL text, whatever the clause; a
+request may write its SQL in another dialect."""
 
 from __future__ import annotations
 
-from federator.sql.parse import parse
+import pytest
+
+from federator.sql.errors import SqlError
+from federator.sql.parse import dialect_of, parse
 from federator.sql.planner import bind_parameters
 
 
@@ -19,3 +23,18 @@ def test_select_list_parameters_come_first() -> None:
     stmt = parse("SELECT ? AS p, a FROM t WHERE a IN (?, ?) LIMIT ?")
     bound = bind_parameters(stmt.select, ["s", 1, 2, 5], stmt.param_count)
     assert bound.sql() == "SELECT 's' AS p, a FROM t WHERE a IN (1, 2) LIMIT 5"
+
+
+@pytest.mark.parametrize(("dialect", "sql", "duckdb_sql"), [
+    ("postgres", "SELECT a::text FROM t WHERE b = ANY(ARRAY[1, 2])", "SELECT CAST(a AS TEXT) FROM t WHERE b = ANY([1, 2])"),
+    ("mysql", "SELECT `a`, IFNULL(b, 0) FROM t LIMIT 2, 5", 'SELECT "a", COALESCE(b, 0) FROM t LIMIT 5 OFFSET 2'),
+    ("snowflake", "SELECT IFF(a > 1, 'y', 'n') FROM t", "SELECT CASE WHEN a > 1 THEN 'y' ELSE 'n' END FROM t"),
+])
+def test_a_request_may_write_in_another_dialect(dialect, sql, duckdb_sql) -> None:
+    assert parse(sql, dialect_of(dialect)).select.sql(dialect="duckdb") == duckdb_sql
+
+
+def test_an_unknown_dialect_is_a_bad_parameter_naming_the_known_ones() -> None:
+    with pytest.raises(SqlError) as info:
+        dialect_of("klingon")
+    assert info.value.code == "INVALID_PARAMETER" and "postgres" in info.value.message
