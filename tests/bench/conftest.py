@@ -1,7 +1,8 @@
-"""Benchmark plumbing: a report that the bench tests fill in, printed and written to results.md.
+"""Benchmark plumbing: a report that the bench tests fill in, printed and appended to results.md.
 
 Benchmarks never assert on timings; they measure, compare with a baseline measured in the
-same run, and say where each target stands. Run them with ``make bench``.
+same run, and say where each target stands. Run them with ``make bench``. Each session
+appends one dated section (date, commit, machine) to results.md, so earlier runs stay.
 """
 
 from __future__ import annotations
@@ -9,13 +10,15 @@ from __future__ import annotations
 import datetime as dt
 import os
 import platform
+import subprocess
 import sys
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
-RESULTS_MD = Path(__file__).with_name("results.md")
+# FEDERATOR_BENCH_RESULTS: append elsewhere (a quick look at small sizes need not enter the history)
+RESULTS_MD = Path(os.environ.get("FEDERATOR_BENCH_RESULTS") or Path(__file__).with_name("results.md"))
 
 
 def progress(msg: str) -> None:
@@ -36,6 +39,7 @@ class Report:
         self.targets.append((name, measured, verdict))
 
     def render(self) -> str:
+        """The whole report as a document of its own (level-1 title, level-2 sections)."""
         cpu = os.cpu_count()
         out = [
             "# Federator benchmarks",
@@ -44,22 +48,70 @@ class Report:
             f"{cpu} cores. Load generator, broker and nodes all share this machine.",
             "",
         ]
+        return "\n".join(out + self._body("##"))
+
+    def render_run(self) -> str:
+        """This run as one dated section of results.md: when, which commit, which machine."""
+        out = [f"## Run {dt.datetime.now():%Y-%m-%d %H:%M} ({dt.datetime.now().astimezone():%Z}), commit {_commit()}", "",
+               f"{_machine()}. Load generator, broker and nodes all share this machine.", ""]
+        return "\n".join(out + self._body("###"))
+
+    def _body(self, level: str) -> list[str]:
+        out: list[str] = []
         if self.targets:
-            out += ["## Targets (reported, never asserted)", "", "| target | measured | |", "|---|---|---|"]
+            out += [f"{level} Targets (reported, never asserted)", "", "| target | measured | |", "|---|---|---|"]
             out += [f"| {t} | {m} | {v} |" for t, m, v in self.targets]
             out.append("")
         for title, lines in self.sections:
-            out += [f"## {title}", "", *lines, ""]
+            out += [f"{level} {title}", "", *lines, ""]
         if self.notes:
-            out += ["## Notes", "", *(f"- {n}" for n in self.notes), ""]
-        return "\n".join(out)
+            out += [f"{level} Notes", "", *(f"- {n}" for n in self.notes), ""]
+        return out
+
+
+def _commit() -> str:
+    """HEAD's short hash, and whether tracked files differed from it (the nodes run the working tree)."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
+                              text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=Path(__file__).parent,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return f"{head or 'unknown'}" + (" (working tree with uncommitted changes to tracked files)" if dirty else "")
+
+
+def _machine() -> str:
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+        with open("/proc/meminfo") as f:
+            mem_kb = next(int(line.split()[1]) for line in f if line.startswith("MemTotal"))
+        memory = f", {mem_kb / 2**20:.0f} GB RAM"
+    except (OSError, StopIteration, ValueError):
+        memory = ""
+    cpu = f"{os.cpu_count()} cores" + (f" ({model})" if model else "")
+    return f"Python {platform.python_version()} on {platform.machine()} {platform.system()}, {cpu}{memory}"
+
+
+def append_results(text: str, path: Path = RESULTS_MD) -> None:
+    """Add one run's section at the end of ``path``, keeping the runs before it."""
+    before = path.read_text() if path.exists() else ""
+    if not before.strip():
+        before = ("# Federator benchmarks\n\nEach `make bench` session (or part of one) appends its run below, "
+                  "newest last; compare a figure with the baseline measured in the same run.\n")
+    with path.open("w") as f:
+        f.write(before.rstrip("\n") + "\n\n" + text.rstrip("\n") + "\n")
 
 
 @pytest.fixture(scope="session")
 def report() -> Iterator[Report]:
     rep = Report()
     yield rep
-    text = rep.render()
-    RESULTS_MD.write_text(text)
-    sys.stdout.write("\n" + text + f"\n(written to {RESULTS_MD})\n")
+    if not (rep.targets or rep.sections or rep.notes):
+        return  # nothing measured (every test skipped or failed early): no empty run in the history
+    text = rep.render_run()
+    append_results(text)
+    sys.stdout.write("\n" + text + f"\n(appended to {RESULTS_MD})\n")
     sys.stdout.flush()
