@@ -313,7 +313,7 @@ def _plan_ref(defn: StoreDefinition, table: exp.Table, query: exp.Expression, me
             q = q.where(where)
             kind = "filter"
         if top is not None:
-            q = q.order_by(*top[0]).limit(top[1])
+            q = (q.order_by(*top[0]) if top[0] else q).limit(top[1])
             kind = "top-k" if where is None else "filter, top-k"
         sql_parts.append(q.sql(dialect="duckdb"))
     work = OwnerWork(keep, sql_parts[0] if sql_parts else None, kind)

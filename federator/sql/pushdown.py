@@ -196,6 +196,8 @@ def top_k(select: exp.Select, table: exp.Table, columns: set[str]) -> tuple[list
         target = _resolve(o.this, select, columns)
         if target is None or not only_reads(target, table.alias_or_name, columns, True):
             return None
+        if not any(True for _ in target.find_all(exp.Column)):
+            continue  # a constant orders nothing (and a bare number would read as an ordinal)
         items.append(exp.Ordered(this=unqualified(target), desc=o.args.get("desc"), nulls_first=o.args.get("nulls_first")))
     return items, min(skip + limit, 2**63 - 1)  # DuckDB's LIMIT is a BIGINT
 

@@ -229,6 +229,8 @@ ORDERED = [
     "SELECT key, score FROM scores ORDER BY key LIMIT 12",
     "SELECT key FROM scores WHERE key > -30 ORDER BY 1 DESC LIMIT 5",
     "SELECT key FROM scores ORDER BY key DESC LIMIT 9223372036854775807 OFFSET 2",
+    "SELECT 100 AS c, key FROM scores ORDER BY 1, key DESC LIMIT 4",
+    "SELECT COUNT(*) FROM (SELECT 7 AS c FROM scores ORDER BY 1 LIMIT 4)",
     "SELECT player AS p, total_score AS t FROM players ORDER BY t, p LIMIT 3",
 ]
 
