@@ -343,6 +343,7 @@ class Node:
         defn = self.stores.get(request.store)
         partitions = request.partitions if request.partitions is not None else range(defn.partitions if defn else 0)
         results = []
+        joined: list[tuple[int, pa.RecordBatch]] = []  # (result, the other store's rows) a co-partitioned join takes
         for p in partitions:
             if defn is None or not 0 <= p < defn.partitions:
                 what = f"store {request.store!r}" if defn is None else f"partition {p} of store {request.store!r}"
@@ -374,41 +375,60 @@ class Node:
                 continue
             result = hs.shard.run(request.query, request.bound, request.collect_execution_info)
             if request.pipeline is not None and result.ok and "join" in request.pipeline:
-                result = self._join_partition(request, request.pipeline["join"], result)
+                result, other_rows = self._join_side(request, request.pipeline["join"], result)
+                if other_rows is not None:
+                    joined.append((len(results), other_rows))
             elif request.pipeline is not None and result.ok:
                 result = _apply_pipeline(request.pipeline, result, hs.shard, self.duck)
             results.append(result)
+        if joined:
+            self._join(request, [(results[i], rows) for i, rows in joined])
         return results
 
-    def _join_partition(self, request: StateQueryRequest, other: str, left: QueryResult) -> QueryResult:
-        """A co-partitioned join of this partition with the same partition of ``other``, which
-        this node must hold as it holds the first (else NOT_COLOCATED: the receiver joins)."""
-        from federator.sql.copartition import LEFT, RIGHT
-        from federator.sql.duck import one_batch, sql_error
-        import duckdb
-
+    def _join_side(self, request: StateQueryRequest, other: str,
+                   left: QueryResult) -> tuple[QueryResult, pa.RecordBatch | None]:
+        """Partition p of ``other`` beside partition p of the request's store, which this node
+        must hold as it holds the first (else NOT_COLOCATED: the receiver joins)."""
         p = left.partition
         hs = self.materializer.hosted(other, p)
         if hs is None or hs.gone or not hs.caught_up or (request.require_active and (hs.role != ACTIVE or not hs.restored)):
             return QueryResult.failed(p, FailureReason.STORE_EXCEPTION,
                                       f"node {self.node_id} does not hold partition {p} of {other!r} beside "
-                                      f"{request.store!r}", code="NOT_COLOCATED")
+                                      f"{request.store!r}", code="NOT_COLOCATED"), None
         right = hs.shard.run(request.query, request.bound)
         if not right.ok:
-            return right
+            return right, None
+        left.position = left.position.merge(right.position)
+        return left, right.batch
+
+    def _join(self, request: StateQueryRequest, parts: list[tuple[QueryResult, pa.RecordBatch]]) -> None:
+        """A co-partitioned join of this node's partitions, in one DuckDB statement: a key lives
+        in one partition of each store, so joining all of them at once pairs the same rows as
+        joining partition by partition, for one statement's fixed cost instead of one per
+        partition. The answer rides on the first partition; the others carry no rows."""
+        from federator.sql.copartition import LEFT, RIGHT
+        from federator.sql.duck import one_batch, sql_error
+        import duckdb
+
+        lefts = pa.Table.from_batches([r.batch for r, _ in parts])
+        rights = pa.Table.from_batches([rows for _, rows in parts])
         try:
             cur = self.duck.local_cursor()
-            cur.register(LEFT, left.batch)
-            cur.register(RIGHT, right.batch)
+            cur.register(LEFT, lefts)
+            cur.register(RIGHT, rights)
             try:
-                batch = one_batch(cur.sql(request.pipeline["sql"]).to_arrow_table())
+                batch = one_batch(cur.sql(request.pipeline["sql"]).to_arrow_table())  # type: ignore[index]
             finally:
                 cur.unregister(LEFT)
                 cur.unregister(RIGHT)
         except duckdb.Error as e:
             err = sql_error(e)
-            return QueryResult.failed(p, FailureReason.STORE_EXCEPTION, err.message, code=err.code)
-        return QueryResult.success(p, batch, left.position.merge(right.position))
+            for r, _ in parts:
+                r.batch, r.failure, r.message, r.code = None, FailureReason.STORE_EXCEPTION, err.message, err.code
+            return
+        empty = pa.RecordBatch.from_pylist([], schema=batch.schema)
+        for i, (r, _) in enumerate(parts):
+            r.batch = batch if i == 0 else empty
 
     def read_local(self, store: str, partition: int, key: bytes, bound: PositionBound) -> tuple[bytes | None, Position] | None:
         """A key read straight from this node's active, current copy; None when this node cannot
