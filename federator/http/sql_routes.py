@@ -10,6 +10,7 @@ import itertools
 import json
 import logging
 import math
+import reprlib
 from typing import Any, Iterator, Protocol
 
 import pyarrow as pa
@@ -27,7 +28,12 @@ _log = logging.getLogger("federator.http")
 
 # Body fields and their defaults; anything else is refused so a misspelt option
 # ("paramters") fails instead of being silently ignored.
-_FIELDS = ("sql", "parameters", "consistency_token", "allow_stale", "max_lag", "timeout_ms", "format")
+_FIELDS = ("sql", "parameters", "consistency_token", "allow_stale", "max_lag", "timeout_ms", "format", "dialect")
+# Bounds on a request. The SQL text has its own (federator.sql.guard: 1 MiB, nesting); the body
+# also carries the parameters and JSON escapes, hence the larger cap.
+MAX_BODY_BYTES = 16 * 1024 * 1024
+MAX_TIMEOUT_MS = 10 * 60 * 1000
+_INT64_MAX = 2**63 - 1
 
 
 class SqlNode(Protocol):
@@ -43,8 +49,28 @@ def _invalid(field: str, message: str) -> SqlError:
     return SqlError("INVALID_PARAMETER", f"field {field!r} {message}")
 
 
+_SHOWN = reprlib.Repr()
+_SHOWN.maxstring = _SHOWN.maxother = 80
+
+
+def _shown(v: Any) -> str:
+    """A value for an error message, cut short: a hostile body can be megabytes, or deep."""
+    return _SHOWN.repr(v)
+
+
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)  # JSON true is not a number
+
+
+def _check_text(field: str, text: str) -> None:
+    """JSON can carry half of a UTF-16 surrogate pair ("\\ud800"), which is no Unicode text."""
+    if text.isascii():
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise _invalid(field, f"holds an unpaired UTF-16 surrogate (\\u{ord(text[e.start]):04x}) at character "
+                              f"{e.start}; a character beyond U+FFFF is escaped as a pair such as \\ud83d\\ude00") from None
 
 
 def sql_request_from_body(body: Any) -> tuple[SqlRequest, Any]:
@@ -54,44 +80,72 @@ def sql_request_from_body(body: Any) -> tuple[SqlRequest, Any]:
                        f'the request body must be a JSON object like {{"sql": "SELECT ..."}}, not {type(body).__name__}')
     unknown = sorted(set(body) - set(_FIELDS))
     if unknown:
-        raise SqlError("INVALID_PARAMETER", f"unknown field(s) {', '.join(map(repr, unknown))}; the fields are {', '.join(_FIELDS)}")
+        raise SqlError("INVALID_PARAMETER", f"unknown field(s) {_shown(unknown)[1:-1]}; the fields are {', '.join(_FIELDS)}")
     sql = body.get("sql")
     if not isinstance(sql, str) or not sql.strip():
-        raise _invalid("sql", f"must be a non-empty string holding one SQL statement, got {sql!r}")
+        raise _invalid("sql", f"must be a non-empty string holding one SQL statement, got {_shown(sql)}")
+    _check_text("sql", sql)
     params = body.get("parameters")
     if params is None:
         params = []
     elif not isinstance(params, list):
-        raise _invalid("parameters", f"must be a list of values for the ? placeholders, got {params!r}")
+        raise _invalid("parameters", f"must be a list of values for the ? placeholders, got {_shown(params)}")
+    for i, value in enumerate(params):
+        if isinstance(value, str):
+            _check_text(f"parameters[{i}]", value)
     token = body.get("consistency_token")
     if token is not None and not isinstance(token, str):
-        raise _invalid("consistency_token", f"must be null or a token string from an earlier answer, got {token!r}")
+        raise _invalid("consistency_token", f"must be null or a token string from an earlier answer, got {_shown(token)}")
+    if token is not None:
+        _check_text("consistency_token", token)
     allow_stale = body.get("allow_stale", False)
     if not isinstance(allow_stale, bool):
-        raise _invalid("allow_stale", f"must be true or false, got {allow_stale!r}")
+        raise _invalid("allow_stale", f"must be true or false, got {_shown(allow_stale)}")
     max_lag = body.get("max_lag")
-    if max_lag is not None and not (_is_int(max_lag) and max_lag >= 0):
-        raise _invalid("max_lag", f"must be null or a non-negative integer (records behind), got {max_lag!r}")
+    if max_lag is not None and not (_is_int(max_lag) and 0 <= max_lag <= _INT64_MAX):
+        raise _invalid("max_lag", f"must be null or an integer from 0 to {_INT64_MAX} (records behind), got {_shown(max_lag)}")
     timeout_ms = body.get("timeout_ms", 10_000)
-    if not (_is_int(timeout_ms) and timeout_ms > 0):
-        raise _invalid("timeout_ms", f"must be a positive integer number of milliseconds, got {timeout_ms!r}")
+    if not (_is_int(timeout_ms) and 0 < timeout_ms <= MAX_TIMEOUT_MS):
+        raise _invalid("timeout_ms", f"must be a whole number of milliseconds from 1 to {MAX_TIMEOUT_MS} (the server's "
+                                     f"maximum, 10 minutes), got {_shown(timeout_ms)}")
+    dialect = body.get("dialect")
+    if dialect is not None and not (isinstance(dialect, str) and dialect.strip()):
+        raise _invalid("dialect", f"must be null (DuckDB's SQL) or the name of a SQL dialect such as \"postgres\", "
+                                  f"got {_shown(dialect)}")
     req = SqlRequest(sql=sql, parameters=params, consistency_token=token, allow_stale=allow_stale,
-                     max_lag=max_lag, timeout_ms=timeout_ms)
+                     max_lag=max_lag, timeout_ms=timeout_ms, dialect=dialect)
     return req, body.get("format")
+
+
+def _too_large(size: str) -> SqlError:
+    return SqlError("INVALID_PARAMETER", f"the request body is {size} bytes; at most {MAX_BODY_BYTES:,} (16 MiB) are "
+                                         "accepted: split the query")
 
 
 def _read_body(environ: dict[str, Any]) -> Any:
     length = environ.get("CONTENT_LENGTH")
     if length and not environ.get("HTTP_TRANSFER_ENCODING"):
+        if not length.isdigit():
+            raise SqlError("INVALID_PARAMETER", f"the Content-Length header {length[:40]!r} is not a number of bytes")
+        if int(length) > MAX_BODY_BYTES:
+            raise _too_large(f"{int(length):,}")
         raw = environ["wsgi.input"].read(int(length))
-    else:
-        raw = get_input_stream(environ).read()  # chunked (the server has de-chunked it) or no length
+    else:  # chunked (the server has de-chunked it) or no length
+        raw = get_input_stream(environ).read(MAX_BODY_BYTES + 1)
+        if len(raw) > MAX_BODY_BYTES:
+            raise _too_large(f"more than {MAX_BODY_BYTES:,}")
     if not raw:
         raise SqlError("INVALID_PARAMETER", 'the request body is empty; send a JSON object like {"sql": "SELECT ..."}')
     try:
         return json.loads(raw)
-    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError alike
+    except UnicodeDecodeError as e:
+        raise SqlError("INVALID_PARAMETER", f"the request body is not valid JSON: byte 0x{raw[e.start]:02x} at {e.start} is not UTF-8 "
+                                            "(send JSON encoded as UTF-8)") from None
+    except ValueError as e:  # JSONDecodeError
         raise SqlError("INVALID_PARAMETER", f"the request body is not valid JSON: {e}") from e
+    except RecursionError:  # the C decoder stops at the recursion limit, before any harm
+        raise SqlError("INVALID_PARAMETER", "the request body nests JSON arrays or objects too deeply; "
+                                            'send a flat object like {"sql": "SELECT ...", "parameters": [1, "a"]}') from None
 
 
 def sql_error_response(err: SqlError) -> Response:
@@ -186,6 +240,18 @@ def sql_response(node: SqlNode, environ: dict[str, Any]) -> Response | _JsonBody
         return Response(_whole_if_small(chunks), mimetype=MEDIA_TYPES[fmt], headers=headers)
     except SqlError as e:
         return sql_error_response(e)
+    except RecursionError:
+        # a planner or evaluator recursing over a deep expression tree (a chain of hundreds of
+        # OR or + terms): the SQL is valid but more than this engine can take
+        _log.warning("POST /v1/sql: the statement recursed too deeply", exc_info=True)
+        return sql_error_response(SqlError("SQL_PARSE_ERROR", "the SQL is nested too deeply to plan (a long chain of "
+                                                              "AND/OR or arithmetic terms?); simplify it, for example "
+                                                              "with IN (...) instead of a chain of ORs"))
+    except OverflowError as e:
+        # a number too large for a 64-bit integer reached a conversion (LIMIT 9223372036854775808)
+        _log.warning("POST /v1/sql: a number out of range", exc_info=True)
+        return sql_error_response(SqlError("INVALID_DATA", f"a number in the SQL or its parameters is out of range "
+                                                           f"({e}); LIMIT, OFFSET and integers must fit in 64 bits"))
     except Exception as e:  # noqa: BLE001 - the same JSON 500 the app gives for any other route
         _log.exception("unexpected error on POST /v1/sql")
         return json_response({"error": {"code": "INTERNAL", "message": f"{type(e).__name__}: {e}"}}, 500)
