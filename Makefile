@@ -4,7 +4,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: install demo test bench chaos clean
+.PHONY: install demo test bench chaos fuzz clean
 
 $(BIN)/.installed: setup.cfg pyproject.toml
 	@echo "==> creating $(VENV) and installing federator with its test dependencies (about a minute)"
@@ -27,6 +27,12 @@ bench: install
 # the kill test's long run (9 kills over 2,000 keys; the default test run makes 2 kills)
 chaos: install
 	FEDERATOR_CHAOS_KILLS=9 $(BIN)/python -m pytest tests/integration/test_chaos.py -s
+
+# the SQL fuzzer's long run against DuckDB (FEDERATOR_FUZZ_STATEMENTS, default 3,000; FEDERATOR_FUZZ_SEED)
+# and the hostile-input suite with its slow cases (50,000-item IN lists)
+fuzz: install
+	$(BIN)/python -m tests.integration.fuzz_sql; status=$$?; \
+	FEDERATOR_HOSTILE_HUGE=1 $(BIN)/python -m pytest tests/integration/test_hostile.py -s && exit $$status
 
 clean:
 	rm -rf $(VENV) .federator
