@@ -27,6 +27,8 @@ it exits 1 on a mismatch, 5xx or crash. ``load`` and ``fuzz`` serve a pytest run
 
 from __future__ import annotations
 
+import re
+
 import datetime as dt
 import decimal
 import itertools
@@ -397,6 +399,11 @@ def federator_outcome(status: int, data: bytes) -> Outcome:
         return Outcome(status=status, code=None, message=data[:300].decode("utf-8", "replace"))
 
 
+# DuckDB's errors raised by a value (not by the SQL): division by zero, overflow, a failed CAST
+_DATA_ERRORS = {"InvalidInputException", "OutOfRangeException", "ConversionException"}
+_TOP_K = re.compile(r"\bORDER BY\b.*\bLIMIT\b", re.S | re.I)
+
+
 def judge(stmt: Statement, fed: Outcome, duck: Outcome) -> str:
     if fed.status >= 500:
         return "5xx"
@@ -404,6 +411,11 @@ def judge(stmt: Statement, fed: Outcome, duck: Outcome) -> str:
         if duck.rows is None:
             return "equal"
         return "unsupported" if fed.code == "UNSUPPORTED" or fed.status == 422 else "mismatch"
+    if duck.rows is None and duck.code in _DATA_ERRORS and _TOP_K.search(stmt.sql):
+        # DuckDB computes the select list for every row before its top-N and fails on a row the
+        # LIMIT drops; Federator's owners cut each partition to its top rows first and compute
+        # the select list on those. Counted apart, not as equal: the difference is documented.
+        return "cut_by_limit"
     if duck.rows is None or fed.columns != duck.columns:
         return "mismatch"
     return "equal" if same_rows(fed.rows, duck.rows, stmt.ordered) else "mismatch"
@@ -423,7 +435,7 @@ class Summary:
 
     def report(self) -> str:
         head = ", ".join(f"{k} {self.counts[k]}" for k in
-                         ("statements", "equal", "mismatch", "unsupported", "5xx", "crash"))
+                         ("statements", "equal", "mismatch", "unsupported", "cut_by_limit", "5xx", "crash"))
         lines = [f"fuzz: {head}"]
         for verdict, shown in self.examples.items():
             lines.append(f"  first {verdict}:")
