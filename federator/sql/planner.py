@@ -73,10 +73,22 @@ def bind_parameters(tree: exp.Expression, params: list[Any], expected: int) -> e
         )
     if not expected:
         return tree
+
+    def value(node: exp.Expression) -> exp.Expression:
+        if isinstance(node, exp.Placeholder):
+            return literal(params[node.meta["param_index"]], node.meta["param_index"])
+        return node
+
     bound = tree.copy()
+    lists: dict[tuple[int, str], exp.Expression] = {}
     for node in list(bound.find_all(exp.Placeholder, bfs=False)):
-        index = node.meta["param_index"]
-        node.replace(literal(params[index], index))
+        parent, key = node.parent, node.arg_key
+        if parent is not None and isinstance(parent.args.get(key), list):
+            lists[(id(parent), key)] = parent  # set each list once: sqlglot walks a list on every change
+        else:
+            node.replace(value(node))
+    for (_, key), parent in lists.items():
+        parent.set(key, [value(item) for item in parent.args[key]])
     return bound
 
 

@@ -38,3 +38,10 @@ def test_an_unknown_dialect_is_a_bad_parameter_naming_the_known_ones() -> None:
     with pytest.raises(SqlError) as info:
         dialect_of("klingon")
     assert info.value.code == "INVALID_PARAMETER" and "postgres" in info.value.message
+
+
+def test_a_long_in_list_of_parameters_binds_each_in_place() -> None:
+    n = 2_000
+    stmt = parse("SELECT a FROM t WHERE k IN (" + ", ".join("?" * n) + ") AND b = ?")
+    bound = bind_parameters(stmt.select, [*range(n), "last"], stmt.param_count)
+    assert bound.sql().endswith("IN (" + ", ".join(map(str, range(n))) + ") AND b = 'last'")
