@@ -65,14 +65,15 @@ class QueryPlan:
 
 
 def bind_parameters(tree: exp.Expression, params: list[Any], expected: int) -> exp.Expression:
-    """A copy of ``tree`` with each placeholder replaced by its parameter as a literal."""
+    """A copy of ``tree`` (the planner's to change) with each placeholder replaced by its
+    parameter as a literal."""
     if len(params) != expected:
         raise SqlError(
             "INVALID_PARAMETER",
             f"the SQL has {expected} placeholder(s) but {len(params)} parameter(s) were given",
         )
     if not expected:
-        return tree
+        return tree.copy()
 
     def value(node: exp.Expression) -> exp.Expression:
         if isinstance(node, exp.Placeholder):
@@ -110,10 +111,10 @@ LocalTables = Callable[[str], "pa.Table | None"]
 def plan_query(tree: exp.Expression, resolve: Resolver, information_schema: LocalTables,
                rules: list[SqlRule], schema_of: Callable[[str, dict[str, pa.Table]], pa.Schema],
                copartitioned: bool = True) -> QueryPlan:
-    """Plan ``tree`` (parameters bound). ``schema_of(sql, relations)`` binds SQL over empty
-    relations in DuckDB and returns its answer's schema (and raises DuckDB's errors).
-    ``copartitioned``: run joins of co-partitioned stores on their owners where possible."""
-    tree = tree.copy()
+    """Plan ``tree`` (parameters bound; a copy it may change, as ``bind_parameters`` gives).
+    ``schema_of(sql, relations)`` binds SQL over empty relations in DuckDB and returns its
+    answer's schema (and raises DuckDB's errors). ``copartitioned``: run joins of
+    co-partitioned stores on their owners where possible."""
     if copartitioned and isinstance(tree, exp.Select):
         joined = _plan_co_join(tree, resolve, schema_of)
         if joined is not None:
@@ -322,12 +323,12 @@ def _plan_ref(defn: StoreDefinition, table: exp.Table, query: exp.Expression, me
     if where is not None or top is not None:
         q = exp.select(*[exp.column(c, quoted=True) for c in keep]).from_(ROWS)
         if where is not None:
-            q = q.where(where)
+            q = q.where(where, copy=False)
             kind = "filter"
         if top is not None:
             q = (q.order_by(*top[0]) if top[0] else q).limit(top[1])
             kind = "top-k" if where is None else "filter, top-k"
-        sql_parts.append(q.sql(dialect="duckdb"))
+        sql_parts.append(q.sql(dialect="duckdb", copy=False))  # q is ours alone: no copy of a long IN list
     work = OwnerWork(keep, sql_parts[0] if sql_parts else None, kind)
     rows_schema = pa.schema([schema.field(c) for c in keep])
     return StoreRef(defn, relation, subqueries, work, notes, rows_schema)
