@@ -115,6 +115,7 @@ def plan_query(tree: exp.Expression, resolve: Resolver, information_schema: Loca
     ``schema_of(sql, relations)`` binds SQL over empty relations in DuckDB and returns its
     answer's schema (and raises DuckDB's errors). ``copartitioned``: run joins of
     co-partitioned stores on their owners where possible."""
+    _refuse_engine_introspection(tree)
     if copartitioned and isinstance(tree, exp.Select):
         joined = _plan_co_join(tree, resolve, schema_of)
         if joined is not None:
@@ -220,6 +221,22 @@ def _columns_only(select: exp.Select, ref: StoreRef, table: exp.Table, names: li
     if len(picked) != len(names):
         return None
     return list(zip(picked, names))
+
+
+# DuckDB's own settings, files and catalog of the node: the sandbox keeps them to itself
+# (they name paths under the state dir, memory, extensions).
+_INTROSPECTION = {"current_setting", "duckdb_settings", "duckdb_extensions", "duckdb_secrets", "which_secret",
+                  "duckdb_temporary_files", "duckdb_memory", "duckdb_databases", "duckdb_external_file_cache",
+                  "duckdb_log_contexts", "duckdb_logs", "duckdb_variables", "getvariable", "duckdb_prepared_statements"}
+
+
+def _refuse_engine_introspection(tree: exp.Expression) -> None:
+    for node in tree.find_all(exp.Anonymous):
+        name = str(node.this).lower()
+        if name in _INTROSPECTION or name.startswith("pragma_"):
+            raise SqlError("UNSUPPORTED", f"{name}() reads the node's own engine settings and files, which "
+                                          "Federator does not expose; query the stores, information_schema or "
+                                          "GET /v1/metadata instead")
 
 
 def _partial_aggregate(ref: StoreRef, table: exp.Table, tree: exp.Select, names: list[str],

@@ -100,3 +100,14 @@ def test_a_data_error_met_while_streaming_is_invalid_data(duck) -> None:
     with pytest.raises(SqlError) as info:
         run(duck, "SELECT CAST((price / id) AS BIGINT) FROM t", {"t": rows})
     assert info.value.code == "INVALID_DATA" and "out of range" in info.value.message
+
+
+@pytest.mark.parametrize("sql", ["SELECT current_setting('temp_directory')", "SELECT * FROM duckdb_settings()",
+                                 "SELECT * FROM pragma_database_list()", "SELECT 1 FROM t WHERE getvariable('x')"])
+def test_the_engines_own_settings_and_files_are_not_exposed(sql) -> None:
+    from federator.sql.planner import bind_parameters, plan_query
+
+    stmt = parse(sql)
+    with pytest.raises(SqlError) as info:
+        plan_query(bind_parameters(stmt.select, [], 0), lambda name: None, lambda name: None, [], lambda s, r: None)
+    assert info.value.code == "UNSUPPORTED" and "GET /v1/metadata" in info.value.message
