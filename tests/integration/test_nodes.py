@@ -123,8 +123,15 @@ def test_a_stopped_node_hands_over_within_15s_and_standbys_serve_meanwhile(broke
     victim = c.nodes[1]
     lost = sorted(p for p, n in owners.items() if n == victim.node_id)
     keys = [k for k in model if partition_for(k.encode(), P) in lost][:40]
-    md = c.nodes[0].metadata()
-    standby_of = {p: n["node_id"] for n in md["nodes"] for p in n["standby"].get("counts", [])}
+    standby_of: dict[int, str] = {}
+
+    def standbys_placed() -> bool:  # standbys are placed after the actives settle
+        md = c.nodes[0].metadata()
+        standby_of.clear()
+        standby_of.update({p: n["node_id"] for n in md["nodes"] for p in n["standby"].get("counts", [])})
+        return all(p in standby_of for p in lost)
+
+    wait_for(standbys_placed, 60, "a standby of each of the victim's partitions")
     by_id = {n.node_id: n for n in c.nodes}
 
     started = time.monotonic()

@@ -184,6 +184,23 @@ def test_third_party_plugin_from_its_own_directory(plugin_cluster) -> None:
     assert {r[1] for r in plan["rows"]} == {"KeyCountQuery() via rule keycount.count_star: count keys in each partition, add the counts"}
 
 
+@pytest.mark.parametrize("text", [
+    "WITH top AS (SELECT player, score FROM lb ORDER BY score DESC, player LIMIT 5) "
+    "SELECT t.player, t.score, COUNT(w.word) AS shorter FROM top t LEFT JOIN words w ON LENGTH(w.word) * 30 < t.score "
+    "GROUP BY t.player, t.score ORDER BY t.score DESC, t.player",
+    "SELECT r.player, r.rank, w.n FROM (SELECT player, score, RANK() OVER (ORDER BY score DESC) AS rank FROM lb "
+    "QUALIFY player IN ('player_007', 'player_123')) r CROSS JOIN (SELECT COUNT(*) AS n FROM words) w ORDER BY r.player",
+])
+def test_rule_answers_take_part_in_larger_statements(plugin_cluster, text) -> None:
+    """A rule's rows (a top-k from the score index, ranks counted per partition) are one
+    relation of a larger statement: joined, aggregated, ordered as DuckDB does."""
+    c, db, *_ = plugin_cluster
+    got = sql(c.nodes[1], text)
+    assert got["rows"] == duck(db, text)
+    plan = sql(c.nodes[1], "EXPLAIN " + text)
+    assert any("via rule leaderboard." in row[1] for row in plan["rows"]), plan["rows"]
+
+
 def test_a_node_without_the_plugins(plugin_cluster) -> None:
     """Runs last: a fourth node joins with no plugins at all."""
     c, _, _, broker, _, root = plugin_cluster
@@ -201,20 +218,3 @@ def test_a_node_without_the_plugins(plugin_cluster) -> None:
     assert err["code"] == "UNKNOWN_STORE" and "'leaderboard'" in err["message"] and "install" in err["message"]
     # Plain SQL still works everywhere.
     assert sql(bare, "SELECT COUNT(*) AS n FROM words WHERE word >= 'a'")["rows"] == [[150]]
-
-
-@pytest.mark.parametrize("text", [
-    "WITH top AS (SELECT player, score FROM lb ORDER BY score DESC, player LIMIT 5) "
-    "SELECT t.player, t.score, COUNT(w.word) AS shorter FROM top t LEFT JOIN words w ON LENGTH(w.word) * 30 < t.score "
-    "GROUP BY t.player, t.score ORDER BY t.score DESC, t.player",
-    "SELECT r.player, r.rank, w.n FROM (SELECT player, score, RANK() OVER (ORDER BY score DESC) AS rank FROM lb "
-    "QUALIFY player IN ('player_007', 'player_123')) r CROSS JOIN (SELECT COUNT(*) AS n FROM words) w ORDER BY r.player",
-])
-def test_rule_answers_take_part_in_larger_statements(plugin_cluster, text) -> None:
-    """A rule's rows (a top-k from the score index, ranks counted per partition) are one
-    relation of a larger statement: joined, aggregated, ordered as DuckDB does."""
-    c, db, *_ = plugin_cluster
-    got = sql(c.nodes[1], text)
-    assert got["rows"] == duck(db, text)
-    plan = sql(c.nodes[1], "EXPLAIN " + text)
-    assert any("via rule leaderboard." in row[1] for row in plan["rows"]), plan["rows"]
