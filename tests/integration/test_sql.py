@@ -197,7 +197,7 @@ QUERIES = [
     "QUALIFY r <= 2",
     "SELECT player FROM players WHERE team = 'red' UNION ALL SELECT CAST(key AS VARCHAR) FROM scores WHERE key > 250",
     "SELECT player FROM players WHERE games IN (SELECT key FROM scores WHERE key BETWEEN 0 AND 20)",
-    "SELECT player, total_score - (SELECT AVG(total_score) FROM players) AS diff FROM players WHERE player < 'p0020'",
+    "SELECT player, total_score - (SELECT AVG(total_score) FROM players) AS diff FROM players WHERE player < 'p0020' ORDER BY player",
     "SELECT median(total_score) AS m, quantile_cont(best, 0.9) AS q FROM players",
     "SELECT team, regexp_matches(player, '7$') AS seven, lpad(CAST(games AS VARCHAR), 4, '0') AS g FROM players "
     "WHERE player < 'p0030'",
@@ -255,6 +255,22 @@ def test_co_partitioned_joins_run_on_the_owners_and_equal_duckdb(sql_cluster, sq
     plan = sql_json(node, "EXPLAIN " + sql)
     assert all("co-partitioned players and bonus" in row[1] for row in plan["rows"]), plan["rows"]
     assert sql_json(node, sql)["stats"].get("joined_on_owners") is True
+
+
+@pytest.mark.parametrize(("dialect", "sql", "duckdb_sql"), [
+    ("postgres", "SELECT player, total_score::text AS t FROM players WHERE team ILIKE 'RED' ORDER BY player LIMIT 5",
+     "SELECT player, CAST(total_score AS VARCHAR) AS t FROM players WHERE team ILIKE 'RED' ORDER BY player LIMIT 5"),
+    ("mysql", "SELECT `team`, IFNULL(SUM(games), 0) AS g FROM players GROUP BY `team` ORDER BY g DESC LIMIT 2, 3",
+     "SELECT team, COALESCE(SUM(games), 0) AS g FROM players GROUP BY team ORDER BY g DESC LIMIT 3 OFFSET 2"),
+    ("snowflake", "SELECT player, IFF(total_score > 1000, 'hi', 'lo') AS band FROM players WHERE player < 'p0020' ORDER BY player",
+     "SELECT player, CASE WHEN total_score > 1000 THEN 'hi' ELSE 'lo' END AS band FROM players WHERE player < 'p0020' ORDER BY player"),
+])
+def test_a_request_may_write_in_another_dialect(sql_cluster, dialect, sql, duckdb_sql) -> None:
+    cluster, db = sql_cluster
+    got = sql_json(cluster.nodes[0], sql, dialect=dialect)
+    assert got["rows"] == [list(r) for r in db.execute(duckdb_sql).fetchall()]
+    resp = post(cluster.nodes[0], {"sql": "SELECT 1", "dialect": "klingon"})
+    assert resp.status == 400 and json.loads(resp.data)["error"]["code"] == "INVALID_PARAMETER"
 
 
 def test_a_top_k_over_a_co_partitioned_join_is_cut_on_the_owners(sql_cluster) -> None:
