@@ -79,14 +79,12 @@ def _apply_pipeline(spec: dict[str, Any], result: QueryResult, shard: Any, duck:
     if kept is not None:
         result.batch = kept
         return result
-    from federator.sql.duck import one_batch, sql_error
-    import duckdb
+    from federator.sql.errors import SqlError
 
     try:
-        result.batch = one_batch(duck.over_rows(key, scan))
-    except duckdb.Error as e:  # the data or the SQL failed: the receiver reports it as the user's error
-        err = sql_error(e)
-        return QueryResult.failed(result.partition, FailureReason.STORE_EXCEPTION, err.message, code=err.code)
+        result.batch = duck.over_rows(key, scan)
+    except SqlError as e:  # the data or the SQL failed: the receiver reports it as the user's error
+        return QueryResult.failed(result.partition, FailureReason.STORE_EXCEPTION, e.message, code=e.code)
     if shard is not None:
         SCAN_CACHE.put_derived(shard, scan, key, result.batch)
     return result
@@ -142,7 +140,7 @@ class Node:
         self.members_tail.start()
         self.catalog_tail.start()
         self._loop_thread.start()  # it joins the group once no other live process has our node id
-        self.sql_engine.duck.stream("SELECT 1", {}, None)  # DuckDB started now, not by the first query
+        self.sql_engine  # DuckDB started now, not by the first query
 
     def stop(self) -> None:
         """Hand partitions over cleanly: say so, leave the group, remove our record. A node that
@@ -407,24 +405,15 @@ class Node:
         joining partition by partition, for one statement's fixed cost instead of one per
         partition. The answer rides on the first partition; the others carry no rows."""
         from federator.sql.copartition import LEFT, RIGHT
-        from federator.sql.duck import one_batch, sql_error
-        import duckdb
+        from federator.sql.errors import SqlError
 
-        lefts = pa.Table.from_batches([r.batch for r, _ in parts])
-        rights = pa.Table.from_batches([rows for _, rows in parts])
         try:
-            cur = self.duck.local_cursor()
-            cur.register(LEFT, lefts)
-            cur.register(RIGHT, rights)
-            try:
-                batch = one_batch(cur.sql(request.pipeline["sql"]).to_arrow_table())  # type: ignore[index]
-            finally:
-                cur.unregister(LEFT)
-                cur.unregister(RIGHT)
-        except duckdb.Error as e:
-            err = sql_error(e)
+            batch = self.duck.over(request.pipeline["sql"], {  # type: ignore[index]
+                LEFT: pa.Table.from_batches([r.batch for r, _ in parts]),
+                RIGHT: pa.Table.from_batches([rows for _, rows in parts])})
+        except SqlError as e:
             for r, _ in parts:
-                r.batch, r.failure, r.message, r.code = None, FailureReason.STORE_EXCEPTION, err.message, err.code
+                r.batch, r.failure, r.message, r.code = None, FailureReason.STORE_EXCEPTION, e.message, e.code
             return
         empty = pa.RecordBatch.from_pylist([], schema=batch.schema)
         for i, (r, _) in enumerate(parts):

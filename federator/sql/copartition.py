@@ -98,7 +98,7 @@ def co_join(select: exp.Select, resolve: Callable[[str], StoreDefinition | None]
             continue  # a.*: expanded below
         name = flat(col)
         if name is None:
-            if not col.table and _names_an_output(col, select):
+            if pushdown.is_output_alias(col, select):
                 continue  # ORDER BY / HAVING naming a select-list alias
             return None
         # an unaliased select item keeps the name DuckDB gives it over the join
@@ -155,7 +155,3 @@ def _keys_equal(node: exp.Expression, la: str, ra: str, left: StoreDefinition, r
         return False
     pair = {(a.table.lower(), a.name.lower()), (b.table.lower(), b.name.lower())}
     return pair == {(la, left.key_name.lower()), (ra, right.key_name.lower())}
-
-
-def _names_an_output(col: exp.Column, select: exp.Select) -> bool:
-    return any(isinstance(i, exp.Alias) and i.alias.lower() == col.name.lower() for i in select.expressions)

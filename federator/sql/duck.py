@@ -65,14 +65,23 @@ class Duck:
             cur = self._local.cursor = self._db.cursor()
         return cur
 
-    def over_rows(self, sql: str, rows: pa.RecordBatch | pa.Table, name: str = "rows") -> pa.Table:
-        """Run ``sql``, which reads the relation ``name``, over ``rows``."""
+    def over(self, sql: str, relations: dict[str, pa.RecordBatch | pa.Table]) -> pa.RecordBatch:
+        """Run ``sql`` over ``relations`` on this thread's cursor (an owner's part of a query):
+        the answer as one record batch; DuckDB's errors as SqlError."""
         cur = self.local_cursor()
-        cur.register(name, rows)
+        for name, rows in relations.items():
+            cur.register(name, rows)
         try:
-            return cur.sql(sql).to_arrow_table()
+            return one_batch(cur.sql(sql).to_arrow_table())
+        except duckdb.Error as e:
+            raise sql_error(e) from None
         finally:
-            cur.unregister(name)
+            for name in relations:
+                cur.unregister(name)
+
+    def over_rows(self, sql: str, rows: pa.RecordBatch | pa.Table, name: str = "rows") -> pa.RecordBatch:
+        """Run ``sql``, which reads the relation ``name``, over ``rows``."""
+        return self.over(sql, {name: rows})
 
     def stream(self, sql: str, relations: dict[str, pa.Table], deadline: float | None,
                batch_rows: int = 65_536) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:

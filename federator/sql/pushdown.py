@@ -304,7 +304,7 @@ def partial_aggregate(select: exp.Select, table: exp.Table, columns: set[str], r
     # anything still reading a source column was not grouped: let the ordinary path (and
     # DuckDB's own error) handle it
     for col in final.find_all(exp.Column):
-        if not col.name.startswith(("__g", "__a")) and not _is_output_alias(col, select):
+        if not col.name.startswith(("__g", "__a")) and not is_output_alias(col, select):
             return None
     return PartialAggregate(owner, final)
 
@@ -314,7 +314,8 @@ def _only_count_stars(select: exp.Select) -> bool:
         exp.Window, exp.Subquery, exp.Exists, exp.Lambda, exp.Columns)
 
 
-def _is_output_alias(col: exp.Column, select: exp.Select) -> bool:
+def is_output_alias(col: exp.Column, select: exp.Select) -> bool:
+    """Whether ``col`` names an alias of ``select``'s list (ORDER BY or HAVING may read one)."""
     if col.table:
         return False
     return any(isinstance(i, exp.Alias) and i.alias.lower() == col.name.lower() for i in select.expressions)
