@@ -133,6 +133,7 @@ class Node:
 
     # ---- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
+        self.sql_engine  # DuckDB now, not at the first query: a bad --duckdb-memory-limit stops the start here
         kafka.check_reachable(self.config.bootstrap_servers)
         Catalog(self.config.bootstrap_servers, self.config.application_id).ensure_topic()
         kafka.ensure_topic(kafka.admin(self.config.bootstrap_servers), nodes_topic(self.config.application_id), 1, COMPACTED)
@@ -140,7 +141,6 @@ class Node:
         self.members_tail.start()
         self.catalog_tail.start()
         self._loop_thread.start()  # it joins the group once no other live process has our node id
-        self.sql_engine  # DuckDB started now, not by the first query
 
     def stop(self) -> None:
         """Hand partitions over cleanly: say so, leave the group, remove our record. A node that

@@ -273,6 +273,20 @@ def test_a_request_may_write_in_another_dialect(sql_cluster, dialect, sql, duckd
     assert resp.status == 400 and json.loads(resp.data)["error"]["code"] == "INVALID_PARAMETER"
 
 
+def test_a_node_given_a_memory_limit_duckdb_refuses_exits_naming_the_flag(sql_cluster, tmp_path) -> None:
+    from tests.integration.cluster import NodeProcess
+
+    cluster, _ = sql_cluster
+    node = NodeProcess(cluster.nodes[0].bootstrap, cluster.nodes[0].app_id, "badmem", tmp_path / "badmem")
+    node.extra_args = ["--duckdb-memory-limit", "lots"]
+    node.start(wait=False)
+    try:
+        assert node.proc.wait(60) != 0
+    finally:
+        node.stop(signal.SIGKILL)
+    assert "--duckdb-memory-limit" in node.log.read_text()
+
+
 def test_a_top_k_over_a_co_partitioned_join_is_cut_on_the_owners(sql_cluster) -> None:
     cluster, db = sql_cluster
     sql = ("SELECT p.player, p.total_score + b.bonus AS t FROM players p JOIN bonus b ON p.player = b.player "
