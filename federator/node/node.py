@@ -62,32 +62,36 @@ def _node_id(state_dir: Path) -> str:
     return node_id
 
 
-def _apply_pipeline(spec: dict[str, Any], result: QueryResult, shard: Any, duck: Any) -> QueryResult:
-    """Run the SQL work that belongs where the rows are (filter, top-k, partial aggregate) in
-    DuckDB over the partition's rows.
+def _project(columns: list[str], result: QueryResult) -> QueryResult:
+    """The columns a query reads of a partition's rows, and nothing else to do with them."""
+    try:
+        result.batch = result.batch.select(columns)  # type: ignore[union-attr]
+    except (KeyError, ValueError, TypeError) as e:
+        return QueryResult.failed(result.partition, FailureReason.STORE_EXCEPTION, f"{type(e).__name__}: {e}")
+    return result
 
-    Over a shard's cached full scan the output is kept with the scan (see scan_cache)."""
-    columns = spec.get("columns")
-    if "sql" not in spec:  # a projection: no SQL to run
-        try:
-            result.batch = result.batch.select(columns)
-        except (KeyError, ValueError, TypeError) as e:
-            return QueryResult.failed(result.partition, FailureReason.STORE_EXCEPTION, f"{type(e).__name__}: {e}")
-        return result
-    scan, key = result.batch, spec["sql"]
-    kept = SCAN_CACHE.derived(shard, scan, key) if shard is not None else None
-    if kept is not None:
-        result.batch = kept
-        return result
+
+def owners_sql(duck: Any, sql: str, parts: list[tuple[QueryResult, Any]]) -> None:
+    """The SQL that runs where the rows are (a filter, a top-k, a partial aggregate), in one
+    DuckDB statement over all of this node's partitions of the request: each of those is as
+    valid over a union of partitions as over one (the receiver filters, ranks or combines
+    again), and one statement's fixed cost replaces one per partition. Kept beside the
+    scans it read (see scan_cache). The answer rides on the first partition."""
     from federator.sql.errors import SqlError
 
-    try:
-        result.batch = duck.over_rows(key, scan)
-    except SqlError as e:  # the data or the SQL failed: the receiver reports it as the user's error
-        return QueryResult.failed(result.partition, FailureReason.STORE_EXCEPTION, e.message, code=e.code)
-    if shard is not None:
-        SCAN_CACHE.put_derived(shard, scan, key, result.batch)
-    return result
+    scans = [(shard, r.batch) for r, shard in parts]
+    batch = SCAN_CACHE.derived(scans, sql)
+    if batch is None:
+        try:
+            batch = duck.over_rows(sql, pa.Table.from_batches([r.batch for r, _ in parts]))  # type: ignore[misc]
+        except SqlError as e:  # the data or the SQL failed: the receiver reports it as the user's error
+            for r, _ in parts:
+                r.batch, r.failure, r.message, r.code = None, FailureReason.STORE_EXCEPTION, e.message, e.code
+            return
+        SCAN_CACHE.put_derived(scans, sql, batch)
+    empty = batch.slice(0, 0)
+    for i, (r, _) in enumerate(parts):
+        r.batch = batch if i == 0 else empty
 
 
 class Node:
@@ -342,6 +346,7 @@ class Node:
         partitions = request.partitions if request.partitions is not None else range(defn.partitions if defn else 0)
         results = []
         joined: list[tuple[int, pa.RecordBatch]] = []  # (result, the other store's rows) a co-partitioned join takes
+        owned: list[tuple[int, Any]] = []  # (result, its shard) the pushed-down SQL runs over
         for p in partitions:
             if defn is None or not 0 <= p < defn.partitions:
                 what = f"store {request.store!r}" if defn is None else f"partition {p} of store {request.store!r}"
@@ -377,10 +382,15 @@ class Node:
                 if other_rows is not None:
                     joined.append((len(results), other_rows))
             elif request.pipeline is not None and result.ok:
-                result = _apply_pipeline(request.pipeline, result, hs.shard, self.duck)
+                if "sql" in request.pipeline:
+                    owned.append((len(results), hs.shard))
+                else:
+                    result = _project(request.pipeline["columns"], result)
             results.append(result)
         if joined:
             self._join(request, [(results[i], rows) for i, rows in joined])
+        if owned:
+            owners_sql(self.duck, request.pipeline["sql"], [(results[i], shard) for i, shard in owned])  # type: ignore[index]
         return results
 
     def _join_side(self, request: StateQueryRequest, other: str,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterator
 
@@ -20,6 +21,7 @@ from federator.plan.keys import SubQuery
 from federator.query.queries import KeyQuery
 from federator.sql.duck import Duck
 from federator.sql.planner import QueryPlan, StoreRef, bind_parameters, plan_query
+from federator.sql.pushdown import is_volatile
 from federator.plugin.manager import sql_rules
 from federator.sql.point import PointAnswer, PointPlan, point_plan
 from federator.sql.result import SqlRequest, SqlResult
@@ -64,6 +66,11 @@ class SqlEngine:
         # makes the node calls; a separate pool cannot wait on itself)
         self._refs_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="sql-refs")
         self._seen_lock = threading.Lock()
+        # (plan, the positions its rows reflect) -> the answer: a deterministic statement over
+        # partitions at the same positions reads the same rows, so a repeated query over
+        # unchanged stores (a dashboard's refresh) skips DuckDB's fixed cost at the receiver
+        self._answers: OrderedDict[tuple, tuple[float, pa.Schema, list[pa.RecordBatch]]] = OrderedDict()
+        self._answers_lock = threading.Lock()
 
     def _stores(self) -> dict[str, StoreDefinition]:
         return self.node.stores
@@ -152,14 +159,15 @@ class SqlEngine:
         try:
             return self._run(plan, req, position, deadline, stats)
         except NotColocated:  # a rebalance parted a join's shards: join at the receiver this time
-            return self._run(self._plan(stmt, req, copartitioned=False), req, position, deadline, stats)
+            return self._run(self._plan(stmt, req, copartitioned=False), req, position, deadline, stats,
+                             reuse=False)
 
     def _run(self, plan: QueryPlan, req: SqlRequest, position: Position, deadline: float,
-             stats: dict[str, Any]) -> tuple:
+             stats: dict[str, Any], reuse: bool = True) -> tuple:
         _check_deadline(deadline, "planning")
         bound = PositionBound.at(position) if not position.is_empty() else PositionBound.unbounded()
         relations: dict[str, pa.Table] = {r.relation: r.table for r in plan.local}
-        seen: dict[str, Any] = {"position": position, "partitions": set(), "nodes": set()}
+        seen: dict[str, Any] = {"position": Position(), "partitions": set(), "nodes": set()}
         if len(plan.refs) == 1:
             relations[plan.refs[0].relation] = self._rows(plan.refs[0], bound, req, deadline, seen)
         else:  # each store's calls at once: a statement waits for its slowest store, not their sum
@@ -171,13 +179,45 @@ class SqlEngine:
         if any(ref.joined is not None for ref in plan.refs):
             stats["joined_on_owners"] = True  # no rows of either store crossed the network before the join
         _check_deadline(deadline, "reading the partitions")
+        read_at = position.merge(seen["position"])
         if plan.columns_only is not None:  # nothing left to compute: the rows as the owners sent them
             (rows,) = (relations[r.relation] for r in plan.refs)
             table = rows.select([c for c, _ in plan.columns_only]).rename_columns([n for _, n in plan.columns_only])
             table = table.cast(plan.schema) if plan.schema is not None else table  # DuckDB's types, as ever
-            return (table.schema, iter(table.to_batches())), seen["position"], stats
+            return (table.schema, iter(table.to_batches())), read_at, stats
+        key = None
+        if reuse and plan.deterministic and not plan.local and (plan_key := _plan_key(req)) is not None:
+            key = (plan_key, seen["position"].to_token(), frozenset(seen["partitions"]))
+            with self._answers_lock:
+                kept = self._answers.get(key)
+                if kept is not None and time.monotonic() - kept[0] > _ANSWER_SECONDS:
+                    del self._answers[key]
+                    kept = None
+            if kept is not None:
+                stats["answer_reused"] = True
+                return (kept[1], iter(kept[2])), read_at, stats
         schema, batches = self.duck.stream(plan.sql, relations, deadline)
-        return (schema, batches), seen["position"], stats
+        if key is not None:
+            batches = self._kept(key, schema, batches)
+        return (schema, batches), read_at, stats
+
+    def _kept(self, key: tuple, schema: pa.Schema, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        """The batches as they stream out, kept as the answer for ``key`` if it is small and whole."""
+        kept: list[pa.RecordBatch] | None = []
+        size = 0
+        for batch in batches:
+            if kept is not None:
+                size += batch.nbytes
+                if size <= _ANSWER_MAX_BYTES:
+                    kept.append(batch)
+                else:
+                    kept = None
+            yield batch
+        if kept is not None:
+            with self._answers_lock:
+                self._answers[key] = (time.monotonic(), schema, kept)
+                while len(self._answers) > _ANSWERS_KEPT:
+                    self._answers.popitem(last=False)
 
     def _plan(self, stmt: Statement, req: SqlRequest, copartitioned: bool = True) -> QueryPlan:
         plan_key = None if stmt.explain or not copartitioned else _plan_key(req)
@@ -186,8 +226,10 @@ class SqlEngine:
         if kept is not None and all(stores.get(r.store.name) is r.store for r in kept.refs):
             return kept
         tree = bind_parameters(stmt.select, list(req.parameters), stmt.param_count)  # type: ignore[arg-type]
+        deterministic = not is_volatile(tree)
         plan = plan_query(tree, self.resolve_store, lambda name: information_schema(name, self._stores()),
                           sql_rules(), self._schema_of, copartitioned)
+        plan.deterministic = deterministic
         if plan_key is not None:
             if len(self._plans) >= 1024:  # one entry per distinct SQL text and parameters; keep it bounded
                 self._plans.clear()
@@ -255,5 +297,13 @@ class SqlEngine:
                 rows[k].append(v)
         return pa.table({k: pa.array(v, pa.string()) for k, v in rows.items()})
 
+
+_ANSWERS_KEPT = 256  # repeated statements' answers kept at the receiver
+_ANSWER_MAX_BYTES = 1 << 20  # larger answers cost more to keep than DuckDB's fixed cost saves
+# How long an answer is reused while positions stay the same. A position names a state only
+# while its changelog lives: a topic deleted and created again (a broker restarted empty)
+# starts its offsets over, and could come back to the same offsets with other rows. Such a
+# reset takes longer than this to be noticed and refilled, so within it a position is a name.
+_ANSWER_SECONDS = 5.0
 
 _EXPLAIN_COLUMNS = ("store", "query", "partitions", "node", "pushed_down", "at_receiver")

@@ -62,6 +62,8 @@ class QueryPlan:
     # every filter having run on the owners: the receiver answers with those columns as they came
     columns_only: list[tuple[str, str]] | None = None
     schema: pa.Schema | None = None  # the answer's schema, as DuckDB gives it
+    # no volatile function (random(), now(), ...): the same rows always give the same answer
+    deterministic: bool = True
 
 
 def bind_parameters(tree: exp.Expression, params: list[Any], expected: int) -> exp.Expression:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import bisect
 from typing import Sequence
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -75,36 +77,71 @@ class KeyValueStoreType(StoreType):
 
     def follow_scan(self, defn: StoreDefinition, schema: pa.Schema, scan: pa.RecordBatch,
                     records: Sequence[ChangelogRecord]) -> pa.RecordBatch | None:
-        """The written keys' rows replaced in place when they all exist already (the common
-        update), else dropped, the live ones added and the batch sorted by key again."""
+        """The written keys' rows replaced or dropped in place when they all exist already (the
+        common update), else dropped, the live ones added and the batch sorted by key again."""
         if defn.key.name not in _FOLLOWABLE_KEYS:
             return None
-        last = {r.key: r for r in records}  # in offset order: the last record of a key wins
-        written = defn.key.decode_many(list(last))
-        hit = pc.is_in(scan.column(0), value_set=written)
-        live = [r for r in last.values() if r.value is not None]
-        if live and pc.sum(hit).as_py() == len(last):  # every written key is in the scan: no new rows
-            return self._replace_in_place(defn, schema, scan, hit, dict(zip(written.to_pylist(), last.values())))
-        kept = scan.filter(pc.invert(hit))
+        last = list({r.key: r for r in records}.values())  # in offset order: the last record of a key wins
+        written = defn.key.decode_many([r.key for r in last])
+        rows = _rows_of(scan.column(0), written)
+        if (rows >= 0).all():
+            return _in_place(defn, schema, scan, rows, last)
+        kept = scan.filter(pa.array(~_mask(len(scan), rows[rows >= 0])))
+        live = [r for r in last if r.value is not None]
         if not live:
             return kept
         added = build_batch(schema, defn, [r.key for r in live], [stored_value(r) for r in live])
         table = pa.Table.from_batches([kept, added]).sort_by([(schema.names[0], "ascending")])
         return table.combine_chunks().to_batches()[0]
 
-    @staticmethod
-    def _replace_in_place(defn: StoreDefinition, schema: pa.Schema, scan: pa.RecordBatch, hit: pa.Array,
-                          by_key: dict[object, ChangelogRecord]) -> pa.RecordBatch:
-        rows = [by_key[k] for k in scan.column(0).filter(hit).to_pylist()]  # the hit rows, in scan order
-        live = [r for r in rows if r.value is not None]
-        deleted = [r.key for r in rows if r.value is None]
-        gone = pc.is_in(scan.column(0), value_set=defn.key.decode_many(deleted)) if deleted else None
-        if gone is not None:
-            hit = pc.and_(hit, pc.invert(gone))  # replaced: the live rows only
-        new = build_batch(schema, defn, [r.key for r in live], [stored_value(r) for r in live])
-        scan = pa.RecordBatch.from_arrays(
-            [pc.replace_with_mask(col, hit, new.column(i)) for i, col in enumerate(scan.columns)], schema=scan.schema)
-        return scan if gone is None else scan.filter(pc.invert(gone))
+
+_BISECT_MAX = 256  # written keys up to which a binary search each beats hashing the whole scan
+
+
+class _Keys:
+    """A sorted key column as a sequence of Python values, for bisect (a value per probe)."""
+
+    def __init__(self, column: pa.Array) -> None:
+        self.column = column
+
+    def __len__(self) -> int:
+        return len(self.column)
+
+    def __getitem__(self, i: int) -> object:
+        return self.column[i].as_py()
+
+
+def _rows_of(keys: pa.Array, wanted: pa.Array) -> np.ndarray:
+    """The row of each wanted key in ``keys`` (a full scan's: sorted, unique), -1 where absent."""
+    if len(wanted) > _BISECT_MAX:
+        return pc.index_in(wanted, value_set=keys).fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    seq, rows = _Keys(keys), []
+    for w in wanted.to_pylist():
+        i = bisect.bisect_left(seq, w)
+        rows.append(i if i < len(seq) and seq[i] == w else -1)
+    return np.array(rows, np.int64)
+
+
+def _mask(n: int, rows: np.ndarray) -> np.ndarray:
+    mask = np.zeros(n, np.bool_)
+    mask[rows] = True
+    return mask
+
+
+def _in_place(defn: StoreDefinition, schema: pa.Schema, scan: pa.RecordBatch, rows: np.ndarray,
+              last: list[ChangelogRecord]) -> pa.RecordBatch:
+    """Every written key has a row: the live ones get their new values, the deleted ones go.
+    The key column is the same values and is kept as it is (replacing strings copies them all)."""
+    order = np.argsort(rows, kind="stable")
+    live = [i for i in order if last[i].value is not None]
+    gone = [rows[i] for i in order if last[i].value is None]
+    columns = list(scan.columns)
+    if live:
+        new = build_batch(schema, defn, [last[i].key for i in live], [stored_value(last[i]) for i in live])
+        replaced = pa.array(_mask(len(scan), rows[live]))
+        columns[1:] = [pc.replace_with_mask(col, replaced, new.column(i + 1)) for i, col in enumerate(columns[1:])]
+    batch = pa.RecordBatch.from_arrays(columns, schema=scan.schema)
+    return batch.filter(pa.array(~_mask(len(scan), np.array(gone, np.int64)))) if gone else batch
 
 
 register_store_type(KeyValueStoreType())

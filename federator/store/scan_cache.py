@@ -13,9 +13,10 @@ kept batch when the store type knows how (``StoreType.follow_scan``, kv stores) 
 reading RocksDB again (``federator node --scan-cache-follow``, 0 turns it off). The cost of
 a write thus moves to the next reader, once, not to every write.
 
-What the owner's SQL work made of a cached scan (a partial aggregate, a filter, a top-k) is
-kept beside it, keyed by that work's description: it is as deterministic as the scan, so a
-repeated aggregate over an unchanged shard costs a lookup. It goes when the scan goes.
+What the owner's SQL work made of cached scans (a partial aggregate, a filter, a top-k, run
+once over all of a node's partitions of the store) is kept too, keyed by that work and the
+scans it read: it is as deterministic as they are, so a repeated aggregate over unchanged
+shards costs a lookup. It goes when any of its scans goes.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Any, Sequence
 import pyarrow as pa
 
 DEFAULT_MB = 256
-MAX_DERIVED = 16  # results kept per cached scan (distinct SQL shapes over one shard)
+MAX_DERIVED = 256  # results of owners' SQL kept (distinct SQL shapes over sets of scans)
 DEFAULT_FOLLOW = 50_000  # writes held for a kept scan; with more, reading the shard again is cheaper
 
 
@@ -37,7 +38,6 @@ class _Entry:
     seq: int  # the shard's write sequence the scan reflects
     batch: pa.RecordBatch
     size: int
-    derived: dict[str, pa.RecordBatch] = field(default_factory=dict)
     pending: list[Any] = field(default_factory=list)  # records applied since, in order
     pending_seq: int | None = None  # the sequence scan + pending reflect
 
@@ -47,6 +47,8 @@ class ScanCache:
         self.max_bytes = max_bytes
         self.max_pending = max_pending
         self._entries: OrderedDict[Any, _Entry] = OrderedDict()
+        # (work, owners) -> (the scans it read, its result); checked against _entries on use
+        self._derived: OrderedDict[tuple[Any, ...], tuple[tuple[pa.RecordBatch, ...], pa.RecordBatch]] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
         self.hits = 0
@@ -98,26 +100,47 @@ class ScanCache:
             self._bytes += size
             self._evict()
 
-    def derived(self, owner: Any, scan: pa.RecordBatch, key: str) -> pa.RecordBatch | None:
-        """The result kept for ``key`` over ``scan``, if ``scan`` is still owner's cached scan."""
+    def derived(self, scans: Sequence[tuple[Any, pa.RecordBatch]], key: str) -> pa.RecordBatch | None:
+        """The result kept for work ``key`` over ``scans`` ((owner, batch) pairs), if each batch
+        is still its owner's cached scan."""
         with self._lock:
-            entry = self._entries.get(owner)
-            if entry is None or entry.batch is not scan:
+            dkey = (key, *(owner for owner, _ in scans))
+            kept = self._derived.get(dkey)
+            if kept is None or not self._current(scans):
                 return None
-            return entry.derived.get(key)
+            read, result = kept
+            if any(a is not b for a, (_, b) in zip(read, scans)):
+                return None
+            self._derived.move_to_end(dkey)
+            return result
 
-    def put_derived(self, owner: Any, scan: pa.RecordBatch, key: str, result: pa.RecordBatch) -> None:
+    def put_derived(self, scans: Sequence[tuple[Any, pa.RecordBatch]], key: str, result: pa.RecordBatch) -> None:
         with self._lock:
-            entry = self._entries.get(owner)
-            if entry is None or entry.batch is not scan or key in entry.derived or len(entry.derived) >= MAX_DERIVED:
+            if not scans or not self._current(scans):
                 return
-            size = result.nbytes
-            entry.derived[key] = result
-            entry.size += size
-            self._bytes += size
+            dkey = (key, *(owner for owner, _ in scans))
+            self._drop_derived(dkey)
+            self._derived[dkey] = (tuple(b for _, b in scans), result)
+            self._bytes += result.nbytes
+            while len(self._derived) > MAX_DERIVED:
+                self._drop_derived(next(iter(self._derived)))
             self._evict()
 
+    def _current(self, scans: Sequence[tuple[Any, pa.RecordBatch]]) -> bool:
+        for owner, batch in scans:
+            entry = self._entries.get(owner)
+            if entry is None or entry.batch is not batch:
+                return False
+        return True
+
+    def _drop_derived(self, dkey: tuple[Any, ...]) -> None:
+        kept = self._derived.pop(dkey, None)
+        if kept is not None:
+            self._bytes -= kept[1].nbytes
+
     def _evict(self) -> None:
+        while self._bytes > self.max_bytes and self._derived:  # cheaper to make again than a scan
+            self._drop_derived(next(iter(self._derived)))
         while self._bytes > self.max_bytes and self._entries:
             self._drop(next(iter(self._entries)))
 
@@ -129,10 +152,12 @@ class ScanCache:
         entry = self._entries.pop(owner, None)
         if entry is not None:
             self._bytes -= entry.size
+            for dkey in [k for k in self._derived if owner in k[1:]]:
+                self._drop_derived(dkey)
 
     def stats(self) -> dict[str, int]:
         with self._lock:
-            return {"entries": len(self._entries), "bytes": self._bytes, "max_bytes": self.max_bytes,
+            return {"entries": len(self._entries), "derived": len(self._derived), "bytes": self._bytes, "max_bytes": self.max_bytes,
                     "hits": self.hits, "misses": self.misses, "followed": self.followed}
 
 

@@ -473,6 +473,38 @@ def test_kept_scans_and_aggregates_follow_later_updates_inserts_and_deletes(sql_
     assert cache_stat("followed") > followed_before  # brought up to date, not read again
 
 
+def test_a_repeated_statement_reuses_its_answer_until_a_store_changes(sql_cluster, broker) -> None:
+    """The receiver keeps a deterministic statement's answer with the positions of the rows it
+    read: the same statement over partitions at the same positions is answered from it; a
+    write moves a position and the statement runs again; random() is never reused."""
+    from federator import kafka
+    from federator.query.position import Position
+
+    cluster, _ = sql_cluster
+    node = cluster.nodes[1]
+    agg = "SELECT key % 5 AS g, COUNT(*) AS n, SUM(key) AS s FROM scores WHERE key > -250 GROUP BY g ORDER BY g"
+    first, second = sql_json(node, agg), sql_json(node, agg)
+    assert not first["stats"].get("answer_reused") and second["stats"].get("answer_reused")
+    assert second["rows"] == first["rows"] and second["consistency_token"] == first["consistency_token"]
+    volatile = "SELECT COUNT(*) + CAST(random() * 0 AS BIGINT) FROM scores"
+    assert not any(sql_json(node, volatile)["stats"].get("answer_reused") for _ in range(2))
+
+    topic = f"{cluster.nodes[0].app_id}-scores-changelog"
+    kb = (8_000_003).to_bytes(8, "big", signed=True)
+    offsets: dict[int, int] = {}
+    producer = kafka.producer(broker.bootstrap_servers)
+    producer.produce(topic, key=kb, value=struct.pack(">d", 2.5), partition=partition_for(kb, P),
+                     on_delivery=lambda err, msg: offsets.__setitem__(msg.partition(), msg.offset()))
+    assert producer.flush(10) == 0
+    token = Position({topic: offsets}).to_token()
+    third = sql_json(node, agg, consistency_token=token)
+    assert not third["stats"].get("answer_reused")
+    rows = pa.table({"key": pa.array([k for k, _ in sql_json(node, "SELECT key, score FROM scores",
+                                                             consistency_token=token)["rows"]], pa.int64())})
+    assert third["rows"] == [list(r) for r in duckdb.connect().execute(agg.replace("FROM scores", "FROM rows")).fetchall()]
+    assert [g for g in third["rows"] if g[0] == 8_000_003 % 5][0][1] == [g for g in first["rows"] if g[0] == 8_000_003 % 5][0][1] + 1
+
+
 def test_a_query_racing_a_node_stop_is_right_or_unavailable(sql_cluster) -> None:
     cluster, db = sql_cluster
     want = db.execute("SELECT COUNT(*), SUM(total_score) FROM players").fetchone()

@@ -715,26 +715,33 @@ def test_scan_cache_keeps_to_its_budget() -> None:
     assert cache.stats()["bytes"] <= 2000
 
 
-def test_work_over_a_cached_scan_is_kept_with_it_and_goes_with_it(tmp_path) -> None:
-    """An aggregate over an unchanged shard is computed once; a write makes it recomputed."""
-    from federator.node.node import _apply_pipeline
-    from federator.query.result import QueryResult
+def _counting_duck(tmp_path, calls: list[int]):
+    """A DuckDB that notes how many rows each statement an owner runs reads."""
     from federator.sql.duck import Duck, DuckConfig
-
-    shard = Shard(tmp_path / "s", definition(), 0)
-    shard.apply([ChangelogRecord(b"a", b"1", 0, 1), ChangelogRecord(b"b", b"2", 1, 1)])
-    calls = []
 
     class CountingDuck(Duck):
         def over_rows(self, sql, rows, name="rows"):
             calls.append(rows.num_rows)
             return super().over_rows(sql, rows, name)
 
-    duck = CountingDuck(DuckConfig(memory_limit="100MB", spill_dir=tmp_path / "spill"))
+    return CountingDuck(DuckConfig(memory_limit="100MB", spill_dir=tmp_path / "spill"))
+
+
+def test_work_over_a_cached_scan_is_kept_with_it_and_goes_with_it(tmp_path) -> None:
+    """An aggregate over an unchanged shard is computed once; a write makes it recomputed."""
+    from federator.node.node import owners_sql
+    from federator.query.result import QueryResult
+
+    shard = Shard(tmp_path / "s", definition(), 0)
+    shard.apply([ChangelogRecord(b"a", b"1", 0, 1), ChangelogRecord(b"b", b"2", 1, 1)])
+    calls = []
+
+    duck = _counting_duck(tmp_path, calls)
 
     def run(request_spec: dict) -> QueryResult:
         result = shard.run(RangeQuery())
-        return _apply_pipeline(request_spec, result, shard, duck)
+        owners_sql(duck, request_spec["sql"], [(result, shard)])
+        return result
 
     try:
         spec = {"sql": 'SELECT COUNT(*) AS "__a0" FROM rows'}
@@ -752,6 +759,45 @@ def test_work_over_a_cached_scan_is_kept_with_it_and_goes_with_it(tmp_path) -> N
         assert not failed.ok and failed.code == "INVALID_DATA", failed
     finally:
         shard.close()
+
+
+def test_owners_sql_runs_once_over_all_partitions_and_is_kept_until_one_changes(tmp_path) -> None:
+    """A node's partitions of a store are filtered, ranked or pre-aggregated in one statement:
+    the answer is what the statement gives over their union, on the first partition; a write
+    to any of them makes it computed again, over all."""
+    from federator.node.node import owners_sql
+
+    shards = [Shard(tmp_path / f"s{p}", definition(), p) for p in range(3)]
+    for p, shard in enumerate(shards):
+        shard.apply([ChangelogRecord(f"k{p}{i}".encode(), str(p * 10 + i).encode(), i, 1) for i in range(4)])
+    calls = []
+
+    duck = _counting_duck(tmp_path, calls)
+    sql = 'SELECT k, v FROM rows WHERE CAST(v AS INTEGER) % 2 = 1 ORDER BY k DESC LIMIT 3'
+
+    def run() -> list:
+        results = [shard.run(RangeQuery()) for shard in shards]
+        owners_sql(duck, sql, list(zip(results, shards)))
+        return results
+
+    try:
+        first = run()
+        assert calls == [12]  # one statement over the three partitions' 12 rows
+        assert [r.partition for r in first] == [0, 1, 2] and all(r.ok for r in first)
+        assert first[0].batch.to_pylist() == [{"k": "k23", "v": "23"}, {"k": "k21", "v": "21"}, {"k": "k13", "v": "13"}]
+        assert first[1].batch.num_rows == first[2].batch.num_rows == 0
+        assert first[1].batch.schema == first[0].batch.schema
+        assert run()[0].batch is first[0].batch and calls == [12]  # nothing changed: kept
+        shards[1].apply([ChangelogRecord(b"k15", b"15", 9, 1)])
+        third = run()
+        assert calls == [12, 13]
+        assert [r["k"] for r in third[0].batch.to_pylist()] == ["k23", "k21", "k15"]
+        bad = [shard.run(RangeQuery()) for shard in shards]
+        owners_sql(duck, "SELECT CAST(k AS INTEGER) FROM rows", list(zip(bad, shards)))
+        assert all(not r.ok and r.code == "INVALID_DATA" for r in bad)
+    finally:
+        for shard in shards:
+            shard.close()
 
 
 def test_a_scan_with_a_temporary_upper_bound_reads_the_whole_range(tmp_path) -> None:
