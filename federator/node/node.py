@@ -21,7 +21,7 @@ from federator.catalog.catalog import COMPACTED, Catalog, apply_catalog_message,
 from federator.catalog.definition import StoreDefinition
 from federator.node.group import GroupMember
 from federator.node.materializer import ACTIVE, STANDBY, Materializer
-from federator.node.membership import (
+from federator.cluster.membership import (
     HEARTBEAT_SECONDS,
     ClusterView,
     NodeInfo,

@@ -10,7 +10,7 @@ import pytest
 
 from federator.dispatch import NodeCallError
 from federator.dispatch.dispatcher import Dispatcher
-from federator.node.membership import ClusterView, NodeInfo
+from federator.cluster.membership import ClusterView, NodeInfo
 from federator.plan.keys import SubQuery
 from federator.query import KeyQuery, Position, PositionBound, StateQueryRequest
 from federator.query.result import FailureReason, QueryResult
