@@ -13,7 +13,7 @@ from federator.query.queries import KeyQuery, KeysQuery, RangeQuery
 from federator.store.arrow import build_batch, empty_batch
 from federator.store.shard import ShardView
 from federator.store.record import ChangelogRecord
-from federator.store.types import StoreType, register_store_type, rowtime_field, stored_value
+from federator.store.types import StoreType, rowtime_field, stored_value
 
 
 def key_query(view: ShardView, q: KeyQuery) -> pa.RecordBatch:
@@ -105,6 +105,3 @@ class KeyValueStoreType(StoreType):
         scan = pa.RecordBatch.from_arrays(
             [pc.replace_with_mask(col, hit, new.column(i)) for i, col in enumerate(scan.columns)], schema=scan.schema)
         return scan if gone is None else scan.filter(pc.invert(gone))
-
-
-register_store_type(KeyValueStoreType())
