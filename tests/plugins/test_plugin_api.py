@@ -6,7 +6,6 @@ import types
 from dataclasses import dataclass
 from typing import ClassVar
 
-import pluggy
 import pyarrow as pa
 import pytest
 
