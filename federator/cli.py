@@ -79,12 +79,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "(DuckDB's memory_limit, e.g. 512MB, 4GB; default 2GB)")
     n.add_argument("--flight-sql-port", type=int, metavar="P",
                    help="also serve Arrow Flight SQL on this port, on the --listen host (default: off)")
+    n.add_argument("--plugin-errors", choices=("fatal", "warn"), default="fatal",
+                   help="a plugin that fails to load: fatal (default) stops the node before it joins the cluster; "
+                        "warn logs it and serves without it (its stores and queries are unknown to this node)")
 
     from federator.client.sql_cli import add_sql_parser
 
     add_sql_parser(sub)
 
-    sub.add_parser("plugins", help="list the installed plugins and what each provides")
+    sub.add_parser("plugins", help="list the installed plugins, what each provides, and any that failed to load")
 
     demo = sub.add_parser("demo", help="the main job: broker, pipeline, nodes and example queries")
     demo.add_argument("--dir", default=".federator/demo", help="where state lives (default .federator/demo)")
@@ -96,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _store_create(args: argparse.Namespace) -> int:
     from federator.catalog import Catalog, StoreDefinition, changelog_topic, parse_value_fields
+    from federator.plugin import load_plugins
 
     value: dict = {}
     if args.value_fields:
@@ -112,8 +116,9 @@ def _store_create(args: argparse.Namespace) -> int:
     }
     if args.window_size_ms is not None:
         d["window_size_ms"] = args.window_size_ms
-    defn = StoreDefinition.from_dict(d)
-    created = Catalog(args.bootstrap_servers, args.application_id).register(defn)
+    registry = load_plugins()
+    defn = StoreDefinition.from_dict(d, registry)
+    created = Catalog(args.bootstrap_servers, args.application_id, registry).register(defn)
     verb = "created" if created else "already exists with this definition:"
     print(f"store {defn.name} {verb} topic {defn.topic}, {defn.partitions} partitions")
     return 0
@@ -121,8 +126,9 @@ def _store_create(args: argparse.Namespace) -> int:
 
 def _store_list(args: argparse.Namespace) -> int:
     from federator.catalog import Catalog
+    from federator.plugin import load_plugins
 
-    stores = Catalog(args.bootstrap_servers, args.application_id).load()
+    stores = Catalog(args.bootstrap_servers, args.application_id, load_plugins()).load()
     if args.json:
         for defn in stores.values():
             print(json.dumps(defn.to_dict(), sort_keys=True))
@@ -142,8 +148,9 @@ def _store_list(args: argparse.Namespace) -> int:
 
 def _store_describe(args: argparse.Namespace) -> int:
     from federator.catalog import Catalog
+    from federator.plugin import load_plugins
 
-    defn = Catalog(args.bootstrap_servers, args.application_id).get(args.name)
+    defn = Catalog(args.bootstrap_servers, args.application_id, load_plugins()).get(args.name)
     if defn is None:
         print(f"error: no store {args.name!r} in application {args.application_id!r}; "
               "see `federator store list`", file=sys.stderr)
@@ -156,16 +163,23 @@ def _store_describe(args: argparse.Namespace) -> int:
 
 
 def _plugins() -> int:
-    from federator.plugin.manager import ENV, installed_plugins
+    from federator.plugin import load_plugins
+    from federator.plugin.loader import ENV, GROUP
 
-    plugins = installed_plugins()
-    if not plugins:
-        print(f"no plugins installed (entry point group federator.plugins; {ENV} may limit them)")
-    for p in plugins:
+    registry = load_plugins()
+    installed = [p for p in registry.plugins if not p.builtin]
+    if not installed and not registry.failures:
+        print(f"no plugins installed (entry point group {GROUP}; {ENV} may limit them)")
+    for p in installed:
         print(f"{p.name}  ({p.distribution} {p.version})")
         for what in p.provides:
             print(f"    {what}")
-    return 0
+    for f in registry.failures:
+        print(f"{f.name}  FAILED to load ({f.source}): {f.error}")
+    for p in registry.plugins:
+        if p.builtin:
+            print(f"built in: {', '.join(p.provides)}")
+    return 1 if registry.failures else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -183,8 +197,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             return {"create": _store_create, "list": _store_list, "describe": _store_describe}[args.store_command](args)
         if args.command == "node":
             from federator.node.run import run_node
+            from federator.plugin import PluginsFailed
 
-            return run_node(args)
+            try:
+                return run_node(args)
+            except PluginsFailed as e:  # --plugin-errors fatal: the log named each; say so once more
+                print(f"error: {e}", file=sys.stderr)
+                return 2
         if args.command == "sql":
             from federator.client.sql_cli import run_sql
 

@@ -108,7 +108,7 @@ EXAMPLES = [
 def foreign_nodes_message(bootstrap: str, app: str) -> str | None:
     """Why the demo must not start its nodes: live nodes it did not start in its application
     (say, ones an earlier demo left running). None when there are none."""
-    from federator.node.membership import read_live_nodes
+    from federator.cluster.membership import read_live_nodes
 
     live = read_live_nodes(bootstrap, app)
     if not live:

@@ -5,6 +5,9 @@ Each format turns Python values into the bytes Kafka's serializers write
 ByteArraySerializer, or a JSON object) and decodes many at once into Arrow
 columns of one fixed type. Key formats also say how a value range maps onto
 byte ranges, so that range scans return keys in value order.
+
+This module only defines formats. Which names stand for which format is the registry's
+business (federator.plugin.registry): the built-in plugin registers these, plugins add more.
 """
 
 from __future__ import annotations
@@ -59,6 +62,13 @@ class Format:
     name: ClassVar[str]
     arrow_type: ClassVar[pa.DataType]
     key_capable: ClassVar[bool] = True
+    # A format whose columns a store declares (json): the registry keeps one instance as a
+    # template and makes each store its own with ``with_fields``.
+    takes_fields: ClassVar[bool] = False
+
+    def with_fields(self, fields: Sequence[tuple[str, str]]) -> Format:
+        """This format over a store's declared fields (only formats that take fields)."""
+        raise FormatError(f"format {self.name!r} takes no declared fields")
 
     def serialize(self, value: Any) -> bytes:
         raise NotImplementedError
@@ -385,14 +395,18 @@ class JsonFormat(Format):
     name = "json"
     arrow_type = pa.struct([])
     key_capable = False
+    takes_fields = True
 
-    def __init__(self, fields: Sequence[tuple[str, str]]):
+    def __init__(self, fields: Sequence[tuple[str, str]] = ()):
         unknown = [t for _, t in fields if t not in JSON_FIELD_TYPES]
         if unknown:
             raise FormatError(f"json field type {unknown[0]!r} is not one of {', '.join(JSON_FIELD_TYPES)}")
         self.fields = list(fields)
         self._converters = [(n, JSON_FIELD_TYPES[t][1]) for n, t in self.fields]
         self.arrow_type = pa.struct([pa.field(n, JSON_FIELD_TYPES[t][0]) for n, t in self.fields])
+
+    def with_fields(self, fields: Sequence[tuple[str, str]]) -> JsonFormat:
+        return JsonFormat(fields)
 
     def coerce(self, value: Any) -> dict[str, Any]:
         if not isinstance(value, dict):
@@ -428,41 +442,3 @@ class JsonFormat(Format):
 
     def decode_many(self, data: Sequence[bytes]) -> pa.Array:
         return pa.StructArray.from_arrays(self.decode_columns(data), fields=list(self.arrow_type))
-
-
-SIMPLE_FORMATS: dict[str, Format] = {
-    f.name: f for f in (StringFormat(), BytesFormat(), LongFormat(), IntFormat(), DoubleFormat())
-}
-
-
-def register_format(fmt: Format) -> None:
-    """Add a value format (plugins). A name is registered once."""
-    if fmt.name in SIMPLE_FORMATS or fmt.name == "json":
-        raise FormatError(f"format {fmt.name!r} is already registered")
-    SIMPLE_FORMATS[fmt.name] = fmt
-
-
-def format_names() -> list[str]:
-    _load_plugins()
-    return [*SIMPLE_FORMATS, "json"]
-
-
-def _load_plugins() -> None:
-    from federator.plugin.manager import load_plugins
-
-    load_plugins()
-
-
-def get_format(name: str, fields: Sequence[tuple[str, str]] | None = None) -> Format:
-    """The format called ``name``; ``json`` needs its declared fields."""
-    if name == "json":
-        if not fields:
-            raise FormatError("json format needs declared fields (name:type,...)")
-        return JsonFormat(fields)
-    fmt = SIMPLE_FORMATS.get(name)
-    if fmt is None:
-        _load_plugins()
-        fmt = SIMPLE_FORMATS.get(name)
-    if fmt is not None:
-        return fmt
-    raise FormatError(f"unknown format {name!r}; use one of {', '.join(format_names())}")

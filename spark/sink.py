@@ -48,6 +48,7 @@ import pyarrow.compute as pc
 from federator import kafka
 from federator.catalog import Catalog, CatalogConflict, DefinitionError, StoreDefinition, changelog_topic
 from federator.catalog.definition import RESERVED_COLUMNS
+from federator.plugin import Registry, load_plugins
 from federator.query.position import Position
 
 log = logging.getLogger(__name__)
@@ -55,7 +56,6 @@ log = logging.getLogger(__name__)
 __all__ = ["SinkError", "write_store", "delete_keys", "murmur2_partitions", "SIMPLE_FORMAT_OF", "JSON_FIELD_OF"]
 
 MODES = ("upsert", "replace")
-STORE_TYPES = ("kv", "window", "session")
 
 
 class SinkError(ValueError):
@@ -473,27 +473,23 @@ def _time_column(df: Any, name: Any, role: str) -> Any:
     )
 
 
-def changelog_layout(type: str) -> str:
-    """How records of a store type are laid out in its changelog: kv, window or session
-    (a plugin's store type says which it uses)."""
-    if type in STORE_TYPES:
-        return type
-    from federator.store.types import get_store_type
-
+def changelog_layout(registry: Registry, type: str) -> str:
+    """How records of a store type are laid out in its changelog: kv, window or session (the
+    store type says which; a plugin's too)."""
     try:
-        return get_store_type(type).changelog_layout
+        return registry.store_type(type).changelog_layout
     except KeyError:
-        raise SinkError(f"type={type!r}: the sink writes {', '.join(STORE_TYPES)} stores and plugin store types; "
+        raise SinkError(f"type={type!r}: the sink writes {', '.join(registry.store_types)} stores; "
                         f"no installed plugin provides {type!r} (`federator plugins` lists them)") from None
 
 
 def _plan(
     df: Any, store: str, *, key: Any, value: Any, type: str, partitions: int, topic: str,
-    window_start: Any, window_size_ms: Any, session_start: Any, session_end: Any,
+    window_start: Any, window_size_ms: Any, session_start: Any, session_end: Any, registry: Registry,
 ) -> _Plan:
     from pyspark.sql import functions as F
 
-    layout = changelog_layout(type)
+    layout = changelog_layout(registry, type)
     if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
         raise SinkError(f"partitions={partitions!r}: pass a positive integer (the changelog topic's partition count)")
     # window/session arguments belong to their store types
@@ -600,9 +596,8 @@ def _plan(
         defn = StoreDefinition(
             name=store, type=type, topic=topic, partitions=partitions, key_format=key_format, key_name=key,
             value_format=value_format, value_name=value_name, value_fields=value_fields,
-            window_size_ms=window_size_ms if layout == "window" else None,
+            window_size_ms=window_size_ms if layout == "window" else None, types=registry,
         )
-        defn.validate()
     except DefinitionError as e:
         raise SinkError(f"{e}; rename the column in the DataFrame (withColumnRenamed) "
                         "or pick another store name") from None
@@ -630,7 +625,7 @@ def _check_store(catalog: Catalog, defn: StoreDefinition) -> tuple[StoreDefiniti
     if existing.topic != defn.topic:
         from dataclasses import replace
 
-        defn = replace(defn, topic=existing.topic)
+        defn = replace(defn, topic=existing.topic, types=catalog.types)
     if existing.partitions != defn.partitions:
         raise SinkError(
             f"store {defn.name!r} exists with {existing.partitions} partitions, not {defn.partitions}; "
@@ -703,7 +698,7 @@ _SUFFIX_LEN = {"kv": 0, "window": 12, "session": 16}
 def _tombstones(bootstrap: str, defn: StoreDefinition, keys: Sequence[bytes], now_ms: int,
                 timeout: float) -> dict[int, int]:
     """Delete ``keys`` (changelog keys); the last offset per partition."""
-    cut = _SUFFIX_LEN[changelog_layout(defn.type)]
+    cut = _SUFFIX_LEN[defn.store_type.changelog_layout]
     parts = murmur2_partitions(pa.array([k[: len(k) - cut] for k in keys], pa.binary()), defn.partitions)
     producer = _driver_producer(bootstrap)
     try:
@@ -877,6 +872,7 @@ def write_store(
     mode: str = "upsert",
     progress: Callable[[str], None] | None = None,
     timeout: float = 120.0,
+    registry: Registry | None = None,
 ) -> str:
     """Write ``df`` into the store ``store`` and return a consistency token.
 
@@ -891,6 +887,8 @@ def write_store(
     The store is registered in the catalog (its topic created) unless it exists with the same
     definition; anything else raises SinkError before a single record is written. A re-run
     with the same DataFrame leaves the same store. ``progress`` gets one line per step.
+    ``registry``: the store types and formats to write by (``federator.plugin.load_plugins()``;
+    by default one is loaded for this call).
     """
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
@@ -900,13 +898,14 @@ def write_store(
         raise SinkError(f"mode={mode!r}: use 'upsert' (add and overwrite keys) or 'replace' (also delete missing keys)")
     if not bootstrap_servers or not application_id:
         raise SinkError("pass bootstrap_servers='HOST:PORT' and application_id='APP' (the nodes' application id)")
+    registry = registry or load_plugins()
     plan = _plan(
         df, store, key=key, value=value, type=type, partitions=partitions,
         topic=changelog_topic(application_id, store) if isinstance(store, str) else "?",
         window_start=window_start, window_size_ms=window_size_ms,
-        session_start=session_start, session_end=session_end,
+        session_start=session_start, session_end=session_end, registry=registry,
     )
-    catalog = Catalog(bootstrap_servers, application_id)
+    catalog = Catalog(bootstrap_servers, application_id, registry)
     # While Spark runs pass 1: read the catalog, and have the driver's producer (catalog record,
     # tombstones) fetch its producer id. Neither writes anything; a definition that does not
     # fit still fails first.
@@ -973,7 +972,7 @@ def write_store(
               if existing_keys else None)
         spec = _WriteSpec(
             bootstrap_servers=bootstrap_servers, topic=defn.topic, partitions=defn.partitions,
-            layout=changelog_layout(defn.type), key_format=defn.key_format, value_format=defn.value_format,
+            layout=defn.store_type.changelog_layout, key_format=defn.key_format, value_format=defn.value_format,
             now_ms=now_ms, producer_config=PRODUCER_CONFIG, flush_timeout=timeout, existing=bc,
         )
         # ---- pass 2: serialize and produce, one Python pass over the rows ----------------
@@ -1024,6 +1023,7 @@ def delete_keys(
     session_start: str | None = None,
     session_end: str | None = None,
     timeout: float = 120.0,
+    registry: Registry | None = None,
 ) -> str:
     """Delete (tombstone) the entries that ``df``'s rows name in the existing store ``store``
     and return a consistency token; a store that does not exist has nothing to delete.
@@ -1036,10 +1036,10 @@ def delete_keys(
     """
     from pyspark.sql import functions as F
 
-    defn = Catalog(bootstrap_servers, application_id).load().get(store)
+    defn = Catalog(bootstrap_servers, application_id, registry or load_plugins()).load().get(store)
     if defn is None:
         return Position().to_token()
-    layout = changelog_layout(defn.type)
+    layout = defn.store_type.changelog_layout
     wanted = {"kv": [], "window": [window_start], "session": [session_start, session_end]}[layout]
     if any(c is None for c in wanted):
         raise SinkError(f"store {store!r} is a {defn.type} store: pass "

@@ -14,7 +14,7 @@ from confluent_kafka import KafkaError, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from federator import kafka
-from federator.catalog.definition import DefinitionError, StoreDefinition
+from federator.catalog.definition import DefinitionError, StoreDefinition, TypeLookup
 
 log = logging.getLogger(__name__)
 
@@ -33,9 +33,10 @@ def changelog_topic(application_id: str, store: str) -> str:
     return f"{application_id}-{store}-changelog"
 
 
-def apply_catalog_message(stores: dict[str, StoreDefinition], msg: Message,
+def apply_catalog_message(stores: dict[str, StoreDefinition], msg: Message, types: TypeLookup,
                           unusable: dict[str, str] | None = None) -> str | None:
-    """Fold one catalog record into ``stores``; returns the store name it changed.
+    """Fold one catalog record into ``stores``, its definition built against ``types`` (the
+    registry); returns the store name it changed.
 
     ``unusable`` collects why a store this process cannot use was skipped (say, its
     store type comes from a plugin that is not installed here)."""
@@ -48,7 +49,7 @@ def apply_catalog_message(stores: dict[str, StoreDefinition], msg: Message,
     if msg.value() is None:
         return name if stores.pop(name, None) is not None else None
     try:
-        defn = StoreDefinition.from_json(msg.value())
+        defn = StoreDefinition.from_json(msg.value(), types)
     except DefinitionError as e:
         # Another writer's bad record must not hide every other store.
         log.warning("catalog record for %r at offset %s is not a valid definition, skipped: %s", name, msg.offset(), e)
@@ -65,6 +66,7 @@ def apply_catalog_message(stores: dict[str, StoreDefinition], msg: Message,
 class Catalog:
     bootstrap_servers: str
     application_id: str
+    types: TypeLookup = field(repr=False)  # what the definitions read are built against: the registry
     timeout: float = 15.0
     # One admin client per Catalog, and the catalog topic checked once: a second load() (say,
     # register's re-read right after a writer's own check) costs only the read, not two new
@@ -109,7 +111,7 @@ class Catalog:
                     if msg.error().code() == KafkaError._PARTITION_EOF:
                         return stores
                     raise kafka.KafkaUnavailable(f"reading catalog topic {self.topic!r}: {msg.error().str()}")
-                apply_catalog_message(stores, msg)
+                apply_catalog_message(stores, msg, self.types)
         finally:
             consumer.close()
 
@@ -123,8 +125,7 @@ class Catalog:
         ``producer``: an idempotent producer to record it with (a caller's warm one skips a new
         producer's ~0.5 s wait for its producer id); by default a new one.
         """
-        defn.validate()
-        existing = self.load().get(defn.name)
+        existing = self.load().get(defn.name)  # ``defn`` was validated as it was built
         if existing is not None:
             if existing == defn:
                 kafka.ensure_topic(self.admin(), defn.topic, defn.partitions, COMPACTED, self.timeout)

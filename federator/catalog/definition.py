@@ -1,25 +1,58 @@
-"""Store definitions: what a store is called, where its changelog lives, and its columns."""
+"""Store definitions: what a store is called, where its changelog lives, and its columns.
+
+A definition names its formats and its store type; the registry built at start-up
+(federator.plugin) says what those names stand for. A definition is built against it
+(``from_dict(d, registry)``), so every StoreDefinition is valid and carries the resolved
+objects (``key``, ``value``, ``store_type``): nothing later looks a name up.
+"""
 
 from __future__ import annotations
 
-import functools
 import json
 import re
-from dataclasses import dataclass, field
-from typing import Any, Mapping
+from dataclasses import KW_ONLY, InitVar, dataclass, field
+from typing import Any, Mapping, Protocol, Sequence
 
 import pyarrow as pa
 
-from federator.formats import JSON_FIELD_TYPES, TIMESTAMP, Format, FormatError, JsonFormat, get_format
+from federator.formats import JSON_FIELD_TYPES, TIMESTAMP, Format, FormatError, JsonFormat
+from federator.query.queries import Query
 
 NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,199}$")
 # Columns every windowed/session store adds, and the record timestamp every store adds.
 RESERVED_COLUMNS = ("window_start", "window_end", "rowtime")
-BUILTIN_TYPES = ("kv", "window", "session")
 
 
 class DefinitionError(ValueError):
     """A store definition that cannot be used; the message names the field."""
+
+
+class StoreKind(Protocol):
+    """What is asked of a store type through a definition (federator.store.types.StoreType is
+    one): by the definition itself, and by planning. Declared here, below the stores, so the
+    catalog needs nothing of them."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def windowed(self) -> bool: ...  # rows carry window_start and window_end
+    @property
+    def window_sized(self) -> bool: ...  # the definition gives window_size_ms
+    @property
+    def changelog_layout(self) -> str: ...  # how writers lay out its records: kv, window or session
+
+    def validate(self, defn: StoreDefinition) -> None: ...
+    def schema(self, defn: StoreDefinition) -> pa.Schema: ...
+    def answers(self, *query_classes: type[Query]) -> bool: ...
+    def full_scan_query(self) -> Query: ...
+
+
+class TypeLookup(Protocol):
+    """Formats and store types by name: the registry (federator.plugin.registry.Registry)."""
+
+    def format(self, name: str, fields: Sequence[tuple[str, str]] | None = None) -> Format: ...
+    @property
+    def store_types(self) -> Mapping[str, StoreKind]: ...
 
 
 @dataclass(frozen=True)
@@ -35,17 +68,21 @@ class StoreDefinition:
     value_fields: tuple[tuple[str, str], ...] = ()
     window_size_ms: int | None = None
     options: Mapping[str, Any] = field(default_factory=dict)  # store-type specific (plugins)
+    _: KW_ONLY
+    # Where the names above are looked up, once, as the definition is built (and validated).
+    types: InitVar[TypeLookup]
+    # ---- resolved from ``types``: not part of what the catalog records or compares ---------
+    key: Format = field(init=False, compare=False, repr=False)
+    value: Format = field(init=False, compare=False, repr=False)
+    store_type: StoreKind = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self, types: TypeLookup) -> None:
+        key, value, store_type = self._validate(types)
+        object.__setattr__(self, "key", key)
+        object.__setattr__(self, "value", value)
+        object.__setattr__(self, "store_type", store_type)
 
     # ---- derived -------------------------------------------------------------------------
-    # cached: formats are looked up on every query
-    @functools.cached_property
-    def key(self) -> Format:
-        return get_format(self.key_format)
-
-    @functools.cached_property
-    def value(self) -> Format:
-        return get_format(self.value_format, self.value_fields or None)
-
     @property
     def value_columns(self) -> list[str]:
         if self.value_format == "json":
@@ -60,7 +97,7 @@ class StoreDefinition:
 
     @property
     def windowed(self) -> bool:
-        return self.type in ("window", "session")
+        return self.store_type.windowed
 
     # ---- (de)serialization ---------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -87,8 +124,9 @@ class StoreDefinition:
         return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":")).encode()
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> StoreDefinition:
-        """Build and validate; a bad definition raises DefinitionError naming the field."""
+    def from_dict(cls, d: Mapping[str, Any], types: TypeLookup) -> StoreDefinition:
+        """Build and validate against ``types`` (the registry); a bad definition raises
+        DefinitionError naming the field."""
         if not isinstance(d, Mapping):
             raise DefinitionError(f"a store definition is a JSON object, got {type(d).__name__}")
         name = d.get("name")
@@ -120,32 +158,32 @@ class StoreDefinition:
             value_fields=value_fields,
             window_size_ms=d.get("window_size_ms"),
             options=dict(d.get("options") or {}),
+            types=types,
         )
-        defn.validate()
         return defn
 
     @classmethod
-    def from_json(cls, data: bytes | str) -> StoreDefinition:
+    def from_json(cls, data: bytes | str, types: TypeLookup) -> StoreDefinition:
         try:
             d = json.loads(data)
         except ValueError as e:
             raise DefinitionError(f"store definition is not valid JSON: {e}") from None
-        return cls.from_dict(d)
+        return cls.from_dict(d, types)
 
     # ---- validation ----------------------------------------------------------------------
-    def validate(self, known_types: tuple[str, ...] | None = None) -> None:
-        from federator.store.types import store_type_names
-
+    def _validate(self, types: TypeLookup) -> tuple[Format, Format, StoreKind]:
+        """Check every field; the key format, the value format and the store type they name."""
         where = f"store {self.name!r}"
         if not isinstance(self.name, str) or not NAME_RE.match(self.name):
             raise DefinitionError(
                 f"field 'name': {self.name!r} is not a valid store name; use letters, digits and _, "
                 "starting with a letter or _"
             )
-        types = known_types or tuple(store_type_names())
-        if self.type not in types:
+        known = types.store_types
+        store_type = known.get(self.type) if isinstance(self.type, str) else None
+        if store_type is None:
             raise DefinitionError(
-                f"{where}: field 'type': {self.type!r} is not one of {', '.join(types)}; if a plugin provides it, "
+                f"{where}: field 'type': {self.type!r} is not one of {', '.join(known)}; if a plugin provides it, "
                 "install the plugin (`federator plugins` lists the installed ones)"
             )
         if not isinstance(self.topic, str) or not re.match(r"^[A-Za-z0-9._-]{1,249}$", self.topic):
@@ -153,10 +191,10 @@ class StoreDefinition:
         if isinstance(self.partitions, bool) or not isinstance(self.partitions, int) or self.partitions < 1:
             raise DefinitionError(f"{where}: field 'partitions' must be a positive integer, got {self.partitions!r}")
         try:
-            key_fmt = get_format(self.key_format)
+            key = types.format(self.key_format)
         except FormatError as e:
             raise DefinitionError(f"{where}: field 'key.format': {e}") from None
-        if not key_fmt.key_capable:
+        if not key.key_capable:
             raise DefinitionError(f"{where}: field 'key.format': {self.key_format!r} cannot be a key format")
         if self.value_format == "json":
             if not self.value_fields:
@@ -167,13 +205,12 @@ class StoreDefinition:
                         f"{where}: field 'value.fields': {fname!r} has type {ftype!r}; "
                         f"use one of {', '.join(JSON_FIELD_TYPES)}"
                     )
-        else:
-            if self.value_fields:
-                raise DefinitionError(f"{where}: field 'value.fields' is only for the json format")
-            try:
-                get_format(self.value_format)
-            except FormatError as e:
-                raise DefinitionError(f"{where}: field 'value.format': {e}") from None
+        elif self.value_fields:
+            raise DefinitionError(f"{where}: field 'value.fields' is only for the json format")
+        try:
+            value = types.format(self.value_format, self.value_fields or None)
+        except FormatError as e:
+            raise DefinitionError(f"{where}: field 'value.format': {e}") from None
         columns = [self.key_name, *self.value_columns]
         for col in columns:
             if not isinstance(col, str) or not NAME_RE.match(col):
@@ -184,21 +221,19 @@ class StoreDefinition:
         dupes = sorted({c for c in lowered if lowered.count(c) > 1})
         if dupes:
             raise DefinitionError(f"{where}: column {dupes[0]!r} appears twice; key and value columns need distinct names")
-        if self.type == "window":
+        if store_type.window_sized:
             if isinstance(self.window_size_ms, bool) or not isinstance(self.window_size_ms, int) or self.window_size_ms < 1:
                 raise DefinitionError(
-                    f"{where}: field 'window_size_ms' must be a positive integer for a window store, "
+                    f"{where}: field 'window_size_ms' must be a positive integer for a {self.type} store, "
                     f"got {self.window_size_ms!r}"
                 )
-        elif self.type in BUILTIN_TYPES and self.window_size_ms is not None:
+        elif self.window_size_ms is not None:
             raise DefinitionError(f"{where}: field 'window_size_ms' is only for window stores")
-        if self.type not in BUILTIN_TYPES:
-            from federator.store.types import get_store_type
-
-            try:
-                get_store_type(self.type).validate(self)
-            except DefinitionError as e:
-                raise DefinitionError(f"{where}: {e}") from None
+        try:
+            store_type.validate(self)
+        except DefinitionError as e:
+            raise DefinitionError(f"{where}: {e}") from None
+        return key, value, store_type
 
     def differences(self, other: StoreDefinition) -> list[str]:
         """Human-readable differences, 'field: ours vs theirs'."""
@@ -208,9 +243,7 @@ class StoreDefinition:
     def arrow_schema(self) -> pa.Schema:
         schema = self.__dict__.get("_arrow_schema")  # built once: read on every query
         if schema is None:
-            from federator.store.types import get_store_type
-
-            schema = self.__dict__["_arrow_schema"] = get_store_type(self.type).schema(self)
+            schema = self.__dict__["_arrow_schema"] = self.store_type.schema(self)
         return schema
 
 
@@ -240,4 +273,4 @@ def parse_value_fields(spec: str) -> tuple[tuple[str, str], ...]:
     return tuple(pairs)
 
 
-__all__ = ["DefinitionError", "StoreDefinition", "parse_value_fields", "RESERVED_COLUMNS", "TIMESTAMP"]
+__all__ = ["DefinitionError", "StoreDefinition", "StoreKind", "TypeLookup", "parse_value_fields", "RESERVED_COLUMNS", "TIMESTAMP"]

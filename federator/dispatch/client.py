@@ -6,10 +6,9 @@ import json
 
 import urllib3
 
-from federator.http.app import SECRET_HEADER
 from federator.query.request import StateQueryRequest
 from federator.query.result import QueryResult
-from federator.query.wire import MEDIA_TYPE, decode_results
+from federator.query.wire import MEDIA_TYPE, SECRET_HEADER, decode_results
 
 _POOL = urllib3.PoolManager(maxsize=16, retries=False)
 

@@ -20,21 +20,13 @@ from typing import Any
 import pyarrow as pa
 
 from federator.dispatch.client import NodeCallError, NodeClient
+from federator.dispatch.errors import NotColocated, NotUpToBound, OwnerFailed, Timeout, Unavailable, UnknownQueryType
 from federator.plan.keys import SubQuery
 from federator.query.position import Position, PositionBound
 from federator.query.request import StateQueryRequest
 from federator.query.result import FailureReason, QueryResult
+from federator.query.wire import NOT_COLOCATED
 from federator.route.router import targets_for
-from federator.plugin.manager import provider_of
-from federator.sql.errors import SqlError
-
-# codes an owner may give a STORE_EXCEPTION that are the request's fault (see QueryResult.code)
-USER_ERRORS = {"INVALID_DATA", "SQL_PARSE_ERROR", "UNKNOWN_COLUMN", "UNSUPPORTED", "TIMEOUT"}
-NOT_COLOCATED = "NOT_COLOCATED"  # a join's two partitions p are not on one node (a rebalance under way)
-
-
-class NotColocated(SqlError):
-    """A co-partitioned join cannot run on the owners: the caller joins at the receiver instead."""
 
 
 RETRYABLE = {FailureReason.NOT_PRESENT, FailureReason.NOT_ACTIVE, FailureReason.NOT_UP_TO_BOUND, FailureReason.DOES_NOT_EXIST}
@@ -118,8 +110,8 @@ class Dispatcher:
             done, not_done = wait(futures, timeout=max(0.0, deadline - time.monotonic()))
             if not_done:
                 names = sorted({futures[f][0] for f in not_done})
-                raise SqlError("TIMEOUT", f"nodes {', '.join(names)} did not answer in time; raise timeout_ms or retry",
-                               partitions=sorted(p for (_, p) in pending))
+                raise Timeout(f"nodes {', '.join(names)} did not answer in time; raise timeout_ms or retry",
+                              sorted(p for (_, p) in pending))
             for f in done:
                 nid, _, i, req = futures[f]
                 try:
@@ -143,15 +135,12 @@ class Dispatcher:
                                 out.position = out.position.merge(r.position)
                         continue
                     if r.failure is FailureReason.UNKNOWN_QUERY_TYPE:
-                        raise SqlError("UNKNOWN_QUERY_TYPE", _unknown_query_message(subqueries[i], r.message, nid))
+                        raise UnknownQueryType(subqueries[i].query.type_name, nid, r.message)
                     if r.failure is FailureReason.STORE_EXCEPTION and r.code == NOT_COLOCATED:
-                        raise NotColocated("UNAVAILABLE", f"partition {r.partition}: {r.message}",
-                                           partitions=[r.partition])
-                    if r.failure is FailureReason.STORE_EXCEPTION and r.code in USER_ERRORS:
-                        # the data or the SQL made the owner's part fail: the user's error, not ours
-                        raise SqlError(r.code, r.message)
+                        raise NotColocated(f"partition {r.partition}: {r.message}", [r.partition])
                     if r.failure not in RETRYABLE:
-                        raise SqlError("INTERNAL", f"partition {r.partition} on node {nid}: {r.failure.value}: {r.message}")
+                        # the caller tells the request's own errors (its SQL, its data) by the code
+                        raise OwnerFailed(r.partition, nid, r.failure, r.message, r.code)
                     reasons[item] = f"{r.failure.value} on node {nid}: {r.message}"
                     if r.failure is not FailureReason.NOT_UP_TO_BOUND and (allow_stale or r.partition in token):
                         avoid[item].add(nid)  # another copy may answer: try it next
@@ -171,11 +160,10 @@ class Dispatcher:
         parts = sorted({p for _, p in pending})
         why = "; ".join(f"partition {p}: {reasons.get((i, p), 'no answer')}" for i, p in sorted(pending))
         if all("NOT_UP_TO_BOUND" in reasons.get(item, "") for item in pending):
-            raise SqlError("NOT_UP_TO_BOUND",
-                           f"partitions {parts} have not caught up with the consistency token in time: {why}; "
-                           "retry, or raise timeout_ms", partitions=parts)
-        raise SqlError("UNAVAILABLE", f"partitions {parts} are unavailable: {why}; retry shortly, or pass "
-                       "allow_stale to read a standby", partitions=parts, retry_after=1)
+            raise NotUpToBound(f"partitions {parts} have not caught up with the consistency token in time: {why}; "
+                               "retry, or raise timeout_ms", parts)
+        raise Unavailable(f"partitions {parts} are unavailable: {why}; retry shortly, or pass "
+                          "allow_stale to read a standby", parts)
 
 
 def _token_offsets(bound: PositionBound, defn: Any) -> dict[int, int]:
@@ -183,12 +171,3 @@ def _token_offsets(bound: PositionBound, defn: Any) -> dict[int, int]:
     if bound.position is None or defn is None:
         return {}
     return bound.position.partitions(defn.topic)
-
-
-def _unknown_query_message(sub: SubQuery, message: str, node_id: str) -> str:
-    name = sub.query.type_name
-    plugin = provider_of(f"query type {name}")
-    if plugin is None:
-        return f"node {node_id} cannot answer {name}: {message}"
-    return (f"node {node_id} cannot answer {name}, which the plugin {plugin!r} provides: install the plugin "
-            f"{plugin!r} on every node of the cluster and restart them ({message})")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hmac
 import json
-from typing import Any, NoReturn, Protocol
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 import pyarrow as pa
 from flask import Flask, Response, jsonify, request
@@ -18,9 +18,10 @@ from werkzeug.exceptions import HTTPException
 from federator.query.queries import UnknownQueryType
 from federator.query.request import StateQueryRequest
 from federator.query.result import FailureReason, QueryResult
-from federator.query.wire import MEDIA_TYPE, encode_results
+from federator.query.wire import MEDIA_TYPE, SECRET_HEADER, encode_results
 
-SECRET_HEADER = "X-Federator-Secret"
+if TYPE_CHECKING:
+    from federator.plugin.registry import Registry
 
 
 class Node(Protocol):
@@ -153,7 +154,8 @@ def _unknown_type_results(body: dict[str, Any], e: UnknownQueryType) -> list[Que
     return [QueryResult.failed(p, FailureReason.UNKNOWN_QUERY_TYPE, str(e)) for p in partitions]
 
 
-def create_app(node: Node) -> Flask:
+def create_app(node: Node, registry: Registry) -> Flask:
+    """The app over ``node``; ``registry`` (the node's) names the query types requests carry."""
     app = Flask("federator")
 
     @app.before_request
@@ -196,7 +198,7 @@ def create_app(node: Node) -> Flask:
         if schema is None:
             raise _unknown_store(body["store"])
         try:
-            req = StateQueryRequest.from_dict(body)
+            req = StateQueryRequest.from_dict(body, registry.query_types)
         except UnknownQueryType as e:  # a KeyError, so it must come before the generic catch
             results = _unknown_type_results(body, e)
         except (KeyError, TypeError, ValueError, AttributeError) as e:
@@ -231,5 +233,5 @@ def create_app(node: Node) -> Flask:
     if hasattr(node, "sql"):  # a node without the SQL engine still serves the internal API
         from federator.http.sql_routes import register_sql_routes
 
-        register_sql_routes(app, node)  # type: ignore[arg-type]
+        register_sql_routes(app, node, registry)  # type: ignore[arg-type]
     return app

@@ -11,7 +11,8 @@ import json
 import logging
 import math
 import reprlib
-from typing import Any, Iterator, Protocol
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any, Iterator, Protocol
 
 import pyarrow as pa
 from flask import Flask, Response, request
@@ -22,6 +23,9 @@ from werkzeug.wsgi import get_input_stream
 from federator.http.formats import MEDIA_TYPES, body_chunks, choose_format, json_rows_body, jsonable
 from federator.sql.errors import SqlError
 from federator.sql.result import SqlRequest, SqlResult
+
+if TYPE_CHECKING:
+    from federator.plugin.registry import Registry
 
 TOKEN_HEADER = "X-Federator-Consistency-Token"
 _log = logging.getLogger("federator.http")
@@ -273,7 +277,7 @@ class SqlFastPath:
         return self.app(environ, start_response)
 
 
-def register_sql_routes(app: Flask, node: SqlNode) -> None:
+def register_sql_routes(app: Flask, node: SqlNode, registry: Registry) -> None:
     app.register_error_handler(SqlError, sql_error_response)
     app.wsgi_app = SqlFastPath(app.wsgi_app, node)  # type: ignore[method-assign]
 
@@ -284,11 +288,8 @@ def register_sql_routes(app: Flask, node: SqlNode) -> None:
 
     @app.get("/v1/plugins")
     def plugins() -> Response:
-        from dataclasses import asdict
-
-        from federator.plugin.manager import installed_plugins
-
-        return json_response({"plugins": [asdict(p) for p in installed_plugins()]})
+        return json_response({"plugins": [asdict(p) for p in registry.plugins],
+                              "failed": [asdict(f) for f in registry.failures]})
 
     @app.get("/v1/stores")
     def stores() -> Response:

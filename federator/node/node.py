@@ -21,7 +21,7 @@ from federator.catalog.catalog import COMPACTED, Catalog, apply_catalog_message,
 from federator.catalog.definition import StoreDefinition
 from federator.node.group import GroupMember
 from federator.node.materializer import ACTIVE, STANDBY, Materializer
-from federator.node.membership import (
+from federator.cluster.membership import (
     HEARTBEAT_SECONDS,
     ClusterView,
     NodeInfo,
@@ -31,6 +31,8 @@ from federator.node.membership import (
 )
 from federator.node.topic_tail import TopicTail
 from federator.partitioner import partition_for
+from federator.plugin.loader import PluginsFailed
+from federator.plugin.registry import Registry
 from federator.query.position import Position, PositionBound
 from federator.store.scan_cache import SCAN_CACHE
 from federator.query.request import StateQueryRequest
@@ -50,6 +52,13 @@ class NodeConfig:
     node_id: str | None = None
     cluster_secret: str | None = None
     duckdb_memory_limit: str = "2GB"  # DuckDB's memory_limit; past it, queries spill under state_dir/spill
+    # A plugin that failed to load: "fatal" stops the node before it joins anything (the
+    # default: a node must not serve a cluster some of whose stores or queries it cannot);
+    # "warn" logs it and serves without it.
+    plugin_errors: str = "fatal"
+
+
+PLUGIN_ERRORS = ("fatal", "warn")
 
 
 def _node_id(state_dir: Path) -> str:
@@ -95,17 +104,25 @@ def owners_sql(duck: Any, sql: str, parts: list[tuple[QueryResult, Any]]) -> Non
 
 
 class Node:
-    def __init__(self, config: NodeConfig) -> None:
+    def __init__(self, config: NodeConfig, registry: Registry) -> None:
+        """``registry``: the formats, store types, query types and SQL rules this node knows
+        (``federator.plugin.load_plugins()``); the node passes it to whatever it starts."""
+        if config.plugin_errors not in PLUGIN_ERRORS:
+            raise ValueError(f"--plugin-errors must be one of {', '.join(PLUGIN_ERRORS)}, got {config.plugin_errors!r}")
+        # Before anything is read or joined: a broken plugin stops the node here, loudly.
+        if registry.failures and config.plugin_errors == "fatal":
+            raise PluginsFailed(registry.failures, "fix or uninstall it, leave it out with FEDERATOR_PLUGINS, "
+                                                   "or start the node with --plugin-errors warn to serve without it")
+        self.registry = registry
         self.config = config
         self.state_dir = Path(config.state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.node_id = config.node_id or _node_id(self.state_dir)
-        from federator.plugin.manager import installed_plugins
-
-        # Load plugins before any store is read: a broken one stops the node here, loudly.
-        for plugin in installed_plugins():
+        for plugin in registry.plugins:
             log.info("plugin %s (%s %s): %s", plugin.name, plugin.distribution, plugin.version,
                      ", ".join(plugin.provides) or "nothing")
+        for failure in registry.failures:
+            log.warning("serving without a plugin (--plugin-errors warn): %s", failure)
         self.endpoint = config.advertise or config.listen
         self.cluster_secret = config.cluster_secret
         self.state = "CREATED"
@@ -139,7 +156,7 @@ class Node:
     def start(self) -> None:
         self.sql_engine  # DuckDB now, not at the first query: a bad --duckdb-memory-limit stops the start here
         kafka.check_reachable(self.config.bootstrap_servers)
-        Catalog(self.config.bootstrap_servers, self.config.application_id).ensure_topic()
+        Catalog(self.config.bootstrap_servers, self.config.application_id, self.registry).ensure_topic()
         kafka.ensure_topic(kafka.admin(self.config.bootstrap_servers), nodes_topic(self.config.application_id), 1, COMPACTED)
         self.materializer.start()
         self.members_tail.start()
@@ -168,7 +185,7 @@ class Node:
     # ---- events from the threads -----------------------------------------------------------
     def _on_catalog(self, msg: Message) -> None:
         stores = dict(self.stores)
-        if apply_catalog_message(stores, msg, self.unusable_stores) is not None:
+        if apply_catalog_message(stores, msg, self.registry, self.unusable_stores) is not None:
             self.stores = stores
             self.group.subscribe(sorted({d.topic for d in stores.values()}))
             self._wake.set()
@@ -449,7 +466,7 @@ class Node:
     def sql_engine(self):
         from federator.sql.engine import SqlEngine
 
-        return SqlEngine(self)
+        return SqlEngine(self, self.registry)
 
     def sql(self, request):
         return self.sql_engine.execute(request)

@@ -12,6 +12,7 @@ import threading
 from pathlib import Path
 
 from federator.node.node import Node, NodeConfig
+from federator.plugin import load_plugins
 
 REFUSED = 3  # the exit code of a node that refused to serve: another live node has its node id
 
@@ -34,6 +35,8 @@ def run_node(args: argparse.Namespace) -> int:
         _host_port(args.advertise, "--advertise")
     if args.standby_replicas < 0:
         raise ValueError("--standby-replicas must be 0 or more")
+    # The one registry of this process: built here, owned by the node, passed to the HTTP app.
+    registry = load_plugins()
     node = Node(NodeConfig(
         bootstrap_servers=args.bootstrap_servers,
         application_id=args.application_id,
@@ -44,7 +47,8 @@ def run_node(args: argparse.Namespace) -> int:
         node_id=args.node_id,
         cluster_secret=args.cluster_secret,
         duckdb_memory_limit=getattr(args, "duckdb_memory_limit", "2GB"),
-    ))
+        plugin_errors=getattr(args, "plugin_errors", "fatal"),
+    ), registry)  # raises PluginsFailed when a plugin failed and --plugin-errors is fatal
     if args.scan_cache_mb < 0:
         raise ValueError("--scan-cache-mb must be 0 or more")
     from federator.store.scan_cache import SCAN_CACHE
@@ -56,7 +60,7 @@ def run_node(args: argparse.Namespace) -> int:
     stopping = threading.Event()
     _stop_on_signals(stopping)
     node.on_refused = lambda why: stopping.set()  # the node logged why; exit with REFUSED
-    app = create_app(node)
+    app = create_app(node, registry)
     if (getattr(args, "server", None) or default_server()) == "granian":
         return _run_on_granian(node, app, host, port, args, stopping)
     server = serve(app, host, port, threads=args.threads)

@@ -247,21 +247,24 @@ def plan_store_queries(defn: StoreDefinition, where: exp.Expression | None, para
             best = c
         elif best is None:
             best = c
-    if defn.type == "window":
+    # What the store's type answers decides the queries (never its name): windows by key and
+    # start time, sessions by key, or key lookups and ranges; else the type's own full scan.
+    store_type = defn.store_type
+    if store_type.answers(WindowKeyQuery, WindowRangeQuery):
         lo, hi = _time_bounds(parts, params)
         if best is not None and best[0] == "points":
             points = _coerce_points(defn, best[1])
             if points is not None:
                 return _by_partition(defn, points, lambda k: WindowKeyQuery(k, lo, hi))
         return [SubQuery(WindowRangeQuery(lo, hi), None)]
-    if defn.type == "session":
+    if store_type.answers(SessionQuery, WindowRangeQuery):
         if best is not None and best[0] == "points":
             points = _coerce_points(defn, best[1])
             if points is not None:
                 return _by_partition(defn, points, lambda k: SessionQuery(k))
         return [SubQuery(WindowRangeQuery(None, None), None)]
     if not answers_key_queries(defn):
-        return [SubQuery(RangeQuery(), None)]
+        return [SubQuery(store_type.full_scan_query(), None)]
     if best is None:
         return [SubQuery(RangeQuery(), None)]
     if best[0] == "points":
@@ -286,16 +289,10 @@ def plan_store_queries(defn: StoreDefinition, where: exp.Expression | None, para
 
 
 def answers_key_queries(defn: StoreDefinition) -> bool:
-    """Whether the store's type answers key lookups and key ranges (kv, and plugin types built on it)."""
-    if defn.type == "kv":
-        return True
-    from federator.store.types import get_store_type
-
-    try:
-        handlers = get_store_type(defn.type).handlers
-    except KeyError:
-        return False
-    return defn.type not in ("window", "session") and all(q in handlers for q in (KeyQuery, KeysQuery, RangeQuery))
+    """Whether the store's type answers key lookups and key ranges (kv, and plugin types built on
+    it): rows are one per key, so a key's row lives in the key's partition."""
+    store_type = defn.store_type
+    return not store_type.windowed and store_type.answers(KeyQuery, KeysQuery, RangeQuery)
 
 
 def _merge_ranges(subs: list[SubQuery]) -> list[SubQuery]:

@@ -1,7 +1,8 @@
 """The hooks a plugin can implement. Each returns a list of things to register.
 
-pluggy calls an implementation with only the arguments it names, so hooks can gain
-arguments later without breaking plugins written today.
+The built-in plugin (federator.plugin.builtins) implements them too. pluggy calls an
+implementation with only the arguments it names, so hooks can gain arguments later
+without breaking plugins written today.
 """
 
 from __future__ import annotations

@@ -7,11 +7,10 @@ from federator.query.queries import (
     Query,
     RangeQuery,
     SessionQuery,
+    UnknownQueryType,
     WindowKeyQuery,
     WindowRangeQuery,
     query_from_dict,
-    query_types,
-    register_query_type,
 )
 from federator.query.request import StateQueryRequest
 from federator.query.result import FailureReason, QueryResult
@@ -27,9 +26,8 @@ __all__ = [
     "RangeQuery",
     "SessionQuery",
     "StateQueryRequest",
+    "UnknownQueryType",
     "WindowKeyQuery",
     "WindowRangeQuery",
     "query_from_dict",
-    "query_types",
-    "register_query_type",
 ]

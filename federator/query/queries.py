@@ -1,7 +1,8 @@
-"""IQv2 query types and the registry that plugins extend.
+"""IQv2 query types.
 
 Queries hold typed key values (str, int, float, bytes); the store serializes them
-with its key format. They travel between nodes as JSON dicts named by ``type``.
+with its key format. They travel between nodes as JSON dicts named by ``type``; which
+class a name stands for is the registry's (federator.plugin.registry), passed in.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Mapping
 
 
 class UnknownQueryType(KeyError):
@@ -120,36 +121,10 @@ class SessionQuery(Query):
     time_to: int | None = None
 
 
-_REGISTRY: dict[str, type[Query]] = {}
-
-Q = TypeVar("Q", bound=type[Query])
-
-
-def register_query_type(cls: Q) -> Q:
-    """Make a query type known to this process (usable as a class decorator)."""
-    existing = _REGISTRY.get(cls.type_name)
-    if existing is not None and existing is not cls:
-        raise ValueError(f"query type {cls.type_name!r} is already registered by {existing.__module__}")
-    _REGISTRY[cls.type_name] = cls
-    return cls
-
-
-for _cls in (KeyQuery, KeysQuery, RangeQuery, WindowKeyQuery, WindowRangeQuery, SessionQuery):
-    register_query_type(_cls)
-
-
-def query_types() -> dict[str, type[Query]]:
-    from federator.plugin.manager import load_plugins
-
-    load_plugins()
-    return dict(_REGISTRY)
-
-
-def query_from_dict(d: dict[str, Any]) -> Query:
+def query_from_dict(d: Mapping[str, Any], types: Mapping[str, type[Query]]) -> Query:
+    """The query ``d`` describes, its class found by name among ``types`` (a registry's query types)."""
     type_name = d.get("type")
-    cls = _REGISTRY.get(type_name)  # type: ignore[arg-type]
-    if cls is None:
-        cls = query_types().get(type_name)  # type: ignore[arg-type]
+    cls = types.get(type_name) if isinstance(type_name, str) else None
     if cls is None:
         raise UnknownQueryType(str(type_name))
-    return cls.from_dict(d)
+    return cls.from_dict(dict(d))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 from federator.query.position import PositionBound
 from federator.query.queries import Query, query_from_dict
@@ -38,11 +38,12 @@ class StateQueryRequest:
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> StateQueryRequest:
+    def from_dict(cls, d: dict[str, Any], query_types: Mapping[str, type[Query]]) -> StateQueryRequest:
+        """The request ``d`` describes; ``query_types`` (the registry's) name its query's class."""
         parts = d.get("partitions")
         return cls(
             store=d["store"],
-            query=query_from_dict(d["query"]),
+            query=query_from_dict(d["query"], query_types),
             partitions=None if parts is None else tuple(int(p) for p in parts),
             bound=PositionBound.from_dict(d.get("bound")),
             require_active=bool(d.get("require_active", False)),

@@ -1,4 +1,5 @@
-"""Per-partition query results on the wire: one Arrow IPC stream for a whole request.
+"""Per-partition query results on the wire: one Arrow IPC stream for a whole request; and the
+names both ends of a node-to-node call share (headers, result codes).
 
 The stream's schema is the answers' (the store's, or what a pipeline or plugin query makes). Each partition's result is one record batch
 whose batch-level custom metadata holds a small JSON header (partition, position, failure,
@@ -18,6 +19,11 @@ from federator.query.position import Position
 from federator.query.result import FailureReason, QueryResult
 
 MEDIA_TYPE = "application/vnd.apache.arrow.stream"
+# The header that carries the cluster secret on node-to-node calls (--cluster-secret).
+SECRET_HEADER = "X-Federator-Secret"
+# QueryResult.code of a co-partitioned join whose other partition is not on the owner (a
+# rebalance parted them): the receiver joins instead.
+NOT_COLOCATED = "NOT_COLOCATED"
 
 # Batch metadata key. Versioned so that a node running a newer layout fails loudly, not subtly.
 _HEADER_KEY = b"federator.result"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from federator.node.membership import ClusterView
+from federator.cluster.membership import ClusterView
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,8 @@ from typing import Any, Iterator
 import pyarrow as pa
 
 from federator.catalog.definition import StoreDefinition
-from federator.dispatch.dispatcher import Dispatcher, NotColocated
+from federator.dispatch.dispatcher import Dispatcher
+from federator.dispatch.errors import DispatchError, NotColocated
 from federator.query.position import Position, PositionBound
 from federator.sql.catalog_tables import describe, information_schema, show_tables
 from federator.sql.errors import SqlError
@@ -22,7 +23,8 @@ from federator.query.queries import KeyQuery
 from federator.sql.duck import Duck
 from federator.sql.planner import QueryPlan, StoreRef, bind_parameters, plan_query
 from federator.sql.pushdown import is_volatile
-from federator.plugin.manager import sql_rules
+from federator.plugin.registry import Registry
+from federator.sql.dispatch_errors import from_dispatch
 from federator.sql.point import PointAnswer, PointPlan, point_plan
 from federator.sql.result import SqlRequest, SqlResult
 
@@ -54,8 +56,10 @@ def _counted(batches: Iterator[pa.RecordBatch], stats: dict[str, Any], started: 
 
 
 class SqlEngine:
-    def __init__(self, node: Any) -> None:
+    def __init__(self, node: Any, registry: Registry) -> None:
+        """``registry``: the node's; its SQL rules plan, and it names the plugins behind queries."""
         self.node = node
+        self.registry = registry
         self.dispatcher = Dispatcher(node)
         self._points: dict[Any, PointPlan | None] = {}  # SQL text -> its point plan (None: not a point lookup)
         # (SQL text, parameters) -> a store query's plan and its pipeline as sent: planning costs
@@ -89,6 +93,12 @@ class SqlEngine:
         return defn
 
     def execute(self, req: SqlRequest) -> SqlResult:
+        try:
+            return self._execute(req)
+        except DispatchError as e:  # partitions could not be read: the dispatcher says why, in its words
+            raise from_dispatch(e, self.registry.provider_of) from None
+
+    def _execute(self, req: SqlRequest) -> SqlResult:
         started = time.perf_counter()
         deadline = time.monotonic() + req.timeout_ms / 1000
         try:
@@ -228,7 +238,7 @@ class SqlEngine:
         tree = bind_parameters(stmt.select, list(req.parameters), stmt.param_count)  # type: ignore[arg-type]
         deterministic = not is_volatile(tree)
         plan = plan_query(tree, self.resolve_store, lambda name: information_schema(name, self._stores()),
-                          sql_rules(), self._schema_of, copartitioned)
+                          list(self.registry.sql_rules), self._schema_of, copartitioned)
         plan.deterministic = deterministic
         if plan_key is not None:
             if len(self._plans) >= 1024:  # one entry per distinct SQL text and parameters; keep it bounded

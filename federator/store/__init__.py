@@ -2,14 +2,11 @@
 
 from federator.store.record import ChangelogRecord
 from federator.store.shard import Shard, UnsupportedQuery
-from federator.store.types import StoreType, get_store_type, register_store_type, store_type_names
+from federator.store.types import StoreType
 
 __all__ = [
     "ChangelogRecord",
     "Shard",
     "StoreType",
     "UnsupportedQuery",
-    "get_store_type",
-    "register_store_type",
-    "store_type_names",
 ]

@@ -15,7 +15,7 @@ from federator.query.queries import KeyQuery, KeysQuery, RangeQuery
 from federator.store.arrow import build_batch, empty_batch
 from federator.store.shard import ShardView
 from federator.store.record import ChangelogRecord
-from federator.store.types import StoreType, register_store_type, rowtime_field, stored_value
+from federator.store.types import StoreType, rowtime_field, stored_value
 
 
 def key_query(view: ShardView, q: KeyQuery) -> pa.RecordBatch:
@@ -143,5 +143,3 @@ def _in_place(defn: StoreDefinition, schema: pa.Schema, scan: pa.RecordBatch, ro
     batch = pa.RecordBatch.from_arrays(columns, schema=scan.schema)
     return batch.filter(pa.array(~_mask(len(scan), np.array(gone, np.int64)))) if gone else batch
 
-
-register_store_type(KeyValueStoreType())

@@ -8,11 +8,11 @@ from __future__ import annotations
 import pyarrow as pa
 
 from federator.catalog.definition import StoreDefinition
-from federator.query.queries import SessionQuery, WindowRangeQuery
+from federator.query.queries import Query, SessionQuery, WindowRangeQuery
 from federator.store.arrow import build_batch, empty_batch
 from federator.store.layout import MAX_TIME, SESSION_SUFFIX_LEN, split_session_key, time_bytes
 from federator.store.shard import ShardView
-from federator.store.types import StoreType, register_store_type
+from federator.store.types import StoreType
 from federator.store.window import windowed_schema
 
 
@@ -52,13 +52,14 @@ def session_range_query(view: ShardView, q: WindowRangeQuery) -> pa.RecordBatch:
 class SessionStoreType(StoreType):
     name = "session"
     changelog_layout = "session"
+    windowed = True
     handlers = {SessionQuery: session_query, WindowRangeQuery: session_range_query}
 
     def is_full_scan(self, query) -> bool:
         return type(query) is WindowRangeQuery and query.time_from is None and query.time_to is None
 
+    def full_scan_query(self) -> Query:
+        return WindowRangeQuery()
+
     def schema(self, defn: StoreDefinition) -> pa.Schema:
         return windowed_schema(defn)
-
-
-register_store_type(SessionStoreType())

@@ -20,7 +20,7 @@ from federator.query.queries import Query
 from federator.query.result import FailureReason, QueryResult
 from federator.store.record import ChangelogRecord
 from federator.store.scan_cache import SCAN_CACHE
-from federator.store.types import StoreType, get_store_type
+from federator.store.types import StoreType
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +109,7 @@ class Shard:
         self.definition = definition
         self.partition = partition
         self.topic = definition.topic
-        self.store_type: StoreType = get_store_type(definition.type)
+        self.store_type: StoreType = definition.store_type  # type: ignore[assignment]  # resolved by the registry
         self.schema = self.store_type.schema(definition)
         self._lock = threading.Lock()  # serializes writers
         # A sequence lock lets readers run without blocking writers: odd while a write is in

@@ -1,10 +1,14 @@
 """Store types: how a changelog record is applied, the Arrow schema, and which queries are answered.
 
-Built-in types are kv, window and session; plugins register more with ``register_store_type``.
+Built-in types are kv, window and session (federator.store.kv, .window, .session). Which name
+stands for which type is the registry's business: the built-in plugin registers those three,
+plugins add more (federator.plugin). A store type's behaviour is asked of the type object,
+never inferred from its name.
 """
 
 from __future__ import annotations
 
+import copy as _copy
 import struct
 from typing import TYPE_CHECKING, Callable, ClassVar, Iterable, Sequence
 
@@ -12,7 +16,7 @@ import pyarrow as pa
 from rocksdict import WriteBatch
 
 from federator.formats import TIMESTAMP
-from federator.query.queries import Query
+from federator.query.queries import Query, RangeQuery
 from federator.store.record import ChangelogRecord
 
 if TYPE_CHECKING:
@@ -39,6 +43,10 @@ class StoreType:
     # Extra RocksDB column families in each shard (say, an index), written in the same
     # atomic batch as the data and the position, and emptied with them.
     column_families: ClassVar[tuple[str, ...]] = ()
+    # Rows carry window_start and window_end (window and session stores).
+    windowed: ClassVar[bool] = False
+    # A definition of this type must give window_size_ms (fixed-size windows); no other may.
+    window_sized: ClassVar[bool] = False
 
     def schema(self, defn: StoreDefinition) -> pa.Schema:
         raise NotImplementedError
@@ -58,6 +66,10 @@ class StoreType:
         """Whether ``query`` reads the whole shard in key order (its answer may come from the scan cache)."""
         return False
 
+    def full_scan_query(self) -> Query:
+        """The query that reads every row: what the planner sends when no key narrows a read."""
+        return RangeQuery()
+
     def follow_scan(self, defn: StoreDefinition, schema: pa.Schema, scan: pa.RecordBatch,
                     records: Sequence[ChangelogRecord]) -> pa.RecordBatch | None:
         """The full scan after ``records`` were applied to a shard whose full scan was ``scan``,
@@ -67,49 +79,17 @@ class StoreType:
     def handler_for(self, query: Query) -> Handler | None:
         return self.handlers.get(type(query))
 
-    def add_handler(self, query_cls: type[Query], handler: Handler) -> None:
-        """Teach this store type a new query (plugins that add queries to built-in types)."""
-        self.handlers = {**self.handlers, query_cls: handler}
+    def answers(self, *query_classes: type[Query]) -> bool:
+        """Whether this type has a handler for every one of ``query_classes`` (what planning asks)."""
+        return all(q in self.handlers for q in query_classes)
+
+    def with_handlers(self, extra: dict[type[Query], Handler]) -> StoreType:
+        """A copy of this store type that also answers ``extra`` (queries a plugin adds to a type
+        it does not own); the original, and every other registry's copy, is left as it was."""
+        copy = _copy.copy(self)
+        copy.handlers = {**self.handlers, **extra}  # type: ignore[misc]  # per instance, on purpose
+        return copy
 
 
 def rowtime_field() -> pa.Field:
     return pa.field("rowtime", TIMESTAMP)
-
-
-_STORE_TYPES: dict[str, StoreType] = {}
-
-
-def register_store_type(store_type: StoreType) -> None:
-    existing = _STORE_TYPES.get(store_type.name)
-    if existing is not None and type(existing) is not type(store_type):
-        raise ValueError(f"store type {store_type.name!r} is already registered by {type(existing).__module__}")
-    _STORE_TYPES[store_type.name] = store_type
-
-
-def get_store_type(name: str) -> StoreType:
-    _ensure_builtins()
-    if name not in _STORE_TYPES:
-        _load_plugins()
-    try:
-        return _STORE_TYPES[name]
-    except KeyError:
-        raise KeyError(
-            f"unknown store type {name!r}: known are {', '.join(_STORE_TYPES)}; "
-            "install the plugin that provides it"
-        ) from None
-
-
-def store_type_names() -> list[str]:
-    _load_plugins()
-    return list(_STORE_TYPES)
-
-
-def _load_plugins() -> None:
-    from federator.plugin.manager import load_plugins
-
-    load_plugins()
-
-
-def _ensure_builtins() -> None:
-    # The built-in modules import this one, so they are loaded on first use rather than at import.
-    from federator.store import kv, session, window  # noqa: F401  (they register themselves)

@@ -10,11 +10,11 @@ import pyarrow as pa
 
 from federator.catalog.definition import StoreDefinition
 from federator.formats import TIMESTAMP
-from federator.query.queries import WindowKeyQuery, WindowRangeQuery
+from federator.query.queries import Query, WindowKeyQuery, WindowRangeQuery
 from federator.store.arrow import build_batch, empty_batch
 from federator.store.layout import MAX_TIME, WINDOW_SUFFIX_LEN, split_window_key, time_bytes
 from federator.store.shard import ShardView
-from federator.store.types import StoreType, register_store_type, rowtime_field
+from federator.store.types import StoreType, rowtime_field
 
 
 def windowed_schema(defn: StoreDefinition) -> pa.Schema:
@@ -65,13 +65,15 @@ def window_range_query(view: ShardView, q: WindowRangeQuery) -> pa.RecordBatch:
 class WindowStoreType(StoreType):
     name = "window"
     changelog_layout = "window"
+    windowed = True
+    window_sized = True
     handlers = {WindowKeyQuery: window_key_query, WindowRangeQuery: window_range_query}
 
     def is_full_scan(self, query) -> bool:
         return type(query) is WindowRangeQuery and query.time_from is None and query.time_to is None
 
+    def full_scan_query(self) -> Query:
+        return WindowRangeQuery()
+
     def schema(self, defn: StoreDefinition) -> pa.Schema:
         return windowed_schema(defn)
-
-
-register_store_type(WindowStoreType())

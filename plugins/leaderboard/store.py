@@ -39,39 +39,6 @@ def sortable(fmt: str, score: Any) -> bytes:
     return _U64.pack(int(score) + _SIGN)
 
 
-class LeaderboardStoreType(KeyValueStoreType):
-    name = "leaderboard"
-    column_families = (INDEX,)
-
-    def validate(self, defn: StoreDefinition) -> None:
-        if defn.value_format not in SCORE_FORMATS:
-            raise DefinitionError(
-                f"a leaderboard store keeps one numeric score per key: field 'value.format' must be one of "
-                f"{', '.join(SCORE_FORMATS)}, got {defn.value_format!r}"
-            )
-
-    def apply(self, wb: WriteBatch, records: Iterable[ChangelogRecord], shard: ShardView) -> None:
-        defn = shard.definition
-        fmt, value_fmt, index = defn.value_format, defn.value, shard.handle(INDEX)
-        latest: dict[bytes, bytes | None] = {}  # what this batch has written so far, key -> stored
-
-        def score_of(stored: bytes) -> Any:
-            return value_fmt.deserialize(stored[8:])
-
-        for r in records:
-            old = latest[r.key] if r.key in latest else shard.get(r.key)
-            if old is not None:
-                wb.delete(sortable(fmt, score_of(old)) + r.key, index)
-            if r.value is None:
-                wb.delete(r.key)
-                latest[r.key] = None
-            else:
-                stored = stored_value(r)
-                wb.put(r.key, stored)
-                wb.put(sortable(fmt, score_of(stored)) + r.key, b"", index)
-                latest[r.key] = stored
-
-
 def top_k(view: ShardView, q: TopKQuery) -> pa.RecordBatch:
     keys: list[bytes] = []
     stored: list[bytes] = []
@@ -111,4 +78,36 @@ def rank(view: ShardView, q: RankQuery) -> pa.RecordBatch:
     )
 
 
-LeaderboardStoreType.handlers = {**KeyValueStoreType.handlers, TopKQuery: top_k, RankQuery: rank}
+
+class LeaderboardStoreType(KeyValueStoreType):
+    name = "leaderboard"
+    column_families = (INDEX,)
+    handlers = {**KeyValueStoreType.handlers, TopKQuery: top_k, RankQuery: rank}
+
+    def validate(self, defn: StoreDefinition) -> None:
+        if defn.value_format not in SCORE_FORMATS:
+            raise DefinitionError(
+                f"a leaderboard store keeps one numeric score per key: field 'value.format' must be one of "
+                f"{', '.join(SCORE_FORMATS)}, got {defn.value_format!r}"
+            )
+
+    def apply(self, wb: WriteBatch, records: Iterable[ChangelogRecord], shard: ShardView) -> None:
+        defn = shard.definition
+        fmt, value_fmt, index = defn.value_format, defn.value, shard.handle(INDEX)
+        latest: dict[bytes, bytes | None] = {}  # what this batch has written so far, key -> stored
+
+        def score_of(stored: bytes) -> Any:
+            return value_fmt.deserialize(stored[8:])
+
+        for r in records:
+            old = latest[r.key] if r.key in latest else shard.get(r.key)
+            if old is not None:
+                wb.delete(sortable(fmt, score_of(old)) + r.key, index)
+            if r.value is None:
+                wb.delete(r.key)
+                latest[r.key] = None
+            else:
+                stored = stored_value(r)
+                wb.put(r.key, stored)
+                wb.put(sortable(fmt, score_of(stored)) + r.key, b"", index)
+                latest[r.key] = stored

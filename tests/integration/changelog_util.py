@@ -7,12 +7,13 @@ from confluent_kafka import KafkaError, TopicPartition
 from federator import kafka
 from federator.catalog import Catalog, StoreDefinition
 from federator.partitioner import partition_for
+from tests.registry import REGISTRY
 
 
 def register(broker, app_id: str, d: dict) -> StoreDefinition:
     d = {"topic": f"{app_id}-{d['name']}-changelog", **d}
-    defn = StoreDefinition.from_dict(d)
-    Catalog(broker.bootstrap_servers, app_id).register(defn)
+    defn = StoreDefinition.from_dict(d, REGISTRY)
+    Catalog(broker.bootstrap_servers, app_id, REGISTRY).register(defn)
     return defn
 
 

@@ -8,6 +8,7 @@ import subprocess
 from federator import kafka
 from federator.catalog import Catalog
 from tests.conftest import federator_cmd
+from tests.registry import REGISTRY
 
 
 def run(broker, app_id: str, *args: str) -> subprocess.CompletedProcess:
@@ -47,7 +48,7 @@ def test_create_list_describe(broker, app_id) -> None:
     assert "player: string" in r.stdout and "last_seen: timestamp[ms, tz=UTC]" in r.stdout and "rowtime" in r.stdout
 
     # every other client sees the same catalog
-    stores = Catalog(broker.bootstrap_servers, app_id).load()
+    stores = Catalog(broker.bootstrap_servers, app_id, REGISTRY).load()
     assert set(stores) == {"word_counts", "player_stats", "scores_per_minute"}
     assert stores["player_stats"].value_columns == ["games", "total_score", "best_score", "last_seen"]
 
@@ -63,7 +64,7 @@ def test_same_definition_succeeds_and_a_different_one_says_what_differs(broker, 
     assert other.returncode == 2
     assert "partitions: 4 vs 6" in other.stderr
     assert "key.format: 'long' vs 'string'" in other.stderr
-    assert Catalog(broker.bootstrap_servers, app_id).get("s").partitions == 4
+    assert Catalog(broker.bootstrap_servers, app_id, REGISTRY).get("s").partitions == 4
 
 
 def test_bad_definitions_name_the_field_and_create_nothing(broker, app_id) -> None:
@@ -80,7 +81,7 @@ def test_bad_definitions_name_the_field_and_create_nothing(broker, app_id) -> No
         assert r.returncode == 2, (args, r.stdout)
         assert field in r.stderr, (args, r.stderr)
         assert "Traceback" not in r.stderr
-    assert Catalog(broker.bootstrap_servers, app_id).load() == {}
+    assert Catalog(broker.bootstrap_servers, app_id, REGISTRY).load() == {}
     assert kafka.topic_partitions(kafka.admin(broker.bootstrap_servers), f"{app_id}-bad-changelog") is None
 
 
@@ -94,7 +95,7 @@ def test_an_existing_topic_can_be_named_and_must_match(broker, app_id) -> None:
                    "--value", "long", "--topic", f"{app_id}-streams-app-counts-changelog")
     assert mismatch.returncode == 2
     assert "exists with 3 partitions, not 5" in mismatch.stderr
-    assert "counts2" not in Catalog(broker.bootstrap_servers, app_id).load()
+    assert "counts2" not in Catalog(broker.bootstrap_servers, app_id, REGISTRY).load()
 
 
 def test_describe_unknown_store_and_unreachable_broker(broker, app_id) -> None:
@@ -115,9 +116,9 @@ def test_a_catalog_reads_again_before_registering_and_sees_another_writer(broker
 
     def defn(partitions: int) -> StoreDefinition:
         return StoreDefinition(name="s", type="kv", topic=changelog_topic(app_id, "s"), partitions=partitions,
-                               key_format="string", value_format="long")
+                               key_format="string", value_format="long", types=REGISTRY)
 
-    mine, other = Catalog(broker.bootstrap_servers, app_id), Catalog(broker.bootstrap_servers, app_id)
+    mine, other = Catalog(broker.bootstrap_servers, app_id, REGISTRY), Catalog(broker.bootstrap_servers, app_id, REGISTRY)
     assert mine.load() == {}
     assert other.register(defn(4)) is True
     assert mine.load()["s"].partitions == 4
@@ -128,4 +129,4 @@ def test_a_catalog_reads_again_before_registering_and_sees_another_writer(broker
         assert "partitions: 4 vs 6" in str(e)
     else:
         raise AssertionError("registering another definition of an existing store must fail")
-    assert Catalog(broker.bootstrap_servers, app_id).get("s").partitions == 4
+    assert Catalog(broker.bootstrap_servers, app_id, REGISTRY).get("s").partitions == 4

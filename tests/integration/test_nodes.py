@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 
 from federator.dispatch import NodeCallError, NodeClient
-from federator.node.membership import HEARTBEAT_SECONDS, nodes_topic
+from federator.cluster.membership import HEARTBEAT_SECONDS, nodes_topic
 from federator.partitioner import partition_for
 from federator.query import FailureReason, KeyQuery, RangeQuery, StateQueryRequest
 from tests.conftest import RunningBroker, free_port

@@ -14,13 +14,14 @@ from federator.query import KeyQuery, RangeQuery
 from federator.store import ChangelogRecord, Shard
 from plugins.leaderboard.queries import RankQuery, TopKQuery
 from plugins.leaderboard.store import INDEX, sortable
+from tests.registry import REGISTRY
 
 
 def board(fmt: str = "long") -> StoreDefinition:
     return StoreDefinition.from_dict({
         "name": "lb", "type": "leaderboard", "topic": "app-lb-changelog", "partitions": 1,
         "key": {"name": "player", "format": "string"}, "value": {"name": "score", "format": fmt},
-    })
+    }, REGISTRY)
 
 
 def write(shard: Shard, changes: list[tuple[str, float | None]], offset: int = 0) -> int:
@@ -95,7 +96,7 @@ def test_a_leaderboard_needs_a_numeric_score() -> None:
         StoreDefinition.from_dict({
             "name": "lb", "type": "leaderboard", "topic": "t", "partitions": 1,
             "key": {"format": "string"}, "value": {"format": "string"},
-        }).validate()
+        }, REGISTRY)
 
 
 @settings(max_examples=60, deadline=None)

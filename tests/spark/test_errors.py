@@ -11,6 +11,7 @@ from federator.catalog import Catalog, changelog_topic
 from spark import sink
 from spark.sink import SinkError, write_store
 from tests.integration.changelog_util import read_partition
+from tests.registry import REGISTRY
 
 pytestmark = pytest.mark.integration
 
@@ -30,7 +31,7 @@ def attempt(target, df, store, **kw):
 
 def nothing_written(target, store):
     broker, app = target
-    assert Catalog(broker.bootstrap_servers, app).get(store) is None
+    assert Catalog(broker.bootstrap_servers, app, REGISTRY).get(store) is None
     assert kafka.topic_partitions(kafka.admin(broker.bootstrap_servers), changelog_topic(app, store)) is None
 
 

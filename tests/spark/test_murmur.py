@@ -8,9 +8,9 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from federator.formats import get_format
 from federator.partitioner import partition_for
 from spark.sink import _serialize, murmur2_partitions
+from tests.registry import REGISTRY
 
 
 @settings(max_examples=200, deadline=None)
@@ -33,7 +33,7 @@ def test_serialized_keys(fmt):
     }[fmt]
     vals = [values() for _ in range(2000)]
     ser = _serialize(pa.array(vals), fmt)
-    f = get_format(fmt)
+    f = REGISTRY.format(fmt)
     assert ser.to_pylist() == [f.serialize(v) for v in vals]
     assert murmur2_partitions(ser, 8).to_pylist() == [partition_for(f.serialize(v), 8) for v in vals]
 

@@ -15,6 +15,7 @@ from federator.query.position import Position
 from tests.integration.changelog_util import read_partition
 from tests.spark.conftest import (BYTES_ROWS, DOUBLE_ROWS, INT_ROWS, JSON_ROWS, LONG_ROWS, P, REPLACE_KV,
                                   REPLACE_WIN, RYW_ROWS, SESSION_ROWS, STRING_ROWS, T0, WINDOW_ROWS, rows, sql)
+from tests.registry import REGISTRY
 
 pytestmark = pytest.mark.integration
 
@@ -46,7 +47,7 @@ def test_round_trip(world, store):
 
 
 def test_definitions_follow_the_spark_types(world):
-    stores = Catalog(world.bootstrap, world.app).load()
+    stores = Catalog(world.bootstrap, world.app, REGISTRY).load()
     assert (stores["rt_long"].key_format, stores["rt_long"].value_format) == ("long", "long")
     assert (stores["rt_int"].key_format, stores["rt_int"].value_name) == ("int", "n")
     assert (stores["rt_bytes"].key_format, stores["rt_bytes"].value_format) == ("bytes", "bytes")
@@ -61,7 +62,7 @@ def test_record_layout_and_timestamps(world):
     from federator.partitioner import partition_for
     from federator.store.layout import split_session_key, split_window_key
 
-    defn = Catalog(world.bootstrap, world.app).get("rt_window")
+    defn = Catalog(world.bootstrap, world.app, REGISTRY).get("rt_window")
     seen = set()
     for p in range(P):
         for _, key, value, stamp in read_partition(world, defn.topic, p):
@@ -69,18 +70,18 @@ def test_record_layout_and_timestamps(world):
             assert (seq, stamp, partition_for(plain, P)) == (0, start, p)
             seen.add((plain.decode(), start, int.from_bytes(value, "big", signed=True)))
     assert seen == set(WINDOW_ROWS)
-    defn = Catalog(world.bootstrap, world.app).get("rt_session")
+    defn = Catalog(world.bootstrap, world.app, REGISTRY).get("rt_session")
     for p in range(P):
         for _, key, _, stamp in read_partition(world, defn.topic, p):
             plain, start, end = split_session_key(key)
             assert stamp == end and partition_for(plain, P) == p
-    defn = Catalog(world.bootstrap, world.app).get("rt_string")
+    defn = Catalog(world.bootstrap, world.app, REGISTRY).get("rt_string")
     stamps = {stamp for p in range(P) for *_, stamp in read_partition(world, defn.topic, p)}
     assert len(stamps) == 1 and abs(stamps.pop() / 1000 - time.time()) < 600  # kv: the write's time
 
 
 def test_token_is_the_last_offset_of_each_partition(world):
-    topic = Catalog(world.bootstrap, world.app).get("rt_string").topic
+    topic = Catalog(world.bootstrap, world.app, REGISTRY).get("rt_string").topic
     token = Position.from_token(world.tokens["rt_string"])
     last = {}
     for p in range(P):

@@ -9,13 +9,14 @@ import threading
 from federator.http import create_app
 from federator.http.granian_server import GranianServer
 from tests.unit.test_sql_routes import FakeSqlNode, MidStreamFailure
+from tests.registry import REGISTRY
 
 
 def main() -> int:
     port = int(sys.argv[1])
     node = MidStreamFailure(rows_before=5000) if sys.argv[2:] == ["midstream"] else FakeSqlNode()
     stopping = threading.Event()
-    server = GranianServer(create_app(node), "127.0.0.1", port, threads=2, on_signal=stopping.set)
+    server = GranianServer(create_app(node, REGISTRY), "127.0.0.1", port, threads=2, on_signal=stopping.set)
 
     def stop_when_asked() -> None:
         server.listening.wait()

@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from federator.catalog import StoreDefinition
-from federator.formats import FormatError, get_format
+from federator.formats import FormatError
 from federator.store.arrow import build_batch, split_stored
-from federator.store.types import get_store_type
+from tests.registry import REGISTRY
 
 FAST = settings(max_examples=20, database=None, deadline=None)
 
@@ -29,11 +29,11 @@ ROWTIMES = st.integers(-(1 << 50), 1 << 50)
 
 def _kv(key: str, value: str) -> StoreDefinition:
     return StoreDefinition.from_dict({"name": "s", "type": "kv", "topic": "s", "partitions": 1,
-                                      "key": {"format": key}, "value": {"format": value}})
+                                      "key": {"format": key}, "value": {"format": value}}, REGISTRY)
 
 
 def _python_batch(defn: StoreDefinition, keys: list[bytes], stored: list[bytes]) -> pa.RecordBatch:
-    schema = get_store_type("kv").schema(defn)
+    schema = REGISTRY.store_type("kv").schema(defn)
     cols = [pa.array([defn.key.deserialize(k) for k in keys], defn.key.arrow_type),
             pa.array([defn.value.deserialize(v[8:]) for v in stored], defn.value.arrow_type),
             pa.array([struct.unpack(">q", v[:8])[0] for v in stored], pa.int64()).cast(schema.field(2).type)]
@@ -48,7 +48,7 @@ def test_many_entries_decode_like_one_at_a_time(value_format: str, data, n: int)
     keys = sorted({defn.key.serialize(k) for k in data.draw(st.lists(VALUES["long"], min_size=n, max_size=n))})
     stored = [struct.pack(">q", data.draw(ROWTIMES)) + defn.value.serialize(data.draw(VALUES[value_format]))
               for _ in keys]
-    got = build_batch(get_store_type("kv").schema(defn), defn, keys, stored)
+    got = build_batch(REGISTRY.store_type("kv").schema(defn), defn, keys, stored)
     assert got.equals(_python_batch(defn, keys, stored))
 
 
@@ -65,7 +65,7 @@ def test_a_fixed_width_value_of_the_wrong_size_is_named() -> None:
     stored = [struct.pack(">qq", 0, i) for i in range(100)]
     stored[50] = struct.pack(">q", 0) + b"\x01\x02\x03"
     with pytest.raises(FormatError, match="long format expects 8 bytes, got 3"):
-        build_batch(get_store_type("kv").schema(defn), defn, keys, stored)
+        build_batch(REGISTRY.store_type("kv").schema(defn), defn, keys, stored)
 
 
 def test_an_entry_shorter_than_its_rowtime_is_refused() -> None:
@@ -78,16 +78,16 @@ def test_invalid_utf8_in_many_string_keys_is_refused() -> None:
     keys = [b"k%03d" % i for i in range(99)] + [b"\xff"]
     stored = [struct.pack(">qq", 0, i) for i in range(100)]
     with pytest.raises(pa.ArrowInvalid):
-        build_batch(get_store_type("kv").schema(defn), defn, keys, stored)
+        build_batch(REGISTRY.store_type("kv").schema(defn), defn, keys, stored)
 
 
 def test_json_values_decode_through_the_vector_path() -> None:
     defn = StoreDefinition.from_dict({"name": "s", "type": "kv", "topic": "s", "partitions": 1,
                                       "key": {"format": "long"},
                                       "value": {"format": "json", "fields": [{"name": "a", "type": "long"},
-                                                                             {"name": "b", "type": "string"}]}})
+                                                                             {"name": "b", "type": "string"}]}}, REGISTRY)
     keys = [defn.key.serialize(i) for i in range(100)]
     stored = [struct.pack(">q", i) + defn.value.serialize({"a": i, "b": str(i)}) for i in range(100)]
-    batch = build_batch(get_store_type("kv").schema(defn), defn, keys, stored)
+    batch = build_batch(REGISTRY.store_type("kv").schema(defn), defn, keys, stored)
     assert batch.column(1).to_pylist() == list(range(100))
     assert batch.column(2).to_pylist() == [str(i) for i in range(100)]

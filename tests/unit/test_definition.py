@@ -11,6 +11,7 @@ import pytest
 
 from federator.catalog import DefinitionError, StoreDefinition, parse_value_fields
 from federator.formats import TIMESTAMP, JsonFormat
+from tests.registry import REGISTRY
 
 
 def base(**changes: Any) -> dict[str, Any]:
@@ -36,7 +37,7 @@ def window(**changes: Any) -> dict[str, Any]:
 
 def error(d: Any) -> str:
     with pytest.raises(DefinitionError) as e:
-        StoreDefinition.from_dict(d)
+        StoreDefinition.from_dict(d, REGISTRY)
     return str(e.value)
 
 
@@ -44,7 +45,7 @@ def error(d: Any) -> str:
 
 
 def test_valid_kv_definition() -> None:
-    defn = StoreDefinition.from_dict(base())
+    defn = StoreDefinition.from_dict(base(), REGISTRY)
     assert (defn.name, defn.type, defn.topic, defn.partitions) == ("orders", "kv", "app-orders-changelog", 4)
     assert (defn.key_name, defn.key_format, defn.value_name, defn.value_format) == ("id", "string", "total", "long")
     assert defn.key.name == "string" and defn.value.name == "long"
@@ -57,12 +58,12 @@ def test_valid_kv_definition() -> None:
 
 def test_key_and_value_names_default() -> None:
     d = base(key={"format": "long"}, value={"format": "string"})
-    defn = StoreDefinition.from_dict(d)
+    defn = StoreDefinition.from_dict(d, REGISTRY)
     assert defn.key_name == "key" and defn.value_name == "value"
 
 
 def test_valid_json_window_definition() -> None:
-    defn = StoreDefinition.from_dict(window(value=json_value(("score", "long"), ("seen", "timestamp"))))
+    defn = StoreDefinition.from_dict(window(value=json_value(("score", "long"), ("seen", "timestamp"))), REGISTRY)
     assert defn.windowed and defn.window_size_ms == 60_000
     assert defn.value_fields == (("score", "long"), ("seen", "timestamp"))
     assert defn.value_columns == ["score", "seen"]
@@ -71,7 +72,7 @@ def test_valid_json_window_definition() -> None:
 
 
 def test_session_definition_is_windowed() -> None:
-    defn = StoreDefinition.from_dict(base(type="session"))
+    defn = StoreDefinition.from_dict(base(type="session"), REGISTRY)
     assert defn.windowed
     assert defn.arrow_schema().names == ["id", "window_start", "window_end", "total", "rowtime"]
 
@@ -93,7 +94,7 @@ def test_bad_name(name: Any) -> None:
 
 
 def test_name_limits() -> None:
-    assert StoreDefinition.from_dict(base(name="_" + "x" * 199)).name == "_" + "x" * 199
+    assert StoreDefinition.from_dict(base(name="_" + "x" * 199), REGISTRY).name == "_" + "x" * 199
 
 
 @pytest.mark.parametrize("typ", [None, "", "KV", "table", 3])
@@ -110,7 +111,7 @@ def test_bad_topic(topic: Any) -> None:
 
 
 def test_topic_limits() -> None:
-    assert StoreDefinition.from_dict(base(topic="a._-Z9" + "x" * 243)).topic.startswith("a._-Z9")
+    assert StoreDefinition.from_dict(base(topic="a._-Z9" + "x" * 243), REGISTRY).topic.startswith("a._-Z9")
 
 
 @pytest.mark.parametrize("partitions", [None, 0, -1, "4", 1.5, True, False])
@@ -211,7 +212,7 @@ def test_unknown_top_level_field_is_named() -> None:
 
 def test_from_json_rejects_bad_json() -> None:
     with pytest.raises(DefinitionError, match="not valid JSON"):
-        StoreDefinition.from_json(b"{nope")
+        StoreDefinition.from_json(b"{nope", REGISTRY)
 
 
 # ---- JSON round trip --------------------------------------------------------------------------
@@ -227,8 +228,8 @@ ROUND_TRIP = [
 
 @pytest.mark.parametrize("d", ROUND_TRIP)
 def test_json_round_trip(d: dict) -> None:
-    defn = StoreDefinition.from_dict(copy.deepcopy(d))
-    again = StoreDefinition.from_json(defn.to_json())
+    defn = StoreDefinition.from_dict(copy.deepcopy(d), REGISTRY)
+    again = StoreDefinition.from_json(defn.to_json(), REGISTRY)
     assert again == defn
     assert again.to_json() == defn.to_json()
     assert again.to_dict() == defn.to_dict()
@@ -236,18 +237,18 @@ def test_json_round_trip(d: dict) -> None:
     assert defn.differences(again) == []
     # to_dict is the input, with defaults filled in
     assert json.loads(defn.to_json()) == json.loads(json.dumps(defn.to_dict()))
-    assert StoreDefinition.from_dict(defn.to_dict()) == defn
+    assert StoreDefinition.from_dict(defn.to_dict(), REGISTRY) == defn
 
 
 def test_to_json_is_canonical() -> None:
-    a = StoreDefinition.from_dict(base())
+    a = StoreDefinition.from_dict(base(), REGISTRY)
     shuffled = dict(reversed(list(base().items())))
-    b = StoreDefinition.from_dict(shuffled)
+    b = StoreDefinition.from_dict(shuffled, REGISTRY)
     assert a.to_json() == b.to_json()
 
 
 def test_to_dict_shape() -> None:
-    defn = StoreDefinition.from_dict(window(value=json_value(("score", "long"))))
+    defn = StoreDefinition.from_dict(window(value=json_value(("score", "long"))), REGISTRY)
     assert defn.to_dict() == {
         "name": "orders",
         "type": "window",
@@ -263,16 +264,16 @@ def test_to_dict_shape() -> None:
 
 
 def test_differences_lists_each_differing_field() -> None:
-    a = StoreDefinition.from_dict(base())
-    b = StoreDefinition.from_dict(base(partitions=8, key={"name": "order_id", "format": "string"}))
+    a = StoreDefinition.from_dict(base(), REGISTRY)
+    b = StoreDefinition.from_dict(base(partitions=8, key={"name": "order_id", "format": "string"}), REGISTRY)
     diffs = a.differences(b)
     assert diffs == ["key.name: 'id' vs 'order_id'", "partitions: 4 vs 8"]
     assert b.differences(a) == ["key.name: 'order_id' vs 'id'", "partitions: 8 vs 4"]
 
 
 def test_differences_with_fields_only_one_side_has() -> None:
-    a = StoreDefinition.from_dict(base())
-    b = StoreDefinition.from_dict(window(value=json_value(("score", "long"))))
+    a = StoreDefinition.from_dict(base(), REGISTRY)
+    b = StoreDefinition.from_dict(window(value=json_value(("score", "long"))), REGISTRY)
     diffs = a.differences(b)
     fields = [d.split(":")[0] for d in diffs]
     assert fields == ["type", "value.fields", "value.format", "value.name", "window_size_ms"]
@@ -281,8 +282,8 @@ def test_differences_with_fields_only_one_side_has() -> None:
 
 
 def test_no_differences_with_itself() -> None:
-    a = StoreDefinition.from_dict(base())
-    assert a.differences(StoreDefinition.from_dict(base())) == []
+    a = StoreDefinition.from_dict(base(), REGISTRY)
+    assert a.differences(StoreDefinition.from_dict(base(), REGISTRY)) == []
 
 
 # ---- parse_value_fields ----------------------------------------------------------------------------
@@ -316,4 +317,4 @@ def test_parse_value_fields_needs_one_pair(spec: str) -> None:
 def test_parsed_fields_build_a_definition() -> None:
     fields = parse_value_fields("score:long,seen:timestamp")
     d = base(value={"format": "json", "fields": [{"name": n, "type": t} for n, t in fields]})
-    assert StoreDefinition.from_dict(d).value_columns == ["score", "seen"]
+    assert StoreDefinition.from_dict(d, REGISTRY).value_columns == ["score", "seen"]

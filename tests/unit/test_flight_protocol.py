@@ -13,6 +13,7 @@ from federator.catalog.definition import StoreDefinition
 from federator.flight import metadata, protocol
 from federator.flight.server import parameter_rows
 from federator.flight.statements import Expiring
+from tests.registry import REGISTRY
 
 
 def test_messages_encode_with_the_specs_field_numbers() -> None:
@@ -72,7 +73,7 @@ def _stores() -> dict[str, StoreDefinition]:
     out = {}
     for name in ("players", "scores"):
         out[name] = StoreDefinition.from_dict({"name": name, "type": "kv", "partitions": 2, "topic": f"{name}-cl",
-                                               "key": {"format": "string"}, "value": {"name": "v", "format": "long"}})
+                                               "key": {"format": "string"}, "value": {"name": "v", "format": "long"}}, REGISTRY)
     return out
 
 

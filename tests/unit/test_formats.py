@@ -6,6 +6,7 @@ import datetime as dt
 import json
 import math
 import struct
+import types
 
 import pyarrow as pa
 import pytest
@@ -17,10 +18,11 @@ from federator.formats import (
     BytesFormat,
     FormatError,
     JsonFormat,
-    format_names,
-    get_format,
-    register_format,
 )
+from federator.plugin import hookimpl, load_plugins
+from tests.registry import REGISTRY
+
+get_format = REGISTRY.format  # formats by name, as a node finds them
 
 FAST = settings(max_examples=100, database=None, deadline=None)
 
@@ -424,9 +426,10 @@ def test_json_unknown_field_type() -> None:
 def test_get_format_returns_named_formats() -> None:
     for name in ("string", "bytes", "long", "int", "double"):
         assert get_format(name).name == name
-    assert set(format_names()) >= {"string", "bytes", "long", "int", "double", "json"}
+    assert set(REGISTRY.formats) >= {"string", "bytes", "long", "int", "double", "json"}
     f = get_format("json", [("a", "long")])
     assert isinstance(f, JsonFormat) and f.fields == [("a", "long")]
+    assert get_format("json", [("b", "string")]).fields == [("b", "string")]  # each store its own
 
 
 def test_get_format_unknown_name() -> None:
@@ -442,12 +445,15 @@ def test_get_format_json_without_fields(fields) -> None:
         get_format("json", fields)
 
 
-def test_register_format_rejects_existing_names() -> None:
-    with pytest.raises(FormatError, match="already registered"):
-        register_format(BytesFormat())
+class _Json(BytesFormat):
+    name = "json"
 
-    class Json(BytesFormat):
-        name = "json"
 
-    with pytest.raises(FormatError, match="already registered"):
-        register_format(Json())
+@pytest.mark.parametrize("fmt", [BytesFormat(), _Json()], ids=["bytes", "json"])
+def test_a_format_name_is_registered_once(fmt) -> None:
+    plugin = types.SimpleNamespace(register_formats=hookimpl(lambda: [fmt]))
+    registry = load_plugins({"again": plugin}, names=())
+    (failure,) = registry.failures
+    assert failure.name == "again" and f"format {fmt.name} is already registered" in failure.error
+    assert registry.formats[fmt.name] is not fmt  # the built-in one stays
+    assert not any(p.name == "again" for p in registry.plugins)

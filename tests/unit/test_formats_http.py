@@ -20,6 +20,7 @@ from federator.http.formats import (
 )
 from federator.sql.errors import SqlError
 from federator.sql.result import SqlRequest, SqlResult
+from tests.registry import REGISTRY
 
 TS = pa.timestamp("ms", tz="UTC")
 MAX64, MIN64 = 2**63 - 1, -(2**63)
@@ -274,7 +275,7 @@ def node() -> FakeNode:
 
 @pytest.fixture
 def client(node: FakeNode) -> Any:
-    return create_app(node).test_client()
+    return create_app(node, REGISTRY).test_client()
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,7 @@ from flask.testing import FlaskClient
 from federator.http import bound_port, create_app, serve, shutdown, start
 from federator.query import FailureReason, KeyQuery, Position, PositionBound, QueryResult, RangeQuery, StateQueryRequest
 from federator.query.wire import MEDIA_TYPE, decode_results
+from tests.registry import REGISTRY
 
 SCHEMA = pa.schema([("k", pa.string()), ("v", pa.int64()), ("rowtime", pa.timestamp("ms", tz="UTC"))])
 TOPIC = "app-s-changelog"
@@ -68,7 +69,7 @@ def node() -> FakeNode:
 
 @pytest.fixture
 def client(node: FakeNode) -> FlaskClient:
-    return create_app(node).test_client()
+    return create_app(node, REGISTRY).test_client()
 
 
 def query_body(**kw: Any) -> dict:
@@ -208,7 +209,7 @@ def test_bad_bodies(client: FlaskClient, node: FakeNode, data: bytes, fragment: 
 
 def test_secret_guards_internal_endpoints_only() -> None:
     node = FakeNode(secret="s3cret")
-    client = create_app(node).test_client()
+    client = create_app(node, REGISTRY).test_client()
     url = "/internal/v1/query"
     assert_error(client.post(url, json=query_body()), 403, "FORBIDDEN", "X-Federator-Secret", "cluster secret")
     wrong = {"X-Federator-Secret": "s3cre"}
@@ -230,7 +231,7 @@ def test_no_secret_means_no_header_needed(client: FlaskClient) -> None:
 
 def test_served_by_waitress_over_real_http() -> None:
     node = FakeNode(secret="s3cret")
-    server = serve(create_app(node), "127.0.0.1", 0, threads=2)
+    server = serve(create_app(node, REGISTRY), "127.0.0.1", 0, threads=2)
     thread = start(server)
     try:
         base = f"http://127.0.0.1:{bound_port(server)}"
@@ -255,7 +256,7 @@ def test_served_by_waitress_over_real_http() -> None:
 
 
 def test_stop_a_server_that_never_ran() -> None:
-    server = serve(create_app(FakeNode()), "127.0.0.1", 0)
+    server = serve(create_app(FakeNode(), REGISTRY), "127.0.0.1", 0)
     port = bound_port(server)
     shutdown(server)
     with pytest.raises(OSError):
@@ -266,7 +267,7 @@ def test_shutdown_ends_a_loop_run_in_the_callers_own_thread() -> None:
     import threading
     import time
 
-    server = serve(create_app(FakeNode()), "127.0.0.1", 0)
+    server = serve(create_app(FakeNode(), REGISTRY), "127.0.0.1", 0)
     port = bound_port(server)
     thread = threading.Thread(target=server.run, daemon=True)  # as `federator node` runs it
     thread.start()

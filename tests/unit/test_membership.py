@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 
-from federator.node.membership import SAME_ID_LIVE_SECONDS, ClusterView, NodeInfo, place_standbys, same_id
+from federator.cluster.membership import SAME_ID_LIVE_SECONDS, ClusterView, NodeInfo, place_standbys, same_id
 
 
 class Msg:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import types
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -10,6 +11,7 @@ import pytest
 
 from federator.query import (
     KeyQuery,
+    KeysQuery,
     Position,
     PositionBound,
     Query,
@@ -18,12 +20,10 @@ from federator.query import (
     StateQueryRequest,
     WindowKeyQuery,
     WindowRangeQuery,
-    query_from_dict,
-    query_types,
-    register_query_type,
 )
-from federator.query import queries as queries_module
-from federator.query.queries import UnknownQueryType
+from federator.plugin import hookimpl, load_plugins
+from federator.query.queries import UnknownQueryType, query_from_dict
+from tests.registry import REGISTRY
 
 QUERIES = [
     KeyQuery("alice"),
@@ -51,7 +51,7 @@ def test_query_round_trip(q: Query) -> None:
     d = q.to_dict()
     assert d["type"] == q.type_name == type(q).__name__
     wire = json.loads(json.dumps(d))  # it really is JSON-safe
-    again = query_from_dict(wire)
+    again = REGISTRY.query_from_dict(wire)
     assert type(again) is type(q)
     assert again == q
     for name, value in vars(q).items():
@@ -64,19 +64,19 @@ def test_bytes_travel_as_base64() -> None:
 
 
 def test_every_builtin_is_registered() -> None:
-    types = query_types()
-    for cls in (KeyQuery, RangeQuery, WindowKeyQuery, WindowRangeQuery, SessionQuery):
+    types = load_plugins(names=()).query_types  # the built-in plugin alone
+    for cls in (KeyQuery, KeysQuery, RangeQuery, WindowKeyQuery, WindowRangeQuery, SessionQuery):
         assert types[cls.type_name] is cls
 
 
 def test_defaults_fill_missing_fields() -> None:
-    assert query_from_dict({"type": "RangeQuery"}) == RangeQuery()
-    assert query_from_dict({"type": "WindowKeyQuery", "key": "k"}) == WindowKeyQuery("k", None, None)
+    assert REGISTRY.query_from_dict({"type": "RangeQuery"}) == RangeQuery()
+    assert REGISTRY.query_from_dict({"type": "WindowKeyQuery", "key": "k"}) == WindowKeyQuery("k", None, None)
 
 
 def test_unknown_query_type_names_the_type() -> None:
     with pytest.raises(UnknownQueryType) as e:
-        query_from_dict({"type": "TopNQuery", "n": 3})
+        REGISTRY.query_from_dict({"type": "TopNQuery", "n": 3})
     assert e.value.type_name == "TopNQuery"
     assert "TopNQuery" in str(e.value)
     assert "plugin" in str(e.value)
@@ -85,46 +85,43 @@ def test_unknown_query_type_names_the_type() -> None:
 
 def test_missing_type_is_unknown() -> None:
     with pytest.raises(UnknownQueryType) as e:
-        query_from_dict({"key": "k"})
+        query_from_dict({"key": "k"}, REGISTRY.query_types)
     assert e.value.type_name == "None"
 
 
-@pytest.fixture
-def registry(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Registrations made by a test are undone after it."""
-    monkeypatch.setattr(queries_module, "_REGISTRY", dict(queries_module._REGISTRY))
+def _plugin(*query_types: type[Query]) -> object:
+    return types.SimpleNamespace(register_query_types=hookimpl(lambda: list(query_types)))
 
 
-def test_register_query_type_rejects_a_different_class_with_the_same_name(registry: None) -> None:
+def test_a_plugin_cannot_take_a_query_type_name_another_has() -> None:
     @dataclass(frozen=True)
     class Impostor(Query):
         type_name: ClassVar[str] = "KeyQuery"
         key: Any = None
 
-    with pytest.raises(ValueError) as e:
-        register_query_type(Impostor)
-    assert "'KeyQuery'" in str(e.value) and "already registered" in str(e.value)
-    assert query_types()["KeyQuery"] is KeyQuery
-    assert type(query_from_dict({"type": "KeyQuery", "key": 1})) is KeyQuery
+    registry = load_plugins({"impostor": _plugin(Impostor)}, names=())
+    (failure,) = registry.failures
+    assert failure.name == "impostor"
+    assert "query type KeyQuery is already registered by the plugin 'federator'" in failure.error
+    assert registry.query_types["KeyQuery"] is KeyQuery
+    assert type(registry.query_from_dict({"type": "KeyQuery", "key": 1})) is KeyQuery
 
 
-def test_register_query_type_is_idempotent_and_makes_a_plugin_type_usable(registry: None) -> None:
+def test_a_plugin_query_type_travels_in_its_registry_only() -> None:
     @dataclass(frozen=True)
     class TopNQuery(Query):
         type_name: ClassVar[str] = "TopNQuery"
         n: int = 10
         prefix: Any = None
 
-    assert register_query_type(TopNQuery) is TopNQuery
-    assert register_query_type(TopNQuery) is TopNQuery  # same class again is fine
+    registry = load_plugins({"topn": _plugin(TopNQuery)}, names=())
+    assert registry.failures == () and registry.provider_of("query type TopNQuery") == "topn"
     q = TopNQuery(n=3, prefix=b"\x01")
-    again = query_from_dict(json.loads(json.dumps(q.to_dict())))
+    again = registry.query_from_dict(json.loads(json.dumps(q.to_dict())))
     assert again == q and type(again) is TopNQuery
-
-
-def test_registry_fixture_isolation() -> None:
-    # runs after the tests above: their plugin types are gone again
-    assert "TopNQuery" not in query_types()
+    # no registry is shared: another one, and the tests' own, never saw it
+    assert "TopNQuery" not in load_plugins(names=()).query_types
+    assert "TopNQuery" not in REGISTRY.query_types
 
 
 # ---- StateQueryRequest ------------------------------------------------------------------------
@@ -148,14 +145,14 @@ def test_registry_fixture_isolation() -> None:
 )
 def test_request_round_trip(req: StateQueryRequest) -> None:
     d = json.loads(json.dumps(req.to_dict()))
-    again = StateQueryRequest.from_dict(d)
+    again = StateQueryRequest.from_dict(d, REGISTRY.query_types)
     assert again == req
     assert again.partitions == req.partitions
     assert again.bound.to_dict() == req.bound.to_dict()
 
 
 def test_request_defaults() -> None:
-    req = StateQueryRequest.from_dict({"store": "s", "query": {"type": "KeyQuery", "key": "x"}})
+    req = StateQueryRequest.from_dict({"store": "s", "query": {"type": "KeyQuery", "key": "x"}}, REGISTRY.query_types)
     assert req.partitions is None
     assert req.bound.is_unbounded
     assert not req.require_active and not req.collect_execution_info
@@ -172,4 +169,4 @@ def test_with_partitions_keeps_everything_else() -> None:
 
 def test_request_with_unknown_query_type() -> None:
     with pytest.raises(UnknownQueryType):
-        StateQueryRequest.from_dict({"store": "s", "query": {"type": "Nope"}})
+        StateQueryRequest.from_dict({"store": "s", "query": {"type": "Nope"}}, REGISTRY.query_types)

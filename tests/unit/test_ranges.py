@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from federator.catalog import StoreDefinition
 from federator.query import RangeQuery
 from federator.store import ChangelogRecord, Shard
+from tests.registry import REGISTRY
 
 LONG_MIN, LONG_MAX = -(1 << 63), (1 << 63) - 1
 INT_MIN, INT_MAX = -(1 << 31), (1 << 31) - 1
@@ -40,7 +41,8 @@ def kv_definition(key_format: str) -> StoreDefinition:
             "partitions": 1,
             "key": {"name": "k", "format": key_format},
             "value": {"format": "long", "name": "v"},
-        }
+        },
+        REGISTRY,
     )
 
 
@@ -245,7 +247,7 @@ def test_ors_of_key_ranges_become_disjoint_range_queries() -> None:
     from federator.query.queries import RangeQuery
 
     defn = StoreDefinition.from_dict({"name": "s", "type": "kv", "topic": "t", "partitions": 4,
-                                      "key": {"name": "k", "format": "long"}, "value": {"format": "long"}})
+                                      "key": {"name": "k", "format": "long"}, "value": {"format": "long"}}, REGISTRY)
 
     def plan(where: str) -> list:
         return [sq.query for sq in plan_store_queries(defn, sqlglot.parse_one(where, read="duckdb"), [])]

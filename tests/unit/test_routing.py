@@ -8,14 +8,15 @@ import time
 import pyarrow as pa
 import pytest
 
+from federator.cluster.membership import ClusterView, NodeInfo
 from federator.dispatch import NodeCallError
 from federator.dispatch.dispatcher import Dispatcher
-from federator.node.membership import ClusterView, NodeInfo
+from federator.dispatch.errors import Unavailable
 from federator.plan.keys import SubQuery
 from federator.query import KeyQuery, Position, PositionBound, StateQueryRequest
 from federator.query.result import FailureReason, QueryResult
 from federator.route.router import Target, targets_for
-from federator.sql.errors import SqlError
+from federator.sql.dispatch_errors import from_dispatch
 
 TOPIC = "app-s-changelog"
 
@@ -125,20 +126,19 @@ def test_gather_reads_a_token_from_a_standby_when_the_owner_is_down(dispatcher) 
 
 def test_gather_without_a_token_does_not_read_a_standby(dispatcher) -> None:
     d, calls = dispatcher
-    with pytest.raises(SqlError) as e:
+    with pytest.raises(Unavailable) as e:
         gather(d, PositionBound.unbounded())
-    assert e.value.code == "UNAVAILABLE"
+    assert e.value.partitions == [0] and from_dispatch(e.value).code == "UNAVAILABLE"
     assert {c[0] for c in calls} == {"n1"}
     # a token for another store's topic says nothing about this one
     calls.clear()
-    with pytest.raises(SqlError):
+    with pytest.raises(Unavailable):
         gather(d, PositionBound.at(Position.of("other-changelog", 0, 1)))
     assert {c[0] for c in calls} == {"n1"}
 
 
 def test_gather_with_a_token_no_standby_has_reached_waits_for_the_owner(dispatcher) -> None:
     d, calls = dispatcher
-    with pytest.raises(SqlError) as e:
+    with pytest.raises(Unavailable):
         gather(d, PositionBound.at(Position.of(TOPIC, 0, 11)))
-    assert e.value.code == "UNAVAILABLE"
     assert {c[0] for c in calls} == {"n1"}

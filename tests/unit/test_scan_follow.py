@@ -17,6 +17,7 @@ from federator.query.queries import RangeQuery
 from federator.store.record import ChangelogRecord
 from federator.store.scan_cache import SCAN_CACHE
 from federator.store.shard import Shard
+from tests.registry import REGISTRY
 
 FAST = settings(max_examples=15, database=None, deadline=None)
 KEYS = {
@@ -30,7 +31,7 @@ KEYS = {
 def _definition(key_format: str) -> StoreDefinition:
     return StoreDefinition.from_dict({"name": "s", "type": "kv", "topic": "t", "partitions": 1,
                                       "key": {"name": "k", "format": key_format},
-                                      "value": {"name": "v", "format": "long"}})
+                                      "value": {"name": "v", "format": "long"}}, REGISTRY)
 
 
 def _full_scan(shard: Shard) -> pa.RecordBatch:
@@ -78,7 +79,7 @@ def test_a_followed_scan_equals_reading_the_shard(tmp_path_factory, key_format: 
 
 def test_doubles_and_other_store_types_are_read_again(tmp_path: Path) -> None:
     defn = StoreDefinition.from_dict({"name": "s", "type": "kv", "topic": "t", "partitions": 1,
-                                      "key": {"format": "double"}, "value": {"format": "long"}})
+                                      "key": {"format": "double"}, "value": {"format": "long"}}, REGISTRY)
     shard = Shard(tmp_path / "p", defn, 0)
     shard.apply([ChangelogRecord(struct.pack(">d", 1.5), struct.pack(">q", 1), 0, 0)])
     shard.query(RangeQuery())

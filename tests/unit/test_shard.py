@@ -27,6 +27,7 @@ from federator.query import (
 )
 from federator.store import ChangelogRecord, Shard, UnsupportedQuery
 from federator.store.layout import session_key, window_key
+from tests.registry import REGISTRY
 
 TOPIC = "app-s-changelog"
 UTC = dt.timezone.utc
@@ -50,7 +51,7 @@ def definition(
     }
     if type == "window":
         d["window_size_ms"] = window_size_ms or 10
-    return StoreDefinition.from_dict(d)
+    return StoreDefinition.from_dict(d, REGISTRY)
 
 
 def json_value(*fields: tuple[str, str]) -> dict:
@@ -319,8 +320,7 @@ def test_a_write_racing_a_read_never_pairs_data_with_another_position(open_shard
         assert first is not None
         return batch
 
-    racer = KeyValueStoreType()
-    racer.add_handler(RangeQuery, racing)
+    racer = KeyValueStoreType().with_handlers({RangeQuery: racing})
     monkeypatch.setattr(shard, "store_type", racer)
     batch, position = shard.query(RangeQuery())
     for t in writes:
@@ -477,7 +477,7 @@ def test_any_definition_change_wipes(open_shard, rec, change: dict) -> None:
         (kwargs if k in ("key_format", "value") else extra)[k] = v
     d = definition(**kwargs).to_dict()
     d.update(extra)
-    again = open_shard(StoreDefinition.from_dict(d), name="d")
+    again = open_shard(StoreDefinition.from_dict(d, REGISTRY), name="d")
     assert again.run(RangeQuery()).batch.num_rows == 0
     assert again.offset is None
 

@@ -16,6 +16,7 @@ from federator.client.sql_cli import format_table, parse_param, run_sql
 from federator.http import bound_port, create_app, serve, shutdown, start
 from federator.sql.errors import SqlError
 from federator.sql.result import SqlRequest, SqlResult
+from tests.registry import REGISTRY
 
 SCHEMA = pa.schema([("player", pa.string()), ("score", pa.int64()), ("rowtime", pa.timestamp("ms", tz="UTC"))])
 ROWS = [
@@ -74,7 +75,7 @@ def node() -> FakeSqlNode:
 
 @pytest.fixture
 def client(node: FakeSqlNode) -> Any:
-    return create_app(node).test_client()
+    return create_app(node, REGISTRY).test_client()
 
 
 def assert_error(resp: Any, status: int, code: str, *fragments: str) -> dict:
@@ -192,7 +193,7 @@ def test_node_without_sql_has_no_sql_routes() -> None:
     class Bare:
         node_id, state, cluster_secret = "n", "RUNNING", None
 
-    c = create_app(Bare()).test_client()  # type: ignore[arg-type]
+    c = create_app(Bare(), REGISTRY).test_client()  # type: ignore[arg-type]
     assert c.post("/v1/sql", json={"sql": "SELECT 1"}).status_code == 404
     assert c.get("/v1/stores").status_code == 404
 
@@ -244,7 +245,7 @@ def test_format_table() -> None:
 
 @pytest.fixture
 def server_url(node: FakeSqlNode) -> Iterator[str]:
-    server = serve(create_app(node), "127.0.0.1", 0, threads=2)
+    server = serve(create_app(node, REGISTRY), "127.0.0.1", 0, threads=2)
     thread = start(server)
     yield f"http://127.0.0.1:{bound_port(server)}"
     shutdown(server, thread)
@@ -317,7 +318,7 @@ class MidStreamFailure(FakeSqlNode):
 def test_cli_failure_after_the_status_was_sent(fmt: str, message: str) -> None:
     """JSON carries the error in the body; CSV cannot, so the server breaks off the chunked body.
     (The answer is large enough to be streaming when the failure comes.)"""
-    server = serve(create_app(MidStreamFailure(rows_before=5000)), "127.0.0.1", 0, threads=2)
+    server = serve(create_app(MidStreamFailure(rows_before=5000), REGISTRY), "127.0.0.1", 0, threads=2)
     thread = start(server)
     try:
         code, _, err, _ = run(["--url", f"http://127.0.0.1:{bound_port(server)}", "--format", fmt, "SELECT 1"])
@@ -329,7 +330,7 @@ def test_cli_failure_after_the_status_was_sent(fmt: str, message: str) -> None:
 @pytest.mark.parametrize("fmt", ["csv", "arrow"])  # JSON and NDJSON carry errors in the body
 def test_a_small_answer_that_fails_gets_the_real_status(fmt: str) -> None:
     """Small answers are sent whole, so a failure while building one still gets its status."""
-    client = create_app(MidStreamFailure()).test_client()
+    client = create_app(MidStreamFailure(), REGISTRY).test_client()
     resp = client.post("/v1/sql", json={"sql": "SELECT 1", "format": fmt})
     assert resp.status_code == 504 and resp.get_json()["error"]["code"] == "TIMEOUT"
 

@@ -10,6 +10,7 @@ import pytest
 from federator.catalog import StoreDefinition
 from federator.query import FailureReason, Position, QueryResult
 from federator.query.wire import WireError, decode_results, encode_results, read_results, write_results
+from tests.registry import REGISTRY
 
 TOPIC = "app-scores-changelog"
 
@@ -34,7 +35,8 @@ def window_json_schema() -> pa.Schema:
                     {"name": "label", "type": "string"},
                 ],
             },
-        }
+        },
+        REGISTRY,
     ).arrow_schema()
 
 
