@@ -9,6 +9,7 @@ import logging
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -34,6 +35,7 @@ from federator.partitioner import partition_for
 from federator.plugin.loader import PluginsFailed
 from federator.plugin.registry import Registry
 from federator.query.position import Position, PositionBound
+from federator.query.queries import KeyQuery, RangeQuery
 from federator.store.scan_cache import SCAN_CACHE
 from federator.query.request import StateQueryRequest
 from federator.query.result import FailureReason, QueryResult
@@ -181,6 +183,8 @@ class Node:
         self.catalog_tail.stop()
         self.members_tail.stop()
         self.materializer.stop()
+        if "_join_workers" in self.__dict__:
+            self._join_workers.shutdown(wait=False)
 
     # ---- events from the threads -----------------------------------------------------------
     def _on_catalog(self, msg: Message) -> None:
@@ -362,7 +366,8 @@ class Node:
         defn = self.stores.get(request.store)
         partitions = request.partitions if request.partitions is not None else range(defn.partitions if defn else 0)
         results = []
-        joined: list[tuple[int, pa.RecordBatch]] = []  # (result, the other store's rows) a co-partitioned join takes
+        # a co-partitioned join takes: (result, its shard, the other store's rows, their shard)
+        joined: list[tuple[int, Any, pa.RecordBatch, Any]] = []
         owned: list[tuple[int, Any]] = []  # (result, its shard) the pushed-down SQL runs over
         for p in partitions:
             if defn is None or not 0 <= p < defn.partitions:
@@ -395,9 +400,9 @@ class Node:
                 continue
             result = hs.shard.run(request.query, request.bound, request.collect_execution_info)
             if request.pipeline is not None and result.ok and "join" in request.pipeline:
-                result, other_rows = self._join_side(request, request.pipeline["join"], result)
+                result, other_rows, other_shard = self._join_side(request, request.pipeline["join"], result)
                 if other_rows is not None:
-                    joined.append((len(results), other_rows))
+                    joined.append((len(results), hs.shard, other_rows, other_shard))
             elif request.pipeline is not None and result.ok:
                 if "sql" in request.pipeline:
                     owned.append((len(results), hs.shard))
@@ -405,13 +410,13 @@ class Node:
                     result = _project(request.pipeline["columns"], result)
             results.append(result)
         if joined:
-            self._join(request, [(results[i], rows) for i, rows in joined])
+            self._join(request, [(results[i], shard, rows, other) for i, shard, rows, other in joined])
         if owned:
             owners_sql(self.duck, request.pipeline["sql"], [(results[i], shard) for i, shard in owned])  # type: ignore[index]
         return results
 
     def _join_side(self, request: StateQueryRequest, other: str,
-                   left: QueryResult) -> tuple[QueryResult, pa.RecordBatch | None]:
+                   left: QueryResult) -> tuple[QueryResult, pa.RecordBatch | None, Any]:
         """Partition p of ``other`` beside partition p of the request's store, which this node
         must hold as it holds the first (else NOT_COLOCATED: the receiver joins)."""
         p = left.partition
@@ -419,32 +424,49 @@ class Node:
         if hs is None or hs.gone or not hs.caught_up or (request.require_active and (hs.role != ACTIVE or not hs.restored)):
             return QueryResult.failed(p, FailureReason.STORE_EXCEPTION,
                                       f"node {self.node_id} does not hold partition {p} of {other!r} beside "
-                                      f"{request.store!r}", code="NOT_COLOCATED"), None
+                                      f"{request.store!r}", code="NOT_COLOCATED"), None, None
         right = hs.shard.run(request.query, request.bound)
         if not right.ok:
-            return right, None
+            return right, None, None
         left.position = left.position.merge(right.position)
-        return left, right.batch
+        return left, right.batch, hs.shard
 
-    def _join(self, request: StateQueryRequest, parts: list[tuple[QueryResult, pa.RecordBatch]]) -> None:
-        """A co-partitioned join of this node's partitions, in one DuckDB statement: a key lives
-        in one partition of each store, so joining all of them at once pairs the same rows as
-        joining partition by partition, for one statement's fixed cost instead of one per
-        partition. The answer rides on the first partition; the others carry no rows."""
-        from federator.sql.copartition import LEFT, RIGHT
+    def _join(self, request: StateQueryRequest, parts: list[tuple[QueryResult, Any, pa.RecordBatch, Any]]) -> None:
+        """A co-partitioned join of this node's partitions (each: the left result, its shard,
+        the right rows, their shard). A key lives in one partition of each store, so joining
+        all of them at once pairs the same rows as joining partition by partition, for one
+        DuckDB statement's fixed cost instead of one per partition. As a key lookup in Arrow
+        when the planner sent one (federator.sql.keyjoin), else as DuckDB's join. The answer
+        rides on the first partition; the others carry no rows."""
+        from federator.sql import keyjoin
         from federator.sql.errors import SqlError
+        from federator.sql.keyjoin import LEFT, RIGHT
 
+        pipeline: dict[str, Any] = request.pipeline  # type: ignore[assignment]
         try:
-            batch = self.duck.over(request.pipeline["sql"], {  # type: ignore[index]
-                LEFT: pa.Table.from_batches([r.batch for r, _ in parts]),
-                RIGHT: pa.Table.from_batches([rows for _, rows in parts])})
+            if "key_join" in pipeline:
+                query = request.query  # a range comes in key order (and a key is one row)
+                in_key_order = isinstance(query, KeyQuery) or (isinstance(query, RangeQuery) and not query.descending)
+                batch = keyjoin.run(keyjoin.KeyJoin.from_dict(pipeline["key_join"]), self.duck,
+                                    [(r.batch, rows, shard, other) for r, shard, rows, other in parts],
+                                    self._join_workers, in_key_order)
+            else:
+                batch = self.duck.over(pipeline["sql"], {
+                    LEFT: pa.Table.from_batches([r.batch for r, _, _, _ in parts]),
+                    RIGHT: pa.Table.from_batches([rows for _, _, rows, _ in parts])})
         except SqlError as e:
-            for r, _ in parts:
+            for r, _, _, _ in parts:
                 r.batch, r.failure, r.message, r.code = None, FailureReason.STORE_EXCEPTION, e.message, e.code
             return
         empty = pa.RecordBatch.from_pylist([], schema=batch.schema)
-        for i, (r, _) in enumerate(parts):
+        for i, (r, _, _, _) in enumerate(parts):
             r.batch = batch if i == 0 else empty
+
+    @functools.cached_property
+    def _join_workers(self) -> ThreadPoolExecutor:
+        """Threads for the per-partition part of a key join, as many as DuckDB's (the cores
+        it is given): Arrow's compute and DuckDB release the GIL."""
+        return ThreadPoolExecutor(self.duck.config.threads, thread_name_prefix="key-join")
 
     def read_local(self, store: str, partition: int, key: bytes, bound: PositionBound) -> tuple[bytes | None, Position] | None:
         """A key read straight from this node's active, current copy; None when this node cannot

@@ -22,8 +22,7 @@ from sqlglot import exp
 from federator.catalog.definition import StoreDefinition
 from federator.plan.keys import answers_key_queries
 from federator.sql import pushdown
-
-LEFT, RIGHT = "__left", "__right"  # the two shards' rows on the owner
+from federator.sql.keyjoin import KEY_FORMATS, LEFT, RIGHT, Side
 
 
 @dataclass
@@ -35,6 +34,8 @@ class CoJoin:
     schema: pa.Schema  # the joined columns the owners return
     join_sql: str  # over LEFT and RIGHT: the joined rows with those columns
     left_keys: exp.Expression | None  # conjuncts over the left store's columns alone (key planning)
+    # the join as a lookup in Arrow (federator.sql.keyjoin): (left, right, LEFT JOIN), when exact
+    lookup: tuple[Side, Side, bool] | None = None
 
 
 def co_join(select: exp.Select, resolve: Callable[[str], StoreDefinition | None], mentioned: set[str],
@@ -134,9 +135,9 @@ def co_join(select: exp.Select, resolve: Callable[[str], StoreDefinition | None]
         a, c = name.split(".", 1)
         col.replace(exp.column(c, table=a, quoted=True))
     items_sql = [exp.alias_(exp.column(c, table=a, quoted=True), f"{a}.{c}", quoted=True) for a, c, _ in keep]
-    side = "LEFT " if (join.args.get("side") or "").upper() == "LEFT" else ""
+    side_kw = "LEFT" if (join.args.get("side") or "").upper() == "LEFT" else ""
     join_sql = (exp.select(*items_sql).from_(exp.alias_(exp.to_table(LEFT), la, table=True))
-                .join(exp.alias_(exp.to_table(RIGHT), ra, table=True), on=owner_on, join_type=side.strip() or None)
+                .join(exp.alias_(exp.to_table(RIGHT), ra, table=True), on=owner_on, join_type=side_kw or None)
                 .sql(dialect="duckdb"))
     schema = pa.schema([f.with_name(f"{a}.{c}") for a, c, f in keep])
 
@@ -144,7 +145,24 @@ def co_join(select: exp.Select, resolve: Callable[[str], StoreDefinition | None]
     left_cols = set(columns[la])
     left_only = [pushdown.unqualified(c) for c in pushdown.conjuncts(where.this if where is not None else None)
                  if pushdown.only_reads(c, la, left_cols, False)]
-    return CoJoin(left, right, rewritten, table, schema, join_sql, pushdown.and_all(left_only))
+    lookup = None
+    # A lookup is DuckDB's join only when the ON is the key equality alone, each side holds a
+    # key once (kv stores; plugin types may not) and equal keys are equal bytes.
+    if (left.type == right.type == "kv" and left.key_format in KEY_FORMATS
+            and len(pushdown.conjuncts(on)) == 1):
+        sides = []
+        for a, t, d in ((la, left_t, left), (ra, right_t, right)):
+            # the WHERE conjuncts over this side alone that may run before the join (none over
+            # the NULL-supplying side of a LEFT JOIN)
+            conds = [pushdown.unqualified(c) for c in pushdown.pushable_filter(select, t, set(columns[a]))]
+            kept = tuple((c, f"{a}.{c}") for ka, c, _ in keep if ka == a)
+            side = Side(d.key_name, kept)
+            if conds:
+                filtered = exp.select(*[exp.column(c, quoted=True) for c in side.reads]).from_(pushdown.ROWS)
+                side = Side(d.key_name, kept, filtered.where(pushdown.and_all(conds), copy=False).sql(dialect="duckdb"))
+            sides.append(side)
+        lookup = (sides[0], sides[1], bool(side_kw))
+    return CoJoin(left, right, rewritten, table, schema, join_sql, pushdown.and_all(left_only), lookup)
 
 
 def _keys_equal(node: exp.Expression, la: str, ra: str, left: StoreDefinition, right: StoreDefinition) -> bool:

@@ -272,6 +272,8 @@ class SqlEngine:
         work = ref.work.to_dict()
         if ref.joined is not None:
             work["join"] = ref.joined
+        if ref.key_join is not None:
+            work["key_join"] = ref.key_join.to_dict()  # a node that does not know it runs work's join
         batches = fetch(ref.subqueries, work)
         schema = ref.rows_schema or defn.arrow_schema()
         if not batches:
@@ -284,7 +286,8 @@ class SqlEngine:
         at_receiver = "DuckDB: " + plan.sql + "".join(f" ({n})" for n in plan.notes)
         for ref in plan.refs:
             via = "; ".join(f"via {n}" for n in ref.notes)
-            pushed = "rows built by the rule" if ref.combine is not None else ref.work.describe()
+            pushed = ("rows built by the rule" if ref.combine is not None
+                      else ref.key_join.describe() if ref.key_join is not None else ref.work.describe())
             for sq in ref.subqueries:
                 parts = sq.partitions if sq.partitions is not None else range(ref.store.partitions)
                 by_node: dict[str, list[int]] = {}

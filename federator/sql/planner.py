@@ -18,6 +18,7 @@ from federator.sql.catalog_tables import CATALOG, SCHEMA
 from federator.sql.errors import SqlError
 from federator.sql import pushdown
 from federator.sql.copartition import co_join
+from federator.sql.keyjoin import KeyJoin
 from federator.sql.pushdown import ROWS, OwnerWork
 
 # Schemas DuckDB answers itself (its catalog views); everything else names a store.
@@ -37,6 +38,7 @@ class StoreRef:
     combine: Callable[..., pa.Table] | None = None  # a rule that builds the rows itself
     remaining: exp.Expression | None = None  # with combine: the SQL over its rows, in place of the SELECT
     joined: str | None = None  # a co-partitioned join: the other store, read by the same owners
+    key_join: KeyJoin | None = None  # with joined: the join as a lookup in Arrow, in place of work's join
     source_schema: pa.Schema | None = None  # the rows the owner's SQL reads (None: the store's)
 
     @property
@@ -290,6 +292,9 @@ def _plan_co_join(tree: exp.Select, resolve: Resolver,
     final = _partial_aggregate(ref, cj.table, select, names, schema_of, notes) or sql
     owner = ref.work.sql or exp.select(*[exp.column(c, quoted=True) for c in ref.work.columns]).from_(ROWS).sql(
         dialect="duckdb")
+    if cj.lookup is not None:
+        ref.key_join = KeyJoin(*cj.lookup, cj.join_sql, owner, None if ref.work.sql else ref.work.columns,
+                               ref.work.kind)
     ref.work = OwnerWork(ref.work.columns, f"WITH {ROWS} AS ({cj.join_sql}) {owner}", "join, " + ref.work.kind)
     if ref.rows_schema is None:
         ref.rows_schema = pa.schema([cj.schema.field(c) for c in ref.work.columns])

@@ -7,11 +7,13 @@ memory during a large Arrow answer; on a real broker and real node subprocesses.
    and on the node restarted with the scan cache off.
 2. Two kv stores ``a`` (k string -> v long) and ``b`` (k string -> w long), JOIN_ROWS rows each,
    the same keys, the same partition count: ``a JOIN b ON a.k = b.k``, which each owner runs
-   over its two partitions, beside ``ON a.k = b.k || ''`` (the same rows, a join the planner
-   does not recognise as co-partitioned), which pulls both stores' rows (after the pushed-down
-   filters) to the receiver and joins there. On one node, then on a 3-node cluster. Every run
-   checks that the two answers are equal and right. On one node, each path's DuckDB work is
-   also timed alone in-process (per-partition statements vs one), to show where time goes.
+   over its two partitions (as a key lookup in Arrow, federator.sql.keyjoin), beside
+   ``ON a.k = b.k || ''`` (the same rows, a join the planner does not recognise as
+   co-partitioned), which pulls both stores' rows (after the pushed-down filters) to the
+   receiver and joins there in DuckDB. On one node, then on a 3-node cluster. Every run checks
+   that the two answers are equal and right. On one node, each path's work is also timed alone
+   in-process (the owners' lookup, the owners' statement with DuckDB's join as before the
+   lookup, the receiver's statement), to show where time goes.
 
 Nothing here asserts on timings: the figures and where each target stands are printed and
 appended to tests/bench/results.md with the rest of the session's report. FEDERATOR_BENCH_JOIN_ROWS
@@ -184,14 +186,16 @@ def measure_joins(nodes: list[NodeProcess], receiver: NodeProcess, where: str, r
                         "work on the machine.")
     report.section(f"Co-partitioned join on the owners vs at the receiver ({where}; a and b {ROWS:,} rows each)", [
         f"a: k string -> v = 3i, b: k string -> w = i, the same {ROWS:,} keys, {PARTITIONS} partitions each. "
-        "On the owners: `a JOIN b ON a.k = b.k` (each owner joins its two partitions in DuckDB, with the filter "
-        "and the partial aggregate, and returns one row per partition). At the receiver: `ON a.k = b.k || ''`, "
+        "On the owners: `a JOIN b ON a.k = b.k` (each owner joins its two partitions as a key lookup in Arrow, "
+        "b's own filter `b.w < ...` applied first and kept beside b's scan as on the receiver's path, then runs the "
+        "filter and the partial aggregate over the joined rows in DuckDB, and returns one row). At the receiver: "
+        "`ON a.k = b.k || ''`, "
         "the same rows, not recognised as co-partitioned: both stores' rows (after the filters pushed to their "
         "owners: `b.w < ...` goes to b's owners, every row of a comes) are pulled and joined by the receiving "
         f"node. {REPEATS} runs per query and path after one warm-up pair, alternating; medians (min-max). "
-        "Shards unchanged between runs, so both paths read each shard's kept scan, and b's filtered rows on the "
-        "receiver's path come from the result kept beside the scan; the owners' joined partitions are computed "
-        "every time (nothing keeps a result over two shards). Every run checked: both "
+        "Shards unchanged between runs, so both paths read each shard's kept scan, and b's filtered rows on "
+        "either path come from a result kept beside b's scan; the joined rows are computed every time (nothing "
+        "keeps a result over two shards). Every run checked: both "
         "answers equal and right, stats.joined_on_owners true only on the owners' path, EXPLAIN agreeing.",
         "",
         "| query | on the owners s | at the receiver s | server elapsed s (owners / receiver) "
@@ -259,68 +263,103 @@ def restart(node: NodeProcess, extra_args: list[str]) -> None:
     wait_for(node.ready, 120, "the restarted node to be ready", interval=0.5)
 
 
-def duckdb_split(owner_sqls: dict[str, str], report: Report) -> None:
-    """The DuckDB work of each path alone, in this process over Arrow rows like the shards': the
-    owners' statement once over all of a node's partitions (register both stores' rows, run,
-    unregister, as Node._join does) beside the receiver's one statement over all the rows."""
+def duckdb_split(report: Report) -> None:
+    """Each path's work alone, in this process over Arrow rows like the shards': the owners'
+    as Node._join runs it (keyjoin.run: b's filter first, kept beside its scan as on a node,
+    the key lookup per partition on DuckDB's two threads, then the owner's SQL once over all
+    the joined rows), the same with DuckDB's join (how owners joined before the lookup), and
+    the receiver's one statement over all the rows."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from federator.catalog.definition import StoreDefinition
     from federator.partitioner import partition_for
+    from federator.sql import keyjoin
     from federator.sql.duck import Duck, one_batch
+    from federator.sql.parse import parse
+    from federator.sql.planner import bind_parameters, plan_query
+    from federator.store.scan_cache import SCAN_CACHE
 
     progress("in-process split: building the partitions' Arrow rows")
+    stores = {name: StoreDefinition.from_dict({
+        "name": name, "type": "kv", "partitions": PARTITIONS, "topic": f"bench-{name}",
+        "key": {"name": "k", "format": "string"}, "value": {"name": value, "format": "long"}})
+        for name, value in (("a", "v"), ("b", "w"))}
     part: list[list[int]] = [[] for _ in range(PARTITIONS)]
     for i in range(ROWS):
-        part[partition_for(f"key-{i:07d}".encode(), PARTITIONS)].append(i)
+        part[partition_for(f"key-{i:07d}".encode(), PARTITIONS)].append(i)  # in key order, as a scan gives them
     left, right = [], []
     for idx in part:
         keys = pa.array([f"key-{i:07d}" for i in idx], pa.string())
-        left.append(pa.record_batch([keys, pa.array([v_of(i) for i in idx], pa.int64())], names=["k", "v"]))
-        right.append(pa.record_batch([keys, pa.array([w_of(i) for i in idx], pa.int64())], names=["k", "w"]))
+        stamps = pa.array([0] * len(idx), pa.timestamp("ms", tz="UTC"))
+        left.append(pa.record_batch([keys, pa.array([v_of(i) for i in idx], pa.int64()), stamps],
+                                    schema=stores["a"].arrow_schema()))
+        right.append(pa.record_batch([keys, pa.array([w_of(i) for i in idx], pa.int64()), stamps],
+                                     schema=stores["b"].arrow_schema()))
     duck = Duck()
     cur = duck.local_cursor()
+    pool = ThreadPoolExecutor(duck.config.threads)  # as Node._join_workers
+    shards = [(object(), object()) for _ in range(PARTITIONS)]  # stand-ins for the shards whose scans are kept
+    for (a_shard, b_shard), lb, rb in zip(shards, left, right):
+        SCAN_CACHE.put(a_shard, 1, lb)
+        SCAN_CACHE.put(b_shard, 1, rb)
 
-    def owners(sql: str, parts: list[tuple[pa.RecordBatch, pa.RecordBatch]]) -> dict[str, float]:
-        """As a node runs it (Node._join): one statement over all its partitions of both stores."""
-        t0 = time.perf_counter()
-        cur.register("__left", pa.Table.from_batches([lb for lb, _ in parts]))
-        cur.register("__right", pa.Table.from_batches([rb for _, rb in parts]))
-        t1 = time.perf_counter()
-        one_batch(cur.sql(sql).to_arrow_table())
-        t2 = time.perf_counter()
-        cur.unregister("__left")
-        cur.unregister("__right")
-        return {"register": t1 - t0, "run": t2 - t1, "unregister": time.perf_counter() - t2}
-
-    def receiver(sql: str, b: pa.Table) -> float:
-        t = time.perf_counter()
-        for _ in duck.stream(sql, {"a": pa.Table.from_batches(left), "b": b}, None)[1]:
+    def schema_of(sql: str, relations: dict[str, pa.Table]) -> pa.Schema:
+        schema, batches = duck.stream(sql, relations, None)
+        for _ in batches:
             pass
+        return schema
+
+    def timed(fn) -> float:
+        t = time.perf_counter()
+        fn()
         return time.perf_counter() - t
 
-    lines = ["| query | owners: 1 statement over the 8 partitions, s (register / run / unregister) | "
-             "receiver: 1 statement, s | "
-             "owners' fixed cost per statement (10+10 rows), ms |", "|---|---:|---:|---:|"]
-    tiny = [(left[0].slice(0, 10), right[0].slice(0, 10))]
-    for (label, _, receiver_sql, _), sql in zip(QUERIES, owner_sqls.values()):
+    def receiver(sql: str, b: pa.Table) -> None:
+        for _ in duck.stream(sql, {"a": pa.Table.from_batches(left), "b": b}, None)[1]:
+            pass
+
+    lines = ["| query | owners: key lookup + 1 statement over the 8 partitions, s | owners with DuckDB's join "
+             "(before), s | receiver: 1 statement, s | owners' path over 10+10 rows, ms |", "|---|---:|---:|---:|---:|"]
+    for label, owners_sql, receiver_sql, _ in QUERIES:
+        plan = plan_query(bind_parameters(parse(owners_sql).select, [], 0), stores.get, lambda n: None, [], schema_of)
+        (ref,) = plan.refs
+        assert ref.key_join is not None, owners_sql
+        parts = [(lb, rb, a_shard, b_shard) for (a_shard, b_shard), lb, rb in zip(shards, left, right)]
+        tiny = [(left[0].slice(0, 10), right[0].slice(0, 10), None, None)]
         b = pa.Table.from_batches(right)
         if "WHERE" in receiver_sql:  # at the node, b's owners filter (and keep the result beside the scan)
             where = receiver_sql.split("WHERE", 1)[1].replace("b.", "")
             b = duck.over_rows(f"SELECT * FROM rows WHERE {where}", b)
-        runs = []
-        for _ in range(REPEATS + 1):
-            runs.append((owners(sql, list(zip(left, right))), receiver(receiver_sql, b)))
-        runs = runs[1:]
-        o = {k: statistics.median(r[0][k] for r in runs) for k in runs[0][0]}
-        fixed = statistics.median(sum(owners(sql, tiny).values()) for _ in range(20))
-        lines.append(f"| {label} | {sum(o.values()):.3f} ({o['register']:.3f} / {o['run']:.3f} / {o['unregister']:.3f}) | "
-                     f"{statistics.median(r[1] for r in runs):.3f} | {fixed * 1e3:.1f} |")
-        progress(f"  in-process: {label}: owners {sum(o.values()):.3f}s, receiver {statistics.median(r[1] for r in runs):.3f}s, "
-                 f"fixed {fixed * 1e3:.1f} ms per owner statement")
-    report.section("Where the join time goes: each path's DuckDB work alone (in-process, one node's share)", [
-        f"The same {ROWS:,}+{ROWS:,} rows as Arrow batches per partition, no RocksDB, no HTTP, no planning. Owners: "
-        "the owner statement EXPLAIN shows, run as Node._join runs it, once over all of a node's partitions of "
-        "both stores (a key lives in one partition of each, so the pairs are the partitions' pairs). Receiver: the `|| ''` statement over all rows of "
-        "a and b (for the selective query b already filtered, as b's owners return it). Medians of "
-        f"{REPEATS} runs after one warm-up; the last column is the same owner statement over 10+10 rows.",
+
+        def lookup() -> None:
+            keyjoin.run(ref.key_join, duck, parts, pool, True)
+
+        def duckdb_join() -> None:  # as Node._join ran it before the lookup
+            cur.register(keyjoin.LEFT, pa.Table.from_batches(left))
+            cur.register(keyjoin.RIGHT, pa.Table.from_batches(right))
+            one_batch(cur.sql(ref.work.sql).to_arrow_table())
+            cur.unregister(keyjoin.LEFT)
+            cur.unregister(keyjoin.RIGHT)
+
+        runs = [(timed(lookup), timed(duckdb_join), timed(lambda: receiver(receiver_sql, b))) for _ in range(REPEATS + 1)][1:]
+        med = [statistics.median(r[i] for r in runs) for i in range(3)]
+        fixed = statistics.median(timed(lambda: keyjoin.run(ref.key_join, duck, tiny, pool, True)) for _ in range(20))
+        lines.append(f"| {label} | {med[0]:.3f} | {med[1]:.3f} | {med[2]:.3f} | {fixed * 1e3:.1f} |")
+        progress(f"  in-process: {label}: owners {med[0]:.3f}s (with DuckDB's join {med[1]:.3f}s), receiver "
+                 f"{med[2]:.3f}s, owners' path over 10+10 rows {fixed * 1e3:.1f} ms")
+    pool.shutdown()
+    for a_shard, b_shard in shards:
+        SCAN_CACHE.drop(a_shard)
+        SCAN_CACHE.drop(b_shard)
+    report.section("Where the join time goes: each path's work alone (in-process, one node's share)", [
+        f"The same {ROWS:,}+{ROWS:,} rows as Arrow batches per partition in key order, no RocksDB, no HTTP, no "
+        "planning. Owners: the statement planned as a node plans it, run as Node._join runs it (keyjoin.run): b's "
+        "own filter first, kept beside b's scan after the warm-up as on a node, then per partition the key lookup "
+        "on DuckDB's two threads (the same keys in the same order pair row by row; a side cut down by its filter is "
+        "hashed and probed), then the owner's partial aggregate once over all the joined rows. Beside it the same "
+        "statement with DuckDB's hash join over all the partitions, as owners ran it before. Receiver: the `|| ''` "
+        "statement over all rows of a and b (for the selective query b already filtered, as b's owners return it). "
+        f"Medians of {REPEATS} runs after one warm-up; the last column is the owners' path over 10+10 rows.",
         "", *lines])
 
 
@@ -381,11 +420,10 @@ class TestOneNode:
     @pytest.mark.timeout(900)
     def test_copartitioned_join_one_node(self, one_node: NodeProcess, report: Report) -> None:
         ratios = measure_joins([one_node], one_node, "one node", report)
-        owner_sqls = {}
-        for label, owners_sql, _, _ in QUERIES:
-            pushed = sql_json(one_node, "EXPLAIN " + owners_sql)["rows"][0][4]  # "join, partial aggregate: <SQL>"
-            owner_sqls[label] = pushed.split(": ", 1)[1]
-        duckdb_split(owner_sqls, report)
+        for _, owners_sql, _, _ in QUERIES:
+            pushed = sql_json(one_node, "EXPLAIN " + owners_sql)["rows"][0][4]
+            assert pushed.startswith("join as a key lookup in Arrow"), pushed
+        duckdb_split(report)
         for label, r in ratios.items():
             report.target(f"co-partitioned join on the owners >= {T_JOIN_SPEEDUP:.0f}x faster than at the receiver "
                           f"(one node; {label})", f"{r:.1f}x", r >= T_JOIN_SPEEDUP)

@@ -218,6 +218,9 @@ CO_JOINS = [
     "SELECT COUNT(*) FROM players p JOIN bonus b ON b.player = p.player AND b.bonus < p.games",
     "SELECT p.player, bonus * 2 AS twice FROM players p JOIN bonus b ON p.player = b.player "
     "WHERE p.player IN ('p0002', 'p0003', 'p0598')",
+    # every key on both sides: the owners pair the two scans row by row
+    "SELECT a.team, COUNT(*) AS n, SUM(b.total_score) AS s FROM players a JOIN players b ON a.player = b.player "
+    "WHERE b.games > 3 GROUP BY a.team",
 ]
 
 ORDERED = [
@@ -253,7 +256,9 @@ def test_co_partitioned_joins_run_on_the_owners_and_equal_duckdb(sql_cluster, sq
     assert got.column_names == want.column_names
     assert sorted(rows_of(got), key=sort_key) == sorted(rows_of(want), key=sort_key)
     plan = sql_json(node, "EXPLAIN " + sql)
-    assert all("co-partitioned players and bonus" in row[1] for row in plan["rows"]), plan["rows"]
+    assert all("join of co-partitioned players and " in row[1] for row in plan["rows"]), plan["rows"]
+    lookup = "AND b.bonus < p.games" not in sql  # an ON of more than the keys stays DuckDB's join
+    assert all(("join as a key lookup in Arrow" in row[4]) == lookup for row in plan["rows"]), plan["rows"]
     assert sql_json(node, sql)["stats"].get("joined_on_owners") is True
 
 
