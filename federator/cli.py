@@ -77,6 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--duckdb-memory-limit", default="2GB", metavar="SIZE",
                    help="memory DuckDB may use for this node's SQL before it spills to --state-dir/spill "
                         "(DuckDB's memory_limit, e.g. 512MB, 4GB; default 2GB)")
+    n.add_argument("--reuse-answers-seconds", type=float, default=5.0, metavar="S",
+                   help="answer a repeated deterministic statement from its last answer while every partition "
+                        "it read is at the same position, for up to S seconds after it was computed "
+                        "(default 5, 0 = always run the statement)")
     n.add_argument("--flight-sql-port", type=int, metavar="P",
                    help="also serve Arrow Flight SQL on this port, on the --listen host (default: off)")
     n.add_argument("--plugin-errors", choices=("fatal", "warn"), default="fatal",

@@ -54,6 +54,7 @@ class NodeConfig:
     node_id: str | None = None
     cluster_secret: str | None = None
     duckdb_memory_limit: str = "2GB"  # DuckDB's memory_limit; past it, queries spill under state_dir/spill
+    reuse_answers_seconds: float = 5.0  # how long the receiver reuses an answer over unchanged positions
     # A plugin that failed to load: "fatal" stops the node before it joins anything (the
     # default: a node must not serve a cluster some of whose stores or queries it cannot);
     # "warn" logs it and serves without it.

@@ -47,8 +47,11 @@ def run_node(args: argparse.Namespace) -> int:
         node_id=args.node_id,
         cluster_secret=args.cluster_secret,
         duckdb_memory_limit=getattr(args, "duckdb_memory_limit", "2GB"),
+        reuse_answers_seconds=getattr(args, "reuse_answers_seconds", 5.0),
         plugin_errors=getattr(args, "plugin_errors", "fatal"),
     ), registry)  # raises PluginsFailed when a plugin failed and --plugin-errors is fatal
+    if getattr(args, "reuse_answers_seconds", 0) < 0:
+        raise ValueError("--reuse-answers-seconds must be 0 or more")
     if args.scan_cache_mb < 0:
         raise ValueError("--scan-cache-mb must be 0 or more")
     from federator.store.scan_cache import SCAN_CACHE

@@ -75,6 +75,8 @@ class SqlEngine:
         # unchanged stores (a dashboard's refresh) skips DuckDB's fixed cost at the receiver
         self._answers: OrderedDict[tuple, tuple[float, pa.Schema, list[pa.RecordBatch]]] = OrderedDict()
         self._answers_lock = threading.Lock()
+        config = getattr(node, "config", None)
+        self._reuse_seconds: float = getattr(config, "reuse_answers_seconds", _ANSWER_SECONDS)
 
     def _stores(self) -> dict[str, StoreDefinition]:
         return self.node.stores
@@ -196,11 +198,12 @@ class SqlEngine:
             table = table.cast(plan.schema) if plan.schema is not None else table  # DuckDB's types, as ever
             return (table.schema, iter(table.to_batches())), read_at, stats
         key = None
-        if reuse and plan.deterministic and not plan.local and (plan_key := _plan_key(req)) is not None:
+        if reuse and self._reuse_seconds > 0 and plan.deterministic and not plan.local and \
+                (plan_key := _plan_key(req)) is not None:
             key = (plan_key, seen["position"].to_token(), frozenset(seen["partitions"]))
             with self._answers_lock:
                 kept = self._answers.get(key)
-                if kept is not None and time.monotonic() - kept[0] > _ANSWER_SECONDS:
+                if kept is not None and time.monotonic() - kept[0] > self._reuse_seconds:
                     del self._answers[key]
                     kept = None
             if kept is not None:
@@ -313,10 +316,11 @@ class SqlEngine:
 
 _ANSWERS_KEPT = 256  # repeated statements' answers kept at the receiver
 _ANSWER_MAX_BYTES = 1 << 20  # larger answers cost more to keep than DuckDB's fixed cost saves
-# How long an answer is reused while positions stay the same. A position names a state only
-# while its changelog lives: a topic deleted and created again (a broker restarted empty)
-# starts its offsets over, and could come back to the same offsets with other rows. Such a
-# reset takes longer than this to be noticed and refilled, so within it a position is a name.
+# How long an answer is reused while positions stay the same (--reuse-answers-seconds). A
+# position names a state only while its changelog lives: a topic deleted and created again (a
+# broker restarted empty) starts its offsets over, and could come back to the same offsets
+# with other rows. Such a reset takes longer than this to be noticed and refilled, so within
+# it a position is a name.
 _ANSWER_SECONDS = 5.0
 
 _EXPLAIN_COLUMNS = ("store", "query", "partitions", "node", "pushed_down", "at_receiver")
