@@ -63,7 +63,7 @@ class NotSupportedError(DatabaseError):
     pass
 
 
-# The service's codes (federator.sql.errors.STATUS). A code this driver does not know yet
+# The service's codes (federator.errors.STATUS). A code this driver does not know yet
 # still raises a DatabaseError carrying it, so newer servers never crash older clients.
 CODE_TO_CLASS: dict[str, type[DatabaseError]] = {
     "SQL_PARSE_ERROR": ProgrammingError,

@@ -1,7 +1,7 @@
 """Why the dispatcher could not gather every partition's answer.
 
 The dispatcher knows nodes, partitions and per-partition failures, not SQL: it raises these,
-and the SQL layer maps each to its error code and HTTP status (federator.sql.errors).
+and the SQL layer maps each to its error code and HTTP status (federator.errors).
 """
 
 from __future__ import annotations

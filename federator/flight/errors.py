@@ -9,7 +9,7 @@ import json
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from federator.sql.errors import SqlError
+from federator.errors import SqlError
 
 
 def flight_error(err: SqlError) -> Exception:

@@ -22,7 +22,7 @@ import pyarrow.flight as flight
 from federator.flight import metadata, protocol
 from federator.flight.errors import flight_error
 from federator.flight.statements import Expiring, PendingResult, PreparedStatement
-from federator.sql.errors import SqlError
+from federator.errors import SqlError
 from federator.sql.result import SqlRequest
 
 log = logging.getLogger(__name__)

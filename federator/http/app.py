@@ -18,6 +18,7 @@ from werkzeug.exceptions import HTTPException
 from federator.query.queries import UnknownQueryType
 from federator.query.request import StateQueryRequest
 from federator.query.result import FailureReason, QueryResult
+from federator.http.sql_routes import SqlNode, register_sql_routes
 from federator.query.wire import MEDIA_TYPE, SECRET_HEADER, encode_results
 
 if TYPE_CHECKING:
@@ -154,8 +155,9 @@ def _unknown_type_results(body: dict[str, Any], e: UnknownQueryType) -> list[Que
     return [QueryResult.failed(p, FailureReason.UNKNOWN_QUERY_TYPE, str(e)) for p in partitions]
 
 
-def create_app(node: Node, registry: Registry) -> Flask:
-    """The app over ``node``; ``registry`` (the node's) names the query types requests carry."""
+def create_app(node: Node, registry: Registry, sql: SqlNode | None = None) -> Flask:
+    """The app over ``node``; ``registry`` (the node's) names the query types requests carry;
+    ``sql`` answers the SQL and store routes (tests' fake nodes answer them themselves)."""
     app = Flask("federator")
 
     @app.before_request
@@ -230,8 +232,7 @@ def create_app(node: Node, registry: Registry) -> Flask:
         app.logger.exception("unexpected error on %s %s", request.method, request.path)
         return error_response(500, "INTERNAL", f"{type(e).__name__}: {e}")
 
-    if hasattr(node, "sql"):  # a node without the SQL engine still serves the internal API
-        from federator.http.sql_routes import register_sql_routes
-
-        register_sql_routes(app, node, registry)  # type: ignore[arg-type]
+    sql = sql if sql is not None else node if hasattr(node, "sql") else None
+    if sql is not None:  # a node without the SQL engine still serves the internal API
+        register_sql_routes(app, sql, registry)
     return app

@@ -50,7 +50,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 import pyarrow.ipc as pa_ipc
 
-from federator.sql.errors import SqlError
+from federator.errors import SqlError
 from federator.sql.types import _is, sql_type_name
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ from werkzeug.http import parse_accept_header
 from werkzeug.wsgi import get_input_stream
 
 from federator.http.formats import MEDIA_TYPES, body_chunks, choose_format, json_rows_body, jsonable
-from federator.sql.errors import SqlError
+from federator.errors import SqlError
 from federator.sql.result import SqlRequest, SqlResult
 
 if TYPE_CHECKING:

@@ -36,6 +36,11 @@ from federator.plugin.loader import PluginsFailed
 from federator.plugin.registry import Registry
 from federator.query.position import Position, PositionBound
 from federator.query.queries import KeyQuery, RangeQuery
+from federator.errors import SqlError
+from federator.owner import keyjoin
+from federator.owner.duck import Duck, DuckConfig
+from federator.owner.keyjoin import LEFT, RIGHT
+from federator.owner.work import owners_sql
 from federator.store.scan_cache import SCAN_CACHE
 from federator.query.request import StateQueryRequest
 from federator.query.result import FailureReason, QueryResult
@@ -81,29 +86,6 @@ def _project(columns: list[str], result: QueryResult) -> QueryResult:
     except (KeyError, ValueError, TypeError) as e:
         return QueryResult.failed(result.partition, FailureReason.STORE_EXCEPTION, f"{type(e).__name__}: {e}")
     return result
-
-
-def owners_sql(duck: Any, sql: str, parts: list[tuple[QueryResult, Any]]) -> None:
-    """The SQL that runs where the rows are (a filter, a top-k, a partial aggregate), in one
-    DuckDB statement over all of this node's partitions of the request: each of those is as
-    valid over a union of partitions as over one (the receiver filters, ranks or combines
-    again), and one statement's fixed cost replaces one per partition. Kept beside the
-    scans it read (see scan_cache). The answer rides on the first partition."""
-    from federator.sql.errors import SqlError
-
-    scans = [(shard, r.batch) for r, shard in parts]
-    batch = SCAN_CACHE.derived(scans, sql)
-    if batch is None:
-        try:
-            batch = duck.over_rows(sql, pa.Table.from_batches([r.batch for r, _ in parts]))  # type: ignore[misc]
-        except SqlError as e:  # the data or the SQL failed: the receiver reports it as the user's error
-            for r, _ in parts:
-                r.batch, r.failure, r.message, r.code = None, FailureReason.STORE_EXCEPTION, e.message, e.code
-            return
-        SCAN_CACHE.put_derived(scans, sql, batch)
-    empty = batch.slice(0, 0)
-    for i, (r, _) in enumerate(parts):
-        r.batch = batch if i == 0 else empty
 
 
 class Node:
@@ -157,7 +139,7 @@ class Node:
 
     # ---- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
-        self.sql_engine  # DuckDB now, not at the first query: a bad --duckdb-memory-limit stops the start here
+        self.duck  # DuckDB now, not at the first query: a bad --duckdb-memory-limit stops the start here
         kafka.check_reachable(self.config.bootstrap_servers)
         Catalog(self.config.bootstrap_servers, self.config.application_id, self.registry).ensure_topic()
         kafka.ensure_topic(kafka.admin(self.config.bootstrap_servers), nodes_topic(self.config.application_id), 1, COMPACTED)
@@ -437,12 +419,8 @@ class Node:
         the right rows, their shard). A key lives in one partition of each store, so joining
         all of them at once pairs the same rows as joining partition by partition, for one
         DuckDB statement's fixed cost instead of one per partition. As a key lookup in Arrow
-        when the planner sent one (federator.sql.keyjoin), else as DuckDB's join. The answer
+        when the planner sent one (federator.owner.keyjoin), else as DuckDB's join. The answer
         rides on the first partition; the others carry no rows."""
-        from federator.sql import keyjoin
-        from federator.sql.errors import SqlError
-        from federator.sql.keyjoin import LEFT, RIGHT
-
         pipeline: dict[str, Any] = request.pipeline  # type: ignore[assignment]
         try:
             if "key_join" in pipeline:
@@ -477,64 +455,11 @@ class Node:
             return None
         return hs.shard.read(key, bound)
 
-    # ---- SQL and the REST views of stores ------------------------------------------------
+    # ---- DuckDB and metadata ---------------------------------------------------------------
     @functools.cached_property
-    def duck(self):
+    def duck(self) -> Duck:
         """This node's DuckDB: the owners' per-partition SQL and the receiver's whole statements."""
-        from federator.sql.duck import Duck, DuckConfig
-
         return Duck(DuckConfig(memory_limit=self.config.duckdb_memory_limit, spill_dir=self.state_dir / "spill"))
-
-    @functools.cached_property
-    def sql_engine(self):
-        from federator.sql.engine import SqlEngine
-
-        return SqlEngine(self, self.registry)
-
-    def sql(self, request):
-        return self.sql_engine.execute(request)
-
-    def stores_info(self) -> list[dict[str, Any]]:
-        from federator.sql.types import sql_type
-
-        return [
-            {**d.to_dict(), "columns": [{"name": f.name, "type": sql_type(f.type)} for f in d.arrow_schema()]}
-            for _, d in sorted(self.stores.items())
-        ]
-
-    def store_info(self, name: str) -> dict[str, Any]:
-        defn = self.sql_engine.resolve_store(name)
-        info = next(s for s in self.stores_info() if s["name"] == defn.name)
-        parts = []
-        for p in range(defn.partitions):
-            owner = self.view.active_owner(defn.name, p)
-            parts.append({
-                "partition": p,
-                "active": None if owner is None else {
-                    "node_id": owner.node_id, "endpoint": owner.endpoint,
-                    "lag": owner.lags.get(defn.name, {}).get(p), "position": owner.positions.get(defn.name, {}).get(p),
-                },
-                "standbys": [
-                    {"node_id": n.node_id, "endpoint": n.endpoint, "lag": n.lags.get(defn.name, {}).get(p)}
-                    for n in self.view.standbys(defn.name, p)
-                ],
-            })
-        info["partition_owners"] = parts
-        return info
-
-    def lookup(self, store: str, key: str) -> dict[str, Any] | None:
-        """A routed point lookup: the row of ``key`` (given as its string form), None if absent."""
-        from federator.sql.errors import SqlError
-        from federator.sql.result import SqlRequest
-
-        defn = self.sql_engine.resolve_store(store)
-        try:
-            value = defn.key.parse(key)
-        except ValueError as e:
-            raise SqlError("INVALID_PARAMETER", f"key {key!r} is not a {defn.key_format}: {e}") from None
-        result = self.sql(SqlRequest(f'SELECT * FROM "{defn.name}" WHERE "{defn.key_name}" = ?', [value]))
-        rows = pa.Table.from_batches(list(result.batches), schema=result.schema).to_pylist()
-        return rows[0] if rows else None
 
     def metadata(self) -> dict[str, Any]:
         view = self.view.to_public()

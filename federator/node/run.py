@@ -13,6 +13,7 @@ from pathlib import Path
 
 from federator.node.node import Node, NodeConfig
 from federator.plugin import load_plugins
+from federator.sql.service import SqlService
 
 REFUSED = 3  # the exit code of a node that refused to serve: another live node has its node id
 
@@ -63,11 +64,12 @@ def run_node(args: argparse.Namespace) -> int:
     stopping = threading.Event()
     _stop_on_signals(stopping)
     node.on_refused = lambda why: stopping.set()  # the node logged why; exit with REFUSED
-    app = create_app(node, registry)
+    sql = SqlService(node, registry)
+    app = create_app(node, registry, sql)
     if (getattr(args, "server", None) or default_server()) == "granian":
-        return _run_on_granian(node, app, host, port, args, stopping)
+        return _run_on_granian(node, sql, app, host, port, args, stopping)
     server = serve(app, host, port, threads=args.threads)
-    flight_sql = _start_flight_sql(node, host, args)
+    flight_sql = _start_flight_sql(sql, host, args)
     node.start()
     http = threading.Thread(target=server.run, name="http", daemon=True)
     http.start()
@@ -105,12 +107,12 @@ def _stop_on_signals(stopping: threading.Event) -> None:
     threading.Thread(target=read_wakeups, name="signals", daemon=True).start()
 
 
-def _start_flight_sql(node: Node, host: str, args: argparse.Namespace) -> object | None:
+def _start_flight_sql(sql: SqlService, host: str, args: argparse.Namespace) -> object | None:
     if getattr(args, "flight_sql_port", None) is None:
         return None
     from federator.flight import server as flight_server
 
-    return flight_server.start(node, host, args.flight_sql_port)  # binds now: a taken port fails early
+    return flight_server.start(sql, host, args.flight_sql_port)  # binds now: a taken port fails early
 
 
 def _print_serving(node: Node, host: str, flight_sql: object | None, server: str) -> None:
@@ -128,14 +130,14 @@ def _hand_over(node: Node, flight_sql: object | None) -> None:
     node.stop()
 
 
-def _run_on_granian(node: Node, app: object, host: str, port: int, args: argparse.Namespace,
+def _run_on_granian(node: Node, sql: SqlService, app: object, host: str, port: int, args: argparse.Namespace,
                     stopping: threading.Event) -> int:
     """granian runs in the main thread (it sets signal handlers as it starts); a second
     thread keeps the shutdown order of the waitress path: hand over, then stop serving."""
     from federator.http.granian_server import GranianServer
 
     server = GranianServer(app, host, port, threads=args.threads, on_signal=stopping.set)
-    flight_sql = _start_flight_sql(node, host, args)
+    flight_sql = _start_flight_sql(sql, host, args)
     node.start()
 
     def stop_in_order() -> None:

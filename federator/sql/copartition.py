@@ -22,7 +22,8 @@ from sqlglot import exp
 from federator.catalog.definition import StoreDefinition
 from federator.plan.keys import answers_key_queries
 from federator.sql import pushdown
-from federator.sql.keyjoin import KEY_FORMATS, LEFT, RIGHT, Side
+from federator.owner.keyjoin import KEY_FORMATS, LEFT, RIGHT, Side
+from federator.owner.work import ROWS
 
 
 @dataclass
@@ -34,7 +35,7 @@ class CoJoin:
     schema: pa.Schema  # the joined columns the owners return
     join_sql: str  # over LEFT and RIGHT: the joined rows with those columns
     left_keys: exp.Expression | None  # conjuncts over the left store's columns alone (key planning)
-    # the join as a lookup in Arrow (federator.sql.keyjoin): (left, right, LEFT JOIN), when exact
+    # the join as a lookup in Arrow (federator.owner.keyjoin): (left, right, LEFT JOIN), when exact
     lookup: tuple[Side, Side, bool] | None = None
 
 
@@ -158,7 +159,7 @@ def co_join(select: exp.Select, resolve: Callable[[str], StoreDefinition | None]
             kept = tuple((c, f"{a}.{c}") for ka, c, _ in keep if ka == a)
             side = Side(d.key_name, kept)
             if conds:
-                filtered = exp.select(*[exp.column(c, quoted=True) for c in side.reads]).from_(pushdown.ROWS)
+                filtered = exp.select(*[exp.column(c, quoted=True) for c in side.reads]).from_(ROWS)
                 side = Side(d.key_name, kept, filtered.where(pushdown.and_all(conds), copy=False).sql(dialect="duckdb"))
             sides.append(side)
         lookup = (sides[0], sides[1], bool(side_kw))

@@ -7,7 +7,7 @@ from typing import Callable
 
 from federator.dispatch.errors import DispatchError, NotUpToBound, OwnerFailed, Timeout, Unavailable, UnknownQueryType
 from federator.query.result import FailureReason
-from federator.sql.errors import SqlError
+from federator.errors import SqlError
 
 # Codes an owner may give a STORE_EXCEPTION that are the request's fault: the SQL it was
 # sent, or the data that SQL met (see QueryResult.code).

@@ -15,12 +15,12 @@ from federator.dispatch.dispatcher import Dispatcher
 from federator.dispatch.errors import DispatchError, NotColocated
 from federator.query.position import Position, PositionBound
 from federator.sql.catalog_tables import describe, information_schema, show_tables
-from federator.sql.errors import SqlError
+from federator.errors import SqlError
 from federator.sql.parse import Statement, dialect_of, parse
 from federator.partitioner import partition_for
 from federator.plan.keys import SubQuery
 from federator.query.queries import KeyQuery
-from federator.sql.duck import Duck
+from federator.owner.duck import Duck
 from federator.sql.planner import QueryPlan, StoreRef, bind_parameters, plan_query
 from federator.sql.pushdown import is_volatile
 from federator.plugin.registry import Registry

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from federator.sql.errors import SqlError
+from federator.errors import SqlError
 
 MAX_SQL_CHARS = 1024 * 1024
 MAX_SQL_DEPTH = 32

@@ -10,7 +10,7 @@ import sqlglot
 from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
 
-from federator.sql.errors import SqlError, unsupported
+from federator.errors import SqlError, unsupported
 from federator.sql.guard import check_input
 
 _EXPLAIN = re.compile(r"^\s*EXPLAIN\s+", re.IGNORECASE)

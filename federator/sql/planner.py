@@ -15,11 +15,12 @@ from federator.catalog.definition import StoreDefinition
 from federator.plan.keys import SubQuery, plan_store_queries
 from federator.plugin.rules import RulePlan, SqlRule, first_plan
 from federator.sql.catalog_tables import CATALOG, SCHEMA
-from federator.sql.errors import SqlError
+from federator.errors import SqlError
 from federator.sql import pushdown
 from federator.sql.copartition import co_join
-from federator.sql.keyjoin import KeyJoin
-from federator.sql.pushdown import ROWS, OwnerWork
+from federator.owner.keyjoin import KeyJoin
+from federator.owner.work import ROWS
+from federator.sql.pushdown import OwnerWork
 
 # Schemas DuckDB answers itself (its catalog views); everything else names a store.
 DUCKDB_SCHEMAS = {"pg_catalog"}

@@ -22,7 +22,8 @@ from typing import Any
 
 from sqlglot import exp
 
-ROWS = "rows"  # the relation an owner's SQL reads: one partition's rows
+from federator.owner.work import ROWS
+
 
 # Functions whose value differs between the owner and the receiver, or call to call.
 _VOLATILE = {"rand", "random", "uuid", "gen_random_uuid", "setseed", "now", "currenttimestamp", "currentdate",

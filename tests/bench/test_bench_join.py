@@ -7,7 +7,7 @@ memory during a large Arrow answer; on a real broker and real node subprocesses.
    and on the node restarted with the scan cache off.
 2. Two kv stores ``a`` (k string -> v long) and ``b`` (k string -> w long), JOIN_ROWS rows each,
    the same keys, the same partition count: ``a JOIN b ON a.k = b.k``, which each owner runs
-   over its two partitions (as a key lookup in Arrow, federator.sql.keyjoin), beside
+   over its two partitions (as a key lookup in Arrow, federator.owner.keyjoin), beside
    ``ON a.k = b.k || ''`` (the same rows, a join the planner does not recognise as
    co-partitioned), which pulls both stores' rows (after the pushed-down filters) to the
    receiver and joins there in DuckDB. On one node, then on a 3-node cluster. Every run checks
@@ -276,8 +276,8 @@ def duckdb_split(report: Report) -> None:
 
     from federator.catalog.definition import StoreDefinition
     from federator.partitioner import partition_for
-    from federator.sql import keyjoin
-    from federator.sql.duck import Duck, one_batch
+    from federator.owner import keyjoin
+    from federator.owner.duck import Duck, one_batch
     from federator.sql.parse import parse
     from federator.sql.planner import bind_parameters, plan_query
     from federator.store.scan_cache import SCAN_CACHE

@@ -37,7 +37,7 @@ import urllib3
 from federator import kafka
 from federator.partitioner import partition_for
 from federator.query.queries import RangeQuery
-from federator.sql.duck import Duck
+from federator.owner.duck import Duck
 from federator.store.scan_cache import SCAN_CACHE
 from federator.store.shard import Shard
 from tests.bench.conftest import Report, progress

@@ -7,8 +7,8 @@ import time
 import pyarrow as pa
 import pytest
 
-from federator.sql.duck import Duck, DuckConfig
-from federator.sql.errors import SqlError
+from federator.owner.duck import Duck, DuckConfig
+from federator.errors import SqlError
 from federator.sql.parse import parse
 
 

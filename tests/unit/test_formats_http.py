@@ -18,7 +18,7 @@ from federator.http import create_app
 from federator.http.formats import (
     MEDIA_TYPES, arrow_chunks, choose_format, csv_chunks, json_chunks, jsonable, ndjson_chunks, sql_type_name,
 )
-from federator.sql.errors import SqlError
+from federator.errors import SqlError
 from federator.sql.result import SqlRequest, SqlResult
 from tests.registry import REGISTRY
 
@@ -354,7 +354,7 @@ def test_a_failure_mid_stream_leaves_csv_and_arrow_no_reader_accepts() -> None:
     import pyarrow.ipc as pa_ipc
 
     from federator.http.formats import arrow_chunks, csv_chunks, failure_at_end
-    from federator.sql.errors import SqlError
+    from federator.errors import SqlError
 
     schema = pa.schema([("a", pa.int64()), ("b", pa.string())])
 

@@ -1,4 +1,4 @@
-"""The co-partitioned join as a key lookup in Arrow (federator.sql.keyjoin): every answer
+"""The co-partitioned join as a key lookup in Arrow (federator.owner.keyjoin): every answer
 compared with DuckDB's own join over the same rows."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import pytest
 
 from federator.catalog.definition import StoreDefinition
 from federator.partitioner import partition_for
-from federator.sql import keyjoin
-from federator.sql.duck import Duck, DuckConfig
-from federator.sql.keyjoin import LEFT, RIGHT, KeyJoin, Side
+from federator.owner import keyjoin
+from federator.owner.duck import Duck, DuckConfig
+from federator.owner.keyjoin import LEFT, RIGHT, KeyJoin, Side
 from federator.sql.parse import parse
 from federator.sql.planner import bind_parameters, plan_query
 from federator.store.arrow import build_batch

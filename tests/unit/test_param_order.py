@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from federator.sql.errors import SqlError
+from federator.errors import SqlError
 from federator.sql.parse import dialect_of, parse
 from federator.sql.planner import bind_parameters
 

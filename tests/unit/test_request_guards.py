@@ -13,7 +13,7 @@ import pytest
 from sqlglot import exp
 
 from federator.http.sql_routes import MAX_BODY_BYTES, MAX_TIMEOUT_MS, sql_request_from_body, sql_response
-from federator.sql.errors import SqlError
+from federator.errors import SqlError
 from federator.sql.guard import MAX_SQL_CHARS, MAX_SQL_DEPTH, check_input
 from federator.sql.parse import parse
 from federator.sql.result import SqlRequest, SqlResult

@@ -717,7 +717,7 @@ def test_scan_cache_keeps_to_its_budget() -> None:
 
 def _counting_duck(tmp_path, calls: list[int]):
     """A DuckDB that notes how many rows each statement an owner runs reads."""
-    from federator.sql.duck import Duck, DuckConfig
+    from federator.owner.duck import Duck, DuckConfig
 
     class CountingDuck(Duck):
         def over_rows(self, sql, rows, name="rows"):

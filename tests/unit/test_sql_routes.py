@@ -14,7 +14,7 @@ from federator.cli import build_parser
 from federator.cli import main as cli_main
 from federator.client.sql_cli import format_table, parse_param, run_sql
 from federator.http import bound_port, create_app, serve, shutdown, start
-from federator.sql.errors import SqlError
+from federator.errors import SqlError
 from federator.sql.result import SqlRequest, SqlResult
 from tests.registry import REGISTRY
 

@@ -39,8 +39,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from federator.sql.duck import Duck, one_batch
-from federator.sql.pushdown import ROWS
+from federator.owner.duck import Duck, one_batch
+from federator.owner.work import ROWS
 from federator.store.scan_cache import SCAN_CACHE
 
 KEY_FORMATS = ("string", "bytes", "long", "int")  # stored bytes equal <=> values equal

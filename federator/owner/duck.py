@@ -20,7 +20,7 @@ from typing import Iterator
 import duckdb
 import pyarrow as pa
 
-from federator.sql.errors import SqlError
+from federator.errors import SqlError
 
 DEFAULT_MEMORY_LIMIT = "2GB"
 

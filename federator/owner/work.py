@@ -1,0 +1,35 @@
+"""The SQL an owner runs over its partitions' rows, as the planner sent it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+
+from federator.errors import SqlError
+from federator.owner.duck import Duck
+from federator.query.result import FailureReason, QueryResult
+from federator.store.scan_cache import SCAN_CACHE
+
+ROWS = "rows"  # the relation an owner's SQL reads: its partitions' rows
+
+
+def owners_sql(duck: Duck, sql: str, parts: list[tuple[QueryResult, Any]]) -> None:
+    """The SQL that runs where the rows are (a filter, a top-k, a partial aggregate), in one
+    DuckDB statement over all of this node's partitions of the request: each of those is as
+    valid over a union of partitions as over one (the receiver filters, ranks or combines
+    again), and one statement's fixed cost replaces one per partition. Kept beside the
+    scans it read (see scan_cache). The answer rides on the first partition."""
+    scans = [(shard, r.batch) for r, shard in parts]
+    batch = SCAN_CACHE.derived(scans, sql)
+    if batch is None:
+        try:
+            batch = duck.over_rows(sql, pa.Table.from_batches([r.batch for r, _ in parts]))  # type: ignore[misc]
+        except SqlError as e:  # the data or the SQL failed: the receiver reports it as the user's error
+            for r, _ in parts:
+                r.batch, r.failure, r.message, r.code = None, FailureReason.STORE_EXCEPTION, e.message, e.code
+            return
+        SCAN_CACHE.put_derived(scans, sql, batch)
+    empty = batch.slice(0, 0)
+    for i, (r, _) in enumerate(parts):
+        r.batch = batch if i == 0 else empty

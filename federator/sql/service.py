@@ -1,0 +1,70 @@
+"""A node's SQL front: what the HTTP routes and Flight SQL ask of it (statements, the stores
+with their SQL types, a routed key lookup), over the node's stores and cluster view.
+
+It lives above the node (the node answers per-partition queries and knows nothing of SQL);
+``federator node`` builds one beside the node and hands it to the servers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+
+from federator.catalog.definition import StoreDefinition
+from federator.errors import SqlError
+from federator.plugin.registry import Registry
+from federator.sql.engine import SqlEngine
+from federator.sql.result import SqlRequest, SqlResult
+from federator.sql.types import sql_type
+
+
+class SqlService:
+    def __init__(self, node: Any, registry: Registry) -> None:
+        self.node = node
+        self.engine = SqlEngine(node, registry)
+
+    @property
+    def stores(self) -> dict[str, StoreDefinition]:
+        return self.node.stores
+
+    def sql(self, request: SqlRequest) -> SqlResult:
+        return self.engine.execute(request)
+
+    def stores_info(self) -> list[dict[str, Any]]:
+        return [
+            {**d.to_dict(), "columns": [{"name": f.name, "type": sql_type(f.type)} for f in d.arrow_schema()]}
+            for _, d in sorted(self.stores.items())
+        ]
+
+    def store_info(self, name: str) -> dict[str, Any]:
+        defn = self.engine.resolve_store(name)
+        info = next(s for s in self.stores_info() if s["name"] == defn.name)
+        view = self.node.view
+        parts = []
+        for p in range(defn.partitions):
+            owner = view.active_owner(defn.name, p)
+            parts.append({
+                "partition": p,
+                "active": None if owner is None else {
+                    "node_id": owner.node_id, "endpoint": owner.endpoint,
+                    "lag": owner.lags.get(defn.name, {}).get(p), "position": owner.positions.get(defn.name, {}).get(p),
+                },
+                "standbys": [
+                    {"node_id": n.node_id, "endpoint": n.endpoint, "lag": n.lags.get(defn.name, {}).get(p)}
+                    for n in view.standbys(defn.name, p)
+                ],
+            })
+        info["partition_owners"] = parts
+        return info
+
+    def lookup(self, store: str, key: str) -> dict[str, Any] | None:
+        """A routed point lookup: the row of ``key`` (given as its string form), None if absent."""
+        defn = self.engine.resolve_store(store)
+        try:
+            value = defn.key.parse(key)
+        except ValueError as e:
+            raise SqlError("INVALID_PARAMETER", f"key {key!r} is not a {defn.key_format}: {e}") from None
+        result = self.sql(SqlRequest(f'SELECT * FROM "{defn.name}" WHERE "{defn.key_name}" = ?', [value]))
+        rows = pa.Table.from_batches(list(result.batches), schema=result.schema).to_pylist()
+        return rows[0] if rows else None
