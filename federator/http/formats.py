@@ -432,15 +432,23 @@ def _csv_chunks(schema: pa.Schema, batches: Iterable[pa.RecordBatch]) -> Iterato
         yield tail
 
 
+# An Arrow answer's batches are written as IPC messages of about this size at most: each
+# message is copied into the body chunk the server sends, and the server copies it again,
+# so a whole partition's batch per message held several copies of it at once.
+ARROW_MESSAGE_BYTES = 1 << 18
+
+
 def arrow_chunks(schema: pa.Schema, batches: Iterable[pa.RecordBatch]) -> Iterator[bytes]:
-    """The Arrow IPC stream format: schema, each batch as it comes, end-of-stream marker."""
+    """The Arrow IPC stream format: schema, each batch as it comes (a large one as several
+    messages of consecutive rows), end-of-stream marker."""
     sink = io.BytesIO()
     writer = pa_ipc.new_stream(sink, schema)
     yield _drain(sink)
     try:
         for batch in batches:
-            writer.write_batch(batch)
-            yield _drain(sink)
+            for piece in _pieces(batch, ARROW_MESSAGE_BYTES):
+                writer.write_batch(piece)
+                yield _drain(sink)
     except Exception as e:
         log.warning("SQL result failed while streaming Arrow: %s", e, exc_info=not isinstance(e, SqlError))
         yield _drain(sink) + ARROW_ERROR_MESSAGE
@@ -448,6 +456,17 @@ def arrow_chunks(schema: pa.Schema, batches: Iterable[pa.RecordBatch]) -> Iterat
     writer.close()
     if tail := _drain(sink):
         yield tail
+
+
+def _pieces(batch: pa.RecordBatch, max_bytes: int) -> Iterator[pa.RecordBatch]:
+    """``batch`` as slices (no copies) of about ``max_bytes`` or less, its rows in order."""
+    size, n = batch.nbytes, batch.num_rows
+    if size <= max_bytes or n <= 1:
+        yield batch
+        return
+    rows = max(1, n * max_bytes // size)
+    for start in range(0, n, rows):
+        yield batch.slice(start, rows)
 
 
 def _drain(sink: io.BytesIO) -> bytes:

@@ -4,12 +4,18 @@ A stored value is the record's 8-byte big-endian rowtime followed by the value b
 entries are split and decoded with numpy over one Arrow binary array (a full scan spent more
 time slicing and unpacking bytes in Python than reading RocksDB); a few are decoded in Python,
 which costs less than setting up the arrays.
+
+A scan is built ``SCAN_CHUNK_ROWS`` entries at a time (``scan_batch``): the Python bytes that
+RocksDB's iterator hands out, in their lists, take three to four times their Arrow size, so
+holding a whole partition's at once made the first read of a shard the node's peak memory.
+The chunks are joined into one batch at the end, column by column.
 """
 
 from __future__ import annotations
 
 import struct
-from typing import Sequence
+from itertools import islice
+from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -18,6 +24,7 @@ from federator.catalog.definition import StoreDefinition
 from federator.formats import TIMESTAMP, FormatError, JsonFormat, binary_buffers
 
 _VECTOR_MIN = 64  # entries from which the numpy path is cheaper
+SCAN_CHUNK_ROWS = 16_384  # entries whose Python bytes a scan holds at once (see scan_batch)
 _ROWTIME = 8
 
 
@@ -88,6 +95,58 @@ def build_batch(
         cols.extend(value_columns(defn, stored))
         cols.append(rowtimes(stored))
     return pa.RecordBatch.from_arrays(cols, schema=schema)
+
+
+def scan_batch(schema: pa.Schema, defn: StoreDefinition, entries: Iterable[tuple[bytes, bytes]],
+               chunk_rows: int | None = None) -> pa.RecordBatch:
+    """``build_batch`` over (key, stored value) entries as an iterator yields them, in their
+    order: built ``chunk_rows`` (default SCAN_CHUNK_ROWS) entries at a time, so only one
+    chunk's Python bytes exist at once, and the chunks joined into one batch."""
+    chunk_rows = chunk_rows or SCAN_CHUNK_ROWS
+    it = iter(entries)
+    chunks: list[pa.RecordBatch] = []
+    full = True
+    while full:
+        keys: list[bytes] = []
+        stored: list[bytes] = []
+        add_key, add_value = keys.append, stored.append
+        for k, v in islice(it, chunk_rows):
+            add_key(k)
+            add_value(v)
+        full = len(keys) == chunk_rows
+        if keys or not chunks:
+            chunks.append(build_batch(schema, defn, keys, stored))
+        del keys, stored, add_key, add_value  # before the next chunk's, and before the join
+    return join_chunks(chunks)
+
+
+def chunked(entries: Iterable, rows: int | None = None) -> Iterator[list]:
+    """``entries`` in lists of ``rows`` (default SCAN_CHUNK_ROWS; the last one shorter), for
+    scans that filter or split each entry before ``build_batch``."""
+    rows = rows or SCAN_CHUNK_ROWS
+    it = iter(entries)
+    while chunk := list(islice(it, rows)):
+        yield chunk
+        if len(chunk) < rows:
+            return
+
+
+def join_chunks(chunks: list[pa.RecordBatch]) -> pa.RecordBatch:
+    """One batch of ``chunks`` (at least one, all of one schema), their rows in order.
+
+    Empties ``chunks``, and joins column by column, dropping each column's pieces once it is
+    joined: the pieces and the joined batch are not all held at once."""
+    if len(chunks) == 1:
+        return chunks.pop()
+    schema = chunks[0].schema
+    columns: list[list[pa.Array] | None] = [[c.column(i) for c in chunks] for i in range(len(schema))]
+    chunks.clear()
+    joined = []
+    for i, pieces in enumerate(columns):
+        columns[i] = None
+        joined.append(pa.concat_arrays(pieces))  # type: ignore[arg-type]
+        del pieces
+    return pa.RecordBatch.from_arrays(joined, schema=schema)
 
 
 def empty_batch(schema: pa.Schema) -> pa.RecordBatch:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+from itertools import chain
 from typing import Sequence
 
 import numpy as np
@@ -12,7 +13,7 @@ import pyarrow.compute as pc
 from federator.catalog.definition import StoreDefinition
 from federator.partitioner import partition_for
 from federator.query.queries import KeyQuery, KeysQuery, RangeQuery
-from federator.store.arrow import build_batch, empty_batch
+from federator.store.arrow import build_batch, empty_batch, scan_batch
 from federator.store.shard import ShardView
 from federator.store.record import ChangelogRecord
 from federator.store.types import StoreType, rowtime_field, stored_value
@@ -44,17 +45,14 @@ def keys_query(view: ShardView, q: KeysQuery) -> pa.RecordBatch:
 
 
 def range_query(view: ShardView, q: RangeQuery) -> pa.RecordBatch:
-    keys: list[bytes] = []
-    stored: list[bytes] = []
     ranges = view.definition.key.byte_ranges(q.lower, q.upper, q.lower_inclusive, q.upper_inclusive)
     if q.descending:
         ranges = [r.__class__(r.start, r.stop, not r.reverse) for r in reversed(ranges)]
-    add_key, add_value = keys.append, stored.append
-    for r in ranges:
-        for k, v in view.scan(r.start, r.stop, r.reverse):
-            add_key(k)
-            add_value(v)
-    return build_batch(view.schema, view.definition, keys, stored)
+    # A scan with neither bound reads every entry: a bulk read, kept out of RocksDB's block
+    # cache (which would hold a copy of the whole shard afterwards; the scan cache keeps it).
+    bulk = q.lower is None and q.upper is None
+    entries = chain.from_iterable(view.scan(r.start, r.stop, r.reverse, fill_cache=not bulk) for r in ranges)
+    return scan_batch(view.schema, view.definition, entries)
 
 
 _EVERYTHING = RangeQuery()

@@ -9,7 +9,7 @@ import pyarrow as pa
 
 from federator.catalog.definition import StoreDefinition
 from federator.query.queries import Query, SessionQuery, WindowRangeQuery
-from federator.store.arrow import build_batch, empty_batch
+from federator.store.arrow import build_batch, chunked, empty_batch, join_chunks
 from federator.store.layout import MAX_TIME, SESSION_SUFFIX_LEN, split_session_key, time_bytes
 from federator.store.shard import ShardView
 from federator.store.types import StoreType
@@ -22,17 +22,21 @@ def _overlaps(start: int, end: int, lo: int | None, hi: int | None) -> bool:
 
 def _sessions(view: ShardView, entries, q, key_len: int | None = None) -> pa.RecordBatch:
     """Sessions among ``entries`` that overlap q's times (of keys ``key_len`` long, if given)."""
-    keys, starts, ends, stored = [], [], [], []
-    for k, v in entries:
-        if key_len is not None and len(k) != key_len + SESSION_SUFFIX_LEN:
-            continue  # a longer key that shares the prefix
-        kb, s, e = split_session_key(k)
-        if _overlaps(s, e, q.time_from, q.time_to):
-            keys.append(kb)
-            starts.append(s)
-            ends.append(e)
-            stored.append(v)
-    return build_batch(view.schema, view.definition, keys, stored, starts, ends)
+    parts = []
+    for chunk in chunked(entries):  # a chunk's Python objects at a time (see scan_batch)
+        keys, starts, ends, stored = [], [], [], []
+        for k, v in chunk:
+            if key_len is not None and len(k) != key_len + SESSION_SUFFIX_LEN:
+                continue  # a longer key that shares the prefix
+            kb, s, e = split_session_key(k)
+            if _overlaps(s, e, q.time_from, q.time_to):
+                keys.append(kb)
+                starts.append(s)
+                ends.append(e)
+                stored.append(v)
+        if keys:
+            parts.append(build_batch(view.schema, view.definition, keys, stored, starts, ends))
+    return join_chunks(parts) if parts else build_batch(view.schema, view.definition, [], [], [], [])
 
 
 def session_query(view: ShardView, q: SessionQuery) -> pa.RecordBatch:
@@ -46,7 +50,7 @@ def session_query(view: ShardView, q: SessionQuery) -> pa.RecordBatch:
 
 
 def session_range_query(view: ShardView, q: WindowRangeQuery) -> pa.RecordBatch:
-    return _sessions(view, view.scan(), q)
+    return _sessions(view, view.scan(fill_cache=False), q)  # every entry: a bulk read
 
 
 class SessionStoreType(StoreType):

@@ -11,7 +11,7 @@ import pyarrow as pa
 from federator.catalog.definition import StoreDefinition
 from federator.formats import TIMESTAMP
 from federator.query.queries import Query, WindowKeyQuery, WindowRangeQuery
-from federator.store.arrow import build_batch, empty_batch
+from federator.store.arrow import build_batch, chunked, empty_batch, join_chunks
 from federator.store.layout import MAX_TIME, WINDOW_SUFFIX_LEN, split_window_key, time_bytes
 from federator.store.shard import ShardView
 from federator.store.types import StoreType, rowtime_field
@@ -36,16 +36,20 @@ def _in(t: int, lo: int | None, hi: int | None) -> bool:
 def _windows(view: ShardView, entries, q, key_len: int | None = None) -> pa.RecordBatch:
     """Windows among ``entries`` whose start lies in q's times (of keys ``key_len`` long, if given)."""
     size = view.definition.window_size_ms or 0
-    keys, starts, stored = [], [], []
-    for k, v in entries:
-        if key_len is not None and len(k) != key_len + WINDOW_SUFFIX_LEN:
-            continue  # a longer key that shares the prefix
-        kb, ws, _ = split_window_key(k)
-        if _in(ws, q.time_from, q.time_to):
-            keys.append(kb)
-            starts.append(ws)
-            stored.append(v)
-    return build_batch(view.schema, view.definition, keys, stored, starts, [s + size for s in starts])
+    parts = []
+    for chunk in chunked(entries):  # a chunk's Python objects at a time (see scan_batch)
+        keys, starts, stored = [], [], []
+        for k, v in chunk:
+            if key_len is not None and len(k) != key_len + WINDOW_SUFFIX_LEN:
+                continue  # a longer key that shares the prefix
+            kb, ws, _ = split_window_key(k)
+            if _in(ws, q.time_from, q.time_to):
+                keys.append(kb)
+                starts.append(ws)
+                stored.append(v)
+        if keys:
+            parts.append(build_batch(view.schema, view.definition, keys, stored, starts, [s + size for s in starts]))
+    return join_chunks(parts) if parts else build_batch(view.schema, view.definition, [], [], [], [])
 
 
 def window_key_query(view: ShardView, q: WindowKeyQuery) -> pa.RecordBatch:
@@ -59,7 +63,7 @@ def window_key_query(view: ShardView, q: WindowKeyQuery) -> pa.RecordBatch:
 
 
 def window_range_query(view: ShardView, q: WindowRangeQuery) -> pa.RecordBatch:
-    return _windows(view, view.scan(), q)
+    return _windows(view, view.scan(fill_cache=False), q)  # every entry: a bulk read
 
 
 class WindowStoreType(StoreType):

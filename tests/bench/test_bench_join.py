@@ -18,7 +18,8 @@ memory during a large Arrow answer; on a real broker and real node subprocesses.
 Nothing here asserts on timings: the figures and where each target stands are printed and
 appended to tests/bench/results.md with the rest of the session's report. FEDERATOR_BENCH_JOIN_ROWS
 (default 1,000,000) sizes the stores, FEDERATOR_BENCH_JOIN_REPEATS (default 5) the runs per
-query and path, FEDERATOR_BENCH_JOIN_CLUSTER=0 skips the 3-node part; for a quick look,
+query and path, FEDERATOR_BENCH_JOIN_CLUSTER=0 skips the 3-node part, FEDERATOR_BENCH_JOIN_RSS_ONLY=1
+runs part 1 alone (store a only, no joins: about a minute); for a quick look,
 FEDERATOR_BENCH_RESULTS=/tmp/x.md keeps the run out of results.md. The default run takes
 about 3 minutes on 2 cores (producing and materializing 2M records twice is most of it).
 """
@@ -49,6 +50,8 @@ ROWS = int(os.environ.get("FEDERATOR_BENCH_JOIN_ROWS", 1_000_000))  # rows in ea
 REPEATS = int(os.environ.get("FEDERATOR_BENCH_JOIN_REPEATS", 5))  # measured runs per query and path
 RSS_REPEATS = 3
 CLUSTER = os.environ.get("FEDERATOR_BENCH_JOIN_CLUSTER", "1") != "0"
+RSS_ONLY = os.environ.get("FEDERATOR_BENCH_JOIN_RSS_ONLY", "0") == "1"  # part 1 alone, over store a
+STORES = ("a",) if RSS_ONLY else ("a", "b")
 PARTITIONS = 8
 NO_REUSE = ("--reuse-answers-seconds", "0")
 
@@ -84,9 +87,9 @@ QUERIES = [
 @pytest.fixture(scope="module")
 def topics(broker) -> dict[str, str]:
     tag = uuid.uuid4().hex[:8]
-    out = {"a": f"bj{tag}-a-changelog", "b": f"bj{tag}-b-changelog"}
+    out = {store: f"bj{tag}-{store}-changelog" for store in STORES}
     adm = kafka.admin(broker.bootstrap_servers)
-    for store, value_of in (("a", v_of), ("b", w_of)):
+    for store, value_of in (("a", v_of), ("b", w_of))[:len(STORES)]:
         kafka.ensure_topic(adm, out[store], PARTITIONS, COMPACTED)  # as registering a store creates it
         progress(f"join: producing {ROWS:,} rows into {out[store]}")
         took = produce_kv(broker.bootstrap_servers, out[store], ROWS, value_of)
@@ -95,9 +98,9 @@ def topics(broker) -> dict[str, str]:
 
 
 def start_cluster(broker, topics: dict[str, str], root: Path, size: int, report: Report) -> Cluster:
-    """A new application over the module's topics (stores a and b), materialized and settled."""
+    """A new application over the module's topics (stores a and b, or a alone), materialized and settled."""
     app_id = f"bj{uuid.uuid4().hex[:8]}"
-    for store, value in (("a", "v"), ("b", "w")):
+    for store, value in (("a", "v"), ("b", "w"))[:len(STORES)]:
         register(broker, app_id, {"name": store, "type": "kv", "partitions": PARTITIONS, "topic": topics[store],
                                   "key": {"name": "k", "format": "string"}, "value": {"name": value, "format": "long"}})
     cluster = Cluster(broker.bootstrap_servers, app_id, root, size=size, standby_replicas=0)
@@ -107,19 +110,20 @@ def start_cluster(broker, topics: dict[str, str], root: Path, size: int, report:
 
     def materialized() -> bool:
         n = sum(sum(node.metadata()["local"]["records_applied"].values()) for node in cluster.nodes)
-        progress(f"  {size} node(s): materialized {n:,} / {2 * ROWS:,}")
-        return n >= 2 * ROWS and all(node.ready() for node in cluster.nodes)
+        progress(f"  {size} node(s): materialized {n:,} / {len(STORES) * ROWS:,}")
+        return n >= len(STORES) * ROWS and all(node.ready() for node in cluster.nodes)
 
     try:
         cluster.start()
-        wait_for(materialized, 600, "the nodes to materialize a and b", interval=3)
-        for store in ("a", "b"):
+        wait_for(materialized, 600, f"the nodes to materialize {' and '.join(STORES)}", interval=3)
+        for store in STORES:
             cluster.wait_settled(store, PARTITIONS, timeout=120)
     except BaseException:
         cluster.stop()
         raise
     took = time.perf_counter() - t0
-    report.notes.append(f"Materializing a and b ({ROWS:,} rows each) on {size} node(s), start to settled: {took:.1f}s.")
+    report.notes.append(f"Materializing {' and '.join(STORES)} ({ROWS:,} rows each) on {size} node(s), start to settled: "
+                        f"{took:.1f}s.")
     progress(f"{size} node(s) materialized and settled in {took:.1f}s")
     return cluster
 
@@ -421,6 +425,7 @@ class TestOneNode:
                       f"{max(ratios['warm']):.2f}x; scan cache off: {max(ratios['off']):.2f}x", worst <= T_RSS_FACTOR)
 
     @pytest.mark.timeout(900)
+    @pytest.mark.skipif(RSS_ONLY, reason="FEDERATOR_BENCH_JOIN_RSS_ONLY=1")
     def test_copartitioned_join_one_node(self, one_node: NodeProcess, report: Report) -> None:
         ratios = measure_joins([one_node], one_node, "one node", report)
         for _, owners_sql, _, _ in QUERIES:
@@ -433,7 +438,7 @@ class TestOneNode:
 
 
 @pytest.mark.timeout(1200)
-@pytest.mark.skipif(not CLUSTER, reason="FEDERATOR_BENCH_JOIN_CLUSTER=0")
+@pytest.mark.skipif(not CLUSTER or RSS_ONLY, reason="FEDERATOR_BENCH_JOIN_CLUSTER=0 or FEDERATOR_BENCH_JOIN_RSS_ONLY=1")
 def test_copartitioned_join_three_nodes(broker, topics, report: Report, tmp_path_factory) -> None:
     cluster = start_cluster(broker, topics, tmp_path_factory.mktemp("bench-join-3"), 3, report)
     try:
