@@ -15,7 +15,7 @@ from federator.formats import FormatError, get_format
 from federator.store.arrow import build_batch, split_stored
 from federator.store.types import get_store_type
 
-FAST = settings(max_examples=20, database=None, deadline=None)
+FAST = settings(max_examples=20, deadline=None)
 
 VALUES = {
     "long": st.integers(-(1 << 63), (1 << 63) - 1),
