@@ -178,6 +178,9 @@ def test_a_restarted_node_restores_from_its_checkpoint(broker, app_id, cluster) 
 
 
 def test_the_broker_restarted_empty_never_serves_old_data_and_rebuilds(app_id, tmp_path) -> None:
+    """The nodes' shards outlive the broker's data: after it restarts empty and the store is
+    registered again, the nodes must serve the store (empty at first, then the new data) and
+    never the old rows as current. Old rows have value 1; new ones value 2, on a third of the keys."""
     b = RunningBroker(free_port())
     nodes: list[NodeProcess] = []
     try:
@@ -195,42 +198,48 @@ def test_the_broker_restarted_empty_never_serves_old_data_and_rebuilds(app_id, t
 
         wait_for(lambda: not port_open("127.0.0.1", b.port), 10, "the killed broker to let go of its port")
         b = RunningBroker(b.port)  # the same address, nothing in it
+        # the pipeline registers its store again: a new, empty changelog under the old name
+        defn = make_store(b, app_id)
         seen: Counter = Counter()
-        deadline = time.monotonic() + 8
-        while time.monotonic() < deadline:  # the old data is gone: never answered as current
+
+        def served(allowed: dict[str, int]) -> dict[int, dict[str, int]]:
+            """partition -> its rows, from every node that answers it as current; any row that is
+            not in ``allowed`` is old data served as current, and fails the test at once."""
+            out: dict[int, dict[str, int]] = {}
             for n in c.nodes:
                 try:
                     results = n.client.query(StateQueryRequest("counts", RangeQuery(), require_active=True))
-                except NodeCallError as e:  # the catalog is gone too, so the store is unknown: also fine
+                except NodeCallError as e:  # the catalog was gone for a while: the store unknown
                     assert e.code == "UNKNOWN_STORE", e
                     seen[e.code] += 1
                     continue
                 for r in results:
                     seen["ok" if r.ok else r.failure.value] += 1
-                    assert not r.ok or r.batch.num_rows == 0, f"{n.node_id} served old data as current: {r}"
-            time.sleep(0.3)
-        assert sum(seen.values()) > 0
+                    if r.ok:
+                        rows = dict(zip(r.batch.column("key").to_pylist(), r.batch.column("value").to_pylist()))
+                        old = {k: v for k, v in rows.items() if allowed.get(k) != v}
+                        assert not old, f"{n.node_id} served old data as current in partition {r.partition}: {old}"
+                        out[r.partition] = rows
+            return out
 
-        # the pipeline runs again on the new broker: nodes rebuild from the new changelog
-        defn = make_store(b, app_id)
+        # the nodes serve the store again, empty (so they did answer while old rows were on disk)
+        try:
+            wait_for(lambda: sorted(served({})) == list(range(P)), 60,
+                     "every partition to be served (empty) from the new broker", interval=0.3)
+        except AssertionError as e:
+            raise AssertionError(f"{e}; answers seen: {dict(seen)}") from None
+        # and rebuild from the new changelog: the new data, never the old
         new = {f"k{i}": 2 for i in range(0, 300, 3)}
         write(b, defn, new)
 
         def rebuilt() -> bool:
-            owners = c.active_map("counts")
-            if sorted(owners) != list(range(P)):
-                return False
-            got = {}
-            for node in c.nodes:
-                mine = tuple(p for p, n in owners.items() if n == node.node_id)
-                for r in node.client.query(StateQueryRequest("counts", RangeQuery(), mine, require_active=True)):
-                    if not r.ok:
-                        return False
-                    got.update(zip(r.batch.column("key").to_pylist(), r.batch.column("value").to_pylist()))
-            assert set(got.values()) <= {2}, "old data came back"
-            return got == new
+            parts = served(new)
+            return sorted(parts) == list(range(P)) and {k: v for rows in parts.values() for k, v in rows.items()} == new
 
-        wait_for(rebuilt, 60, "the nodes to rebuild from the new changelog")
+        try:
+            wait_for(rebuilt, 60, "the nodes to serve the new changelog's data", interval=0.3)
+        except AssertionError as e:
+            raise AssertionError(f"{e}; answers seen: {dict(seen)}") from None
     finally:
         for n in nodes:
             n.stop()
