@@ -31,15 +31,19 @@ class Worker(threading.Thread):
 def join_all(workers: Iterable[Worker], timeout: float) -> None:
     """Join every worker (``timeout`` seconds each at most); then fail if one is still running,
     or raise the first exception a worker raised (the others are chained in the message)."""
-    workers = list(workers)
+    workers = [w for w in workers if w.ident is not None]  # never started: nothing to join
     for w in workers:
         w.join(timeout)
     stuck = [w.name for w in workers if w.is_alive()]
     assert not stuck, f"threads still running after {timeout:.0f} s: {stuck}"
     failed = [w for w in workers if w.error is not None]
     if failed:
+        error = failed[0].error
+        notes = [f"(raised in thread {failed[0].name})"]
         if len(failed) > 1:
             others = "; ".join(f"{w.name}: {type(w.error).__name__}: {w.error}" for w in failed[1:])
-            failed[0].error.add_note(f"other threads failed too: {others}")
-        failed[0].error.add_note(f"(raised in thread {failed[0].name})")
-        raise failed[0].error
+            notes.append(f"other threads failed too: {others}")
+        for note in notes:
+            if note not in getattr(error, "__notes__", ()):  # joined again: noted once
+                error.add_note(note)
+        raise error
