@@ -18,6 +18,7 @@ import pytest
 from federator.demo import EXAMPLES, foreign_nodes_message
 from tests.conftest import federator_cmd, free_port
 from tests.integration.cluster import NodeProcess, wait_for
+from tests.threads import Worker, join_all
 
 
 class Demo:
@@ -29,7 +30,8 @@ class Demo:
         self.root = root
         self.lines: list[str] = []
         self.serving = threading.Event()
-        threading.Thread(target=self._read, daemon=True).start()
+        self.reader = Worker(self._read, name="demo stdout")
+        self.reader.start()
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
@@ -50,6 +52,8 @@ def demo(tmp_path_factory) -> Iterator[Demo]:
     try:
         deadline = time.monotonic() + 400
         while not d.serving.wait(1):
+            if not d.reader.is_alive():
+                join_all([d.reader], 0)  # what stopped the reader, if it failed
             assert d.proc.poll() is None, f"the demo exited with {d.proc.returncode}:\n{d.stdout}"
             assert time.monotonic() < deadline, f"the demo did not serve in 400 s:\n{d.stdout}"
         yield d
