@@ -9,9 +9,26 @@ import subprocess
 import sys
 import time
 import uuid
+from pathlib import Path
 from typing import Iterator
 
 import pytest
+from hypothesis import settings as hypothesis_settings
+from hypothesis.database import DirectoryBasedExampleDatabase
+
+# Hypothesis, for every test in the suite (a test's own @settings only adds example counts).
+# "federator" (the default): derandomized, so the examples are a function of the test's code:
+# a failure one run finds, every run finds, on any machine and from a clean clone, where an
+# example database would replay it only on the machine that saw it (.hypothesis/ is not
+# committed); and no deadline: how long an example takes is for tests/bench, not an assert.
+# HYPOTHESIS_PROFILE=explore draws new examples each run and keeps failing ones in
+# .hypothesis/examples at the repo root (ignored by git), where the next run replays them.
+hypothesis_settings.register_profile("federator", derandomize=True, deadline=None, print_blob=True)
+hypothesis_settings.register_profile(
+    "explore", derandomize=False, deadline=None, print_blob=True,
+    database=DirectoryBasedExampleDatabase(str(Path(__file__).resolve().parents[1] / ".hypothesis" / "examples")),
+)
+hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "federator"))
 
 
 def free_port() -> int:

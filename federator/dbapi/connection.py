@@ -27,6 +27,9 @@ from federator.query.position import Position
 TOKEN_HEADER = "X-Federator-Consistency-Token"
 DEFAULT_PORTS = {"http": 8080, "https": 443}
 _CONNECT_TIMEOUT_S = 5.0  # a node that cannot even accept a connection in 5 s is skipped
+# nor less than this, however short the statement's timeout: a 1 ms timeout is the server's to
+# enforce (its 504 TIMEOUT), not a 1 ms connect that fails as "no node answered"
+_MIN_CONNECT_TIMEOUT_S = 0.5
 _READ_SLACK_S = 5.0  # wait up to this much past the server's own deadline, so its 504 arrives first
 
 
@@ -175,7 +178,7 @@ class Connection:
 
     def _post(self, body: bytes) -> tuple[urllib3.BaseHTTPResponse, str]:
         http = self._check_open()
-        timeout = urllib3.Timeout(connect=min(_CONNECT_TIMEOUT_S, self.timeout), read=self.timeout + min(_READ_SLACK_S, max(0.5, self.timeout)))
+        timeout = urllib3.Timeout(connect=min(_CONNECT_TIMEOUT_S, max(_MIN_CONNECT_TIMEOUT_S, self.timeout)), read=self.timeout + min(_READ_SLACK_S, max(0.5, self.timeout)))
         first = self._preferred
         failures = []
         for i in range(len(self.nodes)):

@@ -80,6 +80,11 @@ class Dispatcher:
             for item in sorted(pending):
                 i, p = item
                 targets = targets_for(view, store, p, allow_stale, max_lag, frozenset(avoid[item]), token.get(p))
+                if not targets and avoid[item]:
+                    # every copy it may go to failed once: after the backoff they may answer (a
+                    # node back at its address, a dropped connection), so ask them again
+                    avoid[item].clear()
+                    targets = targets_for(view, store, p, allow_stale, max_lag, frozenset(), token.get(p))
                 if not targets:
                     reasons[item] = "no node serves it (a rebalance may be under way)"
                     continue

@@ -35,6 +35,7 @@ import urllib3
 from federator import kafka
 from tests.integration.changelog_util import register
 from tests.integration.cluster import Cluster, NodeProcess, wait_for, write_with_token
+from tests.threads import Worker, join_all
 
 P = 8
 KILLS = int(os.environ.get("FEDERATOR_CHAOS_KILLS", "2"))
@@ -230,8 +231,17 @@ def test_kill_and_restart_nodes_under_reads_and_writes(broker, app_id, tmp_path)
         writer.write(keys[i:i + 500])
     cluster = Cluster(broker.bootstrap_servers, app_id, tmp_path / "nodes", size=3, standby_replicas=1).start()
     chaos = Chaos(cluster, writer, keys)
-    threads = [threading.Thread(target=writer.run, name="writer")]
-    threads += [threading.Thread(target=chaos.reader, args=(i,), name=f"reader{i}") for i in range(READERS)]
+    threads = [Worker(writer.run, name="writer")]
+    threads += [Worker(chaos.reader, i, name=f"reader{i}") for i in range(READERS)]
+
+    def reads_flow(what: str) -> None:
+        """Wait for 50 more answered reads; a writer or reader that failed fails the test now."""
+        seen = chaos.answered()
+        wait_for(lambda: chaos.answered() >= seen + 50 or not all(t.is_alive() for t in threads), 30, what)
+        if not all(t.is_alive() for t in threads):
+            join_all([t for t in threads if not t.is_alive()], 0)
+            raise AssertionError(f"{[t.name for t in threads if not t.is_alive()]} stopped")
+
     kills: list[tuple[float, str]] = []
     killed: set[str] = set()  # nodes the test has killed and not restarted yet
     self_deaths: list[str] = []
@@ -244,8 +254,7 @@ def test_kill_and_restart_nodes_under_reads_and_writes(broker, app_id, tmp_path)
         for _ in range(KILLS):
             # steady first: every node up, owners and standby copies in place, reads answered
             cluster.wait_settled("chaos", P, timeout=60)
-            seen = chaos.answered()
-            wait_for(lambda: chaos.answered() >= seen + 50, 30, "reads to flow on the settled cluster")
+            reads_flow("reads to flow on the settled cluster")
             victim = rnd.choice(cluster.nodes)
             with chaos.pool_lock:
                 chaos.pool.remove(victim)
@@ -262,13 +271,11 @@ def test_kill_and_restart_nodes_under_reads_and_writes(broker, app_id, tmp_path)
             self_deaths += [n.node_id for n in cluster.nodes if n.proc.poll() is not None and n.node_id not in killed]
             assert not self_deaths, f"nodes died that the test did not kill: {self_deaths}"
         cluster.wait_settled("chaos", P, timeout=60)
-        seen = chaos.answered()
-        wait_for(lambda: chaos.answered() >= seen + 50, 30, "reads to flow after the last restart")
+        reads_flow("reads to flow after the last restart")
     finally:
         writer.stop.set()
         chaos.stop.set()
-        for t in threads:
-            t.join(GIVE_UP_S + 15)
+        join_all(threads, GIVE_UP_S + 15)  # what failed in a writer or reader fails the test
     ran = time.monotonic() - began
     self_deaths += [n.node_id for n in cluster.nodes if n.proc.poll() is not None]
 

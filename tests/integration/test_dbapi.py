@@ -100,8 +100,9 @@ def test_each_error_class_from_a_real_bad_request(bi_cluster, sql, params, cls, 
 def test_timeout_and_not_up_to_bound_are_operational_errors(bi_cluster) -> None:
     c = bi_cluster
     with pytest.raises(dbapi.OperationalError) as info:
-        # 1 ms cannot cover the calls to the other nodes' partitions: the service gives up with
-        # 504 TIMEOUT, or 503 UNAVAILABLE when a node call ran out first (both OperationalError)
+        # a 1 ms statement timeout (timeout_ms 1; the driver still gives the connection itself at
+        # least 0.5 s) cannot cover the calls to the other nodes' partitions: the service gives up
+        # with 504 TIMEOUT, or 503 UNAVAILABLE when a node call ran out first (both OperationalError)
         dbapi.connect(c.url(), timeout=0.001).cursor().execute("SELECT COUNT(*) FROM players")
     assert (info.value.code, info.value.status) in (("TIMEOUT", 504), ("UNAVAILABLE", 503))
     conn = dbapi.connect(c.url())

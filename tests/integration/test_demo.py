@@ -4,6 +4,7 @@ then is killed with SIGKILL: its nodes and broker must go with it."""
 from __future__ import annotations
 
 import collections
+import datetime as dt
 import re
 import signal
 import subprocess
@@ -14,9 +15,10 @@ from typing import Iterator
 
 import pytest
 
-from federator.demo import foreign_nodes_message
+from federator.demo import EXAMPLES, foreign_nodes_message
 from tests.conftest import federator_cmd, free_port
 from tests.integration.cluster import NodeProcess, wait_for
+from tests.threads import Worker, join_all
 
 
 class Demo:
@@ -25,9 +27,11 @@ class Demo:
             federator_cmd("demo", "--events", "5000", "--port", str(free_port()), "--dir", str(root / "demo")),
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )
+        self.root = root
         self.lines: list[str] = []
         self.serving = threading.Event()
-        threading.Thread(target=self._read, daemon=True).start()
+        self.reader = Worker(self._read, name="demo stdout")
+        self.reader.start()
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
@@ -48,6 +52,8 @@ def demo(tmp_path_factory) -> Iterator[Demo]:
     try:
         deadline = time.monotonic() + 400
         while not d.serving.wait(1):
+            if not d.reader.is_alive():
+                join_all([d.reader], 0)  # what stopped the reader, if it failed
             assert d.proc.poll() is None, f"the demo exited with {d.proc.returncode}:\n{d.stdout}"
             assert time.monotonic() < deadline, f"the demo did not serve in 400 s:\n{d.stdout}"
         yield d
@@ -61,6 +67,38 @@ def demo(tmp_path_factory) -> Iterator[Demo]:
                 d.proc.wait()
 
 
+def printed(out: str, sql: str) -> tuple[list[str], list[list[str]]]:
+    """The header and rows of the table the demo printed under ``sql``."""
+    lines = out.split(f"\n  {sql}\n", 1)[1].splitlines()
+    assert lines[1].strip().startswith("---"), lines[:3]
+    rows = []
+    for line in lines[2:]:
+        if line.strip().startswith("("):
+            break
+        rows.append(re.split(r"\s{2,}", line.strip()))
+    return re.split(r"\s{2,}", lines[0].strip()), rows
+
+
+def ms(printed_time: str) -> int:
+    """'2024-01-01T01:35:00.000000Z' as epoch milliseconds."""
+    return round(dt.datetime.fromisoformat(printed_time.replace("Z", "+00:00")).timestamp() * 1000)
+
+
+# What the demo answers, every run: `federator demo --events 5000` generates its game events from
+# a fixed seed (spark.jobs.game_events, seed 42), so the stores hold exactly these. A change to the
+# generator or the jobs changes them: check the new answers against the events (the second half
+# of the test does) and write them here.
+PLAYERS, POINTS, BEST = 50, 2_512_421, 999
+TOP_PLAYERS = [["player_00039", 62648, 999, 20], ["player_00041", 61746, 994, 20], ["player_00015", 57301, 999, 20],
+               ["player_00029", 57031, 997, 20], ["player_00035", 55702, 998, 20]]
+T0 = 1_704_067_200_000  # 2024-01-01T00:00:00Z
+MIN = 60_000
+P7_MINUTES = [[T0 + 95 * MIN, 261], [T0 + 97 * MIN, 772], [T0 + 132 * MIN, 341]]  # player_00007's first 3
+P7_SESSIONS = [[T0 + 95 * MIN + 23_648, T0 + 97 * MIN + 25_596, 2], [T0 + 132 * MIN + 30_571, T0 + 196 * MIN + 26_583, 6],
+               [T0 + 226 * MIN + 37_793, T0 + 325 * MIN + 26_059, 5]]
+P7_RANK = ["player_00007", 40493, 48]
+
+
 def test_the_demo_runs_the_pipeline_and_answers(demo: Demo) -> None:
     out = demo.stdout
     assert out.count("started node") == 3
@@ -68,15 +106,48 @@ def test_the_demo_runs_the_pipeline_and_answers(demo: Demo) -> None:
     from spark.jobs.word_counts import TEXT
 
     counts = collections.Counter(w.lower() for w in re.findall(r"[^\W\d_]+", TEXT))
-    answer = out.split("WHERE word = 'federator'")[1].splitlines()[3].split()
-    assert answer == ["federator", str(counts["federator"])]
-    # the leaderboard stores came from the Spark job: 5000 events' worth of players
-    players = out.split("AS best FROM player_stats\n")[1].splitlines()[2].split()
-    assert int(players[0]) > 0 and "player_00007" in out.split("FROM player_sessions")[1]
+    assert printed(out, EXAMPLES[0])[1] == [["federator", str(counts["federator"])]]
+    top_words = sorted(counts.items(), key=lambda wc: (-wc[1], wc[0]))[:5]
+    assert printed(out, EXAMPLES[1])[1] == [[w, str(c)] for w, c in top_words]
+
+    # the game stores, from the Spark job over the seeded events: exactly the known answers
+    def ints(rows: list[list[str]], *text_columns: int) -> list[list]:
+        return [[v if i in text_columns else int(v) for i, v in enumerate(r)] for r in rows]
+
+    assert ints(printed(out, EXAMPLES[2])[1], 0) == TOP_PLAYERS
+    assert ints(printed(out, EXAMPLES[3])[1]) == [[PLAYERS, POINTS, BEST]]
+    assert [[r[0], ms(r[1]), int(r[2])] for r in printed(out, EXAMPLES[4])[1]] == \
+        [["player_00007", *m] for m in P7_MINUTES]
+    assert [[r[0], ms(r[1]), ms(r[2]), int(r[3])] for r in printed(out, EXAMPLES[5])[1]] == \
+        [["player_00007", *s] for s in P7_SESSIONS]
     # the leaderboard plugin's store answers the top-k and the rank
-    rank_part = out.split("QUALIFY player = 'player_00007'")[1]
-    row = rank_part.splitlines()[3].split()
-    assert row[0] == "player_00007" and int(row[2]) >= 1
+    assert ints(printed(out, EXAMPLES[6])[1], 0) == [r[:2] for r in TOP_PLAYERS[:3]]
+    assert ints(printed(out, EXAMPLES[7])[1], 0) == [P7_RANK]
+
+    # and those known answers are what the demo's events give (DuckDB over the Parquet it wrote)
+    import duckdb
+
+    db = duckdb.connect()
+    db.execute("SET TimeZone = 'UTC'")
+    db.execute(f"CREATE VIEW ev AS SELECT player, game, score, epoch_ms(ts) AS t "
+               f"FROM read_parquet('{demo.root / 'demo' / 'game_events'}/*.parquet')")
+    assert db.execute("SELECT COUNT(*) FROM ev").fetchone() == (5000,)
+    stats = ("SELECT player, SUM(score) AS total, MAX(score) AS best, COUNT(DISTINCT game) AS games "
+             "FROM ev GROUP BY player")
+    assert db.execute(f"SELECT COUNT(*), SUM(total), MAX(best) FROM ({stats})").fetchone() == (PLAYERS, POINTS, BEST)
+    assert [list(r) for r in db.execute(f"{stats} ORDER BY total DESC LIMIT 5").fetchall()] == TOP_PLAYERS
+    assert [list(r) for r in db.execute(f"SELECT player, total, rank FROM (SELECT player, total, "
+                                        f"RANK() OVER (ORDER BY total DESC) AS rank FROM ({stats})) "
+                                        "WHERE player = 'player_00007'").fetchall()] == [P7_RANK]
+    assert [list(r) for r in db.execute(
+        f"SELECT t - t % {MIN} AS w, SUM(score) FROM ev WHERE player = 'player_00007' GROUP BY w ORDER BY w LIMIT 3"
+    ).fetchall()] == P7_MINUTES
+    sessions = db.execute(f"""
+        WITH e AS (SELECT t, CASE WHEN t - lag(t) OVER (ORDER BY t) >= 30 * {MIN} THEN 1 ELSE 0 END AS gap
+                   FROM ev WHERE player = 'player_00007'),
+             s AS (SELECT t, SUM(gap) OVER (ORDER BY t ROWS UNBOUNDED PRECEDING) AS session FROM e)
+        SELECT MIN(t), MAX(t), COUNT(*) FROM s GROUP BY session ORDER BY 1 LIMIT 3""").fetchall()
+    assert [list(r) for r in sessions] == P7_SESSIONS
 
 
 def _children(pid: int) -> dict[int, str]:

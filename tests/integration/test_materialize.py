@@ -7,7 +7,6 @@ import random
 import signal
 import subprocess
 import sys
-import time
 
 from federator import kafka
 from federator.node.changelog import catch_up
@@ -16,6 +15,7 @@ from federator.query import KeyQuery, RangeQuery, SessionQuery, WindowKeyQuery, 
 from federator.store import Shard
 from federator.store.layout import session_key, window_key
 from tests.integration.changelog_util import produce, read_partition, register
+from tests.integration.cluster import wait_for
 
 P = 4
 
@@ -136,9 +136,7 @@ def test_a_recreated_changelog_rebuilds_the_shard_and_old_data_is_never_served(b
     assert s.offset == 99
     adm = kafka.admin(broker.bootstrap_servers)
     adm.delete_topics([defn.topic])[defn.topic].result(10)
-    deadline = time.monotonic() + 10
-    while kafka.topic_partitions(adm, defn.topic) is not None and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_for(lambda: kafka.topic_partitions(adm, defn.topic) is None, 10, "the changelog's deletion", interval=0.1)
     kafka.ensure_topic(adm, defn.topic, 1)
     produce(broker, defn.topic, 1, [(b"new", b"new", enc(1), 2)])
     assert catch_up(s, broker.bootstrap_servers) == 1

@@ -524,9 +524,12 @@ def test_a_query_racing_a_node_stop_is_right_or_unavailable(sql_cluster) -> None
             if resp.status == 200:
                 assert tuple(body["rows"][0]) == tuple(want)
                 outcomes.append("ok")
-            else:
+            else:  # no partial answer: a failure naming the partitions that did not answer
                 assert resp.status == 503 and body["error"]["code"] == "UNAVAILABLE", body
                 assert resp.headers.get("Retry-After")
+                missing = body["error"].get("partitions")
+                assert missing and set(missing) <= set(range(P)), body
+                assert all(f"partition {p}:" in body["error"]["message"] for p in missing), body
                 outcomes.append("503")
     finally:
         victim.start()

@@ -48,11 +48,16 @@ def spark() -> Iterator[Any]:
 
 # ---- SQL over HTTP ------------------------------------------------------------------------
 def sql(node, query: str, token: str | None = None, timeout_ms: int = 30_000) -> pa.Table:
+    return sql_with_token(node, query, token, timeout_ms)[0]
+
+
+def sql_with_token(node, query: str, token: str | None = None, timeout_ms: int = 30_000) -> tuple[pa.Table, str]:
+    """The answer, and the consistency token that came with it."""
     body = {"sql": query, "format": "arrow", "consistency_token": token, "timeout_ms": timeout_ms}
     resp = HTTP.request("POST", f"http://{node.endpoint}/v1/sql", body=json.dumps(body).encode(),
                         headers={"Content-Type": "application/json"}, timeout=60)
     assert resp.status == 200, resp.data[:800]
-    return pa.ipc.open_stream(resp.data).read_all()
+    return pa.ipc.open_stream(resp.data).read_all(), resp.headers["X-Federator-Consistency-Token"]
 
 
 def norm(v: Any) -> Any:

@@ -14,7 +14,8 @@ from federator.catalog import Catalog
 from federator.query.position import Position
 from tests.integration.changelog_util import read_partition
 from tests.spark.conftest import (BYTES_ROWS, DOUBLE_ROWS, INT_ROWS, JSON_ROWS, LONG_ROWS, P, REPLACE_KV,
-                                  REPLACE_WIN, RYW_ROWS, SESSION_ROWS, STRING_ROWS, T0, WINDOW_ROWS, rows, sql)
+                                  REPLACE_WIN, RYW_ROWS, SESSION_ROWS, STRING_ROWS, T0, WINDOW_ROWS, rows, sql,
+                                  sql_with_token)
 from tests.registry import REGISTRY
 
 pytestmark = pytest.mark.integration
@@ -129,11 +130,15 @@ def test_token_gives_read_your_writes(world, spark):
         df = spark.createDataFrame([(k, version) for k, _ in RYW_ROWS] + [(f"new{version}", version)],
                                    "k string, v long")
         token = world.write("ryw", df)
-        got = sql(world.node, f"SELECT k, v FROM ryw WHERE v = {version}", token)
+        written = Position.from_token(token)
+        assert {t for t, _, _ in written} == {f"{world.app}-ryw-changelog"}
+        assert all(o >= 0 and 0 <= p < P for _, p, o in written)
+        got, answer_token = sql_with_token(world.node, f"SELECT k, v FROM ryw WHERE v = {version}", token)
         assert got.num_rows == len(RYW_ROWS) + 1
-        # the answer's token covers the write's
-        for topic, p, o in Position.from_token(token):
-            assert o >= 0 and topic.endswith("-ryw-changelog") and 0 <= p < P
+        # the answer's token covers the write's: every partition written, at or past its offset
+        answered = Position.from_token(answer_token)
+        short = {(t, p): (o, answered.get(t, p)) for t, p, o in written if (answered.get(t, p) or -1) < o}
+        assert not short, f"(topic, partition): (written, answered) {short}"
 
 
 def test_the_word_counts_cli(world):

@@ -15,7 +15,7 @@ from federator.formats import FormatError
 from federator.store.arrow import build_batch, split_stored
 from tests.registry import REGISTRY
 
-FAST = settings(max_examples=20, database=None, deadline=None)
+FAST = settings(max_examples=20, deadline=None)
 
 VALUES = {
     "long": st.integers(-(1 << 63), (1 << 63) - 1),

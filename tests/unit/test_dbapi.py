@@ -172,6 +172,27 @@ def test_a_node_that_accepts_but_never_answers_is_skipped(node) -> None:
     assert len(node.requests) == 1
 
 
+def test_a_tiny_statement_timeout_leaves_the_connection_time_to_be_made(node, monkeypatch) -> None:
+    """timeout=0.001 is the statement's (timeout_ms 1, the server's to enforce), not a 1 ms
+    connect: the server's 504 TIMEOUT reaches the caller, not "no node answered"."""
+    import urllib3
+
+    timeouts: list[urllib3.Timeout] = []
+    request = urllib3.PoolManager.request
+
+    def spy(self, *args, **kwargs):
+        timeouts.append(kwargs["timeout"])
+        return request(self, *args, **kwargs)
+
+    monkeypatch.setattr(urllib3.PoolManager, "request", spy)
+    node.answer(504, {"error": {"code": "TIMEOUT", "message": "the query ran past timeout_ms"}})
+    with pytest.raises(dbapi.OperationalError) as info:
+        dbapi.connect(node.url, timeout=0.001).cursor().execute("SELECT 1")
+    assert info.value.code == "TIMEOUT" and node.requests[0]["timeout_ms"] == 1
+    (t,) = timeouts
+    assert t.connect_timeout >= 0.5 and t.read_timeout >= 0.5
+
+
 def test_no_node_answers_names_every_node() -> None:
     a, b = free_port(), free_port()
     with pytest.raises(dbapi.OperationalError) as info:

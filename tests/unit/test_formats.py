@@ -24,7 +24,7 @@ from tests.registry import REGISTRY
 
 get_format = REGISTRY.format  # formats by name, as a node finds them
 
-FAST = settings(max_examples=100, database=None, deadline=None)
+FAST = settings(max_examples=100, deadline=None)
 
 LONG_MIN, LONG_MAX = -(1 << 63), (1 << 63) - 1
 INT_MIN, INT_MAX = -(1 << 31), (1 << 31) - 1
@@ -167,7 +167,7 @@ def test_decode_many_declared_type_for_few_and_many(name: str, count: int) -> No
 def test_decode_many_matches_deserialize(name: str) -> None:
     f = get_format(name)
 
-    @settings(max_examples=30, database=None, deadline=None)
+    @settings(max_examples=30, deadline=None)
     @given(st.lists(VALUES[name], max_size=100))
     def check(values) -> None:
         data = [f.serialize(v) for v in values]

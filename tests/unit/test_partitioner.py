@@ -49,7 +49,7 @@ def test_murmur2_matches_librdkafka_vectors(key: str, expected: int) -> None:
     assert murmur2(key.encode("utf-8")) == _signed(expected)
 
 
-@settings(max_examples=200, database=None)
+@settings(max_examples=200)
 @given(st.binary(max_size=64))
 def test_murmur2_is_a_signed_32_bit_int(data: bytes) -> None:
     h = murmur2(data)
@@ -67,7 +67,7 @@ def test_partition_for_clears_the_sign_bit_rather_than_taking_abs() -> None:
     assert partition_for(b"abc", 1000) == 479470107 % 1000 == 107
 
 
-@settings(max_examples=200, database=None)
+@settings(max_examples=200)
 @given(st.binary(max_size=64), st.integers(min_value=1, max_value=10_000))
 def test_partition_for_is_in_range_and_deterministic(key: bytes, partitions: int) -> None:
     p = partition_for(key, partitions)
@@ -76,7 +76,7 @@ def test_partition_for_is_in_range_and_deterministic(key: bytes, partitions: int
     assert p == (murmur2(key) & 0x7FFFFFFF) % partitions
 
 
-@settings(max_examples=50, database=None)
+@settings(max_examples=50)
 @given(st.binary(max_size=32))
 def test_single_partition_always_zero(key: bytes) -> None:
     assert partition_for(key, 1) == 0

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from federator.query import Position, PositionBound
 
-FAST = settings(max_examples=100, database=None, deadline=None)
+FAST = settings(max_examples=100, deadline=None)
 
 positions = st.dictionaries(
     st.text(alphabet="abcdefgh-._", min_size=1, max_size=8),

@@ -19,7 +19,7 @@ from federator.store.scan_cache import SCAN_CACHE
 from federator.store.shard import Shard
 from tests.registry import REGISTRY
 
-FAST = settings(max_examples=15, database=None, deadline=None)
+FAST = settings(max_examples=15, deadline=None)
 KEYS = {
     "string": st.text(max_size=4),
     "bytes": st.binary(max_size=4),

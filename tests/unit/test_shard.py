@@ -296,38 +296,61 @@ def test_failed_apply_changes_nothing(open_shard, rec, monkeypatch: pytest.Monke
     assert col(ok(again, RangeQuery()), "k") == ["a", "b", "c"] and again.offset == 5
 
 
-@pytest.mark.parametrize("racing_writes", [1, 10])
-def test_a_write_racing_a_read_never_pairs_data_with_another_position(open_shard, rec, monkeypatch, racing_writes) -> None:
-    """Each answer carries exactly the position its data reflects, however writes interleave."""
-    import threading
-
+def racing(shard: Shard, rec: Records, monkeypatch, writes: int, waited: int):
+    """Make the first ``writes`` RangeQuery reads of ``shard`` each start a writer applying one
+    record while they read; the first ``waited`` of them wait inside the read for that write to
+    land (5 s at most), so a write the read holds off fails the test. Returns the writers."""
     from federator.store.kv import KeyValueStoreType
+    from tests.threads import Worker
 
-    shard = open_shard(definition())
-    shard.apply([rec(b"a", b"0")])  # the value is the offset that wrote it
     real = shard.store_type.handler_for(RangeQuery())
-    writes: list[threading.Thread] = []
+    writers: list[Worker] = []
 
-    def racing(view, q):
+    def read(view, q):
         first = view.get(b"a")
-        if len(writes) < racing_writes:  # a writer slips in while this read is under way
-            r = rec(b"a", str(rec.offset + 1).encode())
-            t = threading.Thread(target=shard.apply, args=([r],))
-            writes.append(t)
-            t.start()
-            t.join(0.2)  # blocked when the reader holds writers off; that is fine
+        if len(writers) < writes:  # a writer slips in while this read is under way
+            r = rec(b"a", str(rec.offset + 1).encode())  # the value is the offset that wrote it
+            w = Worker(shard.apply, [r], name=f"write {r.offset}")
+            writers.append(w)
+            w.start()
+            if len(writers) <= waited:
+                w.join_checked(5)  # the write lands while this read is still under way
         batch = real(view, q)
         assert first is not None
         return batch
 
-    racer = KeyValueStoreType().with_handlers({RangeQuery: racing})
+    racer = KeyValueStoreType().with_handlers({RangeQuery: read})
     monkeypatch.setattr(shard, "store_type", racer)
+    return writers
+
+
+@pytest.mark.parametrize("racing_writes", [1, 2, 3])
+def test_a_read_does_not_hold_up_a_write_and_answers_with_the_position_its_data_reflects(
+        open_shard, rec, monkeypatch, racing_writes) -> None:
+    """Reads do not block materialization: a write that starts during a read lands while the
+    read is still under way (the read then notices it and reads again, up to 3 times), and the
+    answer carries exactly the position its data reflects."""
+    shard = open_shard(definition())
+    shard.apply([rec(b"a", b"0")])
+    writers = racing(shard, rec, monkeypatch, racing_writes, waited=racing_writes)
     batch, position = shard.query(RangeQuery())
-    for t in writes:
-        t.join(5)
-    value = batch.column("v").to_pylist()
-    assert value == [str(position.get(TOPIC, 1))], (value, position)
-    assert shard.offset == len(writes) >= 1
+    assert len(writers) == racing_writes
+    assert batch.column("v").to_pylist() == [str(position.get(TOPIC, 1))] == [str(racing_writes)]
+    assert shard.offset == racing_writes
+
+
+def test_a_read_overlapped_on_every_try_holds_writes_off_once_and_stays_exact(open_shard, rec, monkeypatch) -> None:
+    """After 3 tries that writes overlapped, a read holds writers off for its last try rather
+    than retry without end; its answer is still exact, and the held write lands after it."""
+    from tests.threads import join_all
+
+    shard = open_shard(definition())
+    shard.apply([rec(b"a", b"0")])
+    writers = racing(shard, rec, monkeypatch, 4, waited=3)  # the 4th write is started under the lock
+    batch, position = shard.query(RangeQuery())
+    assert batch.column("v").to_pylist() == [str(position.get(TOPIC, 1))] == ["3"]
+    join_all(writers, 10)
+    assert len(writers) == 4 and shard.offset == 4
 
 
 # ---- failures ------------------------------------------------------------------------------------

@@ -1,0 +1,307 @@
+"""The dispatcher's retries, backoff and fallbacks, against small fakes: a routing view the test
+changes as heartbeats would, nodes that answer from a script, and a clock that only moves when
+the dispatcher sleeps (so a deadline is reached in no real time, and the backoff is observed
+as the sleeps it asked for, not measured).
+
+What must hold: NOT_PRESENT, NOT_ACTIVE, NOT_UP_TO_BOUND, DOES_NOT_EXIST and a node that does
+not answer make the dispatcher read the view again and retry, with backoff, until the deadline;
+then the query fails naming exactly the partitions that did not answer (never a partial answer).
+``allow_stale`` falls back to a standby within ``max_lag``, and to no standby beyond it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import pyarrow as pa
+import pytest
+
+from federator.dispatch import NodeCallError
+from federator.dispatch import dispatcher as dispatcher_module
+from federator.dispatch.dispatcher import Dispatcher
+from federator.cluster.membership import ClusterView, NodeInfo
+from federator.plan.keys import SubQuery
+from federator.query import KeyQuery, Position, PositionBound, RangeQuery, StateQueryRequest
+from federator.query.result import FailureReason, QueryResult
+from federator.dispatch.errors import DispatchError
+from federator.errors import SqlError
+from federator.sql.dispatch_errors import from_dispatch
+
+TOPIC = "app-s-changelog"
+RETRYABLE = [FailureReason.NOT_PRESENT, FailureReason.NOT_ACTIVE, FailureReason.NOT_UP_TO_BOUND,
+             FailureReason.DOES_NOT_EXIST]
+UNREACHABLE = "unreachable"  # a scripted answer: the call raises NodeCallError (connection refused)
+
+
+class Clock:
+    """Stands in for the dispatcher's ``time``: monotonic() moves only by the sleeps asked for.
+    ``on_sleep`` runs after each sleep: what the test lets happen meanwhile (heartbeats)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.sleeps: list[float] = []
+        self.on_sleep: Callable[[int], None] = lambda n: None
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+        self.on_sleep(len(self.sleeps))
+
+
+def info(node_id: str, active: list[int] = (), standby: list[int] = (), lags: dict[int, int] | None = None) -> NodeInfo:
+    return NodeInfo(node_id, f"{node_id}:1", "RUNNING", {"s": list(active)} if active else {},
+                    {"s": list(standby)} if standby else {}, lags={"s": lags or {}},
+                    timestamp_ms=int(time.time() * 1000))
+
+
+class World:
+    """The cluster as the dispatcher on node ``me`` sees it: a view, and what each node answers.
+
+    ``script[node]`` is a list of answers, one per call, the last repeated: a FailureReason
+    (every partition of the call fails so), UNREACHABLE, or "ok" (each partition answers one
+    row naming the node)."""
+
+    def __init__(self, *nodes: NodeInfo) -> None:
+        self.view = ClusterView()
+        for n in nodes:
+            self.view.update_local(n)
+        self.script: dict[str, list] = {}
+        self.calls: list[tuple[str, tuple[int, ...], bool]] = []  # (node, partitions, require_active)
+
+    def move(self, *nodes: NodeInfo) -> None:
+        """New heartbeats: these nodes now host what they say."""
+        for n in nodes:
+            self.view.update_local(n)
+
+    def answer(self, node: str, req: StateQueryRequest) -> list[QueryResult]:
+        self.calls.append((node, tuple(req.partitions), req.require_active))
+        seen = sum(1 for c in self.calls if c[0] == node)
+        script = self.script.get(node, ["ok"])
+        what = script[min(seen, len(script)) - 1]
+        if what == UNREACHABLE:
+            raise NodeCallError(f"{node}:1", "no answer (NewConnectionError: connection refused)")
+        out = []
+        for p in req.partitions:
+            if what == "ok":
+                out.append(QueryResult.success(p, pa.record_batch({"node": [node], "p": [p]}), Position.of(TOPIC, p, 5)))
+            elif isinstance(what, FailureReason):
+                out.append(QueryResult.failed(p, what, f"scripted {what.value}"))
+            else:
+                out.append(QueryResult.failed(p, FailureReason.STORE_EXCEPTION, "scripted", code=what))
+        return out
+
+
+class FakeNode:
+    """What the dispatcher reads of its node: id, view, store definitions, in-process execution."""
+
+    cluster_secret = None
+
+    def __init__(self, world: World, node_id: str = "me") -> None:
+        self.node_id, self.world, self.view = node_id, world, world.view
+        self.stores = {"s": type("Defn", (), {"topic": TOPIC, "partitions": 4})()}
+
+    def execute(self, req: StateQueryRequest) -> list[QueryResult]:
+        return self.world.answer(self.node_id, req)
+
+
+class FakeClient:
+    def __init__(self, world: World, endpoint: str) -> None:
+        self.world, self.node = world, endpoint.split(":")[0]
+
+    def query(self, req: StateQueryRequest, timeout: float) -> list[QueryResult]:
+        assert timeout > 0
+        return self.world.answer(self.node, req)
+
+
+@pytest.fixture
+def clock(monkeypatch) -> Clock:
+    c = Clock()
+    monkeypatch.setattr(dispatcher_module, "time", c)
+    return c
+
+
+@pytest.fixture
+def make(monkeypatch):
+    made: list[Dispatcher] = []
+
+    def build(world: World, node_id: str = "me") -> Dispatcher:
+        d = Dispatcher(FakeNode(world, node_id), max_workers=4)
+        monkeypatch.setattr(d, "_client", lambda endpoint: FakeClient(world, endpoint))
+        made.append(d)
+        return d
+
+    yield build
+    for d in made:
+        d.pool.shutdown()
+
+
+def gather(d: Dispatcher, clock: Clock, partitions: tuple[int, ...] = (0,), *, allow_stale: bool = False,
+           max_lag: int | None = None, timeout: float = 2.0, bound: PositionBound | None = None):
+    """The dispatcher's answer, its errors as the user gets them (the SQL layer's mapping)."""
+    try:
+        return d.gather("s", 4, [SubQuery(KeyQuery("k"), partitions)], None, bound or PositionBound.unbounded(),
+                        allow_stale, max_lag, clock.now + timeout)
+    except DispatchError as e:
+        raise from_dispatch(e) from None
+
+
+def served(out) -> dict[int, str]:
+    """partition -> the node whose rows came back."""
+    return {r["p"]: r["node"] for b in out.batches for r in b.to_pylist()}
+
+
+def doubling(sleeps: list[float]) -> bool:
+    return sleeps[0] == pytest.approx(0.02) and all(
+        b == pytest.approx(min(a * 2, 0.4)) for a, b in zip(sleeps, sleeps[1:]))
+
+
+# ---- retried until an answer ----------------------------------------------------------------
+@pytest.mark.parametrize("failure", RETRYABLE + [UNREACHABLE], ids=lambda f: getattr(f, "value", f))
+def test_a_failing_owner_is_asked_again_with_backoff_until_it_answers(clock, make, failure) -> None:
+    world = World(info("n1", active=[0]))
+    world.script["n1"] = [failure, failure, failure, "ok"]
+    out = gather(make(world), clock)
+    assert served(out) == {0: "n1"}
+    assert [c[0] for c in world.calls] == ["n1"] * 4
+    assert clock.sleeps == pytest.approx([0.02, 0.04, 0.08])  # backoff between the attempts, doubling
+
+
+@pytest.mark.parametrize("failure", RETRYABLE + [UNREACHABLE], ids=lambda f: getattr(f, "value", f))
+def test_the_view_is_read_again_and_the_partition_follows_its_new_owner(clock, make, failure) -> None:
+    """The owner fails; meanwhile heartbeats say n2 took the partition over: n2 is asked."""
+    world = World(info("n1", active=[0]), info("n2"))
+    world.script["n1"] = [failure]
+    clock.on_sleep = lambda n: n == 2 and world.move(info("n1"), info("n2", active=[0]))
+    out = gather(make(world), clock)
+    assert served(out) == {0: "n2"}
+    assert [c[0] for c in world.calls] == ["n1", "n1", "n2"]
+    assert out.nodes == {"n2"} and out.partitions == {(0, 0)}
+
+
+@pytest.mark.parametrize("failure", RETRYABLE + [UNREACHABLE], ids=lambda f: getattr(f, "value", f))
+def test_retries_go_on_until_the_deadline_then_the_query_fails_naming_the_partitions(clock, make, failure) -> None:
+    """n1 holds 0 and 2 and never answers them; n2 answers 1 and 3 at once. No partial
+    answer: the query fails, naming 0 and 2 only, after retrying them up to the deadline."""
+    world = World(info("n1", active=[0, 2]), info("n2", active=[1, 3]))
+    world.script["n1"] = [failure]
+    started = clock.now
+    with pytest.raises(SqlError) as e:
+        gather(make(world), clock, (0, 1, 2, 3), timeout=3.0)
+    err = e.value
+    want = "NOT_UP_TO_BOUND" if failure is FailureReason.NOT_UP_TO_BOUND else "UNAVAILABLE"
+    assert (err.code, err.partitions) == (want, [0, 2]), err.message
+    assert "partitions [0, 2]" in err.message and "partition 0:" in err.message and "partition 2:" in err.message
+    assert "partition 1" not in err.message and "partition 3" not in err.message
+    if want == "UNAVAILABLE":
+        assert err.retry_after
+    # n2 was asked once (its partitions answered); n1 again and again, until the deadline
+    assert sum(1 for c in world.calls if c[0] == "n2") == 1
+    assert sum(1 for c in world.calls if c[0] == "n1") == len(clock.sleeps) + 1
+    assert doubling(clock.sleeps) and clock.sleeps[-1] == pytest.approx(0.4)
+    assert started + 3.0 - 0.4 <= clock.now <= started + 3.0  # it gave up only when another wait would pass it
+
+
+def test_one_call_per_node_carries_all_its_partitions_and_local_ones_run_in_process(clock, make) -> None:
+    world = World(info("me", active=[0, 3]), info("n1", active=[1]), info("n2", active=[2]))
+    out = gather(make(world), clock, (0, 1, 2, 3))
+    assert served(out) == {0: "me", 1: "n1", 2: "n2", 3: "me"}
+    assert sorted(world.calls) == [("me", (0, 3), True), ("n1", (1,), True), ("n2", (2,), True)]
+    assert out.position == Position({TOPIC: {0: 5, 1: 5, 2: 5, 3: 5}})
+    assert clock.sleeps == []
+
+
+def test_an_answered_partition_is_not_asked_again(clock, make) -> None:
+    world = World(info("n1", active=[0, 1]))
+    calls = iter([[FailureReason.NOT_ACTIVE, "ok"], ["ok"]])
+
+    def half(node, req, real=world.answer):  # partition 0 fails once, 1 answers at once
+        world.calls.append((node, tuple(req.partitions), req.require_active))
+        script = next(calls)
+        return [QueryResult.failed(p, s, "scripted") if isinstance(s, FailureReason)
+                else QueryResult.success(p, pa.record_batch({"node": [node], "p": [p]}), Position.of(TOPIC, p, 5))
+                for p, s in zip(req.partitions, script)]
+
+    world.answer = half
+    out = gather(make(world), clock, (0, 1))
+    assert served(out) == {0: "n1", 1: "n1"} and sum(b.num_rows for b in out.batches) == 2
+    assert [c[1] for c in world.calls] == [(0, 1), (0,)]
+
+
+@pytest.mark.parametrize(("code", "want"), [(None, "INTERNAL"), ("INVALID_DATA", "INVALID_DATA")])
+def test_a_store_failure_is_not_retried(clock, make, code, want) -> None:
+    world = World(info("n1", active=[0]))
+    world.script["n1"] = [code or "BROKEN"]
+    with pytest.raises(SqlError) as e:
+        gather(make(world), clock)
+    assert e.value.code == want
+    assert len(world.calls) == 1 and clock.sleeps == []
+
+
+# ---- allow_stale and max_lag -------------------------------------------------------------------
+def stale_world() -> World:
+    """Partition 0: active on n1, standbys n2 (lag 2) and n3 (lag 7)."""
+    return World(info("n1", active=[0]), info("n2", standby=[0], lags={0: 2}), info("n3", standby=[0], lags={0: 7}))
+
+
+@pytest.mark.parametrize("failure", [FailureReason.NOT_ACTIVE, FailureReason.NOT_PRESENT, UNREACHABLE],
+                         ids=lambda f: getattr(f, "value", f))
+def test_allow_stale_falls_back_to_the_least_lagging_standby_within_max_lag(clock, make, failure) -> None:
+    world = stale_world()
+    world.script["n1"] = [failure]
+    out = gather(make(world), clock, allow_stale=True, max_lag=3)
+    assert served(out) == {0: "n2"}
+    # the owner first, then the standby; a stale read never requires the active copy
+    assert world.calls == [("n1", (0,), False), ("n2", (0,), False)]
+
+
+def test_allow_stale_skips_a_failing_standby_for_the_next_within_max_lag(clock, make) -> None:
+    world = stale_world()
+    world.script["n1"] = world.script["n2"] = [UNREACHABLE]
+    out = gather(make(world), clock, allow_stale=True, max_lag=10)
+    assert served(out) == {0: "n3"}
+    assert [c[0] for c in world.calls] == ["n1", "n2", "n3"]
+
+
+def test_allow_stale_never_reads_a_standby_beyond_max_lag(clock, make) -> None:
+    world = stale_world()
+    world.script["n1"] = [UNREACHABLE]
+    with pytest.raises(SqlError) as e:
+        gather(make(world), clock, allow_stale=True, max_lag=1)
+    assert (e.value.code, e.value.partitions) == ("UNAVAILABLE", [0])
+    assert {c[0] for c in world.calls} == {"n1"}  # n2 (lag 2) and n3 (lag 7) are too far behind
+    # within the bound, n2 but never n3
+    world, clock.sleeps[:] = stale_world(), []
+    world.script["n1"] = world.script["n2"] = [UNREACHABLE]
+    with pytest.raises(SqlError):
+        gather(make(world), clock, allow_stale=True, max_lag=2)
+    assert {c[0] for c in world.calls} == {"n1", "n2"}
+
+
+def test_without_allow_stale_no_standby_is_read(clock, make) -> None:
+    world = stale_world()
+    world.script["n1"] = [UNREACHABLE]
+    with pytest.raises(SqlError) as e:
+        gather(make(world), clock)
+    assert (e.value.code, e.value.partitions) == ("UNAVAILABLE", [0])
+    assert {c[0] for c in world.calls} == {"n1"}
+
+
+def test_a_standby_that_catches_up_within_max_lag_is_then_read(clock, make) -> None:
+    """max_lag is judged on the view as it is now: a standby's next heartbeat (lag 0) counts."""
+    world = stale_world()
+    world.script["n1"] = [UNREACHABLE]
+    clock.on_sleep = lambda n: n == 3 and world.move(info("n3", standby=[0], lags={0: 0}))
+    out = gather(make(world), clock, allow_stale=True, max_lag=0)
+    assert served(out) == {0: "n3"}
+    assert "n2" not in {c[0] for c in world.calls}
+
+
+def test_a_range_query_over_all_partitions_goes_to_every_owner(clock, make) -> None:
+    world = World(info("n1", active=[0, 1]), info("n2", active=[2, 3]))
+    out = make(world).gather("s", 4, [SubQuery(RangeQuery(), None)], None, PositionBound.unbounded(), False, None,
+                             clock.now + 1)
+    assert served(out) == {0: "n1", 1: "n1", 2: "n2", 3: "n2"}
