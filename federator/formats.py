@@ -222,10 +222,12 @@ class _FixedWidth(Format):
         _no_nulls(self.name, values)
         # A cast to this format's Arrow type first: a value that does not fit raises (Arrow's
         # safe cast), where numpy's astype would wrap it.
-        try:
-            native = values.cast(self.arrow_type).to_numpy(zero_copy_only=False)
-        except pa.ArrowInvalid as e:
-            raise FormatError(f"{self.name} format: {e}") from None
+        if values.type != self.arrow_type:
+            try:
+                values = values.cast(self.arrow_type)
+            except pa.ArrowInvalid as e:
+                raise FormatError(f"{self.name} format: {e}") from None
+        native = values.to_numpy(zero_copy_only=False)
         data = native.astype(">" + self.code)  # Kafka's serializers: big-endian
         return pa.Array.from_buffers(pa.binary(self.width), len(values), [None, pa.py_buffer(data.tobytes())])
 
