@@ -51,6 +51,11 @@ def binary_buffers(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     return off, (np.frombuffer(data, np.uint8) if data is not None else np.zeros(0, np.uint8))
 
 
+def _no_nulls(name: str, values: pa.Array) -> None:
+    if values.null_count:
+        raise FormatError(f"{name} format cannot encode null ({values.null_count} of {len(values)} values)")
+
+
 def _after(b: bytes) -> bytes:
     """The smallest byte string greater than ``b``: turns an inclusive bound into an exclusive one."""
     return b + b"\x00"
@@ -83,6 +88,13 @@ class Format:
         """``decode_many`` over an Arrow binary array; built-in formats decode it without
         making a Python object per value."""
         return self.decode_many(data.to_pylist())
+
+    def encode_array(self, values: pa.Array) -> pa.Array:
+        """``serialize`` of every value of an Arrow array (no nulls): a binary or fixed-size
+        binary array, the inverse of ``decode_array``. Built-in formats encode their own
+        Arrow type without making a Python object per value (the Spark sink's path)."""
+        _no_nulls(self.name, values)
+        return pa.array([self.serialize(v) for v in values.to_pylist()], pa.binary())
 
     def parse(self, text: str) -> Any:
         """A value from its string form (URLs, the command line)."""
@@ -124,6 +136,12 @@ class StringFormat(Format):
     def decode_array(self, data: pa.Array) -> pa.Array:
         return data.cast(pa.string())
 
+    def encode_array(self, values: pa.Array) -> pa.Array:
+        if not (pa.types.is_string(values.type) or pa.types.is_large_string(values.type)):
+            return super().encode_array(values)
+        _no_nulls(self.name, values)
+        return values.cast(pa.binary())  # Arrow strings are UTF-8 already
+
     def coerce(self, value: Any) -> str:
         if not isinstance(value, str):
             raise FormatError(f"string format expects str, got {type(value).__name__} {value!r}")
@@ -145,6 +163,13 @@ class BytesFormat(Format):
 
     def decode_array(self, data: pa.Array) -> pa.Array:
         return data
+
+    def encode_array(self, values: pa.Array) -> pa.Array:
+        t = values.type
+        if not (pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t)):
+            return super().encode_array(values)
+        _no_nulls(self.name, values)
+        return values.cast(pa.binary())
 
     def parse(self, text: str) -> bytes:
         return text.encode("utf-8")
@@ -190,6 +215,21 @@ class _FixedWidth(Format):
         raw = buf[offsets[0]:offsets[0] + n * self.width]
         values = raw.view(">" + self.code).astype(self.arrow_type.to_pandas_dtype())
         return pa.array(values, self.arrow_type)
+
+    def encode_array(self, values: pa.Array) -> pa.Array:
+        if not (pa.types.is_integer(values.type) or pa.types.is_floating(values.type)):
+            return super().encode_array(values)
+        _no_nulls(self.name, values)
+        # A cast to this format's Arrow type first: a value that does not fit raises (Arrow's
+        # safe cast), where numpy's astype would wrap it.
+        if values.type != self.arrow_type:
+            try:
+                values = values.cast(self.arrow_type)
+            except pa.ArrowInvalid as e:
+                raise FormatError(f"{self.name} format: {e}") from None
+        native = values.to_numpy(zero_copy_only=False)
+        data = native.astype(">" + self.code)  # Kafka's serializers: big-endian
+        return pa.Array.from_buffers(pa.binary(self.width), len(values), [None, pa.py_buffer(data.tobytes())])
 
 
 class _SignedInteger(_FixedWidth):

@@ -8,7 +8,7 @@ import pytest
 
 from federator import kafka
 from federator.catalog import Catalog, changelog_topic
-from spark import sink
+from spark.sink import checks
 from spark.sink import SinkError, write_store
 from tests.integration.changelog_util import read_partition
 from tests.registry import REGISTRY
@@ -75,7 +75,7 @@ def test_duplicate_keys_far_apart(target, spark, monkeypatch, on_driver):
     from pyspark.sql import functions as F
 
     if not on_driver:
-        monkeypatch.setattr(sink, "DRIVER_HASH_ROWS", 0)
+        monkeypatch.setattr(checks, "DRIVER_HASH_ROWS", 0)
     dup = spark.range(30_000).select(F.format_string("k%d", F.col("id") % 29_999).alias("k"),
                                      F.col("id").alias("v")).repartition(3)
     msg = attempt(target, dup, "dups_far", key="k", value="v")
@@ -88,7 +88,7 @@ def test_duplicate_windows(target, spark, monkeypatch, on_driver):
     """A window store's key is the key and the window start: the same key in two windows is fine,
     twice in one window is not."""
     if not on_driver:
-        monkeypatch.setattr(sink, "DRIVER_HASH_ROWS", 0)
+        monkeypatch.setattr(checks, "DRIVER_HASH_ROWS", 0)
     dup = spark.createDataFrame([("a", 0, 1), ("a", 60_000, 2), ("b", 0, 3), ("b", 0, 4)],
                                 "k string, ws long, v long")
     msg = attempt(target, dup, "dups_win", key="k", value="v", type="window", window_start="ws",

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from federator.partitioner import partition_for
-from spark.sink import _serialize, murmur2_partitions
+from spark.sink import murmur2_partitions
+from spark.sink.encoding import encode
 from tests.registry import REGISTRY
 
 
@@ -32,8 +33,8 @@ def test_serialized_keys(fmt):
         "string": lambda: "".join(rnd.choice("aé✓z0 ") for _ in range(rnd.randint(0, 12))),
     }[fmt]
     vals = [values() for _ in range(2000)]
-    ser = _serialize(pa.array(vals), fmt)
     f = REGISTRY.format(fmt)
+    ser = encode(pa.array(vals), f)
     assert ser.to_pylist() == [f.serialize(v) for v in vals]
     assert murmur2_partitions(ser, 8).to_pylist() == [partition_for(f.serialize(v), 8) for v in vals]
 

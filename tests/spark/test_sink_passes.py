@@ -11,7 +11,7 @@ import pytest
 from federator.catalog import changelog_topic
 from federator.partitioner import partition_for
 from federator.query.position import Position
-from spark import sink
+from spark.sink import checks, tasks
 from spark.sink import SinkError, write_store
 from tests.integration.changelog_util import read_partition
 
@@ -66,7 +66,7 @@ def test_equal_hashes_of_distinct_keys_are_written(broker, spark, app, monkeypat
     """Every key hashes alike here: the exact check finds no duplicate, so the write goes on."""
     from pyspark.sql import functions as F
 
-    monkeypatch.setattr(sink, "_key_hash", lambda columns: F.lit(7).cast("long"))
+    monkeypatch.setattr(checks, "key_hash", lambda columns: F.lit(7).cast("long"))
     df = spark.createDataFrame([("a", 1), ("b", 2), ("c", 3)], "k string, v long")
     write_store(df, "collide", key="k", value="v", partitions=P, bootstrap_servers=broker.bootstrap_servers,
                 application_id=app)
@@ -81,9 +81,9 @@ def test_costly_or_changing_rows_are_cached_between_the_passes(spark):
     from pyspark.sql import functions as F
 
     df = spark.range(100).select(F.format_string("k%d", F.col("id")).alias("k"), F.col("id").alias("v"))
-    assert not sink._costly(df)
-    assert sink._costly(df.groupBy("k").agg(F.sum("v").alias("v")))
-    assert sink._costly(df.withColumn("v", (F.rand() * 10).cast("long")))
+    assert not checks.costly(df)
+    assert checks.costly(df.groupBy("k").agg(F.sum("v").alias("v")))
+    assert checks.costly(df.withColumn("v", (F.rand() * 10).cast("long")))
 
 
 def test_rows_are_estimated_so_small_writes_sort_their_hashes_on_the_driver(spark):
@@ -91,10 +91,10 @@ def test_rows_are_estimated_so_small_writes_sort_their_hashes_on_the_driver(spar
     DRIVER_HASH_ROWS off the group-by path."""
     from pyspark.sql import functions as F
 
-    assert sink._estimated_rows(spark.range(1000)) == 1000
+    assert checks.estimated_rows(spark.range(1000)) == 1000
     df = spark.range(1000).select(F.format_string("k%d", F.col("id")).alias("k"), F.col("id").alias("v"))
-    estimate = sink._estimated_rows(df)
-    assert isinstance(estimate, int) and 1000 <= estimate <= sink.DRIVER_HASH_ROWS
+    estimate = checks.estimated_rows(df)
+    assert isinstance(estimate, int) and 1000 <= estimate <= checks.DRIVER_HASH_ROWS
 
 
 def test_pass_2_settings_are_set_for_the_write_only(spark):
@@ -102,12 +102,12 @@ def test_pass_2_settings_are_set_for_the_write_only(spark):
     and afterwards the session is as it was."""
     key = "spark.sql.execution.arrow.maxBytesPerBatch"
     assert spark.conf.get(key, None) is None
-    with sink._session_conf(spark, sink.PASS2_ARROW_CONF):
-        assert spark.conf.get(key) == sink.PASS2_ARROW_CONF[key]
+    with tasks.session_conf(spark, tasks.PASS2_ARROW_CONF):
+        assert spark.conf.get(key) == tasks.PASS2_ARROW_CONF[key]
     assert spark.conf.get(key, None) is None
     spark.conf.set(key, "1000000")
     try:
-        with sink._session_conf(spark, sink.PASS2_ARROW_CONF):
+        with tasks.session_conf(spark, tasks.PASS2_ARROW_CONF):
             assert spark.conf.get(key) == "1000000"
         assert spark.conf.get(key) == "1000000"
     finally:
