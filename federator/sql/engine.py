@@ -165,13 +165,13 @@ class SqlEngine:
             fast = self._point(stmt, req, position, deadline, stats)
             if fast is not None:
                 return fast
-        plan = self._plan(stmt, req)
+        plan = self._plan(stmt, req, deadline)
         if stmt.explain:
             return self._explain(plan), position, stats
         try:
             return self._run(plan, req, position, deadline, stats)
         except NotColocated:  # a rebalance parted a join's shards: join at the receiver this time
-            return self._run(self._plan(stmt, req, copartitioned=False), req, position, deadline, stats,
+            return self._run(self._plan(stmt, req, deadline, copartitioned=False), req, position, deadline, stats,
                              reuse=False)
 
     def _run(self, plan: QueryPlan, req: SqlRequest, position: Position, deadline: float,
@@ -232,7 +232,7 @@ class SqlEngine:
                 while len(self._answers) > _ANSWERS_KEPT:
                     self._answers.popitem(last=False)
 
-    def _plan(self, stmt: Statement, req: SqlRequest, copartitioned: bool = True) -> QueryPlan:
+    def _plan(self, stmt: Statement, req: SqlRequest, deadline: float, copartitioned: bool = True) -> QueryPlan:
         plan_key = None if stmt.explain or not copartitioned else _plan_key(req)
         stores = self._stores()
         kept = self._plans.get(plan_key) if plan_key is not None else None
@@ -241,7 +241,8 @@ class SqlEngine:
         tree = bind_parameters(stmt.select, list(req.parameters), stmt.param_count)  # type: ignore[arg-type]
         deterministic = not is_volatile(tree)
         plan = plan_query(tree, self.resolve_store, lambda name: information_schema(name, self._stores()),
-                          list(self.registry.sql_rules), self._schema_of, copartitioned)
+                          list(self.registry.sql_rules), lambda sql, rels: self._schema_of(sql, rels, deadline),
+                          copartitioned)
         plan.deterministic = deterministic
         if plan_key is not None:
             if len(self._plans) >= 1024:  # one entry per distinct SQL text and parameters; keep it bounded
@@ -249,9 +250,11 @@ class SqlEngine:
             self._plans[plan_key] = plan
         return plan
 
-    def _schema_of(self, sql: str, relations: dict[str, pa.Table]) -> pa.Schema:
-        """The schema of ``sql``'s answer over ``relations`` (DuckDB binds it: its errors are the user's)."""
-        schema, batches = self.duck.stream(sql, relations, time.monotonic() + 10)
+    def _schema_of(self, sql: str, relations: dict[str, pa.Table], deadline: float) -> pa.Schema:
+        """The schema of ``sql``'s answer over ``relations`` (DuckDB binds it: its errors are the
+        user's). It runs the statement, over empty stores but whole where it reads none (a
+        range(), a recursive CTE): within the request's timeout_ms."""
+        schema, batches = self.duck.stream(sql, relations, deadline)
         for _ in batches:
             pass
         return schema

@@ -478,6 +478,19 @@ def test_kept_scans_and_aggregates_follow_later_updates_inserts_and_deletes(sql_
     assert cache_stat("followed") > followed_before  # brought up to date, not read again
 
 
+def test_timeout_ms_bounds_a_statement_that_reads_no_store_from_planning_on(sql_cluster) -> None:
+    """Planning binds the statement by running it over empty stores; one that reads none (here
+    a cross join of ranges that would run for hours) runs whole there, within timeout_ms too:
+    the 504 comes long before the client's own 8 s read timeout (planning once allowed 10 s)."""
+    cluster, _ = sql_cluster
+    resp = HTTP.request("POST", f"http://{cluster.nodes[0].endpoint}/v1/sql",
+                        body=json.dumps({"sql": "SELECT COUNT(*) FROM range(100000) a, range(100000) b WHERE a.range + b.range = -1",
+                                         "timeout_ms": 300}).encode(),
+                        headers={"Content-Type": "application/json"}, timeout=urllib3.Timeout(connect=5, read=8),
+                        retries=False)
+    assert resp.status == 504 and json.loads(resp.data)["error"]["code"] == "TIMEOUT", resp.data[:300]
+
+
 def test_a_repeated_statement_reuses_its_answer_until_a_store_changes(sql_cluster, broker) -> None:
     """The receiver keeps a deterministic statement's answer with the positions of the rows it
     read: the same statement over partitions at the same positions is answered from it; a
