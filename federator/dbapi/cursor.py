@@ -3,15 +3,20 @@ Python rows only when asked, so ``fetch_arrow_table()`` never converts a value."
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import Any, Iterator, Protocol, Sequence
 
 import pyarrow as pa
 
 from federator.dbapi.errors import InterfaceError, NotSupportedError, ProgrammingError
 from federator.dbapi.types import Description, describe, to_parameters
 
-if TYPE_CHECKING:
-    from federator.dbapi.connection import Connection
+class Connection(Protocol):
+    """What a cursor needs of its connection (federator.dbapi.connection.Connection)."""
+
+    @property
+    def closed(self) -> bool: ...
+
+    def run(self, operation: str, parameters: list[Any]) -> tuple[pa.Table, str | None]: ...
 
 
 class Cursor:
