@@ -285,11 +285,12 @@ def duckdb_split(report: Report) -> None:
     from federator.sql.parse import parse
     from federator.sql.planner import bind_parameters, plan_query
     from federator.store.scan_cache import SCAN_CACHE
+    from tests.registry import REGISTRY
 
     progress("in-process split: building the partitions' Arrow rows")
     stores = {name: StoreDefinition.from_dict({
         "name": name, "type": "kv", "partitions": PARTITIONS, "topic": f"bench-{name}",
-        "key": {"name": "k", "format": "string"}, "value": {"name": value, "format": "long"}})
+        "key": {"name": "k", "format": "string"}, "value": {"name": value, "format": "long"}}, REGISTRY)
         for name, value in (("a", "v"), ("b", "w"))}
     part: list[list[int]] = [[] for _ in range(PARTITIONS)]
     for i in range(ROWS):
