@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import bisect
+import struct
 from itertools import chain
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -55,6 +56,7 @@ def range_query(view: ShardView, q: RangeQuery) -> pa.RecordBatch:
     return scan_batch(view.schema, view.definition, entries)
 
 
+_TS = struct.Struct(">q")
 _EVERYTHING = RangeQuery()
 # Key formats whose Arrow sort order is the order of a full scan: byte order for strings and
 # bytes (Arrow compares them bytewise, as RocksDB does), value order for integers (their
@@ -72,6 +74,21 @@ class KeyValueStoreType(StoreType):
 
     def schema(self, defn: StoreDefinition) -> pa.Schema:
         return pa.schema([pa.field(defn.key_name, defn.key.arrow_type), *defn.value_arrow_fields(), rowtime_field()])
+
+    def row_decoder(self, defn: StoreDefinition) -> Callable[[bytes, bytes], tuple]:
+        """(key, value column..., rowtime ms): the key as written, the stored value its 8-byte
+        rowtime then the value bytes (``stored_value``). The formats' functions are bound once:
+        this runs once per point lookup."""
+        key, value, rowtime = defn.key.deserialize, defn.value.deserialize, _TS.unpack_from
+        names = tuple(n for n, _ in defn.value_fields)
+        if not names:
+            return lambda k, stored: (key(k), value(stored[8:]), rowtime(stored)[0])
+
+        def decode(k: bytes, stored: bytes) -> tuple:
+            v = value(stored[8:])
+            return (key(k), *[v[n] for n in names], rowtime(stored)[0])
+
+        return decode
 
     def follow_scan(self, defn: StoreDefinition, schema: pa.Schema, scan: pa.RecordBatch,
                     records: Sequence[ChangelogRecord]) -> pa.RecordBatch | None:
