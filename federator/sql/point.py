@@ -10,7 +10,6 @@ entry decoded by the store's type (``StoreType.decode_row``), not by a layout as
 from __future__ import annotations
 
 import functools
-import operator
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
@@ -47,16 +46,7 @@ class PointPlan:
     def _decode(self) -> Callable[[bytes, bytes], tuple] | None:
         """The store type's decoder of one entry into the selected columns; None when the type
         does not decode entries one at a time."""
-        decode = self.store.store_type.row_decoder(self.store)
-        if decode is None:
-            return None
-        source = self.store.arrow_schema()
-        at = [source.get_field_index(c) for c in self.columns]
-        if len(at) == 1:
-            (i,) = at
-            return lambda key, stored: (decode(key, stored)[i],)
-        pick = operator.itemgetter(*at)
-        return lambda key, stored: pick(decode(key, stored))
+        return self.store.store_type.row_decoder(self.store, self.columns)
 
     def answer(self, key: bytes, stored: bytes | None) -> PointAnswer | None:
         """The answer for one key's stored entry (``key`` its bytes; ``stored`` None: no such

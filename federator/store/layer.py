@@ -73,6 +73,14 @@ class StoreLayer:
 
     definition: StoreDefinition
     partition: int
+    # Whether this layer does anything with a LocalKeyQuery; one that only passes it down is
+    # skipped for it (``key_layer``): the point lookup pays for no frame that does nothing.
+    answers_local_keys: ClassVar[bool] = True
+
+    @property
+    def key_layer(self) -> StoreLayer:
+        """The first layer, from this one down, that does something with a LocalKeyQuery."""
+        return self
 
     def run(self, query: Query, bound: PositionBound = UNBOUNDED, collect_execution_info: bool = False) -> Any:
         raise NotImplementedError
@@ -87,10 +95,19 @@ class WrappedLayer(StoreLayer):
     """A layer over another: what it does not answer goes down, and so do writes, the
     position and the lifecycle (what a shard is asked besides queries)."""
 
+    answers_local_keys: ClassVar[bool] = False
+
     def __init__(self, inner: StoreLayer) -> None:
         self.inner = inner
         self.definition = inner.definition
         self.partition = inner.partition
+        below = inner.key_layer
+        self._key_layer = self if type(self).answers_local_keys else below
+        self._run_key = below.run  # where this layer sends a LocalKeyQuery (see key_layer)
+
+    @property
+    def key_layer(self) -> StoreLayer:
+        return self._key_layer
 
     @property
     def base(self) -> Shard:

@@ -14,7 +14,7 @@ from typing import Any
 
 from federator.query.position import PositionBound
 from federator.query.queries import Query
-from federator.store.layer import UNBOUNDED, StoredEntry, StoreLayer, WrappedLayer
+from federator.store.layer import UNBOUNDED, LocalKeyQuery, StoredEntry, StoreLayer, WrappedLayer
 
 _QUERIES, _ROWS, _FAILED, _NANOS = range(4)
 _now = time.perf_counter_ns
@@ -58,6 +58,8 @@ class MeteredLayer(WrappedLayer):
     of this layer, and two threads updating one partition's counter at the same instant can
     at worst lose one increment (the GIL keeps each list intact)."""
 
+    answers_local_keys = True  # it counts them
+
     def __init__(self, inner: StoreLayer, meter: Meter) -> None:
         super().__init__(inner)
         self.meter = meter
@@ -65,7 +67,10 @@ class MeteredLayer(WrappedLayer):
 
     def run(self, query: Query, bound: PositionBound = UNBOUNDED, collect_execution_info: bool = False) -> Any:
         started = _now()
-        result = self.inner.run(query, bound, collect_execution_info)
+        if type(query) is LocalKeyQuery:  # straight to the layer that reads it (key_layer)
+            result = self._run_key(query, bound)
+        else:
+            result = self.inner.run(query, bound, collect_execution_info)
         nanos = _now() - started
         counts = self._table.get(query.type_name)
         if counts is None:

@@ -84,10 +84,12 @@ class StoreType:
         decode = self.row_decoder(defn)
         return None if decode is None else decode(key, stored)
 
-    def row_decoder(self, defn: StoreDefinition) -> Callable[[bytes, bytes], tuple] | None:
-        """``decode_row`` for one definition, made once (the point plan keeps it). None (the
-        default): entries do not decode one at a time. A type that returns one owns its
-        layout; a subclass that changes the layout overrides it again."""
+    def row_decoder(self, defn: StoreDefinition, columns: Sequence[str] | None = None
+                    ) -> Callable[[bytes, bytes], tuple] | None:
+        """``decode_row`` for one definition, made once (the point plan keeps it), giving only
+        ``columns`` (schema names, in that order; None: all). None (the default): entries do
+        not decode one at a time. A type that returns one owns its layout; a subclass that
+        changes the layout overrides it again."""
         return None
 
     def handler_for(self, query: Query) -> Handler | None:
