@@ -128,9 +128,27 @@ class WrappedLayer(StoreLayer):
     def close(self) -> None:
         self.inner.close()  # type: ignore[attr-defined]
 
-    def __getattr__(self, name: str) -> Any:
-        # what a shard is read for besides queries (topic, offset, position, source, schema, ...)
-        return getattr(self.inner, name)
+    # What a shard is read for besides queries, asked of the shard at the bottom. Spelled out,
+    # not a __getattr__: a class with one pays for it on every attribute, the point path's too.
+    @property
+    def topic(self) -> str:
+        return self.base.topic
+
+    @property
+    def position(self) -> Position:
+        return self.base.position
+
+    @property
+    def offset(self) -> int | None:
+        return self.base.offset
+
+    @property
+    def source(self) -> str | None:
+        return self.base.source
+
+    @property
+    def closed(self) -> bool:
+        return self.base.closed
 
 
 def answer(shard: Shard, query: Query, bound: PositionBound, collect_execution_info: bool,

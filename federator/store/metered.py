@@ -14,7 +14,7 @@ from typing import Any
 
 from federator.query.position import PositionBound
 from federator.query.queries import Query
-from federator.store.layer import UNBOUNDED, LocalKeyQuery, StoredEntry, StoreLayer, WrappedLayer
+from federator.store.layer import UNBOUNDED, LocalKeyQuery, StoreLayer, WrappedLayer
 
 _QUERIES, _ROWS, _FAILED, _NANOS = range(4)
 _now = time.perf_counter_ns
@@ -45,6 +45,8 @@ class Meter:
                     total[i] += n
         out: dict[str, dict[str, dict[str, float]]] = {}
         for (store, query_type), c in sorted(sums.items()):
+            if not c[_QUERIES]:
+                continue
             out.setdefault(store, {})[query_type] = {
                 "queries": c[_QUERIES], "rows": c[_ROWS], "failed": c[_FAILED], "ms": round(c[_NANOS] / 1e6, 3),
             }
@@ -64,22 +66,27 @@ class MeteredLayer(WrappedLayer):
         super().__init__(inner)
         self.meter = meter
         self._table = meter.table(inner.definition.name, inner.partition)
+        self._key_counts = self._table.setdefault(LocalKeyQuery.type_name, [0, 0, 0, 0])
 
     def run(self, query: Query, bound: PositionBound = UNBOUNDED, collect_execution_info: bool = False) -> Any:
+        if type(query) is LocalKeyQuery:  # the point lookup: straight to the layer that reads it (key_layer)
+            started = _now()
+            entry = self._run_key(query, bound)
+            counts = self._key_counts
+            counts[_NANOS] += _now() - started
+            counts[_QUERIES] += 1
+            if entry is None:  # this copy could not answer it
+                counts[_FAILED] += 1
+            elif entry[0] is not None:
+                counts[_ROWS] += 1
+            return entry
         started = _now()
-        if type(query) is LocalKeyQuery:  # straight to the layer that reads it (key_layer)
-            result = self._run_key(query, bound)
-        else:
-            result = self.inner.run(query, bound, collect_execution_info)
+        result = self.inner.run(query, bound, collect_execution_info)
         nanos = _now() - started
         counts = self._table.get(query.type_name)
         if counts is None:
             counts = self._table.setdefault(query.type_name, [0, 0, 0, 0])
-        if result is None:  # a LocalKeyQuery this copy could not answer
-            counts[_FAILED] += 1
-        elif type(result) is StoredEntry:  # a LocalKeyQuery's answer
-            counts[_ROWS] += result.stored is not None
-        elif result.failure is not None:
+        if result.failure is not None:
             counts[_FAILED] += 1
         elif result.batch is not None:
             counts[_ROWS] += result.batch.num_rows
