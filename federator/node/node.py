@@ -34,7 +34,7 @@ from federator.node.topic_tail import TopicTail
 from federator.partitioner import partition_for
 from federator.plugin.loader import PluginsFailed
 from federator.plugin.registry import Registry
-from federator.query.position import Position, PositionBound
+from federator.query.position import PositionBound
 from federator.query.queries import KeyQuery, RangeQuery
 from federator.errors import SqlError
 from federator.owner import keyjoin

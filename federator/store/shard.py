@@ -19,7 +19,6 @@ from rocksdict import Options, ReadOptions, Rdict, WriteBatch
 from federator.catalog.definition import StoreDefinition
 from federator.query.position import Position, PositionBound
 from federator.query.queries import Query
-from federator.query.result import QueryResult
 from federator.store.record import ChangelogRecord
 from federator.store.layer import UNBOUNDED, LocalKeyQuery, ShardClosed, StoredEntry, StoreLayer, UnsupportedQuery, answer
 from federator.store.types import StoreType
