@@ -13,13 +13,14 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 
 from federator import kafka
 from federator.catalog.definition import StoreDefinition
 from federator.node.changelog import to_records
+from federator.store.layer import StoreLayer
 from federator.store.shard import Shard
 
 log = logging.getLogger(__name__)
@@ -31,7 +32,7 @@ TOPIC_CHECK_SECONDS = 2.0
 
 @dataclass
 class HostedShard:
-    shard: Shard
+    shard: Any  # the top of the store's stack (a Shard, or layers over one: federator.store.layer)
     role: str
     restored: bool = False  # reached the log end since it was (re)assigned: current
     caught_up: bool = False  # reached the log end at least once since opened: fit for stale reads
@@ -57,8 +58,12 @@ class Desired:
 
 
 class Materializer:
-    def __init__(self, bootstrap_servers: str, state_dir: Path, on_change: Callable[[], None] = lambda: None) -> None:
+    def __init__(self, bootstrap_servers: str, state_dir: Path, on_change: Callable[[], None] = lambda: None,
+                 open_store: Callable[[Path, StoreDefinition, int], StoreLayer] = Shard) -> None:
+        """``open_store(path, definition, partition)``: a store's stack of layers (the node's has
+        its scan cache and metering; the default is the bare shard)."""
         self.bootstrap_servers = bootstrap_servers
+        self.open_store = open_store
         self.state_dir = state_dir
         self.on_change = on_change
         self._hosted: dict[Key, HostedShard] = {}
@@ -163,7 +168,7 @@ class Materializer:
                 continue
             store, partition = key
             defn = desired.definitions[store]
-            shard = Shard(self.state_dir / store / str(partition), defn, partition)
+            shard = self.open_store(self.state_dir / store / str(partition), defn, partition)
             topic_id = self._topic_ids.get(defn.topic) or kafka.topic_id(admin, defn.topic, timeout=5)
             self._topic_ids[defn.topic] = topic_id
             hs = HostedShard(shard, role)

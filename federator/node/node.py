@@ -34,14 +34,17 @@ from federator.node.topic_tail import TopicTail
 from federator.partitioner import partition_for
 from federator.plugin.loader import PluginsFailed
 from federator.plugin.registry import Registry
-from federator.query.position import Position, PositionBound
+from federator.query.position import PositionBound
 from federator.query.queries import KeyQuery, RangeQuery
 from federator.errors import SqlError
 from federator.owner import keyjoin
 from federator.owner.duck import Duck, DuckConfig
 from federator.owner.keyjoin import LEFT, RIGHT
 from federator.owner.work import owners_sql
-from federator.store.scan_cache import SCAN_CACHE
+from federator.store.layer import LocalKeyQuery, StoredEntry
+from federator.store.metered import Meter
+from federator.store.scan_cache import DEFAULT_FOLLOW, DEFAULT_MB, ScanCache
+from federator.store.stack import open_store
 from federator.query.request import StateQueryRequest
 from federator.query.result import FailureReason, QueryResult
 
@@ -64,6 +67,8 @@ class NodeConfig:
     # default: a node must not serve a cluster some of whose stores or queries it cannot);
     # "warn" logs it and serves without it.
     plugin_errors: str = "fatal"
+    scan_cache_mb: int = DEFAULT_MB  # the scan cache's budget (0: off); see federator.store.scan_cache
+    scan_cache_follow: int = DEFAULT_FOLLOW  # writes a kept scan follows before it is read again (0: never)
 
 
 PLUGIN_ERRORS = ("fatal", "warn")
@@ -126,7 +131,13 @@ class Node:
         self._stop = threading.Event()
         app, bootstrap = config.application_id, config.bootstrap_servers
         self.view = ClusterView()
-        self.materializer = Materializer(bootstrap, self.state_dir, on_change=self._wake.set)
+        # One scan cache and one meter for all of this node's stores: each store's stack is
+        # Metered(Caching(Shard)) over them, and the owner's work keeps its results in the cache.
+        self.scan_cache = ScanCache(config.scan_cache_mb << 20, config.scan_cache_follow)
+        self.meter = Meter()
+        self.materializer = Materializer(
+            bootstrap, self.state_dir, on_change=self._wake.set,
+            open_store=functools.partial(open_store, cache=self.scan_cache, meter=self.meter))
         # Both topics are created again if they vanish (a broker restarted empty).
         self.catalog_tail = TopicTail(
             bootstrap, catalog_topic(app), self._on_catalog, self._on_catalog_reset, "catalog", COMPACTED
@@ -385,17 +396,18 @@ class Node:
             if request.pipeline is not None and result.ok and "join" in request.pipeline:
                 result, other_rows, other_shard = self._join_side(request, request.pipeline["join"], result)
                 if other_rows is not None:
-                    joined.append((len(results), hs.shard, other_rows, other_shard))
+                    joined.append((len(results), hs.shard.base, other_rows, other_shard))
             elif request.pipeline is not None and result.ok:
                 if "sql" in request.pipeline:
-                    owned.append((len(results), hs.shard))
+                    owned.append((len(results), hs.shard.base))
                 else:
                     result = _project(request.pipeline["columns"], result)
             results.append(result)
         if joined:
             self._join(request, [(results[i], shard, rows, other) for i, shard, rows, other in joined])
         if owned:
-            owners_sql(self.duck, request.pipeline["sql"], [(results[i], shard) for i, shard in owned])  # type: ignore[index]
+            owners_sql(self.duck, request.pipeline["sql"], [(results[i], shard) for i, shard in owned],  # type: ignore[index]
+                       self.scan_cache)
         return results
 
     def _join_side(self, request: StateQueryRequest, other: str,
@@ -412,7 +424,7 @@ class Node:
         if not right.ok:
             return right, None, None
         left.position = left.position.merge(right.position)
-        return left, right.batch, hs.shard
+        return left, right.batch, hs.shard.base
 
     def _join(self, request: StateQueryRequest, parts: list[tuple[QueryResult, Any, pa.RecordBatch, Any]]) -> None:
         """A co-partitioned join of this node's partitions (each: the left result, its shard,
@@ -428,7 +440,7 @@ class Node:
                 in_key_order = isinstance(query, KeyQuery) or (isinstance(query, RangeQuery) and not query.descending)
                 batch = keyjoin.run(keyjoin.KeyJoin.from_dict(pipeline["key_join"]), self.duck,
                                     [(r.batch, rows, shard, other) for r, shard, rows, other in parts],
-                                    self._join_workers, in_key_order)
+                                    self._join_workers, in_key_order, self.scan_cache)
             else:
                 batch = self.duck.over(pipeline["sql"], {
                     LEFT: pa.Table.from_batches([r.batch for r, _, _, _ in parts]),
@@ -447,13 +459,14 @@ class Node:
         it is given): Arrow's compute and DuckDB release the GIL."""
         return ThreadPoolExecutor(self.duck.config.threads, thread_name_prefix="key-join")
 
-    def read_local(self, store: str, partition: int, key: bytes, bound: PositionBound) -> tuple[bytes | None, Position] | None:
-        """A key read straight from this node's active, current copy; None when this node cannot
-        serve it that way (the caller routes it like any query)."""
+    def read_local(self, store: str, partition: int, key: bytes, bound: PositionBound) -> StoredEntry | None:
+        """A key's stored entry from this node's active, current copy, asked down the store's
+        layers as a LocalKeyQuery; None when this node cannot serve it that way (the caller
+        routes it like any query)."""
         hs = self.materializer.hosted(store, partition)
         if hs is None or hs.gone or not hs.caught_up or hs.role != ACTIVE or not hs.restored:
             return None
-        return hs.shard.read(key, bound)
+        return hs.shard.run(LocalKeyQuery(key), bound)
 
     # ---- DuckDB and metadata ---------------------------------------------------------------
     @functools.cached_property
@@ -472,7 +485,8 @@ class Node:
             "records_applied": {
                 f"{store}/{p}": hs.applied for (store, p), hs in sorted(self.materializer.snapshot().items())
             },
-            "scan_cache": SCAN_CACHE.stats(),
+            "scan_cache": self.scan_cache.stats(),
+            "store_queries": self.meter.stats(),
         }
         return view
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from federator.node.node import Node, NodeConfig
 from federator.plugin import load_plugins
+from federator.store.scan_cache import DEFAULT_FOLLOW
 from federator.sql.service import SqlService
 
 REFUSED = 3  # the exit code of a node that refused to serve: another live node has its node id
@@ -59,6 +60,10 @@ def run_node(args: argparse.Namespace) -> int:
         _host_port(args.advertise, "--advertise")
     if args.standby_replicas < 0:
         raise ValueError("--standby-replicas must be 0 or more")
+    if args.scan_cache_mb < 0:
+        raise ValueError("--scan-cache-mb must be 0 or more")
+    if getattr(args, "scan_cache_follow", 0) < 0:
+        raise ValueError("--scan-cache-follow must be 0 or more")
     # The one registry of this process: built here, owned by the node, passed to the HTTP app.
     registry = load_plugins()
     node = Node(NodeConfig(
@@ -73,17 +78,11 @@ def run_node(args: argparse.Namespace) -> int:
         duckdb_memory_limit=getattr(args, "duckdb_memory_limit", "2GB"),
         reuse_answers_seconds=getattr(args, "reuse_answers_seconds", 5.0),
         plugin_errors=getattr(args, "plugin_errors", "fatal"),
+        scan_cache_mb=args.scan_cache_mb,  # the node makes its one scan cache from these
+        scan_cache_follow=getattr(args, "scan_cache_follow", DEFAULT_FOLLOW),
     ), registry)  # raises PluginsFailed when a plugin failed and --plugin-errors is fatal
     if getattr(args, "reuse_answers_seconds", 0) < 0:
         raise ValueError("--reuse-answers-seconds must be 0 or more")
-    if args.scan_cache_mb < 0:
-        raise ValueError("--scan-cache-mb must be 0 or more")
-    from federator.store.scan_cache import SCAN_CACHE
-
-    SCAN_CACHE.max_bytes = args.scan_cache_mb << 20
-    if getattr(args, "scan_cache_follow", 0) < 0:
-        raise ValueError("--scan-cache-follow must be 0 or more")
-    SCAN_CACHE.max_pending = getattr(args, "scan_cache_follow", SCAN_CACHE.max_pending)
     stopping = threading.Event()
     _stop_on_signals(stopping)
     node.on_refused = lambda why: stopping.set()  # the node logged why; exit with REFUSED

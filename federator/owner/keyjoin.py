@@ -41,7 +41,7 @@ import pyarrow.compute as pc
 
 from federator.owner.duck import Duck, one_batch
 from federator.owner.work import ROWS
-from federator.store.scan_cache import SCAN_CACHE
+from federator.store.scan_cache import ScanCache
 
 KEY_FORMATS = ("string", "bytes", "long", "int")  # stored bytes equal <=> values equal
 LOOKUP_RATIO = 4  # see pays()
@@ -183,14 +183,18 @@ def _joined(left: pa.RecordBatch, right: pa.RecordBatch, spec: KeyJoin,
     return pa.RecordBatch.from_arrays(arrays, names=[n for _, n in spec.left.columns + spec.right.columns])
 
 
-def side_rows(side: Side, rows: pa.RecordBatch, duck: Duck, owner: Hashable | None = None) -> pa.RecordBatch:
+def side_rows(side: Side, rows: pa.RecordBatch, duck: Duck, owner: Hashable | None = None,
+              cache: ScanCache | None = None) -> pa.RecordBatch:
     """One side's key and columns, its own filter applied. Over a shard's kept scan (``owner``
-    the shard) the filtered rows are kept beside it, as any owner's filter over one store is."""
+    the shard, ``cache`` the node's scan cache) the filtered rows are kept beside it, as any
+    owner's filter over one store is."""
     names = side.reads
     if side.filter is None:
         return rows.select(names)
     cache_key = "key join side: " + side.filter
-    kept = SCAN_CACHE.derived([(owner, rows)], cache_key) if owner is not None else None
+    if cache is None:
+        owner = None
+    kept = cache.derived([(owner, rows)], cache_key) if owner is not None else None  # type: ignore[union-attr]
     if kept is None:
         kept = duck.over_rows(side.filter, rows)
         # back to the store's types (DuckDB gives timestamps in microseconds): both partitions'
@@ -199,7 +203,7 @@ def side_rows(side: Side, rows: pa.RecordBatch, duck: Duck, owner: Hashable | No
         if not kept.schema.equals(wanted):
             kept = kept.cast(wanted)
         if owner is not None:
-            SCAN_CACHE.put_derived([(owner, rows)], cache_key, kept)
+            cache.put_derived([(owner, rows)], cache_key, kept)  # type: ignore[union-attr]
     return kept
 
 
@@ -207,19 +211,21 @@ Part = tuple[pa.RecordBatch, pa.RecordBatch, Hashable | None, Hashable | None]
 
 
 def run(spec: KeyJoin, duck: Duck, parts: list[Part], pool: Executor | None = None,
-        in_key_order: bool = False) -> pa.RecordBatch:
+        in_key_order: bool = False, cache: ScanCache | None = None) -> pa.RecordBatch:
     """The owner's answer over its partitions, each given as (left rows, right rows, left
     shard, right shard): both sides filtered, then each partition joined as a lookup where
     its pair pays() for it, the others by DuckDB's join, then the owner's SQL once over all
     the joined rows. A key lives in one partition of each store, so the pairs of all
     partitions at once are the pairs partition by partition. The per-partition work runs on
     ``pool``'s threads when given: Arrow and DuckDB release the GIL. ``in_key_order``: the
-    rows given are in key order (a RangeQuery's), so an unfiltered side may be searched."""
+    rows given are in key order (a RangeQuery's), so an unfiltered side may be searched.
+    ``cache``: the node's scan cache, where a side's filtered rows are kept beside its scan."""
     in_order = (in_key_order and spec.left.filter is None, in_key_order and spec.right.filter is None)
 
     def one(part: Part) -> pa.RecordBatch | tuple[pa.RecordBatch, pa.RecordBatch]:
         """A partition's joined rows, or its two sides where DuckDB's join costs less."""
-        left, right = side_rows(spec.left, part[0], duck, part[2]), side_rows(spec.right, part[1], duck, part[3])
+        left = side_rows(spec.left, part[0], duck, part[2], cache)
+        right = side_rows(spec.right, part[1], duck, part[3], cache)
         lk, rk = left.column(spec.left.key), right.column(spec.right.key)
         if same_keys(lk, rk):
             return _joined(left, right, spec, None)

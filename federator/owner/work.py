@@ -9,19 +9,20 @@ import pyarrow as pa
 from federator.errors import SqlError
 from federator.owner.duck import Duck
 from federator.query.result import FailureReason, QueryResult
-from federator.store.scan_cache import SCAN_CACHE
+from federator.store.scan_cache import ScanCache
 
 ROWS = "rows"  # the relation an owner's SQL reads: its partitions' rows
 
 
-def owners_sql(duck: Duck, sql: str, parts: list[tuple[QueryResult, Any]]) -> None:
+def owners_sql(duck: Duck, sql: str, parts: list[tuple[QueryResult, Any]], cache: ScanCache | None = None) -> None:
     """The SQL that runs where the rows are (a filter, a top-k, a partial aggregate), in one
     DuckDB statement over all of this node's partitions of the request: each of those is as
     valid over a union of partitions as over one (the receiver filters, ranks or combines
     again), and one statement's fixed cost replaces one per partition. Kept beside the
-    scans it read (see scan_cache). The answer rides on the first partition."""
+    scans it read in ``cache`` (the node's scan cache; each part's shard is the one it keys
+    that shard's scan by, ``StoreLayer.base``). The answer rides on the first partition."""
     scans = [(shard, r.batch) for r, shard in parts]
-    batch = SCAN_CACHE.derived(scans, sql)
+    batch = cache.derived(scans, sql) if cache is not None else None
     if batch is None:
         try:
             batch = duck.over_rows(sql, pa.Table.from_batches([r.batch for r, _ in parts]))  # type: ignore[misc]
@@ -29,7 +30,8 @@ def owners_sql(duck: Duck, sql: str, parts: list[tuple[QueryResult, Any]]) -> No
             for r, _ in parts:
                 r.batch, r.failure, r.message, r.code = None, FailureReason.STORE_EXCEPTION, e.message, e.code
             return
-        SCAN_CACHE.put_derived(scans, sql, batch)
+        if cache is not None:
+            cache.put_derived(scans, sql, batch)
     empty = batch.slice(0, 0)
     for i, (r, _) in enumerate(parts):
         r.batch = batch if i == 0 else empty

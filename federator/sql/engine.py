@@ -147,8 +147,10 @@ class SqlEngine:
         stats["partitions_queried"] = 1
         local = self.node.read_local(defn.name, partition, kb, bound)
         if local is not None:  # the common case when clients send keys to their owners
-            stats["nodes"] = 1
-            return cached.answer(key, local[0]), position.merge(local[1]), stats  # type: ignore[return-value]
+            answer = cached.answer(kb, local.stored)
+            if answer is not None:
+                stats["nodes"] = 1
+                return answer, position.merge(local.position), stats  # type: ignore[return-value]
         gathered = self.dispatcher.gather(
             defn.name, defn.partitions, [SubQuery(KeyQuery(key), (partition,))], {"columns": list(cached.columns)},
             bound, req.allow_stale, req.max_lag, deadline,

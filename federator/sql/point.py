@@ -2,15 +2,16 @@
 
 It is the query BI tools and services send most, and it needs none of the general
 machinery: no expression to compile, nothing to merge. Its plan is a store, the key's
-place (a parameter or a literal) and the columns to return, reused for every key.
+place (a parameter or a literal) and the columns to return, reused for every key. The key
+is read in-process (``Node.read_local``: a LocalKeyQuery down the store's layers) and its
+entry decoded by the store's type (``StoreType.decode_row``), not by a layout assumed here.
 """
 
 from __future__ import annotations
 
 import functools
-import struct
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import pyarrow as pa
 from sqlglot import exp
@@ -18,9 +19,6 @@ from sqlglot import exp
 from federator.catalog.definition import StoreDefinition
 from federator.formats import FormatError
 from federator.plan.keys import NotALiteral, answers_key_queries, literal_value
-
-
-_TS = struct.Struct(">q")
 
 
 @dataclass(frozen=True)
@@ -44,25 +42,20 @@ class PointPlan:
     def _struct(self) -> pa.DataType:
         return pa.struct([f.with_name(n) for f, n in zip(self.schema, self._names)])
 
-    def values(self, key: Any, stored: bytes) -> tuple:
-        """The selected columns of one stored entry as Python values (timestamps as epoch ms),
-        decoding nothing unselected."""
-        defn = self.store
-        value: Any = None
-        values = []
-        for c in self.columns:
-            if c == defn.key_name:
-                values.append(key)
-            elif c == "rowtime":
-                values.append(_TS.unpack_from(stored)[0])
-            else:
-                if value is None:
-                    value = defn.value.deserialize(stored[8:])
-                values.append(value[c] if defn.value_fields else value)
-        return tuple(values)
+    @functools.cached_property
+    def _decode(self) -> Callable[[bytes, bytes], tuple] | None:
+        """The store type's decoder of one entry into the selected columns; None when the type
+        does not decode entries one at a time."""
+        return self.store.store_type.row_decoder(self.store, self.columns)
 
-    def answer(self, key: Any, stored: bytes | None) -> PointAnswer:
-        return PointAnswer(self, [] if stored is None else [self.values(key, stored)])
+    def answer(self, key: bytes, stored: bytes | None) -> PointAnswer | None:
+        """The answer for one key's stored entry (``key`` its bytes; ``stored`` None: no such
+        key), decoded by the store's type; None when the type does not decode entries one at
+        a time (the general path answers)."""
+        if stored is None:
+            return PointAnswer(self, [])
+        decode = self._decode
+        return None if decode is None else PointAnswer(self, [decode(key, stored)])
 
     def key(self, params: list[Any]) -> Any | None:
         """The key to look up, in the store's key type; None when the general path should decide."""

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import bisect
+import operator
+import struct
 from itertools import chain
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -55,6 +57,7 @@ def range_query(view: ShardView, q: RangeQuery) -> pa.RecordBatch:
     return scan_batch(view.schema, view.definition, entries)
 
 
+_TS = struct.Struct(">q")
 _EVERYTHING = RangeQuery()
 # Key formats whose Arrow sort order is the order of a full scan: byte order for strings and
 # bytes (Arrow compares them bytewise, as RocksDB does), value order for integers (their
@@ -72,6 +75,37 @@ class KeyValueStoreType(StoreType):
 
     def schema(self, defn: StoreDefinition) -> pa.Schema:
         return pa.schema([pa.field(defn.key_name, defn.key.arrow_type), *defn.value_arrow_fields(), rowtime_field()])
+
+    def row_decoder(self, defn: StoreDefinition, columns: Sequence[str] | None = None) -> Callable[[bytes, bytes], tuple]:
+        """Of (key, value column..., rowtime ms), ``columns``: the key as written, the stored
+        value its 8-byte rowtime then the value bytes (``stored_value``). The formats'
+        functions are bound once and nothing unselected is decoded: this runs once per point
+        lookup."""
+        key, value, unpack = defn.key.deserialize, defn.value.deserialize, _TS.unpack_from
+        key_name, fields = defn.key_name, bool(defn.value_fields)
+        wanted = tuple(columns) if columns is not None else tuple(self.schema(defn).names)
+        if fields and not {key_name, "rowtime"} & set(wanted):  # value columns only: the common SELECT
+            if len(wanted) == 1:
+                (name,) = wanted
+                return lambda k, stored: (value(stored[8:])[name],)
+            pick = operator.itemgetter(*wanted)
+            return lambda k, stored: pick(value(stored[8:]))
+
+        def decode(k: bytes, stored: bytes) -> tuple:
+            v: Any = None
+            out = []
+            for c in wanted:
+                if c == key_name:
+                    out.append(key(k))
+                elif c == "rowtime":
+                    out.append(unpack(stored)[0])
+                else:
+                    if v is None:
+                        v = value(stored[8:])
+                    out.append(v[c] if fields else v)
+            return tuple(out)
+
+        return decode
 
     def follow_scan(self, defn: StoreDefinition, schema: pa.Schema, scan: pa.RecordBatch,
                     records: Sequence[ChangelogRecord]) -> pa.RecordBatch | None:

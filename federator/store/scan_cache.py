@@ -1,14 +1,17 @@
-"""Each shard's last full scan, kept as Arrow while the shard does not change.
+"""The scan cache layer: each shard's last full scan, kept as Arrow while the shard does not change.
 
 A full scan costs a Python step per row (RocksDB iteration); the filters, aggregates and
 top-k that run over it are Arrow compute and cost almost nothing. Keeping the scanned
 batch lets repeated analytical queries over an unchanged shard skip the iteration. The
 entry is keyed by the shard's write sequence, so any write makes it stale: answers are
 never older than what the shard holds. Entries are evicted least recently used first,
-within a byte budget (``federator node --scan-cache-mb``, 0 turns it off).
+within a byte budget (``federator node --scan-cache-mb``, 0 turns it off). A node makes one
+``ScanCache`` from its flags and hands it to each store's ``CachingLayer`` and to the owner's
+work (federator.owner) that keeps results beside the scans.
 
 Writes do not simply throw the scan away: the records a shard applies after its scan was
-kept are held beside it (up to ``MAX_PENDING``), and the next full scan folds them into the
+kept are held beside it (up to ``max_pending`` records; their bytes count against the budget
+like the scans'), and the next full scan folds them into the
 kept batch when the store type knows how (``StoreType.follow_scan``, kv stores) instead of
 reading RocksDB again (``federator node --scan-cache-follow``, 0 turns it off). The cost of
 a write thus moves to the next reader, once, not to every write.
@@ -21,16 +24,32 @@ shards costs a lookup. It goes when any of its scans goes.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import pyarrow as pa
+
+from federator.query.position import PositionBound
+from federator.query.queries import Query
+from federator.store.layer import UNBOUNDED, LocalKeyQuery, StoreLayer, WrappedLayer, answer
+
+if TYPE_CHECKING:
+    from federator.query.position import Position
+    from federator.store.record import ChangelogRecord
+
+log = logging.getLogger(__name__)
 
 DEFAULT_MB = 256
 MAX_DERIVED = 256  # results of owners' SQL kept (distinct SQL shapes over sets of scans)
 DEFAULT_FOLLOW = 50_000  # writes held for a kept scan; with more, reading the shard again is cheaper
+RECORD_OVERHEAD = 120  # bytes a held record costs beyond its key and value (the Python objects)
+
+
+def _held_bytes(records: Sequence[Any]) -> int:
+    return sum(len(r.key) + len(r.value or b"") + RECORD_OVERHEAD for r in records)
 
 
 @dataclass(eq=False)
@@ -40,6 +59,7 @@ class _Entry:
     size: int
     pending: list[Any] = field(default_factory=list)  # records applied since, in order
     pending_seq: int | None = None  # the sequence scan + pending reflect
+    pending_bytes: int = 0  # what the held records take, counted against the budget
 
 
 class ScanCache:
@@ -85,6 +105,10 @@ class ScanCache:
                 return
             entry.pending.extend(records)
             entry.pending_seq = after
+            held = _held_bytes(records)
+            entry.pending_bytes += held
+            self._bytes += held
+            self._evict()  # held writes are memory like the scans: past the budget, the oldest go
 
     def put(self, owner: Any, seq: int, batch: pa.RecordBatch, followed: bool = False) -> None:
         """Keep ``batch``, owner's full scan at ``seq``: read from the shard, or (``followed``)
@@ -151,7 +175,7 @@ class ScanCache:
     def _drop(self, owner: Any) -> None:
         entry = self._entries.pop(owner, None)
         if entry is not None:
-            self._bytes -= entry.size
+            self._bytes -= entry.size + entry.pending_bytes
             for dkey in [k for k in self._derived if owner in k[1:]]:
                 self._drop_derived(dkey)
 
@@ -161,4 +185,70 @@ class ScanCache:
                     "hits": self.hits, "misses": self.misses, "followed": self.followed}
 
 
-SCAN_CACHE = ScanCache(DEFAULT_MB << 20)
+class CachingLayer(WrappedLayer):
+    """The scan cache as a store layer: answers a full scan from ``cache`` (kept, or brought up
+    to date from the writes since) through the shard's optimistic read, keeps what it read,
+    and passes every other query down. Writes pass through it to the shard and are noted
+    for the kept scan to follow."""
+
+    def __init__(self, inner: StoreLayer, cache: ScanCache) -> None:
+        super().__init__(inner)
+        self.cache = cache
+        self._shard = inner.base  # the cache's key for this store's entries
+
+    def run(self, query: Query, bound: PositionBound = UNBOUNDED, collect_execution_info: bool = False) -> Any:
+        shard = self._shard
+        if type(query) is LocalKeyQuery or not shard.store_type.is_full_scan(query):
+            return self.inner.run(query, bound, collect_execution_info)
+        return answer(shard, query, bound, collect_execution_info, lambda: self._full_scan(query))
+
+    def _full_scan(self, query: Query) -> tuple[pa.RecordBatch, Position]:
+        shard = self._shard
+        handler, view = shard.handler(query), shard._view()
+
+        def scan(query: Query) -> tuple[pa.RecordBatch, bool]:
+            # the sequence read here is the one consistent() returns whenever this read counts
+            kept = self._kept_scan(shard.seq)
+            if kept is not None:
+                return kept, False
+            return handler(view, query), True
+
+        (batch, read), position, seq = shard.consistent(scan, query)
+        if read:
+            self.cache.put(shard, seq, batch)
+        return batch, position
+
+    def _kept_scan(self, seq: int) -> pa.RecordBatch | None:
+        """The full scan at ``seq`` from the cache, folding in writes held since it was kept."""
+        shard, cache = self._shard, self.cache
+        batch = cache.get(shard, seq)
+        if batch is not None:
+            return batch
+        pending = cache.pending(shard, seq)
+        if pending is None:
+            return None
+        try:
+            batch = shard.store_type.follow_scan(shard.definition, shard.schema, *pending)
+        except Exception:  # noqa: BLE001 - a record that does not decode: the full scan says so properly
+            log.warning("store %r partition %s: could not bring the kept scan up to date; reading the shard",
+                        shard.definition.name, shard.partition, exc_info=True)
+            batch = None
+        if batch is None:
+            cache.drop(shard)
+            return None
+        cache.put(shard, seq, batch, followed=True)
+        return batch
+
+    def apply(self, records: Sequence[ChangelogRecord]) -> tuple[int, int]:
+        before, after = self.inner.apply(records)
+        if after != before:  # the write landed: a kept scan can follow it
+            self.cache.note_writes(self._shard, before, after, records)
+        return before, after
+
+    def reset(self, source: str | None = None) -> None:
+        self.inner.reset(source)
+        self.cache.drop(self._shard)
+
+    def close(self) -> None:
+        self.inner.close()
+        self.cache.drop(self._shard)

@@ -1,7 +1,9 @@
-"""One store partition on disk: a RocksDB database whose data and Position change in one write."""
+"""The bottom layer of a store: one partition on disk, a RocksDB database whose data and
+Position change in one write (federator.store.layer describes the stack above it)."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import logging
@@ -9,33 +11,30 @@ import shutil
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 import pyarrow as pa
-from rocksdict import DbClosedError, Options, ReadOptions, Rdict, WriteBatch
+from rocksdict import Options, ReadOptions, Rdict, WriteBatch
 
 from federator.catalog.definition import StoreDefinition
 from federator.query.position import Position, PositionBound
 from federator.query.queries import Query
-from federator.query.result import FailureReason, QueryResult
 from federator.store.record import ChangelogRecord
-from federator.store.scan_cache import SCAN_CACHE
+from federator.store.layer import UNBOUNDED, LocalKeyQuery, ShardClosed, StoredEntry, StoreLayer, UnsupportedQuery, answer
 from federator.store.types import StoreType
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+A = TypeVar("A")
+_entry = tuple.__new__  # a StoredEntry without NamedTuple's Python-level __new__ (one per point lookup)
 
 META_CF = "federator_meta"
 _POSITION = b"position"
 _DEFINITION = b"definition"
 _SOURCE = b"source"  # the broker's id of the changelog topic the data came from
 
-
-class UnsupportedQuery(Exception):
-    """The store type has no handler for this query."""
-
-
-class ShardClosed(Exception):
-    """The shard was closed (its partition left this node in a rebalance) before or while a query read it."""
+__all__ = ["Shard", "ShardView", "ShardClosed", "UnsupportedQuery"]
 
 
 def _options() -> Options:
@@ -104,8 +103,8 @@ class ShardView:
         return iter(items)
 
 
-class Shard:
-    """A store partition: open, apply changelog batches, answer queries."""
+class Shard(StoreLayer):
+    """A store partition: open, apply changelog batches, answer queries (the RocksDB layer)."""
 
     def __init__(self, path: str | Path, definition: StoreDefinition, partition: int) -> None:
         self.path = Path(path)
@@ -165,10 +164,12 @@ class Shard:
         """Offset of the last changelog record applied, None before the first."""
         return self._position.get(self.topic, self.partition)
 
-    def apply(self, records: Sequence[ChangelogRecord]) -> None:
-        """Apply records (in offset order) and move the position past them, in one atomic write."""
+    def apply(self, records: Sequence[ChangelogRecord]) -> tuple[int, int]:
+        """Apply records (in offset order) and move the position past them, in one atomic write.
+        Returns the write sequence before and after it: a layer that keeps a read of the shard
+        (the scan cache) follows the write when its read was at ``before``."""
         if not records:
-            return
+            return self._seq, self._seq
         wb = WriteBatch(raw_mode=True)
         with self._lock:
             self.store_type.apply(wb, records, self._view())
@@ -181,7 +182,7 @@ class Shard:
                 self._position = position
             finally:
                 self._seq += 1
-            SCAN_CACHE.note_writes(self, before, self._seq, records)  # the write landed: a kept scan can follow it
+            return before, self._seq
 
     @property
     def source(self) -> str | None:
@@ -225,34 +226,47 @@ class Shard:
     def close(self) -> None:
         """Close the database; snapshots still held by readers keep it open until they go."""
         self._closed = True  # before the handles go: a reader that fails from here on says why
-        SCAN_CACHE.drop(self)
         with self._lock:
             self._meta_handle = None
             self._families = {}
             self.db.close()
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def base(self) -> Shard:
+        return self
+
     # ---- reading -------------------------------------------------------------------------
-    def read(self, key: bytes, bound: PositionBound, tries: int = 3) -> tuple[bytes | None, Position] | None:
-        """The stored bytes of ``key`` and the Position they reflect; None when the bound is not
-        met or writes kept racing the read (the caller takes the general path and its errors)."""
+    def consistent(self, read: Callable[[A], T], arg: A, tries: int = 3) -> tuple[T, Position, int]:
+        """``read(arg)``, the Position it reflects exactly and the write sequence it was read
+        at: the one optimistic read every read path goes through. ``read`` runs without holding
+        writers off while no write is in flight before or during it (the sequence is the same
+        even number after as before); after ``tries`` races with writes it runs once holding
+        them off. A layer that keeps what it read (the scan cache) names it by the sequence,
+        which ``read`` may read as ``seq``: it is the returned one whenever the read counts.
+        Raises what ``read`` raises."""
         for _ in range(tries):
             seq = self._seq
             if seq & 1:
-                time.sleep(0)
+                time.sleep(0)  # a write is in flight; let it finish
                 continue
             position = self._position
-            if not bound.is_satisfied_by(position, self.topic, self.partition):
-                return None
-            try:
-                stored = self.db.get(key)
-            except Exception:  # noqa: BLE001 - closed under us by a rebalance: let the general path decide
-                return None
+            value = read(arg)
             if self._seq == seq:
-                return stored, position
-        return None
+                return value, position, seq
+        with self._lock:  # writes kept coming: read while holding them off
+            return read(arg), self._position, self._seq
 
-    def query(self, query: Query, optimistic_tries: int = 3) -> tuple[pa.RecordBatch, Position]:
-        """The answer and the Position it reflects exactly."""
+    @property
+    def seq(self) -> int:
+        """The write sequence: odd while a write is in flight (see ``consistent``)."""
+        return self._seq
+
+    def handler(self, query: Query) -> Callable[[ShardView, Query], pa.RecordBatch]:
+        """The store type's handler for ``query``; UnsupportedQuery when it has none."""
         if self._closed:
             raise ShardClosed()
         handler = self.store_type.handler_for(query)
@@ -261,87 +275,35 @@ class Shard:
                 f"store {self.definition.name!r} of type {self.definition.type!r} does not answer "
                 f"{query.type_name}"
             )
-        view = self._view()
-        full_scan = self.store_type.is_full_scan(query)
-        for _ in range(optimistic_tries):
-            seq = self._seq
-            if seq & 1:
-                time.sleep(0)  # a write is in flight; let it finish
-                continue
-            position = self._position
-            batch = self._kept_scan(seq) if full_scan else None
-            if batch is not None:
-                if self._seq == seq:  # the position read belongs to this scan
-                    return batch, position
-                continue
-            batch = handler(view, query)
-            if self._seq == seq:
-                if full_scan:
-                    SCAN_CACHE.put(self, seq, batch)
-                return batch, position
-        with self._lock:  # writes kept coming: read while holding them off
-            return handler(view, query), self._position
+        return handler
 
-    def _kept_scan(self, seq: int) -> pa.RecordBatch | None:
-        """The full scan at ``seq`` from the scan cache, folding in writes held since it was kept."""
-        batch = SCAN_CACHE.get(self, seq)
-        if batch is not None:
-            return batch
-        pending = SCAN_CACHE.pending(self, seq)
-        if pending is None:
+    def query(self, query: Query) -> tuple[pa.RecordBatch, Position]:
+        """The answer and the Position it reflects exactly (raises for store problems)."""
+        batch, position, _ = self.consistent(functools.partial(self.handler(query), self._view()), query)
+        return batch, position
+
+    def stored(self, key: bytes, bound: PositionBound) -> StoredEntry | None:
+        """The stored bytes of ``key`` and the Position they reflect; None when the bound is not
+        met or the shard failed (logged: a closed shard at debug level, as a rebalance closes
+        shards under readers; anything else as a warning)."""
+        if self._closed:
             return None
         try:
-            batch = self.store_type.follow_scan(self.definition, self.schema, *pending)
-        except Exception:  # noqa: BLE001 - a record that does not decode: the full scan says so properly
-            log.warning("store %r partition %s: could not bring the kept scan up to date; reading the shard",
-                        self.definition.name, self.partition, exc_info=True)
-            batch = None
-        if batch is None:
-            SCAN_CACHE.drop(self)
+            stored, position, _ = self.consistent(self.db.get, key)
+        except Exception:  # noqa: BLE001 - the caller takes the general path, whose errors say why
+            if self._closed:
+                log.debug("store %r partition %s closed under a key read", self.definition.name, self.partition)
+            else:
+                log.warning("store %r partition %s: key read failed", self.definition.name, self.partition,
+                            exc_info=True)
             return None
-        SCAN_CACHE.put(self, seq, batch, followed=True)
-        return batch
+        if not bound.is_satisfied_by(position, self.topic, self.partition):
+            return None
+        return _entry(StoredEntry, (stored, position))
 
-    def run(
-        self, query: Query, bound: PositionBound = PositionBound.unbounded(), collect_execution_info: bool = False
-    ) -> QueryResult:
-        """Answer ``query`` as a per-partition IQv2 result (never raises for store problems)."""
-        if collect_execution_info:
-            started = time.perf_counter()
-            result = self.run(query, bound)
-            took = (time.perf_counter() - started) * 1e6
-            rows = result.batch.num_rows if result.batch is not None else 0
-            outcome = "ok" if result.ok else result.failure.value  # type: ignore[union-attr]
-            result.execution_info.append(
-                f"{self.definition.type} store {self.definition.name!r} partition {self.partition}: "
-                f"{query.type_name} {outcome}, {rows} rows in {took:.0f} us at offset {self.offset}"
-            )
-            return result
-        if not bound.is_satisfied_by(self._position, self.topic, self.partition):
-            wanted = bound.position.get(self.topic, self.partition) if bound.position else None
-            return QueryResult.failed(
-                self.partition,
-                FailureReason.NOT_UP_TO_BOUND,
-                f"partition {self.partition} of store {self.definition.name!r} is at offset {self.offset}, "
-                f"the bound asks for {wanted}",
-            )
-        try:
-            batch, position = self.query(query)
-        except UnsupportedQuery as e:
-            return QueryResult.failed(self.partition, FailureReason.UNKNOWN_QUERY_TYPE, str(e))
-        except Exception as e:  # noqa: BLE001 - any store failure becomes a typed per-partition failure
-            if self._closed or isinstance(e, (ShardClosed, DbClosedError)):
-                # A rebalance moved the partition off this node under the query: not a store
-                # failure; NOT_PRESENT sends the caller to the partition's new owner.
-                return QueryResult.failed(
-                    self.partition,
-                    FailureReason.NOT_PRESENT,
-                    f"partition {self.partition} of store {self.definition.name!r} was closed on this node "
-                    "(moved by a rebalance) while the query ran; its new owner answers it",
-                )
-            return QueryResult.failed(
-                self.partition,
-                FailureReason.STORE_EXCEPTION,
-                f"store {self.definition.name!r} partition {self.partition}: {type(e).__name__}: {e}",
-            )
-        return QueryResult.success(self.partition, batch, position)
+    def run(self, query: Query, bound: PositionBound = UNBOUNDED, collect_execution_info: bool = False) -> Any:
+        """Answer ``query`` as a per-partition IQv2 result (never raises for store problems); a
+        LocalKeyQuery as a StoredEntry or None."""
+        if type(query) is LocalKeyQuery:
+            return self.stored(query.key_bytes, bound)  # type: ignore[attr-defined]
+        return answer(self, query, bound, collect_execution_info, lambda: self.query(query))

@@ -76,6 +76,22 @@ class StoreType:
         or None to have the shard read again (the default)."""
         return None
 
+    def decode_row(self, defn: StoreDefinition, key: bytes, stored: bytes) -> tuple | None:
+        """One stored entry (its key's bytes and what the shard keeps for it) as Python values in
+        the schema's order, timestamps as epoch milliseconds: what the in-process point lookup
+        answers with, building no Arrow for one row. None: this type's entries do not decode
+        one at a time, and point lookups take the general path."""
+        decode = self.row_decoder(defn)
+        return None if decode is None else decode(key, stored)
+
+    def row_decoder(self, defn: StoreDefinition, columns: Sequence[str] | None = None
+                    ) -> Callable[[bytes, bytes], tuple] | None:
+        """``decode_row`` for one definition, made once (the point plan keeps it), giving only
+        ``columns`` (schema names, in that order; None: all). None (the default): entries do
+        not decode one at a time. A type that returns one owns its layout; a subclass that
+        changes the layout overrides it again."""
+        return None
+
     def handler_for(self, query: Query) -> Handler | None:
         return self.handlers.get(type(query))
 

@@ -284,8 +284,10 @@ def duckdb_split(report: Report) -> None:
     from federator.owner.duck import Duck, one_batch
     from federator.sql.parse import parse
     from federator.sql.planner import bind_parameters, plan_query
-    from federator.store.scan_cache import SCAN_CACHE
+    from federator.store.scan_cache import ScanCache
     from tests.registry import REGISTRY
+
+    cache = ScanCache(256 << 20)  # the node's scan cache, as Node._join passes it
 
     progress("in-process split: building the partitions' Arrow rows")
     stores = {name: StoreDefinition.from_dict({
@@ -308,8 +310,8 @@ def duckdb_split(report: Report) -> None:
     pool = ThreadPoolExecutor(duck.config.threads)  # as Node._join_workers
     shards = [(object(), object()) for _ in range(PARTITIONS)]  # stand-ins for the shards whose scans are kept
     for (a_shard, b_shard), lb, rb in zip(shards, left, right):
-        SCAN_CACHE.put(a_shard, 1, lb)
-        SCAN_CACHE.put(b_shard, 1, rb)
+        cache.put(a_shard, 1, lb)
+        cache.put(b_shard, 1, rb)
 
     def schema_of(sql: str, relations: dict[str, pa.Table]) -> pa.Schema:
         schema, batches = duck.stream(sql, relations, None)
@@ -340,7 +342,7 @@ def duckdb_split(report: Report) -> None:
             b = duck.over_rows(f"SELECT * FROM rows WHERE {where}", b)
 
         def lookup() -> None:
-            keyjoin.run(ref.key_join, duck, parts, pool, True)
+            keyjoin.run(ref.key_join, duck, parts, pool, True, cache)
 
         def duckdb_join() -> None:  # as Node._join ran it before the lookup
             cur.register(keyjoin.LEFT, pa.Table.from_batches(left))
@@ -351,14 +353,14 @@ def duckdb_split(report: Report) -> None:
 
         runs = [(timed(lookup), timed(duckdb_join), timed(lambda: receiver(receiver_sql, b))) for _ in range(REPEATS + 1)][1:]
         med = [statistics.median(r[i] for r in runs) for i in range(3)]
-        fixed = statistics.median(timed(lambda: keyjoin.run(ref.key_join, duck, tiny, pool, True)) for _ in range(20))
+        fixed = statistics.median(timed(lambda: keyjoin.run(ref.key_join, duck, tiny, pool, True, cache)) for _ in range(20))
         lines.append(f"| {label} | {med[0]:.3f} | {med[1]:.3f} | {med[2]:.3f} | {fixed * 1e3:.1f} |")
         progress(f"  in-process: {label}: owners {med[0]:.3f}s (with DuckDB's join {med[1]:.3f}s), receiver "
                  f"{med[2]:.3f}s, owners' path over 10+10 rows {fixed * 1e3:.1f} ms")
     pool.shutdown()
     for a_shard, b_shard in shards:
-        SCAN_CACHE.drop(a_shard)
-        SCAN_CACHE.drop(b_shard)
+        cache.drop(a_shard)
+        cache.drop(b_shard)
     report.section("Where the join time goes: each path's work alone (in-process, one node's share)", [
         f"The same {ROWS:,}+{ROWS:,} rows as Arrow batches per partition in key order, no RocksDB, no HTTP, no "
         "planning. Owners: the statement planned as a node plans it, run as Node._join runs it (keyjoin.run): b's "

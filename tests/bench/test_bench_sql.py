@@ -38,7 +38,6 @@ from federator import kafka
 from federator.partitioner import partition_for
 from federator.query.queries import RangeQuery
 from federator.owner.duck import Duck
-from federator.store.scan_cache import SCAN_CACHE
 from federator.store.shard import Shard
 from tests.bench.conftest import Report, progress
 from tests.bench.loadgen import Addr, LoadResult, RequestMaker, cpu_seconds, http_request, run_load
@@ -494,7 +493,7 @@ def test_scan_and_aggregates_vs_raw_iteration(broker, report: Report, tmp_path_f
         for db in dbs:
             db.close()
 
-    SCAN_CACHE.max_bytes = 0  # the in-process baselines measure building the scan, every time
+    # bare shards (no scan cache layer): the in-process baselines measure building the scan, every time
     shards = [Shard(d, defn, p) for p, d in enumerate(shard_dirs)]
     duck = Duck()
     count_sql = 'SELECT COUNT(*) AS "__a0" FROM rows'  # the owner's partial for SELECT COUNT(*) (EXPLAIN shows it)

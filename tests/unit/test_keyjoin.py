@@ -21,7 +21,7 @@ from federator.sql.planner import bind_parameters, plan_query
 from federator.store.arrow import build_batch
 from federator.store.kv import KeyValueStoreType
 from federator.store.record import ChangelogRecord
-from federator.store.scan_cache import SCAN_CACHE
+from federator.store.scan_cache import ScanCache
 from tests.registry import REGISTRY
 
 P = 4
@@ -31,6 +31,8 @@ P = 4
 def duck(tmp_path_factory) -> Duck:
     return Duck(DuckConfig(memory_limit="512MB", spill_dir=tmp_path_factory.mktemp("spill")))
 
+
+CACHE = ScanCache(256 << 20)  # the scan cache a node would pass its owner work
 
 def key_of(fmt: str, i: int) -> Any:
     return {"string": f"k{i:05d}", "bytes": b"k\x00" + i.to_bytes(3, "big"), "long": (i - 300) * 7919,
@@ -208,7 +210,7 @@ def answer(duck: Duck, sql: str, stores: dict[str, StoreDefinition], parts: dict
                                                 RIGHT: pa.Table.from_batches([right[p] for p in node])}))
         else:
             got.append(keyjoin.run(spec, duck, [(left[p], right[p], *(owners[p] if owners else (None, None)))
-                                                for p in node], in_key_order=True))  # full scans, in key order
+                                                for p in node], in_key_order=True, cache=CACHE))  # full scans, in key order
     rows = pa.Table.from_batches([b if b.schema.equals(ref.rows_schema) else b.cast(ref.rows_schema) for b in got])
     return duck.over(plan.sql, {ref.relation: rows}), spec
 
@@ -309,18 +311,18 @@ def test_a_sides_filter_over_a_kept_scan_is_kept_beside_it(duck) -> None:
     parts = {"players": scans(STRING_STORES["players"], PLAYERS), "bonus": scans(STRING_STORES["bonus"], BONUS)}
     owners = [(object(), object()) for _ in range(P)]
     for p, (lo, ro) in enumerate(owners):
-        SCAN_CACHE.put(lo, 1, parts["players"][p])
-        SCAN_CACHE.put(ro, 1, parts["bonus"][p])
+        CACHE.put(lo, 1, parts["players"][p])
+        CACHE.put(ro, 1, parts["bonus"][p])
     sql = "SELECT COUNT(*), SUM(b.bonus) FROM players p JOIN bonus b ON p.player = b.player WHERE b.bonus > 6"
     first, spec = answer(duck, sql, STRING_STORES, parts, "auto", owners)
     key = "key join side: " + spec.right.filter
-    assert all(SCAN_CACHE.derived([(ro, parts["bonus"][p])], key) is not None for p, (_, ro) in enumerate(owners))
+    assert all(CACHE.derived([(ro, parts["bonus"][p])], key) is not None for p, (_, ro) in enumerate(owners))
     again, _ = answer(duck, sql, STRING_STORES, parts, "auto", owners)
     assert rows_of(first) == rows_of(again) == rows_of(duck.over(sql, {n: pa.Table.from_batches(b)
                                                                        for n, b in parts.items()}))
     for lo, ro in owners:
-        SCAN_CACHE.drop(lo)
-        SCAN_CACHE.drop(ro)
+        CACHE.drop(lo)
+        CACHE.drop(ro)
 
 
 def test_explain_says_the_owners_look_keys_up(duck) -> None:

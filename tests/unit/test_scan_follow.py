@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from federator.catalog import StoreDefinition
 from federator.query.queries import RangeQuery
 from federator.store.record import ChangelogRecord
-from federator.store.scan_cache import SCAN_CACHE
+from federator.store.scan_cache import CachingLayer, ScanCache
 from federator.store.shard import Shard
 from tests.registry import REGISTRY
 
@@ -34,6 +34,16 @@ def _definition(key_format: str) -> StoreDefinition:
                                       "value": {"name": "v", "format": "long"}}, REGISTRY)
 
 
+def _cached(path: Path, defn: StoreDefinition, cache: ScanCache) -> CachingLayer:
+    return CachingLayer(Shard(path, defn, 0), cache)
+
+
+def _scan(store: CachingLayer) -> tuple[pa.RecordBatch, object]:
+    result = store.run(RangeQuery())
+    assert result.ok, result.message
+    return result.batch, result.position
+
+
 def _full_scan(shard: Shard) -> pa.RecordBatch:
     return shard.store_type.handler_for(RangeQuery())(shard._view(), RangeQuery())
 
@@ -48,7 +58,8 @@ def test_a_followed_scan_equals_reading_the_shard(tmp_path_factory, key_format: 
     bisect_max = kv._BISECT_MAX
     kv._BISECT_MAX = bisect_max if probe == "binary search" else -1
     defn = _definition(key_format)
-    shard = Shard(tmp_path_factory.mktemp("s") / "p", defn, 0)
+    cache = ScanCache(256 << 20)
+    shard = _cached(tmp_path_factory.mktemp("s") / "p", defn, cache)
     keys = data.draw(st.lists(KEYS[key_format], min_size=1, max_size=12, unique=True))
     offset = 0
 
@@ -64,13 +75,13 @@ def test_a_followed_scan_equals_reading_the_shard(tmp_path_factory, key_format: 
 
     try:
         write(data.draw(st.integers(1, 8)))
-        shard.query(RangeQuery())  # kept from here on
+        _scan(shard)  # kept from here on
         for _ in range(data.draw(st.integers(1, 4))):
             write(data.draw(st.integers(1, 8)))
-            followed_before = SCAN_CACHE.followed
-            got, position = shard.query(RangeQuery())
-            assert SCAN_CACHE.followed == followed_before + 1  # it did follow, not read again
-            assert got.equals(_full_scan(shard)), (got.to_pylist(), _full_scan(shard).to_pylist())
+            followed_before = cache.followed
+            got, position = _scan(shard)
+            assert cache.followed == followed_before + 1  # it did follow, not read again
+            assert got.equals(_full_scan(shard.base)), (got.to_pylist(), _full_scan(shard.base).to_pylist())
             assert position.get("t", 0) == offset - 1
     finally:
         kv._BISECT_MAX = bisect_max
@@ -80,23 +91,24 @@ def test_a_followed_scan_equals_reading_the_shard(tmp_path_factory, key_format: 
 def test_doubles_and_other_store_types_are_read_again(tmp_path: Path) -> None:
     defn = StoreDefinition.from_dict({"name": "s", "type": "kv", "topic": "t", "partitions": 1,
                                       "key": {"format": "double"}, "value": {"format": "long"}}, REGISTRY)
-    shard = Shard(tmp_path / "p", defn, 0)
+    cache = ScanCache(256 << 20)
+    shard = _cached(tmp_path / "p", defn, cache)
     shard.apply([ChangelogRecord(struct.pack(">d", 1.5), struct.pack(">q", 1), 0, 0)])
-    shard.query(RangeQuery())
+    _scan(shard)
     shard.apply([ChangelogRecord(struct.pack(">d", -0.0), struct.pack(">q", 2), 1, 1)])
-    followed = SCAN_CACHE.followed
-    got, _ = shard.query(RangeQuery())
-    assert SCAN_CACHE.followed == followed and got.num_rows == 2
+    followed = cache.followed
+    got, _ = _scan(shard)
+    assert cache.followed == followed and got.num_rows == 2
     shard.close()
 
 
 def test_too_many_writes_since_the_scan_drop_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(SCAN_CACHE, "max_pending", 3)
-    shard = Shard(tmp_path / "p", _definition("string"), 0)
+    cache = ScanCache(256 << 20, max_pending=3)
+    shard = _cached(tmp_path / "p", _definition("string"), cache)
     shard.apply([ChangelogRecord(b"a", struct.pack(">q", 1), 0, 0)])
-    shard.query(RangeQuery())
+    _scan(shard)
     shard.apply([ChangelogRecord(b"k%d" % i, struct.pack(">q", i), 1 + i, 1) for i in range(4)])
-    assert shard not in SCAN_CACHE._entries
-    got, _ = shard.query(RangeQuery())
+    assert shard.base not in cache._entries
+    got, _ = _scan(shard)
     assert got.column(0).to_pylist() == ["a", "k0", "k1", "k2", "k3"]
     shard.close()

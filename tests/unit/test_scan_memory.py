@@ -21,7 +21,6 @@ from federator.store import ChangelogRecord, Shard
 from federator.store import arrow as store_arrow
 from federator.store.arrow import build_batch, chunked, join_chunks, scan_batch
 from federator.store.layout import session_key, window_key
-from federator.store.scan_cache import SCAN_CACHE
 from tests.registry import REGISTRY
 
 TS = struct.Struct(">q")
@@ -137,13 +136,11 @@ def shard_at(tmp_path: Path) -> Iterator:
 
 def answers(shard: Shard, queries: list, rows: int, monkeypatch: pytest.MonkeyPatch) -> list[pa.RecordBatch]:
     monkeypatch.setattr(store_arrow, "SCAN_CHUNK_ROWS", rows)
-    SCAN_CACHE.drop(shard)  # read the shard each time, not a kept scan
     out = []
     for q in queries:
         r = shard.run(q)
         assert r.ok, r.message
         out.append(r.batch)
-        SCAN_CACHE.drop(shard)
     return out
 
 

@@ -706,21 +706,28 @@ def test_execution_info_is_collected_only_when_asked(open_shard, rec) -> None:
 
 
 def test_full_scans_are_reused_until_the_shard_changes(tmp_path) -> None:
-    from federator.store.scan_cache import SCAN_CACHE
+    from federator.store.scan_cache import CachingLayer, ScanCache
 
-    shard = Shard(tmp_path / "s", definition(), 0)
+    cache = ScanCache(256 << 20)
+    shard = CachingLayer(Shard(tmp_path / "s", definition(), 0), cache)
+
+    def query(q: Query) -> tuple[pa.RecordBatch, Position]:
+        r = shard.run(q)
+        assert r.ok, r.message
+        return r.batch, r.position
+
     shard.apply([ChangelogRecord(b"a", b"1", 0, 1), ChangelogRecord(b"b", b"2", 1, 1)])
-    first, pos1 = shard.query(RangeQuery())
-    again, _ = shard.query(RangeQuery())
+    first, pos1 = query(RangeQuery())
+    again, _ = query(RangeQuery())
     assert again is first  # the same Arrow batch: no second iteration
-    assert shard.query(RangeQuery("a", "a"))[0] is not first  # only whole-shard scans are kept
+    assert query(RangeQuery("a", "a"))[0] is not first  # only whole-shard scans are kept
     shard.apply([ChangelogRecord(b"c", b"3", 2, 1), ChangelogRecord(b"a", None, 3, 1)])
-    after, pos2 = shard.query(RangeQuery())
+    after, pos2 = query(RangeQuery())
     assert after.column(0).to_pylist() == ["b", "c"] and pos2.get(TOPIC, 0) == 3 and pos1.get(TOPIC, 0) == 1
     shard.reset()
-    assert shard.query(RangeQuery())[0].num_rows == 0
+    assert query(RangeQuery())[0].num_rows == 0
     shard.close()
-    assert shard not in SCAN_CACHE._entries
+    assert shard.base not in cache._entries
 
 
 def test_scan_cache_keeps_to_its_budget() -> None:
@@ -754,8 +761,10 @@ def test_work_over_a_cached_scan_is_kept_with_it_and_goes_with_it(tmp_path) -> N
     """An aggregate over an unchanged shard is computed once; a write makes it recomputed."""
     from federator.node.node import owners_sql
     from federator.query.result import QueryResult
+    from federator.store.scan_cache import CachingLayer, ScanCache
 
-    shard = Shard(tmp_path / "s", definition(), 0)
+    cache = ScanCache(256 << 20)
+    shard = CachingLayer(Shard(tmp_path / "s", definition(), 0), cache)
     shard.apply([ChangelogRecord(b"a", b"1", 0, 1), ChangelogRecord(b"b", b"2", 1, 1)])
     calls = []
 
@@ -763,7 +772,7 @@ def test_work_over_a_cached_scan_is_kept_with_it_and_goes_with_it(tmp_path) -> N
 
     def run(request_spec: dict) -> QueryResult:
         result = shard.run(RangeQuery())
-        owners_sql(duck, request_spec["sql"], [(result, shard)])
+        owners_sql(duck, request_spec["sql"], [(result, shard.base)], cache)
         return result
 
     try:
@@ -789,8 +798,10 @@ def test_owners_sql_runs_once_over_all_partitions_and_is_kept_until_one_changes(
     the answer is what the statement gives over their union, on the first partition; a write
     to any of them makes it computed again, over all."""
     from federator.node.node import owners_sql
+    from federator.store.scan_cache import CachingLayer, ScanCache
 
-    shards = [Shard(tmp_path / f"s{p}", definition(), p) for p in range(3)]
+    cache = ScanCache(256 << 20)
+    shards = [CachingLayer(Shard(tmp_path / f"s{p}", definition(), p), cache) for p in range(3)]
     for p, shard in enumerate(shards):
         shard.apply([ChangelogRecord(f"k{p}{i}".encode(), str(p * 10 + i).encode(), i, 1) for i in range(4)])
     calls = []
@@ -800,7 +811,7 @@ def test_owners_sql_runs_once_over_all_partitions_and_is_kept_until_one_changes(
 
     def run() -> list:
         results = [shard.run(RangeQuery()) for shard in shards]
-        owners_sql(duck, sql, list(zip(results, shards)))
+        owners_sql(duck, sql, list(zip(results, [s.base for s in shards])), cache)
         return results
 
     try:
@@ -816,7 +827,7 @@ def test_owners_sql_runs_once_over_all_partitions_and_is_kept_until_one_changes(
         assert calls == [12, 13]
         assert [r["k"] for r in third[0].batch.to_pylist()] == ["k23", "k21", "k15"]
         bad = [shard.run(RangeQuery()) for shard in shards]
-        owners_sql(duck, "SELECT CAST(k AS INTEGER) FROM rows", list(zip(bad, shards)))
+        owners_sql(duck, "SELECT CAST(k AS INTEGER) FROM rows", list(zip(bad, [s.base for s in shards])), cache)
         assert all(not r.ok and r.code == "INVALID_DATA" for r in bad)
     finally:
         for shard in shards:

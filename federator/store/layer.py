@@ -1,0 +1,197 @@
+"""A store on a node is a stack of layers, each answering the same ``run(query, bound)``.
+
+The model is Kafka Streams' state stores (``Metered(Caching(RocksDB))``, WrappedStateStore): a
+layer answers a query from what it holds or passes it down to the layer it wraps. From the
+bottom: the RocksDB shard (federator.store.shard: data, position, the one optimistic read), the
+scan cache (federator.store.scan_cache: a shard's last full scan, following its writes), and
+metering (federator.store.metered: queries, rows and time per store and query type). The
+owner's pushed-down work runs once over all of a node's partitions, so it wraps the stacks at
+node level (federator.owner), not inside one.
+
+Writes (``apply``), the position and the shard's lifecycle go down to the shard through every
+layer (a layer that keeps something derived from the data, like the cache, sees them pass).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, NamedTuple, Sequence
+
+import pyarrow as pa
+from rocksdict import DbClosedError
+
+from federator.query.position import Position, PositionBound
+from federator.query.queries import Query
+from federator.query.result import FailureReason, QueryResult
+
+if TYPE_CHECKING:
+    from federator.catalog.definition import StoreDefinition
+    from federator.store.record import ChangelogRecord
+    from federator.store.shard import Shard
+
+UNBOUNDED = PositionBound.unbounded()
+
+
+class UnsupportedQuery(Exception):
+    """The store type has no handler for this query."""
+
+
+class ShardClosed(Exception):
+    """The shard was closed (its partition left this node in a rebalance) before or while a query read it."""
+
+
+class LocalKeyQuery:
+    """A KeyQuery asked in-process, for the point lookup: the key already serialized, answered
+    with its stored bytes (a ``StoredEntry``), not an Arrow batch; the store type decodes them
+    (``StoreType.decode_row``). Never sent over the wire, and no store type has a handler for
+    it: the shard layer answers it itself. A slotted class, not a frozen dataclass: one is made
+    per point lookup, and this costs half as much."""
+
+    __slots__ = ("key_bytes",)
+    type_name: ClassVar[str] = "LocalKeyQuery"
+
+    def __init__(self, key_bytes: bytes) -> None:
+        self.key_bytes = key_bytes
+
+    def __repr__(self) -> str:
+        return f"LocalKeyQuery({self.key_bytes!r})"
+
+
+class StoredEntry(NamedTuple):
+    """A LocalKeyQuery's answer: the key's stored bytes (None: no such key) and the Position
+    they reflect. A tuple: one is made per point lookup."""
+
+    stored: bytes | None
+    position: Position
+
+
+class StoreLayer:
+    """One layer of a store. ``run`` answers a query as a per-partition result and never raises
+    for store problems; a ``LocalKeyQuery`` is answered with a ``StoredEntry``, or None when
+    this copy cannot answer it so (behind the bound, closed, failed: logged; the caller takes
+    the general path, whose errors say why)."""
+
+    definition: StoreDefinition
+    partition: int
+    # Whether this layer does anything with a LocalKeyQuery; one that only passes it down is
+    # skipped for it (``key_layer``): the point lookup pays for no frame that does nothing.
+    answers_local_keys: ClassVar[bool] = True
+
+    @property
+    def key_layer(self) -> StoreLayer:
+        """The first layer, from this one down, that does something with a LocalKeyQuery."""
+        return self
+
+    def run(self, query: Query, bound: PositionBound = UNBOUNDED, collect_execution_info: bool = False) -> Any:
+        raise NotImplementedError
+
+    @property
+    def base(self) -> Shard:
+        """The RocksDB layer at the bottom: what caches key a store's entries by."""
+        raise NotImplementedError
+
+
+class WrappedLayer(StoreLayer):
+    """A layer over another: what it does not answer goes down, and so do writes, the
+    position and the lifecycle (what a shard is asked besides queries)."""
+
+    answers_local_keys: ClassVar[bool] = False
+
+    def __init__(self, inner: StoreLayer) -> None:
+        self.inner = inner
+        self.definition = inner.definition
+        self.partition = inner.partition
+        below = inner.key_layer
+        self._key_layer = self if type(self).answers_local_keys else below
+        self._run_key = below.run  # where this layer sends a LocalKeyQuery (see key_layer)
+
+    @property
+    def key_layer(self) -> StoreLayer:
+        return self._key_layer
+
+    @property
+    def base(self) -> Shard:
+        return self.inner.base
+
+    def run(self, query: Query, bound: PositionBound = UNBOUNDED, collect_execution_info: bool = False) -> Any:
+        return self.inner.run(query, bound, collect_execution_info)
+
+    def apply(self, records: Sequence[ChangelogRecord]) -> tuple[int, int]:
+        return self.inner.apply(records)  # type: ignore[attr-defined]
+
+    def reset(self, source: str | None = None) -> None:
+        self.inner.reset(source)  # type: ignore[attr-defined]
+
+    def set_source(self, topic_id: str) -> bool:
+        return self.inner.set_source(topic_id)  # type: ignore[attr-defined]
+
+    def close(self) -> None:
+        self.inner.close()  # type: ignore[attr-defined]
+
+    # What a shard is read for besides queries, asked of the shard at the bottom. Spelled out,
+    # not a __getattr__: a class with one pays for it on every attribute, the point path's too.
+    @property
+    def topic(self) -> str:
+        return self.base.topic
+
+    @property
+    def position(self) -> Position:
+        return self.base.position
+
+    @property
+    def offset(self) -> int | None:
+        return self.base.offset
+
+    @property
+    def source(self) -> str | None:
+        return self.base.source
+
+    @property
+    def closed(self) -> bool:
+        return self.base.closed
+
+
+def answer(shard: Shard, query: Query, bound: PositionBound, collect_execution_info: bool,
+           read: Callable[[], tuple[pa.RecordBatch, Position]]) -> QueryResult:
+    """``read()``'s answer as a per-partition result: the bound checked first, every failure
+    typed (and a store failure logged), the execution info added when asked. What any layer
+    that answers a query itself wraps its reading in."""
+    if collect_execution_info:
+        started = time.perf_counter()
+        result = answer(shard, query, bound, False, read)
+        took = (time.perf_counter() - started) * 1e6
+        rows = result.batch.num_rows if result.batch is not None else 0
+        outcome = "ok" if result.ok else result.failure.value  # type: ignore[union-attr]
+        result.execution_info.append(
+            f"{shard.definition.type} store {shard.definition.name!r} partition {shard.partition}: "
+            f"{query.type_name} {outcome}, {rows} rows in {took:.0f} us at offset {shard.offset}"
+        )
+        return result
+    if not bound.is_satisfied_by(shard.position, shard.topic, shard.partition):
+        wanted = bound.position.get(shard.topic, shard.partition) if bound.position else None
+        return QueryResult.failed(
+            shard.partition,
+            FailureReason.NOT_UP_TO_BOUND,
+            f"partition {shard.partition} of store {shard.definition.name!r} is at offset {shard.offset}, "
+            f"the bound asks for {wanted}",
+        )
+    try:
+        batch, position = read()
+    except UnsupportedQuery as e:
+        return QueryResult.failed(shard.partition, FailureReason.UNKNOWN_QUERY_TYPE, str(e))
+    except Exception as e:  # noqa: BLE001 - any store failure becomes a typed per-partition failure
+        if shard.closed or isinstance(e, (ShardClosed, DbClosedError)):
+            # A rebalance moved the partition off this node under the query: not a store
+            # failure; NOT_PRESENT sends the caller to the partition's new owner.
+            return QueryResult.failed(
+                shard.partition,
+                FailureReason.NOT_PRESENT,
+                f"partition {shard.partition} of store {shard.definition.name!r} was closed on this node "
+                "(moved by a rebalance) while the query ran; its new owner answers it",
+            )
+        return QueryResult.failed(
+            shard.partition,
+            FailureReason.STORE_EXCEPTION,
+            f"store {shard.definition.name!r} partition {shard.partition}: {type(e).__name__}: {e}",
+        )
+    return QueryResult.success(shard.partition, batch, position)
