@@ -16,7 +16,7 @@ from federator.catalog.definition import StoreDefinition
 from federator.partitioner import partition_for
 from federator.query.queries import KeyQuery, KeysQuery, RangeQuery
 from federator.store.arrow import build_batch, empty_batch, scan_batch
-from federator.store.shard import ShardView
+from federator.store.view import ShardView
 from federator.store.record import ChangelogRecord
 from federator.store.types import StoreType, rowtime_field, stored_value
 

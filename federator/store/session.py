@@ -11,7 +11,7 @@ from federator.catalog.definition import StoreDefinition
 from federator.query.queries import Query, SessionQuery, WindowRangeQuery
 from federator.store.arrow import build_batch, chunked, empty_batch, join_chunks
 from federator.store.layout import MAX_TIME, SESSION_SUFFIX_LEN, split_session_key, time_bytes
-from federator.store.shard import ShardView
+from federator.store.view import ShardView
 from federator.store.types import StoreType
 from federator.store.window import windowed_schema
 

@@ -21,7 +21,7 @@ from federator.store.record import ChangelogRecord
 
 if TYPE_CHECKING:
     from federator.catalog.definition import StoreDefinition
-    from federator.store.shard import ShardView
+    from federator.store.view import ShardView
 
 Handler = Callable[["ShardView", Query], pa.RecordBatch]
 

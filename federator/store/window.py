@@ -13,7 +13,7 @@ from federator.formats import TIMESTAMP
 from federator.query.queries import Query, WindowKeyQuery, WindowRangeQuery
 from federator.store.arrow import build_batch, chunked, empty_batch, join_chunks
 from federator.store.layout import MAX_TIME, WINDOW_SUFFIX_LEN, split_window_key, time_bytes
-from federator.store.shard import ShardView
+from federator.store.view import ShardView
 from federator.store.types import StoreType, rowtime_field
 
 

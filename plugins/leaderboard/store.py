@@ -19,7 +19,7 @@ from federator.formats import prefix_stop
 from federator.store.arrow import build_batch, empty_batch
 from federator.store.kv import KeyValueStoreType
 from federator.store.record import ChangelogRecord
-from federator.store.shard import ShardView
+from federator.store.view import ShardView
 from federator.store.types import stored_value
 
 from plugins.leaderboard.queries import RankQuery, TopKQuery

@@ -17,7 +17,7 @@ from federator.plugin import RulePlan, SqlRule, hookimpl
 from federator.plugin.rules import is_plain_column, literal
 from federator.query.queries import Query
 from federator.store.arrow import build_batch, empty_batch
-from federator.store.shard import ShardView
+from federator.store.view import ShardView
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,72 @@
+"""What a store type sees of a shard: point gets and bounded scans of its RocksDB column
+families. Apart from the shard, so store types can name it without importing the shard,
+which imports them."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, Iterator
+
+import pyarrow as pa
+from rocksdict import Rdict, ReadOptions
+
+from federator.catalog.definition import StoreDefinition
+
+
+class ShardView:
+    """What store types read and write through: point gets and bounded scans of one shard,
+    in its default column family or one the store type declared."""
+
+    __slots__ = ("definition", "schema", "partition", "_db", "_families", "_bounds")
+
+    def __init__(self, definition: StoreDefinition, schema: pa.Schema, partition: int, db: Rdict,
+                 families: dict[str, tuple[Rdict, Any]] | None = None) -> None:
+        self.definition = definition
+        self.schema = schema
+        self.partition = partition
+        self._db = db
+        self._families = families or {}
+        # RocksDB keeps a pointer to an iterator's upper bound, not a copy: the bytes (and the
+        # options) must outlive the scan, or a caller's temporary bound turns into garbage
+        # mid-scan. A view lives for one query, so it keeps them for that long.
+        self._bounds: list[Any] = []
+
+    def _declared(self, family: str) -> tuple[Rdict, Any]:
+        try:
+            return self._families[family]
+        except KeyError:
+            raise KeyError(
+                f"column family {family!r} is not declared by store type {self.definition.type!r}; "
+                "list it in the StoreType's column_families"
+            ) from None
+
+    def _family(self, family: str | None) -> Rdict:
+        return self._db if family is None else self._declared(family)[0]
+
+    def handle(self, family: str) -> Any:
+        """What to pass as ``column_family`` to ``WriteBatch.put/delete`` for a declared family."""
+        return self._declared(family)[1]
+
+    def get(self, key: bytes, family: str | None = None) -> bytes | None:
+        return self._family(family).get(key)
+
+    def scan(self, start: bytes | None = None, stop: bytes | None = None, reverse: bool = False,
+             family: str | None = None, fill_cache: bool = True) -> Iterator[tuple[bytes, bytes]]:
+        """Entries with start <= key < stop in byte order (or reversed). ``fill_cache=False``
+        for a bulk scan: the blocks it reads do not enter RocksDB's block cache."""
+        db = self._family(family)
+        ro = ReadOptions()
+        if not fill_cache:
+            ro.fill_cache(False)
+        if stop is not None:
+            ro.set_iterate_upper_bound(stop)
+            self._bounds.append((ro, stop))
+        # rocksdict honours the upper bound natively but not the lower one: seek to it going
+        # forward, and stop at it by hand going backward.
+        if not reverse:
+            items = db.items(read_opt=ro) if start is None else db.items(from_key=start, read_opt=ro)
+        else:
+            items = db.items(backwards=True, read_opt=ro)
+            if start is not None:
+                items = itertools.takewhile(lambda kv: kv[0] >= start, items)
+        return iter(items)
