@@ -30,7 +30,6 @@ match. Anything else keeps the DuckDB join.
 
 from __future__ import annotations
 
-import bisect
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any, Hashable
@@ -41,6 +40,7 @@ import pyarrow.compute as pc
 
 from federator.owner.duck import Duck, one_batch
 from federator.owner.work import ROWS
+from federator.store.arrow import search_sorted as _search  # module-level: tests count its calls
 from federator.store.scan_cache import ScanCache
 
 KEY_FORMATS = ("string", "bytes", "long", "int")  # stored bytes equal <=> values equal
@@ -137,30 +137,6 @@ def _few(needles: pa.Array, ordered: pa.Array) -> bool:
     """Whether binary searches for ``needles`` in ``ordered`` (a few Python steps each) cost less
     than hashing every key of ``ordered`` to probe a hash table of them."""
     return len(needles) * SEARCH_RATIO <= len(ordered) and ordered.null_count == 0
-
-
-class _Values:
-    """An Arrow array's values as Python values, read only where bisect compares."""
-
-    def __init__(self, array: pa.Array) -> None:
-        self.array = array
-
-    def __len__(self) -> int:
-        return len(self.array)
-
-    def __getitem__(self, i: int) -> Any:
-        return self.array[i].as_py()
-
-
-def _search(needles: pa.Array, ordered: pa.Array) -> pa.Array:
-    """For each of ``needles``, its row in ``ordered`` (null: none), by binary search. A scan's
-    key order is bytes order for strings and bytes and value order for integers: Python's
-    order of the same values."""
-    values, found = _Values(ordered), []
-    for key in needles.to_pylist():
-        i = len(values) if key is None else bisect.bisect_left(values, key)
-        found.append(i if i < len(values) and values[i] == key else None)
-    return pa.array(found, pa.int64())
 
 
 def join(left: pa.RecordBatch, right: pa.RecordBatch, spec: KeyJoin,

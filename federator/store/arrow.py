@@ -13,6 +13,7 @@ The chunks are joined into one batch at the end, column by column.
 
 from __future__ import annotations
 
+import bisect
 import struct
 from itertools import islice
 from typing import Iterable, Iterator, Sequence
@@ -151,3 +152,30 @@ def join_chunks(chunks: list[pa.RecordBatch]) -> pa.RecordBatch:
 
 def empty_batch(schema: pa.Schema) -> pa.RecordBatch:
     return pa.RecordBatch.from_pylist([], schema=schema)
+
+
+class _Values:
+    """An Arrow array's values as Python values, read only where bisect compares."""
+
+    __slots__ = ("array",)
+
+    def __init__(self, array: pa.Array) -> None:
+        self.array = array
+
+    def __len__(self) -> int:
+        return len(self.array)
+
+    def __getitem__(self, i: int) -> object:
+        return self.array[i].as_py()
+
+
+def search_sorted(needles: pa.Array, ordered: pa.Array) -> pa.Array:
+    """For each of ``needles``, its row in ``ordered`` (ascending, unique; null: absent), by
+    binary search, a few Python steps each: cheaper than hashing ``ordered`` for a few needles.
+    A full scan's key order is bytes order for strings and bytes and value order for integers,
+    which is Python's order of the same values (not so for doubles: -0.0 and 0.0)."""
+    values, found = _Values(ordered), []
+    for key in needles.to_pylist():
+        i = len(values) if key is None else bisect.bisect_left(values, key)
+        found.append(i if i < len(values) and values[i] == key else None)
+    return pa.array(found, pa.int64())

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import bisect
 import operator
 import struct
 from itertools import chain
@@ -15,7 +14,7 @@ import pyarrow.compute as pc
 from federator.catalog.definition import StoreDefinition
 from federator.partitioner import partition_for
 from federator.query.queries import KeyQuery, KeysQuery, RangeQuery
-from federator.store.arrow import build_batch, empty_batch, scan_batch
+from federator.store.arrow import build_batch, empty_batch, scan_batch, search_sorted
 from federator.store.view import ShardView
 from federator.store.record import ChangelogRecord
 from federator.store.types import StoreType, rowtime_field, stored_value
@@ -130,28 +129,10 @@ class KeyValueStoreType(StoreType):
 _BISECT_MAX = 256  # written keys up to which a binary search each beats hashing the whole scan
 
 
-class _Keys:
-    """A sorted key column as a sequence of Python values, for bisect (a value per probe)."""
-
-    def __init__(self, column: pa.Array) -> None:
-        self.column = column
-
-    def __len__(self) -> int:
-        return len(self.column)
-
-    def __getitem__(self, i: int) -> object:
-        return self.column[i].as_py()
-
-
 def _rows_of(keys: pa.Array, wanted: pa.Array) -> np.ndarray:
     """The row of each wanted key in ``keys`` (a full scan's: sorted, unique), -1 where absent."""
-    if len(wanted) > _BISECT_MAX:
-        return pc.index_in(wanted, value_set=keys).fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
-    seq, rows = _Keys(keys), []
-    for w in wanted.to_pylist():
-        i = bisect.bisect_left(seq, w)
-        rows.append(i if i < len(seq) and seq[i] == w else -1)
-    return np.array(rows, np.int64)
+    found = pc.index_in(wanted, value_set=keys) if len(wanted) > _BISECT_MAX else search_sorted(wanted, keys)
+    return found.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
 
 
 def _mask(n: int, rows: np.ndarray) -> np.ndarray:
