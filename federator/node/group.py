@@ -33,6 +33,8 @@ GROUP_CONFIG: dict[str, Any] = {
     "auto.offset.reset": "earliest",
     "enable.partition.eof": False,
 }
+# How long stop() lets a join under way finish before leaving: a join takes 2-3 s here.
+LEAVE_AFTER_JOIN_SECONDS = 10.0
 
 
 class GroupMember:
@@ -55,6 +57,9 @@ class GroupMember:
         self._wanted: list[str] | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._leaving = threading.Event()  # no new subscription once stop() has begun
+        self._settled = threading.Event()  # no join under way (set until the first subscribe)
+        self._settled.set()
         self._thread = threading.Thread(target=self._run, name="group", daemon=True)
         self.closed = threading.Event()
 
@@ -66,7 +71,13 @@ class GroupMember:
             self._wanted = sorted(topics)
 
     def stop(self) -> None:
-        """Leave the group (a clean close hands partitions over at once)."""
+        """Leave the group (a clean close hands partitions over at once). A join under way is
+        let finish first: tansu has kept a group's next join waiting for good, for every
+        member old and new, when a member left in the middle of one (two nodes started
+        together with one id, the newer refusing a moment after it subscribed)."""
+        self._leaving.set()
+        if self._thread.is_alive() and not self._settled.wait(LEAVE_AFTER_JOIN_SECONDS):
+            log.warning("the group join under way did not finish in %.0f s; leaving anyway", LEAVE_AFTER_JOIN_SECONDS)
         self._stop.set()
         self._thread.join(15)
 
@@ -76,17 +87,20 @@ class GroupMember:
 
         def assigned(c: Consumer, partitions: list[TopicPartition]) -> None:
             log.info("group assigned %d partitions", len(partitions))
+            self._settled.set()
             c.assign(partitions)
             if partitions:
                 c.pause(partitions)  # membership only; never fetch here
             self.on_assignment({(tp.topic, tp.partition) for tp in partitions})
 
         def revoked(c: Consumer, partitions: list[TopicPartition]) -> None:
+            self._settled.clear()
             self.on_rebalancing()
             c.unassign()
 
         def lost(c: Consumer, partitions: list[TopicPartition]) -> None:
             log.warning("group membership lost (session timed out or broker gone); rejoining")
+            self._settled.clear()
             self.on_rebalancing()
             c.unassign()
 
@@ -94,14 +108,16 @@ class GroupMember:
             while not self._stop.is_set():
                 with self._lock:
                     wanted, self._wanted = self._wanted, None
-                if wanted is not None and wanted != self._topics:
+                if wanted is not None and wanted != self._topics and not self._leaving.is_set():
                     self._topics = wanted
                     log.info("subscribing to %s", wanted)
                     if wanted:
+                        self._settled.clear()
                         self.on_rebalancing()
                         consumer.subscribe(wanted, on_assign=assigned, on_revoke=revoked, on_lost=lost)
                     else:
                         consumer.unsubscribe()
+                        self._settled.set()
                         self.on_assignment(set())
                 msg = consumer.poll(0.1)
                 if msg is not None and msg.error():

@@ -263,7 +263,8 @@ class Node:
 
     def _on_assignment(self, partitions: set[tuple[str, int]]) -> None:
         self._assigned = frozenset(partitions)
-        self.state = "RUNNING"
+        if self.state not in ("PENDING_SHUTDOWN", "ERROR"):  # a join finishing as the node leaves
+            self.state = "RUNNING"
         self._wake.set()
 
     def _on_rebalancing(self) -> None:

@@ -84,7 +84,10 @@ def test_two_nodes_started_together_with_one_id_leave_exactly_one_serving(broker
         assert "refusing to serve" in _log(loser)
         # The twins joined the group together and one left mid-join: the broker's next join took
         # over 30 s once (tansu), so the survivor gets the time a rebalance can take there.
-        wait_for(lambda: _serves(winner), 90, "the other one to serve")
+        try:
+            wait_for(lambda: _serves(winner), 90, "the other one to serve")
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n--- the survivor's log ---\n{_log(winner)}\n--- the twin's log ---\n{_log(loser)}") from None
         assert winner.proc.poll() is None
     finally:
         a.stop()
