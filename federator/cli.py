@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
-from typing import Sequence
+from typing import NoReturn, Sequence
 
 DEFAULT_BOOTSTRAP = os.environ.get("FEDERATOR_BOOTSTRAP_SERVERS", "127.0.0.1:9092")
 
@@ -186,6 +187,17 @@ def _plugins() -> int:
     return 1 if registry.failures else 0
 
 
+def _exit_now(code: int) -> NoReturn:
+    """End a node that has stopped everything it owns (partitions handed over, shards closed
+    with their offsets, the group left) without the interpreter's teardown: that destroys
+    gRPC's and granian's native objects while their threads may still be running, and once
+    turned a clean SIGTERM stop into SIGABRT."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from federator.catalog import CatalogConflict, DefinitionError
@@ -204,10 +216,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             from federator.plugin import PluginsFailed
 
             try:
-                return run_node(args)
+                code = run_node(args)
             except PluginsFailed as e:  # --plugin-errors fatal: the log named each; say so once more
                 print(f"error: {e}", file=sys.stderr)
                 return 2
+            _exit_now(code)
         if args.command == "sql":
             from federator.client.sql_cli import run_sql
 

@@ -355,3 +355,5 @@ def stop(server: FlightSqlServer, timeout: float = 5.0) -> None:
     t = threading.Thread(target=server.shutdown, name="flight-shutdown", daemon=True)
     t.start()
     t.join(timeout)
+    if t.is_alive():
+        log.warning("Flight SQL calls still streaming after %.0f s of shutdown; the process ends with them", timeout)
