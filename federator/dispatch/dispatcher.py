@@ -22,10 +22,12 @@ import pyarrow as pa
 from federator.dispatch.client import NodeCallError, NodeClient
 from federator.dispatch.errors import NotColocated, NotUpToBound, OwnerFailed, Timeout, Unavailable, UnknownQueryType
 from federator.plan.keys import SubQuery
+from federator.query.owner_work import OwnerWork
 from federator.query.position import Position, PositionBound
 from federator.query.request import StateQueryRequest
 from federator.query.result import FailureReason, QueryResult
 from federator.query.wire import NOT_COLOCATED
+from federator.route.read_options import ReadOptions
 from federator.route.router import targets_for
 
 
@@ -58,11 +60,8 @@ class Dispatcher:
         store: str,
         partitions_total: int,
         subqueries: list[SubQuery],
-        pipeline: dict[str, Any] | None,
-        bound: PositionBound,
-        allow_stale: bool,
-        max_lag: int | None,
-        deadline: float,
+        work: OwnerWork | None,
+        options: ReadOptions,
     ) -> Gathered:
         out = Gathered()
         pending: set[tuple[int, int]] = {
@@ -72,6 +71,7 @@ class Dispatcher:
         avoid: dict[tuple[int, int], set[str]] = defaultdict(set)
         delay = 0.02
         view = self.node.view
+        bound, allow_stale, deadline = options.bound, options.allow_stale, options.deadline
         token = _token_offsets(bound, self.node.stores.get(store))
         while pending:
             # route every pending partition; group into one request per (node, subquery, whether
@@ -79,12 +79,12 @@ class Dispatcher:
             groups: dict[tuple[str, str, int, bool], list[int]] = defaultdict(list)
             for item in sorted(pending):
                 i, p = item
-                targets = targets_for(view, store, p, allow_stale, max_lag, frozenset(avoid[item]), token.get(p))
+                targets = targets_for(view, store, p, options, frozenset(avoid[item]), token.get(p))
                 if not targets and avoid[item]:
                     # every copy it may go to failed once: after the backoff they may answer (a
                     # node back at its address, a dropped connection), so ask them again
                     avoid[item].clear()
-                    targets = targets_for(view, store, p, allow_stale, max_lag, frozenset(), token.get(p))
+                    targets = targets_for(view, store, p, options, frozenset(), token.get(p))
                 if not targets:
                     reasons[item] = "no node serves it (a rebalance may be under way)"
                     continue
@@ -94,7 +94,7 @@ class Dispatcher:
             for (node_id, endpoint, i, require_active), parts in groups.items():
                 req = StateQueryRequest(
                     store, subqueries[i].query, tuple(parts), bound,
-                    require_active=require_active, pipeline=pipeline,
+                    require_active=require_active, work=work,
                 )
                 (local if node_id == self.node.node_id else remote).append((node_id, endpoint, i, req))
             if len(remote) == 1 and not local:

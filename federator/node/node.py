@@ -4,7 +4,6 @@ copies, publishes its heartbeat, and answers per-partition queries for the shard
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import threading
 import time
@@ -34,6 +33,7 @@ from federator.node.topic_tail import TopicTail
 from federator.partitioner import partition_for
 from federator.plugin.loader import PluginsFailed
 from federator.plugin.registry import Registry
+from federator.query.owner_work import OwnerWork
 from federator.query.position import PositionBound
 from federator.query.queries import KeyQuery, RangeQuery
 from federator.errors import SqlError
@@ -394,20 +394,21 @@ class Node:
                     f"node {self.node_id} holds partition {p} of store {request.store!r} as {why}"))
                 continue
             result = hs.shard.run(request.query, request.bound, request.collect_execution_info)
-            if request.pipeline is not None and result.ok and "join" in request.pipeline:
-                result, other_rows, other_shard = self._join_side(request, request.pipeline["join"], result)
+            work = request.work
+            if work is not None and result.ok and work.join is not None:
+                result, other_rows, other_shard = self._join_side(request, work.join, result)
                 if other_rows is not None:
                     joined.append((len(results), hs.shard.base, other_rows, other_shard))
-            elif request.pipeline is not None and result.ok:
-                if "sql" in request.pipeline:
+            elif work is not None and result.ok:
+                if work.sql is not None:
                     owned.append((len(results), hs.shard.base))
                 else:
-                    result = _project(request.pipeline["columns"], result)
+                    result = _project(list(work.columns), result)
             results.append(result)
         if joined:
             self._join(request, [(results[i], shard, rows, other) for i, shard, rows, other in joined])
         if owned:
-            owners_sql(self.duck, request.pipeline["sql"], [(results[i], shard) for i, shard in owned],  # type: ignore[index]
+            owners_sql(self.duck, request.work.sql, [(results[i], shard) for i, shard in owned],  # type: ignore[union-attr,arg-type]
                        self.scan_cache)
         return results
 
@@ -434,16 +435,16 @@ class Node:
         DuckDB statement's fixed cost instead of one per partition. As a key lookup in Arrow
         when the planner sent one (federator.owner.keyjoin), else as DuckDB's join. The answer
         rides on the first partition; the others carry no rows."""
-        pipeline: dict[str, Any] = request.pipeline  # type: ignore[assignment]
+        work: OwnerWork = request.work  # type: ignore[assignment]
         try:
-            if "key_join" in pipeline:
+            if work.key_join is not None:
                 query = request.query  # a range comes in key order (and a key is one row)
                 in_key_order = isinstance(query, KeyQuery) or (isinstance(query, RangeQuery) and not query.descending)
-                batch = keyjoin.run(keyjoin.KeyJoin.from_dict(pipeline["key_join"]), self.duck,
+                batch = keyjoin.run(work.key_join, self.duck,
                                     [(r.batch, rows, shard, other) for r, shard, rows, other in parts],
                                     self._join_workers, in_key_order, self.scan_cache)
             else:
-                batch = self.duck.over(pipeline["sql"], {
+                batch = self.duck.over(work.sql, {  # type: ignore[arg-type]
                     LEFT: pa.Table.from_batches([r.batch for r, _, _, _ in parts]),
                     RIGHT: pa.Table.from_batches([rows for _, _, rows, _ in parts])})
         except SqlError as e:

@@ -31,8 +31,7 @@ match. Anything else keeps the DuckDB join.
 from __future__ import annotations
 
 from concurrent.futures import Executor
-from dataclasses import dataclass
-from typing import Any, Hashable
+from typing import Hashable
 
 import numpy as np
 import pyarrow as pa
@@ -40,6 +39,7 @@ import pyarrow.compute as pc
 
 from federator.owner.duck import Duck, one_batch
 from federator.owner.work import ROWS
+from federator.query.owner_work import KeyJoin, Side
 from federator.store.arrow import search_sorted as _search  # module-level: tests count its calls
 from federator.store.scan_cache import ScanCache
 
@@ -48,52 +48,6 @@ LOOKUP_RATIO = 4  # see pays()
 SEARCH_RATIO = 2048  # see _few(): a search reads ~17 keys at ~3 us each in Python, probing a hash ~20 ns a key
 LEFT, RIGHT = "__left", "__right"  # the two sides' rows in DuckDB's join, where it is DuckDB's
 JOINED = "__joined"  # the rows joined by lookups, beside DuckDB's join of the other partitions
-
-
-@dataclass(frozen=True)
-class Side:
-    key: str  # the store's key column
-    columns: tuple[tuple[str, str], ...]  # (the store's column, its name in the joined rows)
-    filter: str | None = None  # SQL over ``rows``: the side's key and columns, its own conjuncts applied
-
-    @property
-    def reads(self) -> list[str]:
-        return list(dict.fromkeys([self.key, *(c for c, _ in self.columns)]))
-
-
-@dataclass(frozen=True)
-class KeyJoin:
-    left: Side
-    right: Side
-    keep_unmatched: bool  # LEFT JOIN: every left row, the right's columns NULL where it has no match
-    join_sql: str  # the same join in DuckDB, over LEFT and RIGHT: the joined rows
-    sql: str  # the owner's SQL over the joined rows (``rows``)
-    columns: tuple[str, ...] | None = None  # when ``sql`` only picks these columns of the joined rows
-    kind: str = "columns"  # what ``sql`` does (filter, top-k, partial aggregate), for EXPLAIN
-
-    def to_dict(self) -> dict[str, Any]:
-        def side(s: Side) -> dict[str, Any]:
-            return {"key": s.key, "columns": [list(c) for c in s.columns], "filter": s.filter}
-
-        return {"left": side(self.left), "right": side(self.right), "keep_unmatched": self.keep_unmatched,
-                "join_sql": self.join_sql, "sql": self.sql,
-                "columns": None if self.columns is None else list(self.columns)}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> KeyJoin:
-        def side(s: dict[str, Any]) -> Side:
-            return Side(s["key"], tuple((c, n) for c, n in s["columns"]), s.get("filter"))
-
-        columns = d.get("columns")
-        return cls(side(d["left"]), side(d["right"]), bool(d["keep_unmatched"]), d["join_sql"], d["sql"],
-                   None if columns is None else tuple(columns))
-
-    def describe(self) -> str:
-        """What EXPLAIN shows the owners doing."""
-        filters = "; ".join(f"{n} first: {s.filter}" for n, s in (("left", self.left), ("right", self.right))
-                            if s.filter is not None)
-        join = "left join" if self.keep_unmatched else "join"
-        return f"{join} as a key lookup in Arrow{f' ({filters})' if filters else ''}, then {self.kind}: {self.sql}"
 
 
 def same_keys(left: pa.Array, right: pa.Array) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from federator.query.owner_work import OwnerWork
 from federator.query.position import PositionBound
 from federator.query.queries import Query, query_from_dict
 
@@ -17,13 +18,12 @@ class StateQueryRequest:
     bound: PositionBound = field(default_factory=PositionBound.unbounded)
     require_active: bool = False
     collect_execution_info: bool = False
-    # SQL work done where the rows are (federator.sql.pipeline.Pipeline as a dict), None = raw rows
-    pipeline: dict[str, Any] | None = None
+    work: OwnerWork | None = None  # what the owner does with the rows before answering; None: the rows
 
     def with_partitions(self, partitions: list[int] | tuple[int, ...]) -> StateQueryRequest:
         return StateQueryRequest(
             self.store, self.query, tuple(partitions), self.bound, self.require_active, self.collect_execution_info,
-            self.pipeline,
+            self.work,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -34,7 +34,7 @@ class StateQueryRequest:
             "bound": self.bound.to_dict(),
             "require_active": self.require_active,
             "collect_execution_info": self.collect_execution_info,
-            "pipeline": self.pipeline,
+            "work": None if self.work is None else self.work.to_dict(),
         }
 
     @classmethod
@@ -48,5 +48,5 @@ class StateQueryRequest:
             bound=PositionBound.from_dict(d.get("bound")),
             require_active=bool(d.get("require_active", False)),
             collect_execution_info=bool(d.get("collect_execution_info", False)),
-            pipeline=d.get("pipeline"),
+            work=None if d.get("work") is None else OwnerWork.from_dict(d["work"]),
         )

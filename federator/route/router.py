@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from federator.cluster.membership import ClusterView
+from federator.route.read_options import ReadOptions
 
 
 @dataclass(frozen=True)
@@ -15,11 +16,11 @@ class Target:
     active: bool
 
 
-def targets_for(view: ClusterView, store: str, partition: int, allow_stale: bool, max_lag: int | None,
+def targets_for(view: ClusterView, store: str, partition: int, options: ReadOptions,
                 avoid: frozenset[str] = frozenset(), at_least: int | None = None) -> list[Target]:
     """Where to ask, best first.
 
-    The active owner. With ``allow_stale``, then the standbys within ``max_lag`` (least lag
+    The active owner. With ``options.allow_stale``, then the standbys within ``max_lag`` (least lag
     first). Without it, a standby is asked only for a read whose consistency token names this
     partition (``at_least``: the changelog offset the token asks for) and only while the active
     owner cannot answer (none in the view, in ``avoid`` because it failed, or still restoring
@@ -31,7 +32,8 @@ def targets_for(view: ClusterView, store: str, partition: int, allow_stale: bool
     out: list[Target] = []
     owner = view.active_owner(store, partition)
     avoided = owner is not None and owner.node_id in avoid
-    if allow_stale:
+    max_lag = options.max_lag
+    if options.allow_stale:
         if owner is not None and not avoided:
             out.append(Target(owner.node_id, owner.endpoint, True))
         standbys = sorted(view.standbys(store, partition), key=lambda n: n.lags.get(store, {}).get(partition, 1 << 62))

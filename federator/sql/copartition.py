@@ -22,7 +22,8 @@ from sqlglot import exp
 from federator.catalog.definition import StoreDefinition
 from federator.plan.keys import answers_key_queries
 from federator.sql import pushdown
-from federator.owner.keyjoin import KEY_FORMATS, LEFT, RIGHT, Side
+from federator.owner.keyjoin import KEY_FORMATS, LEFT, RIGHT
+from federator.query.owner_work import Side
 from federator.owner.work import ROWS
 
 

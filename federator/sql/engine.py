@@ -6,6 +6,7 @@ import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any, Iterator
 
 import pyarrow as pa
@@ -13,7 +14,9 @@ import pyarrow as pa
 from federator.catalog.definition import StoreDefinition
 from federator.dispatch.dispatcher import Dispatcher
 from federator.dispatch.errors import DispatchError, NotColocated
+from federator.query.owner_work import OwnerWork
 from federator.query.position import Position, PositionBound
+from federator.route.read_options import ReadOptions
 from federator.sql.catalog_tables import describe, information_schema, show_tables
 from federator.errors import SqlError
 from federator.sql.parse import Statement, dialect_of, parse
@@ -109,12 +112,14 @@ class SqlEngine:
             raise SqlError("INVALID_PARAMETER", str(e)) from None
         stmt = parse(req.sql, dialect_of(req.dialect))
         stats: dict[str, Any] = {"partitions_queried": 0, "nodes": 0, "rows": 0, "elapsed_ms": 0.0}
+        options = ReadOptions(PositionBound.at(position) if not position.is_empty() else PositionBound.unbounded(),
+                              req.allow_stale, req.max_lag, deadline)
         if stmt.kind == "show_tables":
             table = show_tables(self._stores())
         elif stmt.kind == "describe":
             table = describe(self.resolve_store(stmt.table or ""))
         else:
-            table, position, stats = self._select(stmt, req, position, deadline, stats)
+            table, position, stats = self._select(stmt, req, position, options, stats)
         if isinstance(table, tuple):  # DuckDB's answer, counted as it streams out
             schema, batches = table
             return SqlResult(schema, _counted(batches, stats, started), position.to_token(), stats)
@@ -124,7 +129,7 @@ class SqlEngine:
             return SqlResult(table.schema, table.batches(), position.to_token(), stats, rows=table.rows)
         return SqlResult(table.schema, iter(table.to_batches()), position.to_token(), stats)
 
-    def _point(self, stmt: Statement, req: SqlRequest, position: Position, deadline: float,
+    def _point(self, stmt: Statement, req: SqlRequest, position: Position, options: ReadOptions,
                stats: dict[str, Any]) -> tuple[pa.Table, Position, dict[str, Any]] | None:
         """The fast path for key lookups; None when the query is not one (or the key needs the general path)."""
         stores = self._stores()
@@ -143,49 +148,47 @@ class SqlEngine:
         defn = cached.store
         kb = defn.key.serialize(key)
         partition = partition_for(kb, defn.partitions)
-        bound = PositionBound.at(position) if not position.is_empty() else PositionBound.unbounded()
         stats["partitions_queried"] = 1
-        local = self.node.read_local(defn.name, partition, kb, bound)
+        local = self.node.read_local(defn.name, partition, kb, options.bound)
         if local is not None:  # the common case when clients send keys to their owners
             answer = cached.answer(kb, local.stored)
             if answer is not None:
                 stats["nodes"] = 1
                 return answer, position.merge(local.position), stats  # type: ignore[return-value]
         gathered = self.dispatcher.gather(
-            defn.name, defn.partitions, [SubQuery(KeyQuery(key), (partition,))], {"columns": list(cached.columns)},
-            bound, req.allow_stale, req.max_lag, deadline,
-        )
+            defn.name, defn.partitions, [SubQuery(KeyQuery(key), (partition,))], OwnerWork(tuple(cached.columns)),
+            options)
         batches = gathered.batches
         schema = defn.arrow_schema()
         table = pa.Table.from_batches(batches) if batches else schema.empty_table().select(list(cached.columns))
         stats["nodes"] = len(gathered.nodes)
         return table.select(list(cached.columns)).rename_columns(list(cached.names)), position.merge(gathered.position), stats
 
-    def _select(self, stmt: Statement, req: SqlRequest, position: Position, deadline: float,
+    def _select(self, stmt: Statement, req: SqlRequest, position: Position, options: ReadOptions,
                 stats: dict[str, Any]) -> tuple[pa.Schema, Iterator[pa.RecordBatch], Position, dict[str, Any]] | tuple:
         if not stmt.explain:
-            fast = self._point(stmt, req, position, deadline, stats)
+            fast = self._point(stmt, req, position, options, stats)
             if fast is not None:
                 return fast
-        plan = self._plan(stmt, req, deadline)
+        plan = self._plan(stmt, req, options.deadline)
         if stmt.explain:
             return self._explain(plan), position, stats
         try:
-            return self._run(plan, req, position, deadline, stats)
+            return self._run(plan, req, position, options, stats)
         except NotColocated:  # a rebalance parted a join's shards: join at the receiver this time
-            return self._run(self._plan(stmt, req, deadline, copartitioned=False), req, position, deadline, stats,
-                             reuse=False)
+            return self._run(self._plan(stmt, req, options.deadline, copartitioned=False), req, position, options,
+                             stats, reuse=False)
 
-    def _run(self, plan: QueryPlan, req: SqlRequest, position: Position, deadline: float,
+    def _run(self, plan: QueryPlan, req: SqlRequest, position: Position, options: ReadOptions,
              stats: dict[str, Any], reuse: bool = True) -> tuple:
+        deadline = options.deadline
         _check_deadline(deadline, "planning")
-        bound = PositionBound.at(position) if not position.is_empty() else PositionBound.unbounded()
         relations: dict[str, pa.Table] = {r.relation: r.table for r in plan.local}
         seen: dict[str, Any] = {"position": Position(), "partitions": set(), "nodes": set()}
         if len(plan.refs) == 1:
-            relations[plan.refs[0].relation] = self._rows(plan.refs[0], bound, req, deadline, seen)
+            relations[plan.refs[0].relation] = self._rows(plan.refs[0], options, seen)
         else:  # each store's calls at once: a statement waits for its slowest store, not their sum
-            futures = [(ref, self._refs_pool.submit(self._rows, ref, bound, req, deadline, seen)) for ref in plan.refs]
+            futures = [(ref, self._refs_pool.submit(self._rows, ref, options, seen)) for ref in plan.refs]
             for ref, future in futures:
                 relations[ref.relation] = future.result()
         stats["partitions_queried"] = len(seen["partitions"])
@@ -261,14 +264,12 @@ class SqlEngine:
             pass
         return schema
 
-    def _rows(self, ref: StoreRef, bound: PositionBound, req: SqlRequest, deadline: float,
-              seen: dict[str, Any]) -> pa.Table:
+    def _rows(self, ref: StoreRef, options: ReadOptions, seen: dict[str, Any]) -> pa.Table:
         """What the owners return for one store reference, as one table."""
         defn = ref.store
 
-        def fetch(subqueries: list[SubQuery], work: dict[str, Any] | None = None) -> list[pa.RecordBatch]:
-            gathered = self.dispatcher.gather(defn.name, defn.partitions, subqueries, work, bound,
-                                              req.allow_stale, req.max_lag, deadline)
+        def fetch(subqueries: list[SubQuery], work: OwnerWork | None = None) -> list[pa.RecordBatch]:
+            gathered = self.dispatcher.gather(defn.name, defn.partitions, subqueries, work, options)
             with self._seen_lock:
                 seen["position"] = seen["position"].merge(gathered.position)
                 seen["partitions"] |= {(defn.name, p) for _, p in gathered.partitions}
@@ -277,12 +278,8 @@ class SqlEngine:
 
         if ref.combine is not None:
             return ref.combine(lambda subqueries: fetch(subqueries))
-        work = ref.work.to_dict()
-        if ref.joined is not None:
-            work["join"] = ref.joined
-        if ref.key_join is not None:
-            work["key_join"] = ref.key_join.to_dict()  # a node that does not know it runs work's join
-        batches = fetch(ref.subqueries, work)
+        # with a key join, a node that does not know it runs work's join in DuckDB
+        batches = fetch(ref.subqueries, replace(ref.work, join=ref.joined, key_join=ref.key_join))
         schema = ref.rows_schema or defn.arrow_schema()
         if not batches:
             return schema.empty_table()

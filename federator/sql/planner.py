@@ -18,9 +18,8 @@ from federator.sql.catalog_tables import CATALOG, SCHEMA
 from federator.errors import SqlError
 from federator.sql import pushdown
 from federator.sql.copartition import co_join
-from federator.owner.keyjoin import KeyJoin
 from federator.owner.work import ROWS
-from federator.sql.pushdown import OwnerWork
+from federator.query.owner_work import KeyJoin, OwnerWork
 
 # Schemas DuckDB answers itself (its catalog views); everything else names a store.
 DUCKDB_SCHEMAS = {"pg_catalog"}

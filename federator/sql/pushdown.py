@@ -18,7 +18,6 @@ the answer is DuckDB's over the same rows.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from sqlglot import exp
 
@@ -32,21 +31,6 @@ _VOLATILE = {"rand", "random", "uuid", "gen_random_uuid", "setseed", "now", "cur
 # Joins whose sides cannot be filtered ahead: a filter changes which rows pair up.
 _POSITIONAL = {"POSITIONAL", "ASOF"}
 _MERGEABLE = (exp.Count, exp.Sum, exp.Min, exp.Max, exp.Avg)
-
-
-@dataclass(frozen=True)
-class OwnerWork:
-    """The SQL an owner runs over one partition's rows (None: the columns alone)."""
-
-    columns: tuple[str, ...]
-    sql: str | None = None
-    kind: str = "columns"  # columns | filter | top-k | partial aggregate
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"columns": list(self.columns)} if self.sql is None else {"sql": self.sql}
-
-    def describe(self) -> str:
-        return f"columns {', '.join(self.columns)}" if self.sql is None else f"{self.kind}: {self.sql}"
 
 
 def _name(node: exp.Expression) -> str:

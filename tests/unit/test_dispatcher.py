@@ -24,6 +24,7 @@ from federator.cluster.membership import ClusterView, NodeInfo
 from federator.plan.keys import SubQuery
 from federator.query import KeyQuery, Position, PositionBound, RangeQuery, StateQueryRequest
 from federator.query.result import FailureReason, QueryResult
+from federator.route.read_options import ReadOptions
 from federator.dispatch.errors import DispatchError
 from federator.errors import SqlError
 from federator.sql.dispatch_errors import from_dispatch
@@ -143,8 +144,8 @@ def gather(d: Dispatcher, clock: Clock, partitions: tuple[int, ...] = (0,), *, a
            max_lag: int | None = None, timeout: float = 2.0, bound: PositionBound | None = None):
     """The dispatcher's answer, its errors as the user gets them (the SQL layer's mapping)."""
     try:
-        return d.gather("s", 4, [SubQuery(KeyQuery("k"), partitions)], None, bound or PositionBound.unbounded(),
-                        allow_stale, max_lag, clock.now + timeout)
+        return d.gather("s", 4, [SubQuery(KeyQuery("k"), partitions)], None,
+                        ReadOptions(bound or PositionBound.unbounded(), allow_stale, max_lag, clock.now + timeout))
     except DispatchError as e:
         raise from_dispatch(e) from None
 
@@ -302,6 +303,5 @@ def test_a_standby_that_catches_up_within_max_lag_is_then_read(clock, make) -> N
 
 def test_a_range_query_over_all_partitions_goes_to_every_owner(clock, make) -> None:
     world = World(info("n1", active=[0, 1]), info("n2", active=[2, 3]))
-    out = make(world).gather("s", 4, [SubQuery(RangeQuery(), None)], None, PositionBound.unbounded(), False, None,
-                             clock.now + 1)
+    out = make(world).gather("s", 4, [SubQuery(RangeQuery(), None)], None, ReadOptions(deadline=clock.now + 1))
     assert served(out) == {0: "n1", 1: "n1", 2: "n2", 3: "n2"}

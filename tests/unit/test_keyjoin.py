@@ -15,7 +15,8 @@ from federator.catalog.definition import StoreDefinition
 from federator.partitioner import partition_for
 from federator.owner import keyjoin
 from federator.owner.duck import Duck, DuckConfig
-from federator.owner.keyjoin import LEFT, RIGHT, KeyJoin, Side
+from federator.owner.keyjoin import LEFT, RIGHT
+from federator.query.owner_work import KeyJoin, Side
 from federator.sql.parse import parse
 from federator.sql.planner import bind_parameters, plan_query
 from federator.store.arrow import build_batch

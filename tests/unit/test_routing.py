@@ -15,6 +15,7 @@ from federator.dispatch.errors import Unavailable
 from federator.plan.keys import SubQuery
 from federator.query import KeyQuery, Position, PositionBound, StateQueryRequest
 from federator.query.result import FailureReason, QueryResult
+from federator.route.read_options import ReadOptions
 from federator.route.router import Target, targets_for
 from federator.sql.dispatch_errors import from_dispatch
 
@@ -40,31 +41,31 @@ def ids(targets: list[Target]) -> list[tuple[str, bool]]:
 
 
 def test_without_a_token_or_stale_permission_only_the_active_owner() -> None:
-    assert ids(targets_for(view(), "s", 0, False, None)) == [("n1", True)]
-    assert targets_for(view(), "s", 0, False, None, frozenset({"n1"})) == []
-    assert targets_for(view(with_owner=False), "s", 0, False, None) == []
-    assert ids(targets_for(view(owner_restoring=True), "s", 0, False, None)) == [("n1", True)]
+    assert ids(targets_for(view(), "s", 0, ReadOptions())) == [("n1", True)]
+    assert targets_for(view(), "s", 0, ReadOptions(), frozenset({"n1"})) == []
+    assert targets_for(view(with_owner=False), "s", 0, ReadOptions()) == []
+    assert ids(targets_for(view(owner_restoring=True), "s", 0, ReadOptions())) == [("n1", True)]
 
 
 def test_a_token_a_standby_has_reached_goes_to_it_while_the_owner_cannot_answer() -> None:
     # the owner answers: it is asked, and only it
-    assert ids(targets_for(view(), "s", 0, False, None, at_least=8)) == [("n1", True)]
+    assert ids(targets_for(view(), "s", 0, ReadOptions(), at_least=8)) == [("n1", True)]
     # the owner failed: the standbys that reached offset 8 (n2, not n3), then the owner again
-    assert ids(targets_for(view(), "s", 0, False, None, frozenset({"n1"}), at_least=8)) == [("n2", False), ("n1", True)]
+    assert ids(targets_for(view(), "s", 0, ReadOptions(), frozenset({"n1"}), at_least=8)) == [("n2", False), ("n1", True)]
     # no owner in the view (its beats stopped, or a rebalance): the standbys that reached it
-    assert ids(targets_for(view(with_owner=False), "s", 0, False, None, at_least=5)) == [("n2", False), ("n3", False)]
+    assert ids(targets_for(view(with_owner=False), "s", 0, ReadOptions(), at_least=5)) == [("n2", False), ("n3", False)]
     # the owner is restoring the partition: standbys first
-    assert ids(targets_for(view(owner_restoring=True), "s", 0, False, None, at_least=8)) == [("n2", False), ("n1", True)]
+    assert ids(targets_for(view(owner_restoring=True), "s", 0, ReadOptions(), at_least=8)) == [("n2", False), ("n1", True)]
     # no standby has reached the token: the owner only
-    assert ids(targets_for(view(), "s", 0, False, None, frozenset({"n1"}), at_least=11)) == [("n1", True)]
-    assert targets_for(view(with_owner=False), "s", 0, False, None, at_least=11) == []
+    assert ids(targets_for(view(), "s", 0, ReadOptions(), frozenset({"n1"}), at_least=11)) == [("n1", True)]
+    assert targets_for(view(with_owner=False), "s", 0, ReadOptions(), at_least=11) == []
     # a standby that failed is not asked again
-    assert ids(targets_for(view(), "s", 0, False, None, frozenset({"n1", "n2"}), at_least=5)) == [("n3", False), ("n1", True)]
+    assert ids(targets_for(view(), "s", 0, ReadOptions(), frozenset({"n1", "n2"}), at_least=5)) == [("n3", False), ("n1", True)]
 
 
 def test_stale_reads_are_routed_as_before() -> None:
-    assert ids(targets_for(view(), "s", 0, True, None)) == [("n1", True), ("n2", False), ("n3", False)]
-    assert ids(targets_for(view(), "s", 0, True, 3, frozenset({"n1"}))) == [("n2", False), ("n1", True)]
+    assert ids(targets_for(view(), "s", 0, ReadOptions(allow_stale=True))) == [("n1", True), ("n2", False), ("n3", False)]
+    assert ids(targets_for(view(), "s", 0, ReadOptions(allow_stale=True, max_lag=3), frozenset({"n1"}))) == [("n2", False), ("n1", True)]
 
 
 class FakeNode:
@@ -112,7 +113,8 @@ def dispatcher(monkeypatch):
 
 
 def gather(d: Dispatcher, bound: PositionBound, allow_stale: bool = False, timeout: float = 0.5):
-    return d.gather("s", 1, [SubQuery(KeyQuery("k"), (0,))], None, bound, allow_stale, None, time.monotonic() + timeout)
+    return d.gather("s", 1, [SubQuery(KeyQuery("k"), (0,))], None,
+                    ReadOptions(bound, allow_stale, None, time.monotonic() + timeout))
 
 
 def test_gather_reads_a_token_from_a_standby_when_the_owner_is_down(dispatcher) -> None:
