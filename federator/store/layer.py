@@ -27,7 +27,6 @@ from federator.query.result import FailureReason, QueryResult
 if TYPE_CHECKING:
     from federator.catalog.definition import StoreDefinition
     from federator.store.record import ChangelogRecord
-    from federator.store.shard import Shard
 
 UNBOUNDED = PositionBound.unbounded()
 
@@ -73,6 +72,12 @@ class StoreLayer:
 
     definition: StoreDefinition
     partition: int
+    # What the shard at the bottom keeps, and every layer reads through to it (WrappedLayer).
+    topic: str
+    position: Position
+    offset: int | None
+    source: str | None
+    closed: bool
     # Whether this layer does anything with a LocalKeyQuery; one that only passes it down is
     # skipped for it (``key_layer``): the point lookup pays for no frame that does nothing.
     answers_local_keys: ClassVar[bool] = True
@@ -86,8 +91,8 @@ class StoreLayer:
         raise NotImplementedError
 
     @property
-    def base(self) -> Shard:
-        """The RocksDB layer at the bottom: what caches key a store's entries by."""
+    def base(self) -> StoreLayer:
+        """The RocksDB layer at the bottom (federator.store.shard): what caches key a store's entries by."""
         raise NotImplementedError
 
 
@@ -110,7 +115,7 @@ class WrappedLayer(StoreLayer):
         return self._key_layer
 
     @property
-    def base(self) -> Shard:
+    def base(self) -> StoreLayer:
         return self.inner.base
 
     def run(self, query: Query, bound: PositionBound = UNBOUNDED, collect_execution_info: bool = False) -> Any:
@@ -151,7 +156,7 @@ class WrappedLayer(StoreLayer):
         return self.base.closed
 
 
-def answer(shard: Shard, query: Query, bound: PositionBound, collect_execution_info: bool,
+def answer(shard: StoreLayer, query: Query, bound: PositionBound, collect_execution_info: bool,
            read: Callable[[], tuple[pa.RecordBatch, Position]]) -> QueryResult:
     """``read()``'s answer as a per-partition result: the bound checked first, every failure
     typed (and a store failure logged), the execution info added when asked. What any layer

@@ -5,10 +5,10 @@ inside functions (lazy imports still make the importer depend on what it imports
 ``if TYPE_CHECKING:``. Importing ``a.b.c`` also runs the packages ``a.b`` and ``a``, so an
 import counts as one of each package on the way that is not the importer's own.
 
-- Cycles are found among the imports that run: a cycle through ``if TYPE_CHECKING:`` only
-  cannot break an import order (a store type names its shard view, the shard uses the type).
-- Layers are checked on every import, type-only ones included: a lower layer must not even
-  name a higher one.
+- Cycles and layers are checked on every import, type-only ones included: a cycle through
+  ``if TYPE_CHECKING:`` cannot break an import order, but it still ties two modules so that
+  neither can be read, or changed, without the other; and a lower layer must not even name a
+  higher one.
 """
 
 from __future__ import annotations
@@ -154,12 +154,11 @@ def import_graph(package_dir: Path) -> tuple[dict[str, Path], list[Edge]]:
 
 
 def cycles(edges: list[Edge]) -> list[list[str]]:
-    """The import cycles among ``edges`` that run (Tarjan's strongly connected components)."""
+    """The import cycles among ``edges`` (Tarjan's strongly connected components)."""
     graph: dict[str, set[str]] = {}
     for e in edges:
-        if not e.type_only:
-            graph.setdefault(e.importer, set()).add(e.imported)
-            graph.setdefault(e.imported, set())
+        graph.setdefault(e.importer, set()).add(e.imported)
+        graph.setdefault(e.imported, set())
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -276,9 +275,9 @@ def test_the_checker_finds_cycles_and_wrong_way_imports(tmp_path: Path) -> None:
     (pkg / "low" / "c.py").write_text("import app.high.h\n")
     known, edges = import_graph(pkg)
     assert set(known) == {"app", "app.low", "app.low.a", "app.low.b", "app.low.c", "app.high", "app.high.h"}
-    # a <-> b only through TYPE_CHECKING: not a cycle; b -> h (inside a function) -> b is one,
-    # and c -> h -> c
-    assert cycles(edges) == [["app.high.h", "app.low.b", "app.low.c"]]
+    # a -> b only under TYPE_CHECKING (through the package app.low, which runs a), b -> a,
+    # b -> h (inside a function) -> b, and c -> h -> c: one cycle of them all
+    assert cycles(edges) == [["app.high.h", "app.low", "app.low.a", "app.low.b", "app.low.c"]]
     layers = [("base", ["app"]), ("low", ["app.low"]), ("high", ["app.high"])]
     found = wrong_way(edges, layers, [])
     assert any(line.startswith("app.low.b (line 4, low) imports app.high.h (high) [inside a function]") for line in found)
