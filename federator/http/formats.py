@@ -305,6 +305,22 @@ def json_rows_body(schema: pa.Schema, rows: list[tuple], trailer: Mapping[str, A
     return ('{"columns":' + _layout(schema)[1] + "," + body[1:]).encode()
 
 
+def json_object_body(schema: pa.Schema, row: tuple) -> bytes | None:
+    """One row as a JSON object of column: value (the REST key lookup), from Python values as
+    ``json_rows_body`` takes them; None when a column's type needs the Arrow path."""
+    converters = _row_layout(schema)
+    if converters is None:
+        return None
+    return _encode({f.name: conv(v) for f, conv, v in zip(schema, converters, row)}).encode()
+
+
+def json_object_from_arrow(batch: pa.RecordBatch) -> bytes:
+    """The first row of ``batch`` as a JSON object, written as ``json_chunks`` writes a row."""
+    converters = _layout(batch.schema)[0]
+    first = batch.slice(0, 1)
+    return _encode({f.name: conv(col)[0] for f, conv, col in zip(batch.schema, converters, first.columns)}).encode()
+
+
 @lru_cache(maxsize=256)
 def _layout(schema: pa.Schema) -> tuple[list[Converter], str]:
     """Converters and the JSON "columns" text per schema; cached because building them

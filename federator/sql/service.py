@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import pyarrow as pa
-
 from federator.catalog.definition import StoreDefinition
 from federator.errors import SqlError
 from federator.plugin.registry import Registry
@@ -58,13 +56,12 @@ class SqlService:
         info["partition_owners"] = parts
         return info
 
-    def lookup(self, store: str, key: str) -> dict[str, Any] | None:
-        """A routed point lookup: the row of ``key`` (given as its string form), None if absent."""
+    def lookup(self, store: str, key: str) -> SqlResult:
+        """A routed point lookup of ``key`` (given as its string form): the answer of the SQL
+        point query, so the REST lookup takes the SQL point path (no row: no such key)."""
         defn = self.engine.resolve_store(store)
         try:
             value = defn.key.parse(key)
         except ValueError as e:
             raise SqlError("INVALID_PARAMETER", f"key {key!r} is not a {defn.key_format}: {e}") from None
-        result = self.sql(SqlRequest(f'SELECT * FROM "{defn.name}" WHERE "{defn.key_name}" = ?', [value]))
-        rows = pa.Table.from_batches(list(result.batches), schema=result.schema).to_pylist()
-        return rows[0] if rows else None
+        return self.sql(SqlRequest(f'SELECT * FROM "{defn.name}" WHERE "{defn.key_name}" = ?', [value]))

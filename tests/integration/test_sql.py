@@ -563,6 +563,10 @@ def test_rest_store_views_and_routed_point_lookup(sql_cluster) -> None:
     key = next(f"p{i:04d}" for i in range(600) if owners[partition_for(f"p{i:04d}".encode(), P)]["active"]["node_id"] != node.node_id)
     resp = HTTP.request("GET", f"http://{node.endpoint}/v1/stores/players/keys/{key}")
     assert resp.status == 200 and json.loads(resp.data)["player"] == key
+    # the row SQL answers, value for value (timestamps included)
+    body = json.loads(HTTP.request("POST", f"http://{node.endpoint}/v1/sql", json={
+        "sql": "SELECT * FROM players WHERE player = ?", "parameters": [key]}).data)
+    assert json.loads(resp.data) == dict(zip([c["name"] for c in body["columns"]], body["rows"][0]))
     missing = HTTP.request("GET", f"http://{node.endpoint}/v1/stores/players/keys/nobody")
     assert missing.status == 404
     unknown = HTTP.request("GET", f"http://{node.endpoint}/v1/stores/nope")

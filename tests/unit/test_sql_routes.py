@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import io
 import json
 from typing import Any, Iterator
@@ -24,6 +23,10 @@ ROWS = [
     {"player": "bob", "score": 7, "rowtime": 1_700_000_001_000},
     {"player": "日本", "score": None, "rowtime": None},
 ]
+
+
+LOOKUP_SCHEMA = pa.schema([("player", pa.string()), ("score", pa.int64()), ("avatar", pa.binary()),
+                           ("rowtime", pa.timestamp("ms", tz="UTC"))])
 
 
 class FakeSqlNode:
@@ -60,12 +63,16 @@ class FakeSqlNode:
             raise SqlError("UNKNOWN_STORE", f"unknown store {name!r}")
         return {"name": "scores", "type": "kv", "partitions": 8, "columns": [{"name": "player", "type": "VARCHAR"}]}
 
-    def lookup(self, store: str, key: str) -> dict | None:
+    def lookup(self, store: str, key: str) -> SqlResult:
+        """The point query's answer: as Python rows (the SQL point path's), or for "a/b" as
+        Arrow batches only (the general path's)."""
         self.store_info(store)
-        if key in ("alice", "a/b"):
-            return {"player": key, "score": 120, "avatar": b"\x89PNG",
-                    "rowtime": dt.datetime(2023, 11, 14, 22, 13, 20, tzinfo=dt.timezone.utc)}
-        return None
+        row = (key, 120, b"\x89PNG", 1_700_000_000_000)  # a row holds a timestamp as its unit's count
+        found = [row] if key in ("alice", "a/b", "日本/ü") else []
+        batches = iter([pa.RecordBatch.from_pylist([dict(zip(LOOKUP_SCHEMA.names, r)) for r in found],
+                                                   schema=LOOKUP_SCHEMA)])
+        stats = {"partitions_queried": 1, "nodes": 1, "rows": len(found), "elapsed_ms": 0}
+        return SqlResult(LOOKUP_SCHEMA, batches, "tok-abc", stats, rows=None if key == "a/b" else found)
 
 
 @pytest.fixture
@@ -208,15 +215,27 @@ def test_stores(client: Any) -> None:
     assert_error(client.get("/v1/stores/nope"), 404, "UNKNOWN_STORE", "'nope'")
 
 
-def test_key_lookup(client: Any) -> None:
+@pytest.mark.parametrize("through", ["the fast path", "Flask's route"])
+def test_key_lookup(node: FakeSqlNode, through: str) -> None:
+    app = create_app(node, REGISTRY)
+    if through == "Flask's route":
+        app.wsgi_app = app.wsgi_app.app  # what SqlFastPath wraps
+    client = app.test_client()
     resp = client.get("/v1/stores/scores/keys/alice")
-    assert resp.status_code == 200
-    # The same value conventions as /v1/sql, not Flask's RFC 822 dates.
-    assert resp.get_json() == {"player": "alice", "score": 120, "avatar": "iVBORw==", "rowtime": "2023-11-14T22:13:20Z"}
-    assert client.get("/v1/stores/scores/keys/a/b").get_json()["player"] == "a/b"
+    assert resp.status_code == 200 and resp.mimetype == "application/json"
+    # The same value conventions as /v1/sql (a timestamp with its unit's digits), not Flask's RFC 822 dates.
+    expected = {"player": "alice", "score": 120, "avatar": "iVBORw==", "rowtime": "2023-11-14T22:13:20.000Z"}
+    assert resp.get_json() == expected
+    # a key with slashes, answered as Arrow batches: the same object
+    assert client.get("/v1/stores/scores/keys/a/b").get_json() == {**expected, "player": "a/b"}
+    assert client.get("/v1/stores/scores/keys/日本/ü").get_json()["player"] == "日本/ü"
     err = assert_error(client.get("/v1/stores/scores/keys/zed"), 404, "KEY_NOT_FOUND", "'zed'", "'scores'")
     assert err["key"] == "zed"
     assert_error(client.get("/v1/stores/nope/keys/alice"), 404, "UNKNOWN_STORE")
+    assert client.get("/v1/stores/scores/keys/").status_code == 404  # no key: no such route
+    node.fail_with = SqlError("TIMEOUT", "the query ran past timeout_ms")
+    node.lookup = lambda store, key: node.sql(SqlRequest("x"))  # type: ignore[method-assign]
+    assert_error(client.get("/v1/stores/scores/keys/alice"), 504, "TIMEOUT")
 
 
 # --- federator sql -------------------------------------------------------------------------------
