@@ -28,6 +28,7 @@ from federator.query.request import StateQueryRequest
 from federator.query.result import FailureReason, QueryResult
 from federator.query.wire import NOT_COLOCATED
 from federator.route.read_options import ReadOptions
+from federator.store.layer import StoredEntry
 from federator.route.router import targets_for
 
 
@@ -159,6 +160,24 @@ class Dispatcher:
                 if len(avoid[item]) > 2:
                     avoid[item].clear()
         return out
+
+    def read_key(self, store: str, partition: int, key: bytes, options: ReadOptions) -> StoredEntry | None:
+        """The point lookup's one call: ``key``'s stored entry from the partition's active
+        owner elsewhere, as that node's ``read_local`` gives it; None when it is not to be had
+        so at once (no owner in the view, the owner is this node, it cannot answer so, it does
+        not answer): the caller takes ``gather``, with its retries and its errors."""
+        defn = self.node.stores.get(store)
+        if defn is None:
+            return None
+        token = _token_offsets(options.bound, defn)
+        targets = targets_for(self.node.view, store, partition, options, frozenset(), token.get(partition))
+        if not targets or not targets[0].active or targets[0].node_id == self.node.node_id:
+            return None
+        timeout = options.deadline - time.monotonic()
+        if timeout <= 0:
+            return None
+        return self._client(targets[0].endpoint).read_key(store, defn.topic, partition, key, token.get(partition),
+                                                          min(timeout, 10.0))
 
     @staticmethod
     def _fail(pending: set[tuple[int, int]], reasons: dict[tuple[int, int], str]) -> None:

@@ -10,6 +10,8 @@ the Arrow buffers are read zero-copy from the received bytes.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 from typing import IO, Any, Iterable
 
@@ -25,9 +27,31 @@ SECRET_HEADER = "X-Federator-Secret"
 # rebalance parted them): the receiver joins instead.
 NOT_COLOCATED = "NOT_COLOCATED"
 
+# The point lookup's own node-to-node call, which carries no Arrow: GET KEY_PATH +
+# "<store>/<partition>/<key bytes as unpadded base64url>", with "?at=<offset>" when a consistency
+# token asks for one. 200: the key's stored bytes; 204: no such key; 409: the node cannot
+# answer it so (not the active, current copy; behind the offset) and the caller takes the
+# general path, whose errors say why. OFFSET_HEADER: the partition's offset the answer reflects.
+KEY_PATH = "/internal/v1/key/"
+OFFSET_HEADER = "X-Federator-Offset"
+
 # Batch metadata key. Versioned so that a node running a newer layout fails loudly, not subtly.
 _HEADER_KEY = b"federator.result"
 _VERSION = 1
+
+
+def key_path(store: str, partition: int, key: bytes) -> str:
+    return f"{KEY_PATH}{store}/{partition}/{base64.urlsafe_b64encode(key).rstrip(b'=').decode()}"
+
+
+def parse_key_path(path: str) -> tuple[str, int, bytes] | None:
+    """(store, partition, key) of a KEY_PATH path; None when it is not one."""
+    store, _, rest = path[len(KEY_PATH):].partition("/")
+    partition, _, key = rest.partition("/")
+    try:
+        return store, int(partition), base64.b64decode(key + "=" * (-len(key) % 4), altchars=b"-_", validate=True)
+    except (ValueError, binascii.Error):
+        return None
 
 
 class WireError(ValueError):

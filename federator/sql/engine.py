@@ -149,12 +149,15 @@ class SqlEngine:
         kb = defn.key.serialize(key)
         partition = partition_for(kb, defn.partitions)
         stats["partitions_queried"] = 1
-        local = self.node.read_local(defn.name, partition, kb, options.bound)
-        if local is not None:  # the common case when clients send keys to their owners
-            answer = cached.answer(kb, local.stored)
+        # the common case when clients send keys to their owners; then the owner's stored bytes
+        # in one lean call; else the general path, which retries and says why it cannot
+        entry = (self.node.read_local(defn.name, partition, kb, options.bound)
+                 or self.dispatcher.read_key(defn.name, partition, kb, options))
+        if entry is not None:
+            answer = cached.answer(kb, entry.stored)
             if answer is not None:
                 stats["nodes"] = 1
-                return answer, position.merge(local.position), stats  # type: ignore[return-value]
+                return answer, position.merge(entry.position), stats  # type: ignore[return-value]
         gathered = self.dispatcher.gather(
             defn.name, defn.partitions, [SubQuery(KeyQuery(key), (partition,))], OwnerWork(tuple(cached.columns)),
             options)

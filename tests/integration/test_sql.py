@@ -321,6 +321,29 @@ def test_parameters_and_point_queries_touch_one_partition(sql_cluster) -> None:
     assert body["stats"]["partitions_queried"] == len(parts)
 
 
+def test_a_routed_point_query_reads_the_owners_stored_entry(sql_cluster) -> None:
+    """A node asked for a key it does not own fetches the key's stored bytes from the owner in
+    the lean call (the owner counts a LocalKeyQuery), not a KeyQuery's Arrow rows."""
+    cluster, db = sql_cluster
+    key = "p0042"
+    info = json.loads(HTTP.request("GET", f"http://{cluster.nodes[0].endpoint}/v1/stores/players").data)
+    owner_id = info["partition_owners"][partition_for(key.encode(), P)]["active"]["node_id"]
+    owner = next(n for n in cluster.nodes if n.node_id == owner_id)
+    asker = next(n for n in cluster.nodes if n.node_id != owner_id)
+
+    def counts() -> tuple[int, int]:
+        q = owner.metadata()["local"]["store_queries"].get("players", {})
+        return q.get("LocalKeyQuery", {}).get("queries", 0), q.get("KeyQuery", {}).get("queries", 0)
+
+    before = counts()
+    sql = "SELECT player, total_score FROM players WHERE player = ?"
+    body = sql_json(asker, sql, [key])
+    assert body["rows"] == [list(r) for r in db.execute(sql, [key]).fetchall()]
+    local, key_queries = counts()
+    assert (local - before[0], key_queries - before[1]) == (1, 0)
+    assert body["stats"]["nodes"] == 1 and body["consistency_token"]
+
+
 def test_a_repeated_query_with_other_parameters_is_answered_for_those(sql_cluster) -> None:
     """Plans are kept per SQL text and parameters: other parameters get their own plan and answer."""
     cluster, db = sql_cluster

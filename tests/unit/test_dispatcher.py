@@ -25,6 +25,7 @@ from federator.plan.keys import SubQuery
 from federator.query import KeyQuery, Position, PositionBound, RangeQuery, StateQueryRequest
 from federator.query.result import FailureReason, QueryResult
 from federator.route.read_options import ReadOptions
+from federator.store.layer import StoredEntry
 from federator.dispatch.errors import DispatchError
 from federator.errors import SqlError
 from federator.sql.dispatch_errors import from_dispatch
@@ -305,3 +306,44 @@ def test_a_range_query_over_all_partitions_goes_to_every_owner(clock, make) -> N
     world = World(info("n1", active=[0, 1]), info("n2", active=[2, 3]))
     out = make(world).gather("s", 4, [SubQuery(RangeQuery(), None)], None, ReadOptions(deadline=clock.now + 1))
     assert served(out) == {0: "n1", 1: "n1", 2: "n2", 3: "n2"}
+
+
+# ---- the point lookup's one call (read_key) --------------------------------------------------
+class KeyClient(FakeClient):
+    def read_key(self, store: str, topic: str, partition: int, key: bytes, at: int | None,
+                 timeout: float) -> StoredEntry | None:
+        self.world.calls.append((self.node, (partition,), at))
+        return StoredEntry(b"v", Position.of(topic, partition, 5))
+
+
+@pytest.fixture
+def make_key(monkeypatch, make):
+    def build(world: World, node_id: str = "me") -> Dispatcher:
+        d = make(world, node_id)
+        monkeypatch.setattr(d, "_client", lambda endpoint: KeyClient(world, endpoint))
+        return d
+
+    return build
+
+
+def test_a_key_is_read_from_its_active_owner_in_one_call(clock, make_key) -> None:
+    world = World(info("n1", active=[0, 1]), info("n2", active=[2, 3], standby=[0]))
+    entry = make_key(world).read_key("s", 0, b"k", ReadOptions(deadline=clock.now + 1))
+    assert entry == StoredEntry(b"v", Position.of(TOPIC, 0, 5)) and world.calls == [("n1", (0,), None)]
+    # the token's offset for the partition goes along, for the owner to check
+    token = PositionBound.at(Position.of(TOPIC, 0, 9))
+    make_key(world).read_key("s", 0, b"k", ReadOptions(token, deadline=clock.now + 1))
+    assert world.calls[-1] == ("n1", (0,), 9)
+
+
+def test_a_key_read_is_left_to_the_general_path_when_there_is_no_one_call(clock, make_key) -> None:
+    world = World(info("n1", active=[0]), info("me", active=[1]), info("n2", standby=[2]))
+    d = make_key(world)
+    options = ReadOptions(deadline=clock.now + 1)
+    assert d.read_key("s", 1, b"k", options) is None  # this node owns it: its own read_local said no
+    assert d.read_key("s", 2, b"k", options) is None  # only a standby: gather decides (token, stale)
+    assert d.read_key("s", 2, b"k", ReadOptions(allow_stale=True, deadline=clock.now + 1)) is None
+    assert d.read_key("s", 3, b"k", options) is None  # nobody serves it
+    assert d.read_key("nosuch", 0, b"k", options) is None
+    assert d.read_key("s", 0, b"k", ReadOptions(deadline=clock.now)) is None  # no time left
+    assert world.calls == []
