@@ -10,11 +10,11 @@ import pytest
 from werkzeug.test import Client
 
 from federator.dispatch.client import NodeClient
-from federator.http import bound_port, serve, shutdown, start
 from federator.http.internal_key import InternalKeyPath
 from federator.query.position import Position, PositionBound
 from federator.query.wire import key_path, parse_key_path
 from federator.store.layer import StoredEntry
+from tests.http_server import running
 
 TOPIC = "app-s-changelog"
 
@@ -53,10 +53,8 @@ def owner() -> FakeOwner:
 
 @pytest.fixture
 def http_owner(owner: FakeOwner) -> Iterator[str]:
-    server = serve(InternalKeyPath(fallback, owner), "127.0.0.1", 0, threads=2)
-    thread = start(server)
-    yield f"127.0.0.1:{bound_port(server)}"
-    shutdown(server, thread)
+    with running(InternalKeyPath(fallback, owner)) as address:
+        yield address
 
 
 @pytest.mark.parametrize("key", [b"k\x00\xff", b"", b"\xfb\xff" * 40])

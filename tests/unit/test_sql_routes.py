@@ -15,6 +15,7 @@ from federator.client.sql_cli import format_table, parse_param, run_sql
 from federator.http import bound_port, create_app, serve, shutdown, start
 from federator.errors import SqlError
 from federator.sql.result import SqlRequest, SqlResult
+from tests.http_server import running
 from tests.registry import REGISTRY
 
 SCHEMA = pa.schema([("player", pa.string()), ("score", pa.int64()), ("rowtime", pa.timestamp("ms", tz="UTC"))])
@@ -264,10 +265,8 @@ def test_format_table() -> None:
 
 @pytest.fixture
 def server_url(node: FakeSqlNode) -> Iterator[str]:
-    server = serve(create_app(node, REGISTRY), "127.0.0.1", 0, threads=2)
-    thread = start(server)
-    yield f"http://127.0.0.1:{bound_port(server)}"
-    shutdown(server, thread)
+    with running(create_app(node, REGISTRY)) as address:
+        yield f"http://{address}"
 
 
 def run(argv: list[str]) -> tuple[int, str, str, bytes]:
