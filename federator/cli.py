@@ -24,6 +24,25 @@ def _connection_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+# `federator node`'s limits (federator.sql.limits): flag, type, default, metavar, help
+_LIMIT_FLAGS: list[tuple[str, type, object, str, str]] = [
+    ("--max-body-bytes", str, "16MiB", "SIZE",
+     "largest POST /v1/sql body; larger ones get 413 (default 16MiB; sizes like 64KB, 1MB, 1GiB)"),
+    ("--max-sql-chars", int, 1024 * 1024, "N",
+     "longest SQL text, HTTP and Flight SQL; longer gets 400 (default 1048576, also the most)"),
+    ("--max-answer-rows", int, 10_000_000, "N",
+     "most rows in an answer; more gets 422 saying how to page (default 10000000, 0 = no cap)"),
+    ("--max-answer-bytes", str, "1GiB", "SIZE",
+     "largest answer, as Arrow data; larger gets 422 saying how to page (default 1GiB, 0 = no cap)"),
+    ("--max-timeout-ms", int, 600_000, "MS",
+     "most a request's timeout_ms may be; one asking more runs with this, and its answer's stats say so "
+     "(default 600000, 10 minutes)"),
+    ("--max-running-queries", int, 8, "N", "queries (HTTP and Flight SQL) running at once on this node (default 8)"),
+    ("--max-queued-queries", int, 6, "N",
+     "queries waiting for a running slot, each at most its timeout_ms; more get 429 with Retry-After (default 6)"),
+]
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="federator", description="SQL over the live state of a data pipeline.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -64,7 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--node-id", metavar="ID", help="stable node id (default: one kept in --state-dir)")
     n.add_argument("--cluster-secret", default=os.environ.get("FEDERATOR_CLUSTER_SECRET"), metavar="S",
                    help="shared secret for node-to-node calls (default $FEDERATOR_CLUSTER_SECRET)")
-    n.add_argument("--threads", type=int, default=8, help="HTTP worker threads (default 8)")
+    n.add_argument("--threads", type=int, default=16,
+                   help="HTTP worker threads (default 16); running and queued queries may hold all but 2, "
+                        "which stay free for node-to-node calls")
     from federator.http.server import SERVERS
 
     n.add_argument("--server", choices=SERVERS, default=None,
@@ -82,6 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="answer a repeated deterministic statement from its last answer while every partition "
                         "it read is at the same position, for up to S seconds after it was computed "
                         "(default 5, 0 = always run the statement)")
+    limits = n.add_argument_group("limits and admission (each refusal is a JSON error saying what to change)")
+    for flag, kind, default, metavar, what in _LIMIT_FLAGS:
+        limits.add_argument(flag, type=kind, default=default, metavar=metavar, help=what)
     n.add_argument("--flight-sql-port", type=int, metavar="P",
                    help="also serve Arrow Flight SQL on this port, on the --listen host (default: off)")
     n.add_argument("--plugin-errors", choices=("fatal", "warn"), default="fatal",

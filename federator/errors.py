@@ -6,10 +6,14 @@ STATUS = {
     "SQL_PARSE_ERROR": 400,
     "INVALID_PARAMETER": 400,
     "INVALID_DATA": 400,  # the data made an expression fail: division by zero, overflow, a failed CAST
+    "SQL_TOO_LONG": 400,  # longer than the node's --max-sql-chars
+    "REQUEST_TOO_LARGE": 413,  # a body over the node's --max-body-bytes
     "UNKNOWN_STORE": 404,
     "UNKNOWN_COLUMN": 404,
     "UNSUPPORTED": 422,
     "UNKNOWN_QUERY_TYPE": 422,
+    "ANSWER_TOO_LARGE": 422,  # over the node's --max-answer-rows or --max-answer-bytes
+    "TOO_MANY_QUERIES": 429,  # the node's query slots and queue are full (with Retry-After)
     "NOT_UP_TO_BOUND": 409,
     "UNAVAILABLE": 503,
     "TIMEOUT": 504,

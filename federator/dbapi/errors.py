@@ -68,6 +68,9 @@ class NotSupportedError(DatabaseError):
 CODE_TO_CLASS: dict[str, type[DatabaseError]] = {
     "SQL_PARSE_ERROR": ProgrammingError,
     "INVALID_PARAMETER": ProgrammingError,
+    "SQL_TOO_LONG": ProgrammingError,
+    "REQUEST_TOO_LARGE": ProgrammingError,
+    "ANSWER_TOO_LARGE": ProgrammingError,  # the statement must ask for less (LIMIT, a WHERE on the key)
     "UNKNOWN_STORE": ProgrammingError,
     "UNKNOWN_COLUMN": ProgrammingError,
     "UNSUPPORTED": NotSupportedError,
@@ -75,6 +78,7 @@ CODE_TO_CLASS: dict[str, type[DatabaseError]] = {
     "UNAVAILABLE": OperationalError,
     "TIMEOUT": OperationalError,
     "NOT_UP_TO_BOUND": OperationalError,
+    "TOO_MANY_QUERIES": OperationalError,  # the node is busy: retry after retry_after seconds
     "INVALID_DATA": DataError,
     "INTERNAL": InternalError,
 }

@@ -23,6 +23,7 @@ from federator.flight import metadata, protocol
 from federator.flight.errors import flight_error
 from federator.flight.statements import Expiring, PendingResult, PreparedStatement
 from federator.errors import SqlError
+from federator.sql.limits import DEFAULT_LIMITS, Limits, admitted, limits_of
 from federator.sql.result import SqlRequest
 
 log = logging.getLogger(__name__)
@@ -73,18 +74,26 @@ class CallOptions(flight.ServerMiddleware):
         self.token = one(TOKEN_HEADER) or None
         self._allow_stale, self._max_lag, self._timeout = one(ALLOW_STALE_HEADER), one(MAX_LAG_HEADER), one(TIMEOUT_HEADER)
         self.response_token: str | None = None
+        self.timeout_capped_to: int | None = None  # the timeout header asked more than --max-timeout-ms
 
-    def request(self, sql: str, parameters: list[Any], token: str | None = None) -> SqlRequest:
+    def request(self, sql: str, parameters: list[Any], token: str | None = None,
+                limits: Limits = DEFAULT_LIMITS) -> SqlRequest:
         allow_stale = (self._allow_stale or "false").strip().lower()
         if allow_stale not in ("true", "false", "1", "0"):
             raise SqlError("INVALID_PARAMETER", f"header {ALLOW_STALE_HEADER} must be true or false, got {self._allow_stale!r}")
+        asked = _int_header(TIMEOUT_HEADER, self._timeout, 1, None)
+        timeout_ms, capped = limits.timeout_ms(asked or 10_000)
+        if capped and asked is not None:
+            self.timeout_capped_to = timeout_ms
         return SqlRequest(sql=sql, parameters=parameters, consistency_token=token or self.token,
                           allow_stale=allow_stale in ("true", "1"),
-                          max_lag=_int_header(MAX_LAG_HEADER, self._max_lag, 0, None),
-                          timeout_ms=_int_header(TIMEOUT_HEADER, self._timeout, 1, 10_000) or 10_000)
+                          max_lag=_int_header(MAX_LAG_HEADER, self._max_lag, 0, None), timeout_ms=timeout_ms)
 
     def sending_headers(self) -> dict[str, str]:
-        return {TOKEN_HEADER: self.response_token} if self.response_token else {}
+        headers = {TOKEN_HEADER: self.response_token} if self.response_token else {}
+        if self.timeout_capped_to is not None:  # what the call ran with: the node's --max-timeout-ms
+            headers[TIMEOUT_HEADER] = str(self.timeout_capped_to)
+        return headers
 
 
 def _int_header(name: str, value: str | None, minimum: int, default: int | None) -> int | None:
@@ -144,19 +153,35 @@ class FlightSqlServer(flight.FlightServerBase):
     def _execute(self, context: flight.ServerCallContext, sql: str, rows: list[list[Any]] | None) -> PendingResult:
         """Run ``sql`` once per parameter row (once without parameters); results are concatenated."""
         opts = self._options(context)
+        limits = limits_of(self.node)
+        limits.check_sql(sql)
+        # Each run holds one of the node's query slots (shared with HTTP) while it runs here; the
+        # batches DoGet streams later are already admitted.
         if not rows or len(rows) == 1:
-            result = self.node.sql(opts.request(sql, rows[0] if rows else []))
-            rest = iter(result.batches)
-            # Pull the first batch now: most failures surface here, while the call can still fail cleanly.
-            first = next(rest, None)
-            batches: Iterator[pa.RecordBatch] = _chunked(_prepend(first, rest))
+            req = opts.request(sql, rows[0] if rows else [], limits=limits)
+            with admitted(self.node, req):
+                result = self.node.sql(req)
+                capped = limits.capped(iter(result.batches))
+                try:
+                    # Read the start now: most failures (and an answer over a cap) surface here,
+                    # while the call can still fail cleanly.
+                    capped.read_ahead()
+                except BaseException:
+                    capped.close()
+                    raise
+            batches: Iterator[pa.RecordBatch] = _chunked(capped)
             schema, token = result.schema, result.consistency_token
         else:
-            tables, token = [], None
+            tables, token, rows_in, bytes_in = [], None, 0, 0
             for row in rows:
                 # Each execution is bounded by the previous one's token: later rows never read older data.
-                result = self.node.sql(opts.request(sql, row, token))
-                tables.append(pa.Table.from_batches(list(result.batches), schema=result.schema))
+                req = opts.request(sql, row, token, limits=limits)
+                with admitted(self.node, req):
+                    result = self.node.sql(req)
+                    table = pa.Table.from_batches(list(result.batches), schema=result.schema)
+                rows_in, bytes_in = rows_in + table.num_rows, bytes_in + table.nbytes
+                limits.check_rows(rows_in, bytes_in)
+                tables.append(table)
                 token = result.consistency_token
             table = pa.concat_tables(tables, promote_options="permissive")
             schema, batches = table.schema, _chunked(iter(table.to_batches()))
@@ -313,12 +338,6 @@ class FlightSqlServer(flight.FlightServerBase):
     def list_actions(self, context: flight.ServerCallContext) -> list[tuple[str, str]]:
         return [(protocol.CREATE_PREPARED_STATEMENT, "Prepare a SQL statement (parsed once, ? parameters)"),
                 (protocol.CLOSE_PREPARED_STATEMENT, "Release a prepared statement")]
-
-
-def _prepend(first: pa.RecordBatch | None, rest: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    if first is not None:
-        yield first
-    yield from rest
 
 
 def _close(batches: Iterator[pa.RecordBatch]) -> None:

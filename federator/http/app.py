@@ -180,7 +180,11 @@ def create_app(node: Node, registry: Registry, sql: SqlNode | None = None) -> Fl
 
     @app.get("/v1/metadata")
     def metadata() -> Response:
-        return jsonify(node.metadata())
+        md = node.metadata()
+        admission = getattr(sql, "admission", None)
+        if admission is not None:  # this node's public queries: running, waiting, and the caps
+            md.setdefault("local", {})["queries"] = admission.state()
+        return jsonify(md)
 
     @app.get("/v1/metadata/stores/<store>/keys/<path:key>")
     def key_metadata(store: str, key: str) -> Response:

@@ -14,7 +14,6 @@ import reprlib
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Iterator, Protocol
 
-import pyarrow as pa
 from flask import Flask, Response, request
 from werkzeug.datastructures import MIMEAccept
 from werkzeug.http import parse_accept_header
@@ -22,6 +21,8 @@ from werkzeug.wsgi import get_input_stream
 
 from federator.http.formats import MEDIA_TYPES, body_chunks, choose_format, json_object_body, json_object_from_arrow, json_rows_body, jsonable
 from federator.errors import SqlError
+from federator.sql.limits import (DEFAULT_LIMITS, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_TIMEOUT_MS, CappedBatches, Limits,
+                                  Slot, admit, limits_of)
 from federator.sql.result import SqlRequest, SqlResult
 
 if TYPE_CHECKING:
@@ -33,10 +34,11 @@ _log = logging.getLogger("federator.http")
 # Body fields and their defaults; anything else is refused so a misspelt option
 # ("paramters") fails instead of being silently ignored.
 _FIELDS = ("sql", "parameters", "consistency_token", "allow_stale", "max_lag", "timeout_ms", "format", "dialect")
-# Bounds on a request. The SQL text has its own (federator.sql.guard: 1 MiB, nesting); the body
-# also carries the parameters and JSON escapes, hence the larger cap.
-MAX_BODY_BYTES = 16 * 1024 * 1024
-MAX_TIMEOUT_MS = 10 * 60 * 1000
+# Bounds on a request, by default; a node's own come from its flags (federator.sql.limits). The
+# SQL text has its own (--max-sql-chars, 1 MiB); the body also carries the parameters and JSON
+# escapes, hence the larger cap.
+MAX_BODY_BYTES = DEFAULT_MAX_BODY_BYTES
+MAX_TIMEOUT_MS = DEFAULT_MAX_TIMEOUT_MS
 _INT64_MAX = 2**63 - 1
 
 
@@ -77,8 +79,9 @@ def _check_text(field: str, text: str) -> None:
                               f"{e.start}; a character beyond U+FFFF is escaped as a pair such as \\ud83d\\ude00") from None
 
 
-def sql_request_from_body(body: Any) -> tuple[SqlRequest, Any]:
-    """The SqlRequest and the requested format from a decoded body; SqlError names a bad field."""
+def sql_request_from_body(body: Any, limits: Limits = DEFAULT_LIMITS) -> tuple[SqlRequest, Any]:
+    """The SqlRequest and the requested format from a decoded body; SqlError names a bad field.
+    A timeout_ms over ``limits.max_timeout_ms`` is clamped to it (``timeout_capped`` tells)."""
     if not isinstance(body, dict):
         raise SqlError("INVALID_PARAMETER",
                        f'the request body must be a JSON object like {{"sql": "SELECT ..."}}, not {type(body).__name__}')
@@ -109,9 +112,10 @@ def sql_request_from_body(body: Any) -> tuple[SqlRequest, Any]:
     if max_lag is not None and not (_is_int(max_lag) and 0 <= max_lag <= _INT64_MAX):
         raise _invalid("max_lag", f"must be null or an integer from 0 to {_INT64_MAX} (records behind), got {_shown(max_lag)}")
     timeout_ms = body.get("timeout_ms", 10_000)
-    if not (_is_int(timeout_ms) and 0 < timeout_ms <= MAX_TIMEOUT_MS):
-        raise _invalid("timeout_ms", f"must be a whole number of milliseconds from 1 to {MAX_TIMEOUT_MS} (the server's "
-                                     f"maximum, 10 minutes), got {_shown(timeout_ms)}")
+    if not (_is_int(timeout_ms) and 0 < timeout_ms):
+        raise _invalid("timeout_ms", f"must be a whole number of milliseconds, 1 or more (more than this node's "
+                                     f"--max-timeout-ms, {limits.max_timeout_ms}, runs with that), got {_shown(timeout_ms)}")
+    timeout_ms = limits.timeout_ms(timeout_ms)[0]
     dialect = body.get("dialect")
     if dialect is not None and not (isinstance(dialect, str) and dialect.strip()):
         raise _invalid("dialect", f"must be null (DuckDB's SQL) or the name of a SQL dialect such as \"postgres\", "
@@ -121,23 +125,25 @@ def sql_request_from_body(body: Any) -> tuple[SqlRequest, Any]:
     return req, body.get("format")
 
 
-def _too_large(size: str) -> SqlError:
-    return SqlError("INVALID_PARAMETER", f"the request body is {size} bytes; at most {MAX_BODY_BYTES:,} (16 MiB) are "
-                                         "accepted: split the query")
+def timeout_capped(body: Any, req: SqlRequest) -> int | None:
+    """The timeout_ms a body asked for, when the node ran it with less (its --max-timeout-ms)."""
+    asked = body.get("timeout_ms") if isinstance(body, dict) else None
+    return asked if _is_int(asked) and asked > req.timeout_ms else None
 
 
-def _read_body(environ: dict[str, Any]) -> Any:
+def _read_body(environ: dict[str, Any], limits: Limits = DEFAULT_LIMITS) -> Any:
     length = environ.get("CONTENT_LENGTH")
+    cap = limits.max_body_bytes
     if length and not environ.get("HTTP_TRANSFER_ENCODING"):
         if not length.isdigit():
             raise SqlError("INVALID_PARAMETER", f"the Content-Length header {length[:40]!r} is not a number of bytes")
-        if int(length) > MAX_BODY_BYTES:
-            raise _too_large(f"{int(length):,}")
+        if int(length) > cap:
+            raise limits.body_too_large(f"{int(length):,}")
         raw = environ["wsgi.input"].read(int(length))
     else:  # chunked (the server has de-chunked it) or no length
-        raw = get_input_stream(environ).read(MAX_BODY_BYTES + 1)
-        if len(raw) > MAX_BODY_BYTES:
-            raise _too_large(f"more than {MAX_BODY_BYTES:,}")
+        raw = get_input_stream(environ).read(cap + 1)
+        if len(raw) > cap:
+            raise limits.body_too_large(f"more than {cap:,}")
     if not raw:
         raise SqlError("INVALID_PARAMETER", 'the request body is empty; send a JSON object like {"sql": "SELECT ..."}')
     try:
@@ -164,12 +170,6 @@ def json_response(obj: Any, status: int = 200) -> Response:
     """JSON in the SQL value conventions (Flask's jsonify would write dates as RFC 822)."""
     return Response(json.dumps(jsonable(obj), ensure_ascii=False, separators=(",", ":")),
                     status=status, mimetype="application/json")
-
-
-def _batches(first: pa.RecordBatch | None, rest: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    if first is not None:
-        yield first
-    yield from rest
 
 
 def _closing(chunks: Iterator[bytes], *sources: Any) -> Iterator[bytes]:
@@ -219,31 +219,53 @@ class _JsonBody:
 
 def sql_response(node: SqlNode, environ: dict[str, Any]) -> Response | _JsonBody:
     """The answer to a ``POST /v1/sql`` (errors included) from its WSGI environ."""
+    limits = limits_of(node)
+    slot: Slot | None = None
+    batches: CappedBatches | None = None
+    capped_from: int | None = None
+    streaming = False
     try:
-        req, requested = sql_request_from_body(_read_body(environ))
+        body = _read_body(environ, limits)
+        req, requested = sql_request_from_body(body, limits)
+        capped_from = timeout_capped(body, req)
+        limits.check_sql(req.sql)
         accept = environ.get("HTTP_ACCEPT")
         # the common headers need no parsing (Werkzeug's Accept matching costs ~50 us a request)
         fmt = choose_format(requested, None if accept in _JSON_ACCEPTS else parse_accept_header(accept, MIMEAccept))
+        slot = admit(node, req.timeout_ms / 1000)  # held until the answer is sent (see below)
+        if slot is not None:
+            slot.charge(req)
         result = node.sql(req)
+        _limit_stats(result.stats, capped_from, limits.max_timeout_ms, slot)
         if fmt == "json" and result.rows is not None:
+            limits.check_rows(len(result.rows), 0)
             body = json_rows_body(result.schema, result.rows,
                                   {"consistency_token": result.consistency_token, "stats": result.stats})
             if body is not None:
+                limits.check_rows(0, len(body))  # as JSON: these rows never were Arrow
                 return _JsonBody(body)
-        rest = iter(result.batches)
-        # Pull the first batch before answering: most failures (unreachable partitions,
-        # timeouts, bad plans found late) surface here and can still get their real status.
-        first = next(rest, None)
+        # Read the start of the answer before answering: most failures (unreachable partitions,
+        # timeouts, bad plans found late, an answer over a cap) surface here and can still get
+        # their real status.
+        batches = limits.capped(iter(result.batches))
+        batches.read_ahead()
         token = result.consistency_token
         headers = {TOKEN_HEADER: token} if fmt != "json" and token else {}
 
         def trailer() -> dict[str, Any]:
             return {"consistency_token": result.consistency_token, "stats": result.stats}
 
-        chunks = _closing(body_chunks(fmt, result.schema, _batches(first, rest), trailer), rest)
-        return Response(_whole_if_small(chunks), mimetype=MEDIA_TYPES[fmt], headers=headers)
+        chunks = _closing(body_chunks(fmt, result.schema, batches, trailer), batches)
+        whole = _whole_if_small(chunks)
+        resp = Response(whole, mimetype=MEDIA_TYPES[fmt], headers=headers)
+        if slot is not None and not isinstance(whole, bytes):  # held until the body has been sent
+            resp.call_on_close(slot.release)
+            streaming = True
+        return resp
     except SqlError as e:
-        return sql_error_response(e)
+        if batches is not None:
+            batches.close()
+        return sql_error_response(limits.timed_out(e) if capped_from is not None else e)
     except RecursionError:
         # a planner or evaluator recursing over a deep expression tree (a chain of hundreds of
         # OR or + terms): the SQL is valid but more than this engine can take
@@ -259,10 +281,32 @@ def sql_response(node: SqlNode, environ: dict[str, Any]) -> Response | _JsonBody
     except Exception as e:  # noqa: BLE001 - the same JSON 500 the app gives for any other route
         _log.exception("unexpected error on POST /v1/sql")
         return json_response({"error": {"code": "INTERNAL", "message": f"{type(e).__name__}: {e}"}}, 500)
+    finally:
+        if slot is not None and not streaming:
+            slot.release()
+
+
+def _limit_stats(stats: dict[str, Any], capped_from: int | None, max_timeout_ms: int, slot: Slot | None) -> None:
+    """What the node's limits did to a request, in its answer's stats."""
+    if capped_from is not None:
+        stats["timeout_ms_requested"] = capped_from
+        stats["timeout_ms"] = max_timeout_ms
+    if slot is not None and slot.waited_s:
+        stats["queued_ms"] = slot.waited_ms
 
 
 def lookup_response(node: SqlNode, name: str, key: str) -> Response | _JsonBody:
-    """The answer to ``GET /v1/stores/<name>/keys/<key>``: the row as a JSON object, or 404."""
+    """The answer to ``GET /v1/stores/<name>/keys/<key>``: the row as a JSON object, or 404;
+    a query like POST /v1/sql's, so it takes a slot of the node's admission for as long."""
+    slot = admit(node, 10.0)  # POST /v1/sql's default timeout
+    try:
+        return _lookup_answer(node, name, key)
+    finally:
+        if slot is not None:
+            slot.release()
+
+
+def _lookup_answer(node: SqlNode, name: str, key: str) -> Response | _JsonBody:
     result = node.lookup(name, key)
     if result.rows:  # the point path's Python rows: no Arrow on the way out
         body = json_object_body(result.schema, result.rows[0])

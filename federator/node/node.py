@@ -69,6 +69,15 @@ class NodeConfig:
     plugin_errors: str = "fatal"
     scan_cache_mb: int = DEFAULT_MB  # the scan cache's budget (0: off); see federator.store.scan_cache
     scan_cache_follow: int = DEFAULT_FOLLOW  # writes a kept scan follows before it is read again (0: never)
+    # The public query entries' limits (federator.sql.limits has the defaults and their use);
+    # None: that default.
+    max_body_bytes: int | None = None
+    max_sql_chars: int | None = None
+    max_answer_rows: int | None = None
+    max_answer_bytes: int | None = None
+    max_timeout_ms: int | None = None
+    max_running_queries: int | None = None
+    max_queued_queries: int | None = None
 
 
 PLUGIN_ERRORS = ("fatal", "warn")

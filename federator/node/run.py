@@ -11,10 +11,12 @@ import socket
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 from federator.node.node import Node, NodeConfig
 from federator.plugin import load_plugins
 from federator.store.scan_cache import DEFAULT_FOLLOW
+from federator.sql.limits import Limits, parse_size
 from federator.sql.service import SqlService
 
 REFUSED = 3  # the exit code of a node that refused to serve: another live node has its node id
@@ -64,6 +66,7 @@ def run_node(args: argparse.Namespace) -> int:
         raise ValueError("--scan-cache-mb must be 0 or more")
     if getattr(args, "scan_cache_follow", 0) < 0:
         raise ValueError("--scan-cache-follow must be 0 or more")
+    limits = _limits(args)  # checked before the node joins anything
     # The one registry of this process: built here, owned by the node, passed to the HTTP app.
     registry = load_plugins()
     node = Node(NodeConfig(
@@ -80,6 +83,10 @@ def run_node(args: argparse.Namespace) -> int:
         plugin_errors=getattr(args, "plugin_errors", "fatal"),
         scan_cache_mb=args.scan_cache_mb,  # the node makes its one scan cache from these
         scan_cache_follow=getattr(args, "scan_cache_follow", DEFAULT_FOLLOW),
+        max_body_bytes=limits.max_body_bytes, max_sql_chars=limits.max_sql_chars,
+        max_answer_rows=limits.max_answer_rows, max_answer_bytes=limits.max_answer_bytes,
+        max_timeout_ms=limits.max_timeout_ms, max_running_queries=limits.max_running,
+        max_queued_queries=limits.max_queued,
     ), registry)  # raises PluginsFailed when a plugin failed and --plugin-errors is fatal
     if getattr(args, "reuse_answers_seconds", 0) < 0:
         raise ValueError("--reuse-answers-seconds must be 0 or more")
@@ -100,6 +107,27 @@ def run_node(args: argparse.Namespace) -> int:
     _hand_over(node, flight_sql)
     shutdown(server)
     return _exit_code(node)
+
+
+def _limits(args: argparse.Namespace) -> Limits:
+    """The limits the flags name (ValueError names a bad one), fitting in --threads."""
+    defaults = Limits()
+
+    def flag(name: str, default: int) -> Any:
+        value = getattr(args, name, None)
+        return default if value is None else value
+
+    limits = Limits(
+        max_body_bytes=parse_size(flag("max_body_bytes", defaults.max_body_bytes), "--max-body-bytes"),
+        max_sql_chars=flag("max_sql_chars", defaults.max_sql_chars),
+        max_answer_rows=flag("max_answer_rows", defaults.max_answer_rows),
+        max_answer_bytes=parse_size(flag("max_answer_bytes", defaults.max_answer_bytes), "--max-answer-bytes"),
+        max_timeout_ms=flag("max_timeout_ms", defaults.max_timeout_ms),
+        max_running=flag("max_running_queries", defaults.max_running),
+        max_queued=flag("max_queued_queries", defaults.max_queued),
+    )
+    limits.check_threads(args.threads)
+    return limits
 
 
 def _exit_code(node: Node) -> int:

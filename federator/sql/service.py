@@ -13,6 +13,7 @@ from federator.catalog.definition import StoreDefinition
 from federator.errors import SqlError
 from federator.plugin.registry import Registry
 from federator.sql.engine import SqlEngine
+from federator.sql.limits import Admission, Limits
 from federator.sql.result import SqlRequest, SqlResult
 from federator.sql.types import sql_type
 
@@ -21,6 +22,10 @@ class SqlService:
     def __init__(self, node: Any, registry: Registry) -> None:
         self.node = node
         self.engine = SqlEngine(node, registry)
+        # the caps of the public entries (the node's flags) and their one count of running
+        # queries, shared by HTTP and Flight SQL
+        self.limits = Limits.of(getattr(node, "config", None))
+        self.admission = Admission.of(self.limits)
 
     @property
     def stores(self) -> dict[str, StoreDefinition]:

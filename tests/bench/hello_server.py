@@ -1,7 +1,7 @@
 """The baseline: a bare Flask app on the node's server stack (the server `federator node` would
 use, granian or waitress, with the same thread count), in its own process.
 
-    python -m tests.bench.hello_server --port PORT [--threads 8] [--server granian|waitress]
+    python -m tests.bench.hello_server --port PORT [--threads 16] [--server granian|waitress]
 
 ``GET /hello`` answers a small JSON object; ``POST /hello`` also reads and decodes a JSON
 body first, the shape of a ``POST /v1/sql`` round trip with none of its work.
@@ -39,7 +39,7 @@ def create_app() -> Flask:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--port", type=int, required=True)
-    ap.add_argument("--threads", type=int, default=8)  # `federator node --threads` default
+    ap.add_argument("--threads", type=int, default=16)  # `federator node --threads` default
     ap.add_argument("--server", choices=SERVERS, default=None)  # `federator node --server` default
     args = ap.parse_args()
     logging.getLogger("waitress").setLevel(logging.WARNING)

@@ -33,14 +33,16 @@ class Case:
     timeout: float = 60.0
     rows: list | None = None  # the answer's rows, when it is answered
     known: str | None = None  # why today's engine fails it (xfail), until the engine that mends it lands
+    status: int | None = None  # the one status it must get, where that is known
 
 
 def sql_body(sql, **extra) -> bytes:
     return json.dumps({"sql": sql, **extra}).encode()
 
 
-def case(name: str, sql, refuse: bool = True, rows: list | None = None, known: str | None = None, **extra) -> Case:
-    return Case(name, sql_body(sql, **extra), refuse, rows=rows, known=known)
+def case(name: str, sql, refuse: bool = True, rows: list | None = None, known: str | None = None,
+         status: int | None = None, **extra) -> Case:
+    return Case(name, sql_body(sql, **extra), refuse, rows=rows, known=known, status=status)
 
 
 def raw(name: str, body: bytes, refuse: bool = True, **kw) -> Case:
@@ -68,7 +70,7 @@ BODIES = [
     raw("a 5,000-digit number", b'{"sql": "SELECT ?", "parameters": [1' + b"0" * 5000 + b"]}"),
     raw("NaN parameter", b'{"sql": "SELECT ?", "parameters": [NaN]}', refuse=False),
     raw("Infinity parameter", b'{"sql": "SELECT ?", "parameters": [-Infinity]}', refuse=False),
-    raw("body over 16 MiB", sql_body("SELECT 1", parameters=["x" * (17 * 1024 * 1024)])),
+    raw("body over 16 MiB", sql_body("SELECT 1", parameters=["x" * (17 * 1024 * 1024)]), status=413),
     raw("unpaired surrogate in sql", b'{"sql": "SELECT \'\\ud800\'"}'),
     raw("unpaired low surrogate in sql", b'{"sql": "SELECT \'a\\udc00b\'"}'),
     raw("unpaired surrogate in a parameter", b'{"sql": "SELECT ?", "parameters": ["x\\ud83d"]}'),
@@ -116,8 +118,10 @@ FIELDS = [
     case("timeout_ms 0", "SELECT 1", timeout_ms=0),
     case("timeout_ms negative", "SELECT 1", timeout_ms=-5),
     case("timeout_ms 1e15", "SELECT COUNT(*) FROM players", timeout_ms=1e15),
-    case("timeout_ms 10^15", "SELECT COUNT(*) FROM players", timeout_ms=10**15),
-    case("timeout_ms 10^30", "SELECT * FROM players WHERE player = 'p001'", timeout_ms=10**30),
+    # more than the node's --max-timeout-ms runs with that maximum (TestLimits checks the stats)
+    case("timeout_ms 10^15", "SELECT COUNT(*) FROM players", refuse=False, rows=[[60]], timeout_ms=10**15),
+    case("timeout_ms 10^30", "SELECT games FROM players WHERE player = 'p001'", refuse=False, rows=[[3]],
+         timeout_ms=10**30),
     case("timeout_ms a string", "SELECT 1", timeout_ms="10"),
     case("timeout_ms true", "SELECT 1", timeout_ms=True),
     case("format unknown", "SELECT 1", format="xml"),
@@ -133,7 +137,7 @@ SQL = [
     case("NUL in the SQL", "SELECT 1\x00"),
     case("NUL inside a string literal", "SELECT 'a\x00b'"),
     case("NUL in a string parameter", "SELECT * FROM players WHERE player = ?", refuse=False, parameters=["p\x00"]),
-    case("SQL over 1 MiB", "SELECT 1" + " " * (1024 * 1024)),
+    case("SQL over 1 MiB", "SELECT 1" + " " * (1024 * 1024), status=400),
     case("a string literal of 500,000 characters", "SELECT '" + "x" * 500_000 + "' AS s", refuse=False),
     case("an identifier of 100,000 characters", 'SELECT "' + "c" * 100_000 + '" FROM players'),
     case("3,000 output columns", "SELECT " + ", ".join("1" for _ in range(3000)), refuse=False),
@@ -279,6 +283,7 @@ def post(node, c: Case) -> urllib3.BaseHTTPResponse:
 def assert_answered_or_refused(resp: urllib3.BaseHTTPResponse, c: Case) -> None:
     shown = resp.data[:400]
     assert resp.status < 500, f"{c.name}: {resp.status} {shown!r}"
+    assert c.status in (None, resp.status), f"{c.name}: expected {c.status}, got {resp.status} {shown!r}"
     if c.refuse:
         assert 400 <= resp.status < 500, f"{c.name}: expected a 4xx, got {resp.status} {shown!r}"
     if resp.status >= 400:
@@ -322,3 +327,185 @@ def test_huge_in_lists_are_answered_or_refused(bi_cluster, c: Case) -> None:  # 
 def test_every_node_is_still_up(bi_cluster) -> None:  # noqa: F811
     for node in bi_cluster.nodes:
         assert_healthy(node)
+
+
+# --- limits and admission ---------------------------------------------------------------------
+# Two nodes of their own application, started with small limits (the bi_cluster above has the
+# defaults), shared by the tests below; they run after the bi_cluster has stopped.
+
+LIMITED_P = 4
+LIMITED_ROWS = 200
+LIMITS = {"--max-body-bytes": "64KiB", "--max-sql-chars": "4096", "--max-answer-rows": "100",
+          "--max-answer-bytes": "100KB", "--max-timeout-ms": "30000",
+          "--max-running-queries": "1", "--max-queued-queries": "0"}
+
+
+@dataclass
+class Limited:
+    cluster: object
+    defn: object
+    written: object  # the Position of the rows written so far
+    rows: int  # how many rows the store holds
+
+    @property
+    def nodes(self):
+        return self.cluster.nodes  # type: ignore[attr-defined]
+
+
+@pytest.fixture(scope="module")
+def limited(broker, tmp_path_factory):
+    import uuid
+
+    from tests.integration.changelog_util import register
+    from tests.integration.cluster import Cluster, write_with_token
+    from tests.conftest import free_port
+
+    app_id = f"lim{uuid.uuid4().hex[:8]}"
+    defn = register(broker, app_id, {"name": "events", "type": "kv", "partitions": LIMITED_P,
+                                     "key": {"name": "id", "format": "string"},
+                                     "value": {"name": "n", "format": "long"}})
+    written = write_with_token(broker.bootstrap_servers, defn, {f"e{i:04d}": i for i in range(LIMITED_ROWS)})
+    cluster = Cluster(broker.bootstrap_servers, app_id, tmp_path_factory.mktemp("limited"), size=2, standby_replicas=0)
+    for node in cluster.nodes:
+        node.extra_args = [arg for flag_value in LIMITS.items() for arg in flag_value]
+    cluster.nodes[1].flight_port = free_port()
+    try:
+        cluster.start()
+        cluster.wait_settled("events", LIMITED_P, timeout=60)
+        yield Limited(cluster, defn, written, LIMITED_ROWS)
+    finally:
+        cluster.stop()
+
+
+def post_json(node, body: dict, timeout: float = 60.0, **headers) -> urllib3.BaseHTTPResponse:
+    return HTTP.request("POST", f"http://{node.endpoint}/v1/sql", body=json.dumps(body).encode(),
+                        headers={"Content-Type": "application/json", **headers}, timeout=timeout, retries=False)
+
+
+def error_of(resp: urllib3.BaseHTTPResponse, status: int, code: str, *words: str) -> str:
+    """The message of a JSON error answer with this status and code, holding ``words``."""
+    assert resp.status == status, (resp.status, resp.data[:400])
+    assert resp.headers.get("Content-Type", "").startswith("application/json"), resp.headers
+    err = json.loads(resp.data)["error"]
+    assert err["code"] == code, err
+    for w in words:
+        assert w in err["message"], err["message"]
+    return err["message"]
+
+
+def assert_limited_healthy(limited: Limited) -> None:
+    for node in limited.nodes:
+        assert node.proc is not None and node.proc.poll() is None, f"{node.node_id} died"
+        resp = post_json(node, {"sql": "SELECT COUNT(*) FROM events"})
+        assert resp.status == 200 and json.loads(resp.data)["rows"] == [[limited.rows]], resp.data[:300]
+        assert node.metadata()["local"]["queries"]["running"] == 0
+
+
+def test_a_body_over_the_cap_is_413(limited) -> None:
+    big = {"sql": "SELECT ?", "parameters": ["x" * (70 * 1024)]}
+    error_of(post_json(limited.nodes[0], big), 413, "REQUEST_TOO_LARGE", "65,536 bytes (64 KiB)", "--max-body-bytes")
+    assert_limited_healthy(limited)
+
+
+def test_sql_over_the_cap_is_400(limited) -> None:
+    sql = "SELECT COUNT(*) FROM events WHERE id IN (" + ", ".join(f"'e{i:04d}'" for i in range(500)) + ")"
+    error_of(post_json(limited.nodes[1], {"sql": sql}), 400, "SQL_TOO_LONG", "--max-sql-chars", "parameters")
+    # as the message says: the same list as parameters fits
+    params = {"sql": f"SELECT COUNT(*) FROM events WHERE id IN ({', '.join('?' * 500)})",
+              "parameters": [f"e{i:04d}" for i in range(500)]}
+    resp = post_json(limited.nodes[1], params)
+    assert resp.status == 200 and json.loads(resp.data)["rows"] == [[limited.rows]], resp.data[:300]
+    assert_limited_healthy(limited)
+
+
+@pytest.mark.parametrize("fmt", ["json", "arrow"])
+def test_an_answer_over_the_row_cap_is_422_and_paging_works(limited, fmt: str) -> None:
+    node = limited.nodes[0]
+    error_of(post_json(node, {"sql": "SELECT * FROM events", "format": fmt}), 422, "ANSWER_TOO_LARGE",
+             "more than 100 rows", "--max-answer-rows", "LIMIT", "OFFSET", "WHERE")
+    seen = []
+    for offset in (0, 100):  # what the message says to do
+        resp = post_json(node, {"sql": f"SELECT id FROM events ORDER BY id LIMIT 100 OFFSET {offset}"})
+        assert resp.status == 200, resp.data[:300]
+        seen += [r[0] for r in json.loads(resp.data)["rows"]]
+    assert seen == [f"e{i:04d}" for i in range(LIMITED_ROWS)]
+    assert_limited_healthy(limited)
+
+
+def test_an_answer_over_the_byte_cap_is_422(limited) -> None:
+    error_of(post_json(limited.nodes[1], {"sql": "SELECT repeat('x', 200000) AS s"}), 422, "ANSWER_TOO_LARGE",
+             "100,000 bytes as Arrow", "--max-answer-bytes")
+    assert_limited_healthy(limited)
+
+
+def test_a_timeout_over_the_maximum_runs_with_it_and_says_so(limited) -> None:
+    resp = post_json(limited.nodes[0], {"sql": "SELECT COUNT(*) FROM events", "timeout_ms": 3_600_000})
+    assert resp.status == 200, resp.data[:300]
+    stats = json.loads(resp.data)["stats"]
+    assert stats["timeout_ms"] == 30_000 and stats["timeout_ms_requested"] == 3_600_000, stats
+    assert_limited_healthy(limited)
+
+
+def test_the_flight_sql_answer_cap(limited) -> None:
+    import pyarrow as pa
+    import pyarrow.flight as flight
+
+    from federator.flight import protocol
+
+    client = flight.connect(f"grpc://127.0.0.1:{limited.nodes[1].flight_port}")
+    descriptor = flight.FlightDescriptor.for_command(protocol.pack(protocol.CommandStatementQuery(
+        query="SELECT * FROM events")))
+    with pytest.raises(pa.ArrowInvalid, match="ANSWER_TOO_LARGE.*--max-answer-rows"):
+        client.get_flight_info(descriptor)
+    client.close()
+    assert_limited_healthy(limited)
+
+
+def test_over_concurrency_is_429_and_node_to_node_calls_still_run(limited) -> None:
+    """Node 1 runs one query at a time and queues none. A query that waits for a write only the
+    test makes (a consistency token one record ahead of partition 0) holds its slot for as long
+    as the test likes: then node 1 refuses HTTP and Flight SQL queries with 429 (UNAVAILABLE in
+    gRPC), while a query at node 0 still reads node 1's partitions through the internal API."""
+    import pyarrow.flight as flight
+
+    from federator.flight import protocol
+    from federator.partitioner import partition_for
+    from federator.query.position import Position
+    from tests.integration.cluster import wait_for, write_with_token
+    from tests.threads import Worker
+
+    n0, n1 = limited.nodes
+    topic = limited.defn.topic
+    ahead = Position({topic: {0: limited.written.partitions(topic)[0] + 1}})  # the next record of partition 0
+    held: dict = {}
+
+    def hold() -> None:
+        held["resp"] = post_json(n1, {"sql": "SELECT COUNT(*) FROM events", "consistency_token": ahead.to_token(),
+                                      "timeout_ms": 30_000})
+
+    holder = Worker(hold, name="slot holder")
+    holder.start()
+    try:
+        wait_for(lambda: n1.metadata()["local"]["queries"]["running"] == 1, 30, "the held query to take node 1's slot")
+        resp = post_json(n1, {"sql": "SELECT 1"})
+        error_of(resp, 429, "TOO_MANY_QUERIES", "--max-running-queries", "--max-queued-queries", "Retry-After")
+        assert resp.headers.get("Retry-After") == "1", resp.headers
+        client = flight.connect(f"grpc://127.0.0.1:{n1.flight_port}")
+        descriptor = flight.FlightDescriptor.for_command(protocol.pack(protocol.CommandStatementQuery(query="SELECT 1")))
+        with pytest.raises(flight.FlightUnavailableError, match="TOO_MANY_QUERIES"):
+            client.get_flight_info(descriptor)
+        client.close()
+        # node 0 reads every partition, node 1's through its internal API, which admission leaves alone
+        owners = set(limited.cluster.active_map("events").values())  # type: ignore[attr-defined]
+        assert owners == {"n0", "n1"}, owners
+        resp = post_json(n0, {"sql": "SELECT COUNT(*) FROM events"})
+        assert resp.status == 200 and json.loads(resp.data)["rows"] == [[limited.rows]], resp.data[:300]
+    finally:
+        # the write the held query waits for: it answers, and frees the slot
+        key = next(f"x{i}" for i in range(1000)
+                   if partition_for(limited.defn.key.serialize(f"x{i}"), LIMITED_P) == 0)
+        limited.written = limited.written.merge(write_with_token(n0.bootstrap, limited.defn, {key: 1}))
+        limited.rows += 1
+        holder.join_checked(60)
+    assert held["resp"].status == 200 and json.loads(held["resp"].data)["rows"] == [[limited.rows]], held["resp"].data
+    assert_limited_healthy(limited)

@@ -311,8 +311,10 @@ def test_negotiation_over_http(client: Any, body_format: str | None, accept: str
 @pytest.mark.parametrize("fmt", list(MEDIA_TYPES))
 def test_http_body_streams_lazily(client: Any, node: FakeNode, fmt: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from federator.http import sql_routes
+    from federator.sql import limits
 
     monkeypatch.setattr(sql_routes, "SMALL_BODY", 0)  # answers above it stream; this one stands for a big one
+    monkeypatch.setattr(limits, "READ_AHEAD_BYTES", 1)  # and it is larger than what is read before answering
     resp = client.post("/v1/sql", json={"sql": "SELECT 1", "format": fmt}, buffered=False)
     assert node.consumed == 1  # only the first batch is fetched before the status goes out
     chunks = [c for c in resp.response if c]

@@ -333,9 +333,12 @@ class MidStreamFailure(FakeSqlNode):
 
 
 @pytest.mark.parametrize(("fmt", "message"), [("table", "error: TIMEOUT: partition 5"), ("csv", "cut off")])
-def test_cli_failure_after_the_status_was_sent(fmt: str, message: str) -> None:
+def test_cli_failure_after_the_status_was_sent(fmt: str, message: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """JSON carries the error in the body; CSV cannot, so the server breaks off the chunked body.
-    (The answer is large enough to be streaming when the failure comes.)"""
+    (The answer is large enough to be streaming when the failure comes, past the read-ahead.)"""
+    from federator.sql import limits
+
+    monkeypatch.setattr(limits, "READ_AHEAD_BYTES", 1)
     server = serve(create_app(MidStreamFailure(rows_before=5000), REGISTRY), "127.0.0.1", 0, threads=2)
     thread = start(server)
     try:
