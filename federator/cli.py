@@ -222,7 +222,9 @@ def _exit_now(code: int) -> NoReturn:
     os._exit(code)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, hard_exit: bool = False) -> int:
+    """The ``federator`` command; returns its exit code. ``hard_exit``: a node that stopped
+    ends the process at once (see _exit_now), as the installed command does."""
     args = build_parser().parse_args(argv)
     from federator.catalog import CatalogConflict, DefinitionError
     from federator.formats import FormatError
@@ -244,7 +246,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             except PluginsFailed as e:  # --plugin-errors fatal: the log named each; say so once more
                 print(f"error: {e}", file=sys.stderr)
                 return 2
-            _exit_now(code)
+            if hard_exit:
+                _exit_now(code)
+            return code
         if args.command == "sql":
             from federator.client.sql_cli import run_sql
 
@@ -266,5 +270,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 1
 
 
+def entry() -> None:
+    """The installed ``federator`` command (and ``python -m federator.cli``)."""
+    sys.exit(main(hard_exit=True))
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()
