@@ -451,3 +451,21 @@ def test_a_kept_answer_is_reused_for_reuse_answers_seconds_only_and_never_with_z
     engine = world.cluster.engine()
     assert not any(run(engine, sql)[1].stats.get("answer_reused") for _ in range(2))
 
+
+def test_a_store_defined_again_over_the_same_changelog_is_not_answered_from_a_kept_answer(fresh) -> None:
+    """The catalog gives scores' value another name; no position moved. The statement is
+    planned again for the new definition, and so must its answer be."""
+    world = fresh()
+    engine = world.cluster.engine()
+    sql = "SELECT * FROM scores WHERE key > 40 ORDER BY key"
+    assert run(engine, sql)[0].column_names == ["key", "score"]
+    assert run(engine, sql)[1].stats.get("answer_reused") is True
+    again = StoreDefinition.from_dict({**SCORES, "value": {"name": "points", "format": "double"}}, REGISTRY)
+    node = world.cluster.nodes["me"]
+    node.stores = {**node.stores, "scores": again}  # as the node takes a catalog change: a new dict
+    for (store, _), shard in world.cluster.shards.items():
+        if store == "scores":  # the shards read with the new definition, as they would be reopened
+            shard.definition, shard.schema = again, again.arrow_schema()
+    got, result = run(engine, sql)
+    assert got.column_names == ["key", "points"] and not result.stats.get("answer_reused")
+    assert got.num_rows == world.duckdb(sql).num_rows
