@@ -75,8 +75,10 @@ class SqlEngine:
         self._seen_lock = threading.Lock()
         # (plan, the positions its rows reflect) -> the answer: a deterministic statement over
         # partitions at the same positions reads the same rows, so a repeated query over
-        # unchanged stores (a dashboard's refresh) skips DuckDB's fixed cost at the receiver
-        self._answers: OrderedDict[tuple, tuple[float, pa.Schema, list[pa.RecordBatch]]] = OrderedDict()
+        # unchanged stores (a dashboard's refresh) skips DuckDB's fixed cost at the receiver.
+        # Kept with the plan it answers: a store defined again over the same changelog (the
+        # same positions) is planned again, and its kept answers are not that plan's.
+        self._answers: OrderedDict[tuple, tuple[float, QueryPlan, pa.Schema, list[pa.RecordBatch]]] = OrderedDict()
         self._answers_lock = threading.Lock()
         config = getattr(node, "config", None)
         self._reuse_seconds: float = getattr(config, "reuse_answers_seconds", _ANSWER_SECONDS)
@@ -211,18 +213,19 @@ class SqlEngine:
             key = (plan_key, seen["position"].to_token(), frozenset(seen["partitions"]))
             with self._answers_lock:
                 kept = self._answers.get(key)
-                if kept is not None and time.monotonic() - kept[0] > self._reuse_seconds:
+                if kept is not None and (kept[1] is not plan or time.monotonic() - kept[0] > self._reuse_seconds):
                     del self._answers[key]
                     kept = None
             if kept is not None:
                 stats["answer_reused"] = True
-                return (kept[1], iter(kept[2])), read_at, stats
+                return (kept[2], iter(kept[3])), read_at, stats
         schema, batches = self.duck.stream(plan.sql, relations, deadline)
         if key is not None:
-            batches = self._kept(key, schema, batches)
+            batches = self._kept(key, plan, schema, batches)
         return (schema, batches), read_at, stats
 
-    def _kept(self, key: tuple, schema: pa.Schema, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def _kept(self, key: tuple, plan: QueryPlan, schema: pa.Schema,
+              batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """The batches as they stream out, kept as the answer for ``key`` if it is small and whole."""
         kept: list[pa.RecordBatch] | None = []
         size = 0
@@ -236,7 +239,7 @@ class SqlEngine:
             yield batch
         if kept is not None:
             with self._answers_lock:
-                self._answers[key] = (time.monotonic(), schema, kept)
+                self._answers[key] = (time.monotonic(), plan, schema, kept)
                 while len(self._answers) > _ANSWERS_KEPT:
                     self._answers.popitem(last=False)
 

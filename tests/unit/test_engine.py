@@ -1,0 +1,471 @@
+"""The SQL engine (federator.sql.engine.SqlEngine) in one process: nodes whose shards are
+dicts (tests/unit/memory_cluster.py), the real owner code, routing, dispatch and DuckDB.
+
+The contract: a statement is answered exactly as DuckDB answers it over the whole tables, so
+every answer here is compared with DuckDB run directly over the same rows. Around it: the
+point lookup reads in-process and dispatches nothing, work is pushed to the owners, the
+consistency token is the positions the owners answered at, a token from the future waits
+for them and then fails, answers over unchanged positions are reused, and the errors a
+user gets when a store or a partition or the time is missing. tests/integration/test_sql.py
+checks the same behaviours over real clusters.
+"""
+
+from __future__ import annotations
+
+import decimal
+import math
+import random
+import time
+from typing import Any, Iterator
+
+import duckdb
+import pyarrow as pa
+import pytest
+
+from federator.catalog.definition import StoreDefinition
+from federator.errors import SqlError
+from federator.owner.duck import Duck, DuckConfig
+from federator.partitioner import partition_for
+from federator.query.position import Position
+from federator.query.queries import KeyQuery, KeysQuery, RangeQuery
+from federator.sql.engine import SqlEngine
+from federator.sql.result import SqlRequest, SqlResult
+from tests.registry import REGISTRY
+from tests.unit.memory_cluster import MemoryCluster
+
+P = 4
+BASE = 1_700_000_000_000
+
+PLAYERS = {"name": "players", "type": "kv", "topic": "app-players-changelog", "partitions": P,
+           "key": {"name": "player", "format": "string"},
+           "value": {"format": "json", "fields": [
+               {"name": "team", "type": "string"}, {"name": "games", "type": "long"},
+               {"name": "total_score", "type": "long"}, {"name": "best", "type": "double"},
+               {"name": "active", "type": "boolean"}, {"name": "last_seen", "type": "timestamp"}]}}
+SCORES = {"name": "scores", "type": "kv", "topic": "app-scores-changelog", "partitions": P,
+          "key": {"name": "key", "format": "long"}, "value": {"name": "score", "format": "double"}}
+# co-partitioned with players: same partition count, same key format
+BONUS = {"name": "bonus", "type": "kv", "topic": "app-bonus-changelog", "partitions": P,
+         "key": {"name": "player", "format": "string"}, "value": {"name": "bonus", "format": "long"}}
+
+
+def definitions() -> list[StoreDefinition]:
+    return [StoreDefinition.from_dict(d, REGISTRY) for d in (PLAYERS, SCORES, BONUS)]
+
+
+class World:
+    """A cluster and the same rows as plain tables for DuckDB: ``put`` writes both."""
+
+    def __init__(self, duck: Duck, node_ids: tuple[str, ...] = ("me",), unowned: frozenset[int] = frozenset()) -> None:
+        self.cluster = MemoryCluster(definitions(), duck, node_ids, unowned)
+        self.rows: dict[str, dict[Any, dict[str, Any]]] = {name: {} for name in self.cluster.stores}
+        self._db: duckdb.DuckDBPyConnection | None = None
+        rnd = random.Random(7)
+        for i in range(120):
+            self.put("players", f"p{i:04d}", {
+                "team": rnd.choice(["red", "blue", "green", None]),
+                "games": rnd.choice([None, rnd.randrange(0, 30)]),
+                "total_score": rnd.randrange(-500, 5000),
+                "best": rnd.choice([None, round(rnd.uniform(-10, 100), 3)]),
+                "active": rnd.choice([True, False, None]),
+                "last_seen": BASE + rnd.randrange(0, 86_400_000)})
+        for k in range(-60, 60, 3):
+            self.put("scores", k, k * 1.5)
+        for i in range(0, 140, 2):  # half the players, and some that are not
+            self.put("bonus", f"p{i:04d}", i % 13)
+
+    def put(self, store: str, key: Any, value: Any) -> int:
+        """``key``'s new value in the store and in DuckDB's copy; the partition it went to."""
+        defn = self.cluster.stores[store]
+        row = dict(value) if isinstance(value, dict) else {defn.value_name: value}
+        self.rows[store][key] = {defn.key_name: key, **row}
+        self._db = None  # DuckDB's copy is made again
+        return self.cluster.write(store, key, value)
+
+    def duckdb(self, sql: str, params: list | None = None) -> pa.Table:
+        """DuckDB's own answer over the whole tables."""
+        if self._db is None:
+            self._db = duckdb.connect()
+            self._db.execute("SET TimeZone = 'UTC'")
+            for name, rows in self.rows.items():
+                schema = pa.schema([f for f in self.cluster.stores[name].arrow_schema() if f.name != "rowtime"])
+                self._db.register(name, pa.Table.from_pylist(list(rows.values()), schema))
+        return self._db.sql(sql, params=params or None).to_arrow_table()
+
+
+@pytest.fixture(scope="module")
+def duck(tmp_path_factory) -> Duck:
+    return Duck(DuckConfig(memory_limit="512MB", spill_dir=tmp_path_factory.mktemp("spill")))
+
+
+@pytest.fixture(scope="module")
+def world(duck) -> Iterator[World]:
+    """One node owning every partition; tests that write use ``fresh`` instead."""
+    w = World(duck)
+    yield w
+    w.cluster.close()
+
+
+@pytest.fixture
+def fresh(duck) -> Iterator[Any]:
+    made: list[World] = []
+
+    def build(node_ids: tuple[str, ...] = ("me",), unowned: frozenset[int] = frozenset()) -> World:
+        made.append(World(duck, node_ids, unowned))
+        return made[-1]
+
+    yield build
+    for w in made:
+        w.cluster.close()
+
+
+def run(engine: SqlEngine, sql: str, params: list | None = None, **options) -> tuple[pa.Table, SqlResult]:
+    result = engine.execute(SqlRequest(sql, list(params or []), **options))
+    return pa.Table.from_batches(list(result.batches), result.schema), result
+
+
+def norm(v: Any) -> Any:
+    if isinstance(v, decimal.Decimal):
+        v = int(v) if v == v.to_integral_value() else float(v)
+    if isinstance(v, float):
+        return None if math.isnan(v) else round(v, 6)
+    return v
+
+
+def rows_of(table: pa.Table) -> list[tuple]:
+    return [tuple(norm(v) for v in row.values()) for row in table.to_pylist()]
+
+
+def bag(table: pa.Table) -> list[tuple]:
+    """The rows as a multiset (an answer without ORDER BY has no order)."""
+    return sorted(rows_of(table), key=lambda r: [(v is None, str(type(v)), v if v is not None else 0) for v in r])
+
+
+def assert_answers_as_duckdb(world: World, engine: SqlEngine, sql: str, params: list | None = None,
+                             ordered: bool = False) -> SqlResult:
+    got, result = run(engine, sql, params)
+    want = world.duckdb(sql, params)
+    assert got.schema.names == want.schema.names and got.schema.types == want.schema.types, (got.schema, want.schema)
+    assert (rows_of(got) == rows_of(want)) if ordered else (bag(got) == bag(want)), sql
+    return result
+
+
+def key_partition(key: str) -> int:
+    return partition_for(key.encode(), P)
+
+
+# ---- answers equal DuckDB's -------------------------------------------------------------------
+QUERIES = [
+    "SELECT * FROM players",
+    "SELECT player, team, games FROM players WHERE player = 'p0007'",
+    "SELECT player, total_score FROM players WHERE player IN ('p0001', 'p0100', 'nobody')",
+    "SELECT player FROM players WHERE player >= 'p0010' AND player < 'p0020'",
+    "SELECT key, score FROM scores WHERE key BETWEEN -20 AND 20",
+    "SELECT key FROM scores WHERE key < -50 OR key > 50",
+    "SELECT player, best FROM players WHERE best > 50 AND team = 'red'",
+    "SELECT player FROM players WHERE team IS NULL OR NOT active",
+    "SELECT player, last_seen FROM players WHERE last_seen > TIMESTAMP '2023-11-15 00:00:00+00'",
+    "SELECT COUNT(*) AS n, COUNT(games) AS g, SUM(total_score) AS s, AVG(total_score) AS a, MIN(best) AS mn, "
+    "MAX(best) AS mx FROM players",
+    "SELECT team, COUNT(*) AS n, SUM(games) AS g, AVG(best) AS b, MIN(total_score) AS lo, MAX(total_score) AS hi "
+    "FROM players GROUP BY team",
+    "SELECT team, active, COUNT(*) AS n FROM players GROUP BY team, active HAVING COUNT(*) > 3",
+    "SELECT COUNT(DISTINCT team) AS t FROM players WHERE games > 10",
+    "SELECT COUNT(*) AS n FROM players WHERE player = 'nobody'",
+    "SELECT SUM(score) AS s, COUNT(*) AS n FROM scores WHERE key >= -3",
+    "SELECT p.player, s.score FROM players p JOIN scores s ON p.games = s.key WHERE p.team = 'red'",
+    "WITH t AS (SELECT team, SUM(total_score) AS s FROM players GROUP BY team) SELECT team, s FROM t WHERE s > 0",
+    "SELECT player FROM players WHERE games IN (SELECT key FROM scores WHERE key BETWEEN 0 AND 20)",
+    # ordered: compared row by row (a top-k is cut on each owner, then again at the receiver)
+    "SELECT player, total_score FROM players ORDER BY total_score DESC, player LIMIT 10",
+    "SELECT player, best FROM players ORDER BY best NULLS FIRST, player LIMIT 7 OFFSET 3",
+    "SELECT key, score FROM scores ORDER BY key LIMIT 5",
+    "SELECT key FROM scores WHERE key > -30 ORDER BY 1 DESC LIMIT 4",
+    "SELECT team, COUNT(*) AS n FROM players GROUP BY team ORDER BY n DESC, team NULLS FIRST",
+]
+
+
+@pytest.mark.parametrize("sql", QUERIES)
+def test_answers_equal_duckdb(world, sql) -> None:
+    assert_answers_as_duckdb(world, world.cluster.engine(), sql, ordered=" ORDER BY " in sql)
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT p.player, p.total_score, b.bonus FROM players p JOIN bonus b ON p.player = b.player WHERE b.bonus > 5",
+    "SELECT p.player, b.bonus FROM players p LEFT JOIN bonus b ON p.player = b.player WHERE p.team = 'red'",
+    "SELECT p.team, SUM(b.bonus) AS s, COUNT(*) AS n FROM players p JOIN bonus b ON p.player = b.player GROUP BY p.team",
+    "SELECT COUNT(*) AS n FROM players p JOIN bonus b ON b.player = p.player AND b.bonus < p.games",
+])
+def test_a_join_of_co_partitioned_stores_runs_on_the_owners_and_equals_duckdb(fresh, sql) -> None:
+    world = fresh(("me", "n2"))
+    result = assert_answers_as_duckdb(world, world.cluster.engine(), sql)
+    assert result.stats.get("joined_on_owners") is True
+    asked = world.cluster.requests()
+    assert asked and all(r.store == "players" and r.work.join == "bonus" for r in asked)  # bonus is never shipped
+    assert {r.partitions for r in world.cluster.nodes["me"].requests} == {(0, 2)}
+    assert {r.partitions for r in world.cluster.nodes["n2"].requests} == {(1, 3)}
+
+
+def test_a_join_whose_shards_a_rebalance_parted_is_joined_at_the_receiver(fresh) -> None:
+    """The planner sends the join to the owners; one owner no longer holds bonus beside
+    players (NOT_COLOCATED): the statement is run again with both stores read separately."""
+    world = fresh(("me", "n2"))
+    world.cluster.move("bonus", 1, "me")
+    sql = "SELECT p.player, b.bonus FROM players p JOIN bonus b ON p.player = b.player WHERE b.bonus > 2"
+    result = assert_answers_as_duckdb(world, world.cluster.engine(), sql)
+    assert not result.stats.get("joined_on_owners")
+    assert any(r.store == "bonus" and r.work.join is None for r in world.cluster.requests())
+
+
+def test_parameters_are_bound_per_request_and_plans_kept_per_parameters(world) -> None:
+    engine = world.cluster.engine()
+    sql = "SELECT COUNT(*) AS n, SUM(total_score) AS s FROM players WHERE total_score > ? AND player < ?"
+    for params in ([0, "p0100"], [500, "p0100"], [500, "p0050"], [0, "p0100"], [1, "p0100"], [1.5, "p0100"]):
+        for _ in range(2):
+            assert_answers_as_duckdb(world, engine, sql, params)
+    flag = "SELECT COUNT(*) AS n FROM players WHERE (total_score > 0) = ?"
+    assert_answers_as_duckdb(world, engine, flag, [True])
+    assert_answers_as_duckdb(world, engine, flag, [False])
+
+
+# ---- the point lookup ---------------------------------------------------------------------------
+def test_a_point_lookup_is_read_in_process_and_dispatches_nothing(world) -> None:
+    engine = world.cluster.engine()
+    world.cluster.forget()
+    got, result = run(engine, "SELECT player, team, total_score AS t FROM players WHERE player = ?", ["p0042"])
+    assert rows_of(got) == rows_of(world.duckdb("SELECT player, team, total_score AS t FROM players "
+                                                "WHERE player = 'p0042'"))
+    assert got.schema.names == ["player", "team", "t"]
+    node = world.cluster.nodes["me"]
+    assert node.point_reads == [("players", key_partition("p0042"))] and node.requests == []
+    assert result.rows is not None  # Python rows, no Arrow built unless asked
+    assert (result.stats["partitions_queried"], result.stats["nodes"]) == (1, 1)
+    # a key that is not there: no rows, still no dispatch
+    got, _ = run(engine, "SELECT player FROM players WHERE player = 'nobody'")
+    assert got.num_rows == 0 and node.requests == []
+
+
+def test_a_point_lookup_this_node_cannot_read_in_process_goes_to_the_owner(fresh) -> None:
+    """Partition 1 is on n2: the engine on me finds no local copy and asks n2 for the key."""
+    world = fresh(("me", "n2"))
+    engine = world.cluster.engine("me")
+    key = next(f"p{i:04d}" for i in range(120) if key_partition(f"p{i:04d}") == 1)
+    sql = f"SELECT player, best, active FROM players WHERE player = '{key}'"
+    got, result = run(engine, sql)
+    assert rows_of(got) == rows_of(world.duckdb(sql)) and got.num_rows == 1
+    assert got.schema == world.duckdb(sql).schema
+    (asked,) = world.cluster.nodes["n2"].requests
+    assert asked.query == KeyQuery(key) and asked.partitions == (1,)
+    assert world.cluster.nodes["me"].requests == []
+    assert (result.stats["partitions_queried"], result.stats["nodes"]) == (1, 1)
+
+
+# ---- work pushed to the owners -------------------------------------------------------------------
+def test_a_where_on_the_key_asks_only_the_partitions_that_hold_it(world) -> None:
+    engine = world.cluster.engine()
+    world.cluster.forget()
+    _, result = run(engine, "SELECT player, team FROM players WHERE player IN ('p0001', 'p0002') AND best > 0")
+    asked = world.cluster.requests()
+    assert {p for r in asked for p in r.partitions} == {key_partition("p0001"), key_partition("p0002")}
+    assert all(r.query == KeysQuery(("p0001", "p0002")) for r in asked)  # one multi-get per owner
+    assert result.stats["partitions_queried"] == len({key_partition("p0001"), key_partition("p0002")})
+    world.cluster.forget()
+    run(engine, "SELECT key FROM scores WHERE key BETWEEN -20 AND 20")
+    (asked,) = world.cluster.requests()
+    assert asked.query == RangeQuery(-20, 20)
+
+
+def test_a_top_k_is_cut_on_the_owners(fresh) -> None:
+    world = fresh(("me", "n2"))
+    sql = "SELECT player, total_score FROM players ORDER BY total_score DESC, player LIMIT 3"
+    assert_answers_as_duckdb(world, world.cluster.engine(), sql, ordered=True)
+    assert all(r.work.kind == "top-k" for r in world.cluster.requests())
+    sent = [n for node in world.cluster.nodes.values() for n in node.rows_sent]
+    assert len(sent) == 2 and all(n <= 3 for n in sent)  # each owner sent at most k rows of its 60
+
+
+def test_aggregates_are_partial_on_the_owners_and_merged_at_the_receiver(fresh) -> None:
+    world = fresh(("me", "n2"))
+    sql = "SELECT team, COUNT(*) AS n, SUM(total_score) AS s, AVG(best) AS a FROM players GROUP BY team"
+    assert_answers_as_duckdb(world, world.cluster.engine(), sql)
+    assert all(r.work.kind == "partial aggregate" for r in world.cluster.requests())
+    sent = [n for node in world.cluster.nodes.values() for n in node.rows_sent]
+    assert len(sent) == 2 and all(n <= 4 for n in sent)  # a row per team (and NULL) from each owner, not its players
+
+
+# ---- EXPLAIN, SHOW, DESCRIBE -------------------------------------------------------------------
+def test_explain_names_the_store_query_partitions_node_and_work(fresh) -> None:
+    world = fresh(("me", "n2"))
+    engine = world.cluster.engine()
+    world.cluster.forget()
+    plan, _ = run(engine, "EXPLAIN SELECT team, COUNT(*) FROM players WHERE player = 'p0009' GROUP BY team")
+    assert plan.column_names == ["store", "query", "partitions", "node", "pushed_down", "at_receiver"]
+    (row,) = plan.to_pylist()
+    p = key_partition("p0009")
+    assert row["store"] == "players" and "KeyQuery" in row["query"] and row["partitions"] == str(p)
+    assert row["node"] == ("me (local)" if p % 2 == 0 else "n2")
+    assert "partial aggregate" in row["pushed_down"] and "final aggregate" in row["at_receiver"]
+    plan, _ = run(engine, "EXPLAIN SELECT player FROM players WHERE best > 1")
+    assert {(r["partitions"], r["node"]) for r in plan.to_pylist()} == {("0,2", "me (local)"), ("1,3", "n2")}
+    assert all("filter" in r["pushed_down"] for r in plan.to_pylist())
+    assert world.cluster.requests() == []  # explaining reads nothing
+
+
+def test_show_tables_and_describe_read_the_catalog(world) -> None:
+    engine = world.cluster.engine()
+    tables, _ = run(engine, "SHOW TABLES")
+    assert tables.column(0).to_pylist() == ["bonus", "players", "scores"]
+    cols, _ = run(engine, "DESCRIBE scores")
+    assert cols.column(0).to_pylist() == ["key", "score", "rowtime"]
+
+
+# ---- errors ------------------------------------------------------------------------------------
+def test_an_unknown_store_names_the_stores_there_are(world) -> None:
+    with pytest.raises(SqlError) as e:
+        run(world.cluster.engine(), "SELECT * FROM nowhere")
+    assert e.value.code == "UNKNOWN_STORE"
+    assert "nowhere" in e.value.message and "bonus, players, scores" in e.value.message
+
+
+def test_a_store_this_node_cannot_read_says_why(world) -> None:
+    engine = world.cluster.engine()
+    world.cluster.nodes["me"].unusable_stores["ranks"] = "its store type 'leaderboard' is not installed"
+    try:
+        with pytest.raises(SqlError) as e:
+            run(engine, "SELECT * FROM ranks")
+    finally:
+        world.cluster.nodes["me"].unusable_stores.clear()
+    assert e.value.code == "UNKNOWN_STORE" and "leaderboard" in e.value.message
+
+
+@pytest.mark.parametrize("sql", ["SELECT COUNT(*) FROM players", "SELECT player FROM players WHERE player = ?"])
+def test_a_partition_no_node_serves_fails_the_statement_naming_it(fresh, sql) -> None:
+    """Partition 2 has no owner: after retrying until the deadline, UNAVAILABLE naming it,
+    never an answer without its rows."""
+    world = fresh(unowned=frozenset({2}))
+    key = next(f"p{i:04d}" for i in range(120) if key_partition(f"p{i:04d}") == 2)
+    with pytest.raises(SqlError) as e:
+        run(world.cluster.engine(), sql, [key] if "?" in sql else [], timeout_ms=150)
+    assert (e.value.code, e.value.partitions) == ("UNAVAILABLE", [2]), e.value.message
+    assert "no node serves it" in e.value.message and e.value.retry_after
+
+
+def test_a_deadline_already_past_is_a_timeout(world) -> None:
+    with pytest.raises(SqlError) as e:
+        run(world.cluster.engine(), "SELECT team, COUNT(*) FROM players GROUP BY team", timeout_ms=0)
+    assert e.value.code == "TIMEOUT" and "timeout_ms" in e.value.message
+
+
+@pytest.mark.parametrize(("sql", "code"), [
+    ("SELECT CAST(team AS INTEGER) AS t FROM players", "INVALID_DATA"),  # fails in the owners' SQL
+    ("SELECT nothing FROM players", "UNKNOWN_COLUMN"),
+    ("SELEC player FROM players", "SQL_PARSE_ERROR"),
+    ("DELETE FROM players", "UNSUPPORTED"),
+])
+def test_the_statement_s_own_errors_have_their_codes(world, sql, code) -> None:
+    with pytest.raises(SqlError) as e:
+        run(world.cluster.engine(), sql)
+    assert e.value.code == code, e.value.message
+
+
+def test_a_garbled_consistency_token_is_an_invalid_parameter(world) -> None:
+    with pytest.raises(SqlError) as e:
+        run(world.cluster.engine(), "SELECT COUNT(*) FROM players", consistency_token="garbage!")
+    assert e.value.code == "INVALID_PARAMETER"
+
+
+# ---- consistency tokens ---------------------------------------------------------------------------
+def test_the_token_is_the_positions_the_owners_answered_at(fresh) -> None:
+    world = fresh(("me", "n2"))
+    engine = world.cluster.engine()
+    players, scores = (world.cluster.stores[s].topic for s in ("players", "scores"))
+    _, result = run(engine, "SELECT COUNT(*) FROM players")
+    assert Position.from_token(result.consistency_token) == Position(
+        {players: world.cluster.position().partitions(players)})
+    # a point lookup: its key's partition only, read in-process (partition 0, on me) or by its owner (1, on n2)
+    for p in (0, 1):
+        key = next(f"p{i:04d}" for i in range(120) if key_partition(f"p{i:04d}") == p)
+        assert world.put("players", key, {"team": "red", "total_score": 1}) == p
+        world.cluster.forget()
+        got, point = run(engine, f"SELECT team FROM players WHERE player = '{key}'")
+        assert got.to_pylist() == [{"team": "red"}]
+        assert bool(world.cluster.nodes["me"].point_reads) and bool(world.cluster.requests()) == (p == 1)
+        assert Position.from_token(point.consistency_token) == world.cluster.shards[("players", p)].position
+    # a token passed in is carried on: the answer reflects at least what the client had seen
+    _, both = run(engine, "SELECT COUNT(*) FROM scores", consistency_token=point.consistency_token)
+    assert Position.from_token(both.consistency_token) == Position(
+        {players: {1: world.cluster.shards[("players", 1)].offset}, scores: world.cluster.position().partitions(scores)})
+
+
+@pytest.mark.parametrize("sql", ["SELECT team FROM players WHERE player = 'p0005'", "SELECT COUNT(*) FROM players"])
+def test_a_token_the_owners_have_reached_is_answered_and_one_from_the_future_is_not_up_to_bound(world, sql) -> None:
+    engine = world.cluster.engine()
+    _, first = run(engine, sql)
+    got, _ = run(engine, sql, consistency_token=first.consistency_token)  # read your own reads
+    assert bag(got) == bag(world.duckdb(sql))
+    seen = Position.from_token(first.consistency_token)
+    ahead = Position({t: {p: o + 1000 for p, o in seen.partitions(t).items()} for t in seen.topics()})
+    with pytest.raises(SqlError) as e:
+        run(engine, sql, consistency_token=ahead.to_token(), timeout_ms=150)
+    assert e.value.code == "NOT_UP_TO_BOUND", e.value.message
+    assert e.value.partitions == sorted(seen.partitions(world.cluster.stores["players"].topic))
+
+
+# ---- answers reused over unchanged positions ---------------------------------------------------
+def test_a_repeated_statement_reuses_its_answer_until_a_position_moves(fresh) -> None:
+    world = fresh(("me", "n2"))
+    engine = world.cluster.engine()
+    sql = "SELECT key % 5 AS g, COUNT(*) AS n, SUM(key) AS s FROM scores WHERE key > -50 GROUP BY g ORDER BY g"
+    first = assert_answers_as_duckdb(world, engine, sql, ordered=True)
+    second = assert_answers_as_duckdb(world, engine, sql, ordered=True)
+    assert not first.stats.get("answer_reused") and second.stats.get("answer_reused") is True
+    assert second.consistency_token == first.consistency_token
+    world.put("scores", 1_000_003, 2.5)  # one partition moves on
+    third = assert_answers_as_duckdb(world, engine, sql, ordered=True)
+    assert not third.stats.get("answer_reused") and third.consistency_token != first.consistency_token
+    assert assert_answers_as_duckdb(world, engine, sql, ordered=True).stats.get("answer_reused") is True
+
+
+def test_a_statement_with_a_volatile_function_is_never_reused(world) -> None:
+    engine = world.cluster.engine()
+    sql = "SELECT COUNT(*) + CAST(random() * 0 AS BIGINT) AS n FROM scores"
+    assert not any(run(engine, sql)[1].stats.get("answer_reused") for _ in range(3))
+
+
+def test_other_parameters_are_not_answered_from_a_kept_answer(world) -> None:
+    engine = world.cluster.engine()
+    sql = "SELECT COUNT(*) AS n FROM players WHERE total_score > ?"
+    for params in ([100], [100], [2000], [2000.0], [100]):
+        assert_answers_as_duckdb(world, engine, sql, params)
+
+
+def test_a_kept_answer_is_reused_for_reuse_answers_seconds_only_and_never_with_zero(fresh) -> None:
+    world = fresh()
+    sql = "SELECT team, COUNT(*) AS n FROM players GROUP BY team"
+    world.cluster.nodes["me"].config.reuse_answers_seconds = 0.05
+    engine = world.cluster.engine()
+    assert [run(engine, sql)[1].stats.get("answer_reused") for _ in range(2)] == [None, True]
+    time.sleep(0.1)
+    assert not run(engine, sql)[1].stats.get("answer_reused")
+    world.cluster.nodes["me"].config.reuse_answers_seconds = 0  # --reuse-answers-seconds 0: off
+    engine = world.cluster.engine()
+    assert not any(run(engine, sql)[1].stats.get("answer_reused") for _ in range(2))
+
+
+def test_a_store_defined_again_over_the_same_changelog_is_not_answered_from_a_kept_answer(fresh) -> None:
+    """The catalog gives scores' value another name; no position moved. The statement is
+    planned again for the new definition, and so must its answer be."""
+    world = fresh()
+    engine = world.cluster.engine()
+    sql = "SELECT * FROM scores WHERE key > 40 ORDER BY key"
+    assert run(engine, sql)[0].column_names == ["key", "score"]
+    assert run(engine, sql)[1].stats.get("answer_reused") is True
+    again = StoreDefinition.from_dict({**SCORES, "value": {"name": "points", "format": "double"}}, REGISTRY)
+    node = world.cluster.nodes["me"]
+    node.stores = {**node.stores, "scores": again}  # as the node takes a catalog change: a new dict
+    for (store, _), shard in world.cluster.shards.items():
+        if store == "scores":  # the shards read with the new definition, as they would be reopened
+            shard.definition, shard.schema = again, again.arrow_schema()
+    got, result = run(engine, sql)
+    assert got.column_names == ["key", "points"] and not result.stats.get("answer_reused")
+    assert got.num_rows == world.duckdb(sql).num_rows
