@@ -151,6 +151,12 @@ class _Client:
     def query(self, request: StateQueryRequest, timeout: float | None = None) -> list[QueryResult]:
         return self.node.execute(StateQueryRequest.from_dict(request.to_dict(), REGISTRY.query_types))
 
+    def read_key(self, store: str, topic: str, partition: int, key: bytes, at: int | None,
+                 timeout: float) -> StoredEntry | None:
+        """The point lookup's lean call: the owner's own in-process read."""
+        bound = PositionBound.unbounded() if at is None else PositionBound.at(Position.of(topic, partition, at))
+        return self.node.read_local(store, partition, key, bound)
+
 
 class MemoryCluster:
     """``node_ids`` share every store's partitions, partition p on ``node_ids[p % n]`` (so

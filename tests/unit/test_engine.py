@@ -246,7 +246,8 @@ def test_a_point_lookup_is_read_in_process_and_dispatches_nothing(world) -> None
 
 
 def test_a_point_lookup_this_node_cannot_read_in_process_goes_to_the_owner(fresh) -> None:
-    """Partition 1 is on n2: the engine on me finds no local copy and asks n2 for the key."""
+    """Partition 1 is on n2: the engine on me finds no local copy and asks n2 for the key's
+    stored entry in the lean call (n2 reads it in process), not for a KeyQuery's rows."""
     world = fresh(("me", "n2"))
     engine = world.cluster.engine("me")
     key = next(f"p{i:04d}" for i in range(120) if key_partition(f"p{i:04d}") == 1)
@@ -254,8 +255,8 @@ def test_a_point_lookup_this_node_cannot_read_in_process_goes_to_the_owner(fresh
     got, result = run(engine, sql)
     assert rows_of(got) == rows_of(world.duckdb(sql)) and got.num_rows == 1
     assert got.schema == world.duckdb(sql).schema
-    (asked,) = world.cluster.nodes["n2"].requests
-    assert asked.query == KeyQuery(key) and asked.partitions == (1,)
+    n2 = world.cluster.nodes["n2"]
+    assert n2.requests == [] and n2.point_reads == [("players", 1)]
     assert world.cluster.nodes["me"].requests == []
     assert (result.stats["partitions_queried"], result.stats["nodes"]) == (1, 1)
 
@@ -389,7 +390,9 @@ def test_the_token_is_the_positions_the_owners_answered_at(fresh) -> None:
         world.cluster.forget()
         got, point = run(engine, f"SELECT team FROM players WHERE player = '{key}'")
         assert got.to_pylist() == [{"team": "red"}]
-        assert bool(world.cluster.nodes["me"].point_reads) and bool(world.cluster.requests()) == (p == 1)
+        # tried in process on me; partition 1 then read on n2 in the lean call; no KeyQuery either way
+        assert world.cluster.nodes["me"].point_reads and not world.cluster.requests()
+        assert bool(world.cluster.nodes["n2"].point_reads) == (p == 1)
         assert Position.from_token(point.consistency_token) == world.cluster.shards[("players", p)].position
     # a token passed in is carried on: the answer reflects at least what the client had seen
     _, both = run(engine, "SELECT COUNT(*) FROM scores", consistency_token=point.consistency_token)
