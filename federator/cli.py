@@ -43,6 +43,15 @@ _LIMIT_FLAGS: list[tuple[str, type, object, str, str]] = [
 ]
 
 
+def _key_port(text: str) -> int | None:
+    if text == "off":
+        return None
+    port = int(text)
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text} is not a port; give 0-65535, or off")
+    return port
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="federator", description="SQL over the live state of a data pipeline.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -106,6 +115,10 @@ def build_parser() -> argparse.ArgumentParser:
     limits = n.add_argument_group("limits and admission (each refusal is a JSON error saying what to change)")
     for flag, kind, default, metavar, what in _LIMIT_FLAGS:
         limits.add_argument(flag, type=kind, default=default, metavar=metavar, help=what)
+    n.add_argument("--key-port", type=_key_port, default=0, metavar="P",
+                   help="the port other nodes read single keys from this one on (a routed point lookup), on the "
+                        "--listen host; default 0 = any free port (peers learn it from the heartbeat); "
+                        "'off': none, and peers read this node's keys over HTTP on the general path")
     n.add_argument("--flight-sql-port", type=int, metavar="P",
                    help="also serve Arrow Flight SQL on this port, on the --listen host (default: off)")
     n.add_argument("--plugin-errors", choices=("fatal", "warn"), default="fatal",

@@ -38,6 +38,7 @@ class NodeInfo:
     # process at a time; these tell a live rival from a record left by this node before a restart.
     incarnation: str = ""
     started_ms: int = 0
+    key_endpoint: str | None = None  # host:port of its point lookup call (federator.node.key_server)
 
     def routing(self) -> tuple:
         """What peers place standbys and route by; positions and lags travel with the regular beat."""
@@ -45,7 +46,7 @@ class NodeInfo:
             return tuple(sorted((s, tuple(sorted(ps))) for s, ps in d.items() if ps))
 
         return (self.endpoint, self.state, frozen(self.active), frozen(self.standby), frozen(self.restoring),
-                self.incarnation)
+                self.incarnation, self.key_endpoint)
 
     def to_json(self) -> bytes:
         return json.dumps(
@@ -61,6 +62,7 @@ class NodeInfo:
                 "timestamp_ms": self.timestamp_ms,
                 "incarnation": self.incarnation,
                 "started_ms": self.started_ms,
+                "key_endpoint": self.key_endpoint,
             },
             separators=(",", ":"),
         ).encode()
@@ -80,6 +82,7 @@ class NodeInfo:
             timestamp_ms=int(d.get("timestamp_ms", 0)),
             incarnation=str(d.get("incarnation", "")),
             started_ms=int(d.get("started_ms", 0)),
+            key_endpoint=d.get("key_endpoint"),
         )
 
     def to_public(self) -> dict[str, Any]:
@@ -95,6 +98,7 @@ class NodeInfo:
             "last_heartbeat_ms": self.timestamp_ms,
             "incarnation": self.incarnation,
             "started_ms": self.started_ms,
+            "key_endpoint": self.key_endpoint,
         }
 
 

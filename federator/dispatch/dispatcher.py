@@ -20,6 +20,7 @@ from typing import Any
 import pyarrow as pa
 
 from federator.dispatch.client import NodeCallError, NodeClient
+from federator.dispatch.key_client import KeyClient
 from federator.dispatch.errors import NotColocated, NotUpToBound, OwnerFailed, Timeout, Unavailable, UnknownQueryType
 from federator.plan.keys import SubQuery
 from federator.query.owner_work import OwnerWork
@@ -49,11 +50,18 @@ class Dispatcher:
         self.node = node
         self.pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="dispatch")
         self._clients: dict[str, NodeClient] = {}
+        self._key_clients: dict[str, KeyClient] = {}
 
     def _client(self, endpoint: str) -> NodeClient:
         c = self._clients.get(endpoint)
         if c is None:
             c = self._clients[endpoint] = NodeClient(endpoint, self.node.cluster_secret)
+        return c
+
+    def _key_client(self, endpoint: str) -> KeyClient:
+        c = self._key_clients.get(endpoint)
+        if c is None:
+            c = self._key_clients[endpoint] = KeyClient(endpoint, self.node.cluster_secret)
         return c
 
     def gather(
@@ -171,13 +179,16 @@ class Dispatcher:
             return None
         token = _token_offsets(options.bound, defn)
         targets = targets_for(self.node.view, store, partition, options, frozenset(), token.get(partition))
-        if not targets or not targets[0].active or targets[0].node_id == self.node.node_id:
+        if not targets:
+            return None
+        t = targets[0]
+        if not t.active or t.key_endpoint is None or t.node_id == self.node.node_id:
             return None
         timeout = options.deadline - time.monotonic()
         if timeout <= 0:
             return None
-        return self._client(targets[0].endpoint).read_key(store, defn.topic, partition, key, token.get(partition),
-                                                          min(timeout, 10.0))
+        return self._key_client(t.key_endpoint).read_key(store, defn.topic, partition, key, token.get(partition),
+                                                         min(timeout, 10.0))
 
     @staticmethod
     def _fail(pending: set[tuple[int, int]], reasons: dict[tuple[int, int], str]) -> None:

@@ -18,7 +18,6 @@ from werkzeug.exceptions import HTTPException
 from federator.query.queries import UnknownQueryType
 from federator.query.request import StateQueryRequest
 from federator.query.result import FailureReason, QueryResult
-from federator.http.internal_key import InternalKeyPath
 from federator.http.sql_routes import SqlNode, register_sql_routes
 from federator.query.wire import MEDIA_TYPE, SECRET_HEADER, encode_results
 
@@ -237,7 +236,6 @@ def create_app(node: Node, registry: Registry, sql: SqlNode | None = None) -> Fl
         app.logger.exception("unexpected error on %s %s", request.method, request.path)
         return error_response(500, "INTERNAL", f"{type(e).__name__}: {e}")
 
-    app.wsgi_app = InternalKeyPath(app.wsgi_app, node)  # type: ignore[method-assign]
     sql = sql if sql is not None else node if hasattr(node, "sql") else None
     if sql is not None:  # a node without the SQL engine still serves the internal API
         register_sql_routes(app, sql, registry)

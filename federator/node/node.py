@@ -19,6 +19,7 @@ from confluent_kafka import KafkaException, Message
 from federator import kafka
 from federator.catalog.catalog import COMPACTED, Catalog, apply_catalog_message, catalog_topic
 from federator.catalog.definition import StoreDefinition
+from federator.node.key_server import KeyServer
 from federator.node.group import GroupMember
 from federator.node.materializer import ACTIVE, STANDBY, Materializer
 from federator.cluster.membership import (
@@ -78,6 +79,10 @@ class NodeConfig:
     max_timeout_ms: int | None = None
     max_running_queries: int | None = None
     max_queued_queries: int | None = None
+    # The port of the point lookup's node-to-node call (federator.node.key_server), on the
+    # listen host; 0: any free port (peers learn it from the heartbeat); None: none, and
+    # peers read this node's keys on the general path.
+    key_port: int | None = 0
 
 
 PLUGIN_ERRORS = ("fatal", "warn")
@@ -123,6 +128,8 @@ class Node:
         for failure in registry.failures:
             log.warning("serving without a plugin (--plugin-errors warn): %s", failure)
         self.endpoint = config.advertise or config.listen
+        self.key_server: KeyServer | None = None  # started with the node (NodeConfig.key_port)
+        self.key_endpoint: str | None = None
         self.cluster_secret = config.cluster_secret
         self.state = "CREATED"
         # This process, as told apart from any other that uses (or used) the same node id.
@@ -160,6 +167,12 @@ class Node:
     # ---- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
         self.duck  # DuckDB now, not at the first query: a bad --duckdb-memory-limit stops the start here
+        if self.config.key_port is not None:  # bound now: a taken port stops the start here
+            host = self.config.listen.rpartition(":")[0]
+            self.key_server = KeyServer(self.read_local, self._topic_of, self.cluster_secret, host,
+                                        self.config.key_port)
+            self.key_endpoint = f"{self.endpoint.rpartition(':')[0]}:{self.key_server.port}"
+            self.key_server.start()
         kafka.check_reachable(self.config.bootstrap_servers)
         Catalog(self.config.bootstrap_servers, self.config.application_id, self.registry).ensure_topic()
         kafka.ensure_topic(kafka.admin(self.config.bootstrap_servers), nodes_topic(self.config.application_id), 1, COMPACTED)
@@ -183,6 +196,8 @@ class Node:
                 self._producer.flush(5)
             except KafkaException as e:
                 log.warning("could not remove this node's membership record: %s", e.args[0].str())
+        if self.key_server is not None:
+            self.key_server.stop()
         self.catalog_tail.stop()
         self.members_tail.stop()
         self.materializer.stop()
@@ -235,7 +250,8 @@ class Node:
                         "keeps serving and that one refuses to", other.endpoint, self.node_id, other.incarnation)
 
     def _me(self) -> NodeInfo:
-        return NodeInfo(self.node_id, self.endpoint, self.state, incarnation=self.incarnation, started_ms=self.started_ms)
+        return NodeInfo(self.node_id, self.endpoint, self.state, incarnation=self.incarnation, started_ms=self.started_ms,
+                        key_endpoint=self.key_endpoint)
 
     def _refuse(self, other: NodeInfo) -> None:
         if self.refused is not None:
@@ -338,7 +354,7 @@ class Node:
 
     def local_info(self) -> NodeInfo:
         info = NodeInfo(self.node_id, self.endpoint, self.state, timestamp_ms=int(time.time() * 1000),
-                        incarnation=self.incarnation, started_ms=self.started_ms)
+                        incarnation=self.incarnation, started_ms=self.started_ms, key_endpoint=self.key_endpoint)
         for (store, p), hs in sorted(self.materializer.snapshot().items()):
             (info.active if hs.role == ACTIVE else info.standby).setdefault(store, []).append(p)
             if hs.shard.offset is not None:
@@ -469,6 +485,10 @@ class Node:
         """Threads for the per-partition part of a key join, as many as DuckDB's (the cores
         it is given): Arrow's compute and DuckDB release the GIL."""
         return ThreadPoolExecutor(self.duck.config.threads, thread_name_prefix="key-join")
+
+    def _topic_of(self, store: str) -> str | None:
+        defn = self.stores.get(store)
+        return None if defn is None else defn.topic
 
     def read_local(self, store: str, partition: int, key: bytes, bound: PositionBound) -> StoredEntry | None:
         """A key's stored entry from this node's active, current copy, asked down the store's

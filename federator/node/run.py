@@ -87,6 +87,7 @@ def run_node(args: argparse.Namespace) -> int:
         max_answer_rows=limits.max_answer_rows, max_answer_bytes=limits.max_answer_bytes,
         max_timeout_ms=limits.max_timeout_ms, max_running_queries=limits.max_running,
         max_queued_queries=limits.max_queued,
+        key_port=getattr(args, "key_port", 0),
     ), registry)  # raises PluginsFailed when a plugin failed and --plugin-errors is fatal
     if getattr(args, "reuse_answers_seconds", 0) < 0:
         raise ValueError("--reuse-answers-seconds must be 0 or more")

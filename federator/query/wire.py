@@ -10,10 +10,9 @@ the Arrow buffers are read zero-copy from the received bytes.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
-from typing import IO, Any, Iterable
+import struct
+from typing import IO, Any, Callable, Iterable
 
 import pyarrow as pa
 
@@ -27,31 +26,69 @@ SECRET_HEADER = "X-Federator-Secret"
 # rebalance parted them): the receiver joins instead.
 NOT_COLOCATED = "NOT_COLOCATED"
 
-# The point lookup's own node-to-node call, which carries no Arrow: GET KEY_PATH +
-# "<store>/<partition>/<key bytes as unpadded base64url>", with "?at=<offset>" when a consistency
-# token asks for one. 200: the key's stored bytes; 204: no such key; 409: the node cannot
-# answer it so (not the active, current copy; behind the offset) and the caller takes the
-# general path, whose errors say why. OFFSET_HEADER: the partition's offset the answer reflects.
-KEY_PATH = "/internal/v1/key/"
-OFFSET_HEADER = "X-Federator-Offset"
+# The point lookup's own node-to-node call, on the node's key port (NodeInfo.key_endpoint):
+# a TCP connection kept open, no HTTP, no JSON, no Arrow. The caller opens with KEY_HELLO and
+# the cluster secret (a length-prefixed UTF-8 string; empty for none); the node answers one
+# byte, KEY_WELCOME, or closes. Then requests and answers alternate (see below). The answer
+# is the key's stored bytes from the node's active, current copy, or that it has no such key,
+# or KEY_CANNOT: it cannot answer it so (not the active copy, still restoring, behind the
+# offset the caller's token asks for) and the caller takes the general path, whose errors say why.
+KEY_HELLO = b"FEDERATOR-KEY/1\n"
+KEY_WELCOME = b"\x01"
+KEY_FOUND, KEY_ABSENT, KEY_CANNOT = 0, 1, 2
+_KEY_REQUEST = struct.Struct("!HIqI")  # store name length, partition, offset asked (-1: any), key length
+_KEY_ANSWER = struct.Struct("!Bqi")  # status, the partition's offset (-1: unknown), stored length (-1: none)
+_SHORT = struct.Struct("!H")
+
+
+def key_hello(secret: str | None) -> bytes:
+    raw = (secret or "").encode()
+    return KEY_HELLO + _SHORT.pack(len(raw)) + raw
+
+
+def read_key_hello(read: Callable[[int], bytes]) -> str | None:
+    """The secret a caller opened with; None when it did not open as one."""
+    if read(len(KEY_HELLO)) != KEY_HELLO:
+        return None
+    (n,) = _SHORT.unpack(read(_SHORT.size))
+    return read(n).decode("utf-8", "replace")
+
+
+def key_request(store: str, partition: int, key: bytes, at: int | None) -> bytes:
+    name = store.encode()
+    return _KEY_REQUEST.pack(len(name), partition, -1 if at is None else at, len(key)) + name + key
+
+
+def read_key_request(read: Callable[[int], bytes]) -> tuple[str, int, bytes, int | None]:
+    n, partition, at, k = _KEY_REQUEST.unpack(read(_KEY_REQUEST.size))
+    store = read(n).decode("utf-8", "replace")
+    return store, partition, read(k), None if at < 0 else at
+
+
+def key_answer(status: int, offset: int | None, stored: bytes | None) -> bytes:
+    head = _KEY_ANSWER.pack(status, -1 if offset is None else offset, -1 if stored is None else len(stored))
+    return head if stored is None else head + stored
+
+
+def read_key_answer(read: Callable[[int], bytes]) -> tuple[int, int | None, bytes | None]:
+    status, offset, n = _KEY_ANSWER.unpack(read(_KEY_ANSWER.size))
+    return status, None if offset < 0 else offset, None if n < 0 else read(n)
+
+
+def exact_reader(stream: IO[bytes]) -> Callable[[int], bytes]:
+    """``read(n)`` of exactly n bytes from ``stream``; EOFError when it ends first."""
+    def read(n: int) -> bytes:
+        data = stream.read(n)
+        if len(data) != n:
+            raise EOFError(f"the connection ended {n - len(data)} bytes short")
+        return data
+
+    return read
+
 
 # Batch metadata key. Versioned so that a node running a newer layout fails loudly, not subtly.
 _HEADER_KEY = b"federator.result"
 _VERSION = 1
-
-
-def key_path(store: str, partition: int, key: bytes) -> str:
-    return f"{KEY_PATH}{store}/{partition}/{base64.urlsafe_b64encode(key).rstrip(b'=').decode()}"
-
-
-def parse_key_path(path: str) -> tuple[str, int, bytes] | None:
-    """(store, partition, key) of a KEY_PATH path; None when it is not one."""
-    store, _, rest = path[len(KEY_PATH):].partition("/")
-    partition, _, key = rest.partition("/")
-    try:
-        return store, int(partition), base64.b64decode(key + "=" * (-len(key) % 4), altchars=b"-_", validate=True)
-    except (ValueError, binascii.Error):
-        return None
 
 
 class WireError(ValueError):

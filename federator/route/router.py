@@ -14,6 +14,7 @@ class Target:
     node_id: str
     endpoint: str
     active: bool
+    key_endpoint: str | None = None  # where it takes the point lookup's call, if it does
 
 
 def targets_for(view: ClusterView, store: str, partition: int, options: ReadOptions,
@@ -35,20 +36,20 @@ def targets_for(view: ClusterView, store: str, partition: int, options: ReadOpti
     max_lag = options.max_lag
     if options.allow_stale:
         if owner is not None and not avoided:
-            out.append(Target(owner.node_id, owner.endpoint, True))
+            out.append(Target(owner.node_id, owner.endpoint, True, owner.key_endpoint))
         standbys = sorted(view.standbys(store, partition), key=lambda n: n.lags.get(store, {}).get(partition, 1 << 62))
         for n in standbys:
             lag = n.lags.get(store, {}).get(partition)
             if n.node_id in avoid or (max_lag is not None and (lag is None or lag > max_lag)):
                 continue
-            out.append(Target(n.node_id, n.endpoint, False))
+            out.append(Target(n.node_id, n.endpoint, False, n.key_endpoint))
         if avoided:
-            out.append(Target(owner.node_id, owner.endpoint, True))  # type: ignore[union-attr]
+            out.append(Target(owner.node_id, owner.endpoint, True, owner.key_endpoint))  # type: ignore[union-attr]
         return out
     restoring = owner is not None and partition in owner.restoring.get(store, ())
     if at_least is None or (owner is not None and not avoided and not restoring):
         if owner is not None and not avoided:
-            out.append(Target(owner.node_id, owner.endpoint, True))
+            out.append(Target(owner.node_id, owner.endpoint, True, owner.key_endpoint))
         return out
 
     def position(n) -> int:
@@ -56,7 +57,7 @@ def targets_for(view: ClusterView, store: str, partition: int, options: ReadOpti
 
     for n in sorted(view.standbys(store, partition), key=position, reverse=True):
         if n.node_id not in avoid and position(n) >= at_least:
-            out.append(Target(n.node_id, n.endpoint, False))
+            out.append(Target(n.node_id, n.endpoint, False, n.key_endpoint))
     if owner is not None:
-        out.append(Target(owner.node_id, owner.endpoint, True))
+        out.append(Target(owner.node_id, owner.endpoint, True, owner.key_endpoint))
     return out

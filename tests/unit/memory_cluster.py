@@ -184,7 +184,7 @@ class MemoryCluster:
             for s, p in sorted(node.materializer.shards):
                 active.setdefault(s, []).append(p)
             self.view.update_local(NodeInfo(node_id, node.endpoint, "RUNNING", active,
-                                            timestamp_ms=int(time.time() * 1000)))
+                                            timestamp_ms=int(time.time() * 1000), key_endpoint=node.endpoint))
 
     def move(self, store: str, partition: int, to: str) -> None:
         """A rebalance: the partition's shard goes to node ``to``, and the view says so."""
@@ -213,6 +213,7 @@ class MemoryCluster:
         """The SQL engine of ``node_id``, its calls to other nodes made straight to them."""
         engine = SqlEngine(self.nodes[node_id], REGISTRY)
         engine.dispatcher._client = lambda endpoint: _Client(self.nodes[endpoint.split(":")[0]])  # type: ignore[method-assign]
+        engine.dispatcher._key_client = engine.dispatcher._client  # type: ignore[method-assign]
         self.engines.append(engine)
         return engine
 

@@ -54,10 +54,11 @@ class Clock:
         self.on_sleep(len(self.sleeps))
 
 
-def info(node_id: str, active: list[int] = (), standby: list[int] = (), lags: dict[int, int] | None = None) -> NodeInfo:
+def info(node_id: str, active: list[int] = (), standby: list[int] = (), lags: dict[int, int] | None = None,
+         key_port: bool = True) -> NodeInfo:
     return NodeInfo(node_id, f"{node_id}:1", "RUNNING", {"s": list(active)} if active else {},
                     {"s": list(standby)} if standby else {}, lags={"s": lags or {}},
-                    timestamp_ms=int(time.time() * 1000))
+                    timestamp_ms=int(time.time() * 1000), key_endpoint=f"{node_id}:2" if key_port else None)
 
 
 class World:
@@ -320,7 +321,7 @@ class KeyClient(FakeClient):
 def make_key(monkeypatch, make):
     def build(world: World, node_id: str = "me") -> Dispatcher:
         d = make(world, node_id)
-        monkeypatch.setattr(d, "_client", lambda endpoint: KeyClient(world, endpoint))
+        monkeypatch.setattr(d, "_key_client", lambda endpoint: KeyClient(world, endpoint))
         return d
 
     return build
@@ -337,13 +338,14 @@ def test_a_key_is_read_from_its_active_owner_in_one_call(clock, make_key) -> Non
 
 
 def test_a_key_read_is_left_to_the_general_path_when_there_is_no_one_call(clock, make_key) -> None:
-    world = World(info("n1", active=[0]), info("me", active=[1]), info("n2", standby=[2]))
+    world = World(info("n1", active=[0]), info("me", active=[1]), info("n2", standby=[2]),
+                  info("n3", active=[3], key_port=False))
     d = make_key(world)
     options = ReadOptions(deadline=clock.now + 1)
     assert d.read_key("s", 1, b"k", options) is None  # this node owns it: its own read_local said no
     assert d.read_key("s", 2, b"k", options) is None  # only a standby: gather decides (token, stale)
     assert d.read_key("s", 2, b"k", ReadOptions(allow_stale=True, deadline=clock.now + 1)) is None
-    assert d.read_key("s", 3, b"k", options) is None  # nobody serves it
+    assert d.read_key("s", 3, b"k", options) is None  # its owner takes no key calls (--key-port off)
     assert d.read_key("nosuch", 0, b"k", options) is None
     assert d.read_key("s", 0, b"k", ReadOptions(deadline=clock.now)) is None  # no time left
     assert world.calls == []

@@ -1,0 +1,73 @@
+"""The caller's end of the point lookup's node-to-node call (federator.query.wire, KEY_HELLO):
+one connection per calling thread, kept open."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from typing import IO, Callable
+
+from federator.query.position import Position
+from federator.query.wire import (KEY_ABSENT, KEY_FOUND, KEY_WELCOME, exact_reader, key_hello, key_request,
+                                  read_key_answer)
+from federator.store.layer import StoredEntry
+
+
+class KeyClient:
+    def __init__(self, endpoint: str, cluster_secret: str | None = None) -> None:
+        host, _, port = endpoint.rpartition(":")
+        self._address = (host.strip("[]") or "127.0.0.1", int(port))
+        self._hello = key_hello(cluster_secret)
+        self._local = threading.local()
+
+    def read_key(self, store: str, topic: str, partition: int, key: bytes, at: int | None,
+                 timeout: float) -> StoredEntry | None:
+        """``key``'s stored entry from the node's active, current copy of the partition (at
+        least at offset ``at``), as ``Node.read_local`` gives it there; None when the node
+        cannot answer it so, or does not answer: the caller takes the general path, which
+        retries elsewhere and says why when it cannot."""
+        request = key_request(store, partition, key, at)
+        for attempt in (0, 1):  # a kept connection the node closed fails once: open another
+            try:
+                sock, read = self._connection(timeout)
+                sock.settimeout(timeout)
+                sock.sendall(request)
+                status, offset, stored = read_key_answer(read)
+            except TimeoutError:  # not again: the time is spent
+                self._drop()
+                return None
+            except (OSError, EOFError, ValueError):
+                self._drop()
+                if attempt:
+                    return None
+                continue
+            if status not in (KEY_FOUND, KEY_ABSENT):
+                return None
+            return StoredEntry(stored, Position() if offset is None else Position.of(topic, partition, offset))
+        return None
+
+    def _connection(self, timeout: float) -> tuple[socket.socket, Callable[[int], bytes]]:
+        held = getattr(self._local, "held", None)
+        if held is not None:
+            return held[0], held[2]
+        sock = socket.create_connection(self._address, timeout=timeout)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        stream: IO[bytes] = sock.makefile("rb")
+        read = exact_reader(stream)
+        try:
+            sock.sendall(self._hello)
+            if read(len(KEY_WELCOME)) != KEY_WELCOME:
+                raise EOFError("refused")
+        except BaseException:
+            stream.close()
+            sock.close()
+            raise
+        self._local.held = (sock, stream, read)
+        return sock, read
+
+    def _drop(self) -> None:
+        held = getattr(self._local, "held", None)
+        self._local.held = None
+        if held is not None:
+            held[1].close()
+            held[0].close()

@@ -1,0 +1,108 @@
+"""The node's end of the point lookup's node-to-node call (federator.query.wire, KEY_HELLO).
+
+A routed point lookup needs one key's stored bytes from the partition's owner, which the
+asking node decodes as it decodes its own (federator.sql.point). Over HTTP that call cost
+the owner a request of its HTTP server (about 250 us of CPU on this machine, more than the
+read); here it is a few struct packs on a connection the caller keeps open, served by one
+thread per connection (a caller keeps one connection per thread of its own)."""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import socket
+import threading
+from typing import Any, Callable
+
+from federator.query.position import Position, PositionBound
+from federator.query.wire import (KEY_ABSENT, KEY_CANNOT, KEY_FOUND, KEY_WELCOME, exact_reader, key_answer,
+                                  read_key_hello, read_key_request)
+from federator.store.layer import StoredEntry
+
+log = logging.getLogger(__name__)
+_UNBOUNDED = PositionBound.unbounded()
+
+ReadLocal = Callable[[str, int, bytes, PositionBound], "StoredEntry | None"]
+
+
+class KeyServer:
+    """Serves ``read_local`` (Node.read_local) on host:port (0: any free port) to callers that
+    open with ``secret`` (or anyone, when it is None); ``topic_of`` names a store's changelog."""
+
+    def __init__(self, read_local: ReadLocal, topic_of: Callable[[str], str | None], secret: str | None,
+                 host: str, port: int) -> None:
+        self._read_local, self._topic_of = read_local, topic_of
+        self._secret = (secret or "").encode()
+        self._listener = socket.create_server((host, port), reuse_port=False)
+        self.port: int = self._listener.getsockname()[1]
+        self._connections: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def start(self) -> None:
+        threading.Thread(target=self._accept, name="key-server", daemon=True).start()
+
+    def stop(self) -> None:
+        """Stop accepting and end every connection (their callers take the general path)."""
+        with self._lock:
+            self._closed = True
+            connections, self._connections = list(self._connections), set()
+        _close(self._listener)
+        for conn in connections:
+            _close(conn)
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return  # closed by stop()
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            with self._lock:
+                if self._closed:
+                    _close(conn)
+                    return
+                self._connections.add(conn)
+            threading.Thread(target=self._serve, args=(conn,), name="key-conn", daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        stream = conn.makefile("rb")
+        read = exact_reader(stream)
+        try:
+            given = read_key_hello(read)
+            if given is None or not hmac.compare_digest(given.encode(), self._secret):
+                log.warning("a key call without this node's cluster secret (or not a Federator node) was refused")
+                return
+            conn.sendall(KEY_WELCOME)
+            while True:
+                conn.sendall(self._answer(*read_key_request(read)))
+        except (OSError, EOFError, ValueError):
+            pass  # the caller went away (or spoke nonsense): its next call opens a new connection
+        finally:
+            stream.close()
+            with self._lock:
+                self._connections.discard(conn)
+            _close(conn)
+
+    def _answer(self, store: str, partition: int, key: bytes, at: int | None) -> bytes:
+        topic = self._topic_of(store)
+        if topic is None:
+            return key_answer(KEY_CANNOT, None, None)
+        bound = _UNBOUNDED if at is None else PositionBound.at(Position.of(topic, partition, at))
+        try:
+            entry = self._read_local(store, partition, key, bound)
+        except Exception:  # noqa: BLE001 - a failed read is the general path's to explain
+            log.exception("key read of store %r partition %d failed", store, partition)
+            entry = None
+        if entry is None:
+            return key_answer(KEY_CANNOT, None, None)
+        offset = entry.position.get(topic, partition)
+        return key_answer(KEY_ABSENT if entry.stored is None else KEY_FOUND, offset, entry.stored)
+
+
+def _close(sock: Any) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    sock.close()

@@ -1,0 +1,131 @@
+"""The point lookup's node-to-node call over real sockets: the node's KeyServer and the
+caller's KeyClient, and the framing between them."""
+
+from __future__ import annotations
+
+import io
+import threading
+from typing import Iterator
+
+import pytest
+
+from federator.dispatch.key_client import KeyClient
+from federator.node.key_server import KeyServer
+from federator.query.position import Position, PositionBound
+from federator.query import wire
+from federator.store.layer import StoredEntry
+
+TOPIC = "app-s-changelog"
+AT = Position.of(TOPIC, 3, 41)
+
+
+class Owner:
+    """Holds partition 3 of store "s" as its active copy at offset 41."""
+
+    def __init__(self) -> None:
+        self.data = {b"k\x00\xff": b"stored-bytes", b"": b"empty key", b"big": bytes(range(256)) * 4000}
+        self.asked: list[tuple[str, int, bytes, PositionBound]] = []
+        self.fail = False
+
+    def read_local(self, store: str, partition: int, key: bytes, bound: PositionBound) -> StoredEntry | None:
+        self.asked.append((store, partition, key, bound))
+        if self.fail:
+            raise RuntimeError("the shard broke")
+        if partition != 3 or not bound.is_satisfied_by(AT, TOPIC, partition):
+            return None
+        return StoredEntry(self.data.get(key), AT)
+
+    @staticmethod
+    def topic_of(store: str) -> str | None:
+        return TOPIC if store == "s" else None
+
+
+@pytest.fixture
+def owner() -> Owner:
+    return Owner()
+
+
+def serving(owner: Owner, secret: str | None = None) -> KeyServer:
+    server = KeyServer(owner.read_local, owner.topic_of, secret, "127.0.0.1", 0)
+    server.start()
+    return server
+
+
+@pytest.fixture
+def server(owner: Owner) -> Iterator[KeyServer]:
+    s = serving(owner)
+    yield s
+    s.stop()
+
+
+def endpoint(server: KeyServer) -> str:
+    return f"127.0.0.1:{server.port}"
+
+
+@pytest.mark.parametrize("key, at", [(b"k\x00\xff", None), (b"", 0), (bytes(70_000), 2**40)])
+def test_a_request_and_an_answer_read_back_as_sent(key: bytes, at: int | None) -> None:
+    read = wire.exact_reader(io.BytesIO(wire.key_request("s", 3, key, at)))
+    assert wire.read_key_request(read) == ("s", 3, key, at)
+    for answer in ((wire.KEY_FOUND, 41, key), (wire.KEY_ABSENT, 41, None), (wire.KEY_CANNOT, None, None)):
+        assert wire.read_key_answer(wire.exact_reader(io.BytesIO(wire.key_answer(*answer)))) == answer
+    with pytest.raises(EOFError):
+        wire.read_key_answer(wire.exact_reader(io.BytesIO(wire.key_answer(wire.KEY_FOUND, 1, key)[:-1] if key else b"")))
+
+
+def test_the_node_answers_stored_bytes_absence_or_that_it_cannot(server: KeyServer, owner: Owner) -> None:
+    client = KeyClient(endpoint(server))
+    assert client.read_key("s", TOPIC, 3, b"k\x00\xff", None, 5) == StoredEntry(b"stored-bytes", AT)
+    assert client.read_key("s", TOPIC, 3, b"", None, 5) == StoredEntry(b"empty key", AT)
+    assert client.read_key("s", TOPIC, 3, b"big", None, 5) == StoredEntry(owner.data[b"big"], AT)
+    assert client.read_key("s", TOPIC, 3, b"nope", None, 5) == StoredEntry(None, AT)
+    assert client.read_key("s", TOPIC, 5, b"k", None, 5) is None  # not a partition it holds so
+    assert client.read_key("other", TOPIC, 3, b"k", None, 5) is None  # not a store it knows
+    assert client.read_key("s", TOPIC, 3, b"k\x00\xff", 41, 5) == StoredEntry(b"stored-bytes", AT)
+    assert client.read_key("s", TOPIC, 3, b"k\x00\xff", 42, 5) is None  # behind the token
+    assert owner.asked[-1][3] == PositionBound.at(Position.of(TOPIC, 3, 42))
+    owner.fail = True
+    assert client.read_key("s", TOPIC, 3, b"k\x00\xff", None, 5) is None  # a failed read: the general path says why
+    owner.fail = False
+    assert client.read_key("s", TOPIC, 3, b"k\x00\xff", None, 5) == StoredEntry(b"stored-bytes", AT)
+
+
+def test_each_calling_thread_keeps_one_connection(server: KeyServer) -> None:
+    client = KeyClient(endpoint(server))
+    client.read_key("s", TOPIC, 3, b"", None, 5)
+    held = client._local.held
+    client.read_key("s", TOPIC, 3, b"", None, 5)
+    assert client._local.held is held
+    other: list = []
+    t = threading.Thread(target=lambda: other.append((client.read_key("s", TOPIC, 3, b"", None, 5), client._local.held)))
+    t.start()
+    t.join()
+    assert other[0][0] == StoredEntry(b"empty key", AT) and other[0][1] is not held
+
+
+def test_a_connection_the_node_dropped_is_opened_again(owner: Owner) -> None:
+    first = serving(owner)
+    client = KeyClient(endpoint(first))
+    assert client.read_key("s", TOPIC, 3, b"", None, 5) is not None
+    first.stop()  # ends every connection
+    assert client.read_key("s", TOPIC, 3, b"", None, 5) is None  # nobody there: the general path
+    again = KeyServer(owner.read_local, owner.topic_of, None, "127.0.0.1", first.port)
+    again.start()
+    try:
+        assert client.read_key("s", TOPIC, 3, b"", None, 5) == StoredEntry(b"empty key", AT)
+    finally:
+        again.stop()
+
+
+def test_only_callers_with_the_cluster_secret_are_answered(owner: Owner) -> None:
+    server = serving(owner, "s3cret")
+    try:
+        assert KeyClient(endpoint(server)).read_key("s", TOPIC, 3, b"", None, 5) is None
+        assert KeyClient(endpoint(server), "wrong").read_key("s", TOPIC, 3, b"", None, 5) is None
+        assert owner.asked == []
+        assert KeyClient(endpoint(server), "s3cret").read_key("s", TOPIC, 3, b"", None, 5) == StoredEntry(b"empty key", AT)
+    finally:
+        server.stop()
+
+
+def test_a_node_that_is_not_there_is_no_answer() -> None:
+    assert KeyClient("127.0.0.1:1").read_key("s", TOPIC, 3, b"k", None, 5) is None
