@@ -226,7 +226,8 @@ def test_point_lookups_vs_faust(broker, report: Report, tmp_path_factory) -> Non
                         f"{med(mode, c, 'server_us_per_req'):,.0f} | {' | '.join(vs)} |")
     report.section(f"Point lookups beside Faust (one node vs one Faust worker, {ROWS:,} keys, {PARTITIONS} partitions)", [
         f"One `federator node` and one Faust `table_route` worker ({faust_version}, memory store, its own "
-        "virtualenv) serve the same topic on the same tansu broker, in the same run. Load: "
+        "virtualenv; its Table's changelog topic is the store's topic, restored at start) serve the same topic "
+        "on the same tansu broker, in the same run. Load: "
         f"{wrk_v}, `wrk -t1 -cN`, keep-alive connections, random keys from all {ROWS:,} "
         f"(tests/bench/wrk_point.lua); each load {SECONDS:g}s after a {WARMUP_S:g}s warm-up, {ROUNDS} rounds with "
         "the order of the servers reversed each round; figures are medians over the rounds (req/s range in "
