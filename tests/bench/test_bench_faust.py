@@ -15,7 +15,9 @@ connections, in ROUNDS interleaved rounds:
 and every Federator figure is reported as a ratio to Faust's at the same concurrency.
 Nothing is asserted on timings. About a minute and a half of load, two minutes in all.
 FEDERATOR_BENCH_SECONDS (per load, default 4), FEDERATOR_BENCH_FAUST_ROUNDS (default 2) and
-FEDERATOR_BENCH_FAUST_ROWS (default POINT_ROWS) shrink it for a quick look.
+FEDERATOR_BENCH_FAUST_ROWS (default POINT_ROWS) shrink it for a quick look;
+FEDERATOR_BENCH_FAUST_PYTHON names another Python with faust-streaming (default .venv-faust's).
+The test is skipped when wrk or the Faust venv is missing (`make bench` provides both).
 """
 
 from __future__ import annotations
