@@ -1,8 +1,11 @@
 """The Faust side of the point-lookup benchmark: a ``table_route`` worker over the bench's store.
 
-An agent reads the topic that Federator materializes (key: UTF-8 string, value: Kafka's
-LongSerializer, 8 bytes big-endian) into a Faust Table, and a web view answers lookups by
-key from it, the pattern of Faust's docs (``@app.page`` + ``@app.table_route``)::
+A Faust Table (memory store) whose changelog topic is the topic Federator materializes (key:
+UTF-8 string, value: Kafka's LongSerializer, 8 bytes big-endian), so the worker restores
+every key at start as Faust restores any table, and a web view answers lookups by key from
+it, the pattern of Faust's docs (``@app.page`` + ``@app.table_route``). (An agent copying the
+topic into the table would also write every record to a changelog of its own: about 1,400
+records/s here, against about 3,500/s for the restore.) Routes::
 
     GET /kv/<key>/   ->  {"key": "<key>", "value": <long>}   (value null for a key not there)
     GET /bench/size/ ->  {"keys": <keys in the table>}       (the bench waits for all of them)
