@@ -4,7 +4,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: install demo test bench chaos fuzz clean
+.PHONY: install demo test bench wrk chaos fuzz clean
 
 $(BIN)/.installed: setup.cfg pyproject.toml
 	@echo "==> creating $(VENV) and installing federator with its test dependencies (about a minute)"
@@ -21,7 +21,27 @@ demo: install
 test: install
 	$(BIN)/python -m pytest
 
-bench: install
+# The benchmarks also run a Faust worker and wrk (tests/bench/test_bench_faust.py). Faust comes from
+# setup.cfg's `bench` extra, installed into a venv of its own so that its pins never change .venv;
+# wrk is Debian's package, installed with apt-get when it is missing.
+FAUST_VENV := .venv-faust
+
+$(FAUST_VENV)/.installed: setup.cfg
+	@echo "==> creating $(FAUST_VENV) with setup.cfg's bench extra (the Faust worker of the benchmarks)"
+	$(PYTHON) -m venv $(FAUST_VENV)
+	$(FAUST_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(FAUST_VENV)/bin/python -m pip install --quiet --progress-bar off $$($(PYTHON) tests/bench/bench_requirements.py)
+	@touch $@
+
+wrk:
+	@command -v wrk >/dev/null 2>&1 || { \
+	  echo "==> wrk (the benchmarks' HTTP load generator) is missing: installing Debian's package (apt-get install wrk)"; \
+	  if [ "$$(id -u)" = 0 ]; then sudo=; elif command -v sudo >/dev/null 2>&1; then sudo=sudo; \
+	  else echo "wrk: installing it needs root; run 'apt-get install wrk' as root, then make bench again"; exit 1; fi; \
+	  $$sudo apt-get install -y wrk || { $$sudo apt-get update && $$sudo apt-get install -y wrk; } || \
+	  { echo "wrk: apt-get could not install it; install Debian's wrk package, then make bench again"; exit 1; }; }
+
+bench: install $(FAUST_VENV)/.installed wrk
 	$(BIN)/python -m pytest tests/bench -s
 
 # the kill test's long run (9 kills over 2,000 keys; the default test run makes 2 kills)
@@ -35,4 +55,4 @@ fuzz: install
 	FEDERATOR_HOSTILE_HUGE=1 $(BIN)/python -m pytest tests/integration/test_hostile.py -s && exit $$status
 
 clean:
-	rm -rf $(VENV) .federator
+	rm -rf $(VENV) $(FAUST_VENV) .federator

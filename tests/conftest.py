@@ -37,6 +37,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def stop_process(proc: subprocess.Popen, grace: float, sig: int = signal.SIGTERM) -> int:
+    """Send ``sig`` to a running process, give it ``grace`` seconds to end, then SIGKILL; its exit code."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            return proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    return proc.wait()
+
+
 def federator_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "federator.cli", *args]
 
@@ -56,14 +67,7 @@ class RunningBroker:
             raise RuntimeError(f"`federator broker` did not start; it printed {self.ready_line!r}")
 
     def stop(self, sig: int = signal.SIGTERM) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                return self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                return self.proc.wait()
-        return self.proc.returncode
+        return stop_process(self.proc, 15, sig)
 
 
 @pytest.fixture(scope="session")

@@ -41,7 +41,7 @@ from federator.owner.duck import Duck
 from federator.store.shard import Shard
 from tests.bench.conftest import Report, progress
 from tests.bench.loadgen import Addr, LoadResult, RequestMaker, cpu_seconds, http_request, run_load
-from tests.conftest import free_port
+from tests.conftest import free_port, stop_process
 from tests.integration.changelog_util import register
 from tests.integration.cluster import Cluster, NodeProcess, wait_for
 
@@ -72,14 +72,18 @@ def key_of(i: int) -> str:
 
 
 # ---- helpers -----------------------------------------------------------------------------------
-def produce_kv(bootstrap: str, topic: str, n: int, value_of: Callable[[int], int]) -> float:
-    """n records key_of(i) -> long value_of(i), partitioned by librdkafka's murmur2 (Kafka's)."""
+def produce_kv(bootstrap: str, topic: str, n: int, value_of: Callable[[int], int],
+               skip: frozenset[int] = frozenset()) -> float:
+    """n records key_of(i) -> long value_of(i), partitioned by librdkafka's murmur2 (Kafka's);
+    the indices in ``skip`` are left out (for the caller to produce later)."""
     started = time.perf_counter()
     p = kafka.producer(bootstrap, **{"linger.ms": 50, "batch.num.messages": 10_000,
                                      "queue.buffering.max.messages": 500_000})
     pack = struct.Struct(">q").pack
     step = max(1, n // 4)
     for i in range(n):
+        if i in skip:
+            continue
         key, value = key_of(i).encode(), pack(value_of(i))
         while True:
             try:
@@ -111,12 +115,7 @@ class HelloServer:
             raise RuntimeError(f"the hello server did not start: {line!r}")
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop_process(self.proc, 10)
 
 
 class ProfiledNode(NodeProcess):

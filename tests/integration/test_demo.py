@@ -16,7 +16,7 @@ from typing import Iterator
 import pytest
 
 from federator.demo import EXAMPLES, foreign_nodes_message
-from tests.conftest import federator_cmd, free_port
+from tests.conftest import federator_cmd, free_port, stop_process
 from tests.integration.cluster import NodeProcess, wait_for
 from tests.threads import Worker, join_all
 
@@ -58,13 +58,7 @@ def demo(tmp_path_factory) -> Iterator[Demo]:
             assert time.monotonic() < deadline, f"the demo did not serve in 400 s:\n{d.stdout}"
         yield d
     finally:
-        if d.proc.poll() is None:
-            d.proc.terminate()
-            try:
-                d.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                d.proc.kill()
-                d.proc.wait()
+        stop_process(d.proc, 60)
 
 
 def printed(out: str, sql: str) -> tuple[list[str], list[list[str]]]:

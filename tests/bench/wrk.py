@@ -1,0 +1,71 @@
+"""wrk (Debian's package) as the benchmarks' HTTP load generator, driven by tests/bench/wrk_point.lua.
+
+``run_wrk`` runs one closed-loop load (``-t1 -cN``, keep-alive connections) and returns what
+the script's ``done()`` printed: requests, duration, errors and latency percentiles, with the
+CPU the servers named by pid used meanwhile. ``make bench`` installs wrk when it is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from tests.bench.loadgen import cpu_seconds
+
+LUA = Path(__file__).with_name("wrk_point.lua")
+
+
+def wrk_binary() -> str | None:
+    return shutil.which("wrk")
+
+
+def wrk_version() -> str:
+    out = subprocess.run(["wrk", "--version"], capture_output=True, text=True, timeout=10)
+    return (out.stdout or out.stderr).splitlines()[0].split(" Copyright")[0].strip()
+
+
+@dataclass
+class WrkResult:
+    label: str
+    clients: int
+    requests: int
+    seconds: float
+    errors: int
+    p50_ms: float
+    p99_ms: float
+    max_ms: float
+    server_cpu_s: float
+
+    @property
+    def rate(self) -> float:
+        return (self.requests - self.errors) / self.seconds
+
+    @property
+    def server_us_per_req(self) -> float:
+        return self.server_cpu_s / max(1, self.requests) * 1e6
+
+    def line(self) -> str:
+        err = f", {self.errors} errors" if self.errors else ""
+        return (f"{self.label:<28} c={self.clients:<3} {self.rate:8.0f} req/s  p50 {self.p50_ms:6.2f} ms  "
+                f"p99 {self.p99_ms:6.2f} ms  server CPU {self.server_us_per_req:5.0f} us/req "
+                f"({self.server_cpu_s / self.seconds:.2f} cores){err}")
+
+
+def run_wrk(label: str, url: str, mode: str, keys_file: Path, clients: int, seconds: float,
+            server_pids: Sequence[int] = ()) -> WrkResult:
+    """``wrk -t1 -c<clients> -d<seconds>`` against ``url`` with wrk_point.lua's ``mode`` (faust, rest, sql)."""
+    cmd = ["wrk", "-t1", f"-c{clients}", f"-d{seconds:g}s", "--timeout", "10s", "-s", str(LUA), url,
+           "--", mode, str(keys_file)]
+    cpu0 = sum(cpu_seconds(p) for p in server_pids)
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60)
+    cpu1 = sum(cpu_seconds(p) for p in server_pids)
+    line = next((x for x in out.stdout.splitlines() if x.startswith("WRK_JSON ")), None)
+    if out.returncode != 0 or line is None:
+        raise RuntimeError(f"wrk failed ({out.returncode}): {' '.join(cmd)}\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
+    d = json.loads(line.split(" ", 1)[1])
+    return WrkResult(label, clients, d["requests"], d["seconds"], d["errors"], d["p50_us"] / 1000,
+                     d["p99_us"] / 1000, d["max_us"] / 1000, cpu1 - cpu0)
