@@ -262,3 +262,30 @@ def test_get_metrics_needs_no_secret_and_speaks_prometheus_text() -> None:
     assert resp.headers["Content-Type"].startswith("text/plain; version=")
     names = {f.name for f in text_string_to_metric_families(resp.get_data(as_text=True))}
     assert {"federator_sql_queries", "federator_partitions", "federator_node_info"} <= names
+
+
+def test_the_dashboard_and_the_readme_name_only_metrics_a_node_exposes() -> None:
+    import json
+    import re
+    from pathlib import Path
+
+    from prometheus_client import generate_latest
+
+    class WithDuck(SimpleNamespace):
+        pass
+
+    node = WithDuck(**vars(state_node()))
+    node.duck = Duck()
+    node.metrics.watch(node)
+    node.metrics.query("point", "ok", 0.0001)
+    node.metrics.internal_call("n2", "key", "ok", 0.0001)
+    text = generate_latest(node.metrics.registry).decode()
+    exposed = {s.name for f in text_string_to_metric_families(text) for s in f.samples}
+    root = Path(__file__).resolve().parents[2]
+    dashboard = json.loads((root / "docs" / "grafana-dashboard.json").read_text())
+    used = set(re.findall(r"federator_[a-z_]+", json.dumps(dashboard)))
+    assert used and used <= exposed, used - exposed
+    readme = (root / "README.md").read_text()
+    families = {f.name + ("_total" if f.type == "counter" else "")
+                for f in text_string_to_metric_families(text) if not f.name.endswith("_created")}
+    assert {name for name in families if f"`{name}`" not in readme} == set()
