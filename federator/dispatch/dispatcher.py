@@ -12,6 +12,7 @@ answers: every partition answers, or the query fails naming the ones that did no
 from __future__ import annotations
 
 import time
+from time import perf_counter  # the metrics' clock (tests replace ``time``)
 from collections import defaultdict
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -46,11 +47,30 @@ class Gathered:
 
 
 class Dispatcher:
-    def __init__(self, node: Any, max_workers: int = 16) -> None:
+    def __init__(self, node: Any, max_workers: int = 16, metrics: Any = None) -> None:
+        """``metrics``: told of each call to another node (``internal_call``); None counts nothing."""
         self.node = node
+        self.metrics = metrics
         self.pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="dispatch")
         self._clients: dict[str, NodeClient] = {}
         self._key_clients: dict[str, KeyClient] = {}
+
+    def _query(self, node_id: str, endpoint: str, req: StateQueryRequest, timeout: float) -> list[QueryResult]:
+        """One call to node ``node_id`` carrying all its partitions of ``req``, counted."""
+        if self.metrics is None:
+            return self._client(endpoint).query(req, timeout)
+        started = perf_counter()
+        outcome = "ok"
+        try:
+            return self._client(endpoint).query(req, timeout)
+        except NodeCallError as e:
+            outcome = e.code or (f"HTTP_{e.status}" if e.status else "NO_ANSWER")
+            raise
+        except Exception:
+            outcome = "INTERNAL"
+            raise
+        finally:
+            self.metrics.internal_call(node_id, "query", outcome, perf_counter() - started)
 
     def _client(self, endpoint: str) -> NodeClient:
         c = self._clients.get(endpoint)
@@ -111,12 +131,12 @@ class Dispatcher:
                 f: Future = Future()
                 nid, ep, i, req = remote[0]
                 try:
-                    f.set_result(self._client(ep).query(req, max(0.05, deadline - time.monotonic())))
+                    f.set_result(self._query(nid, ep, req, max(0.05, deadline - time.monotonic())))
                 except Exception as e:  # noqa: BLE001 - read back below exactly as a pooled call's
                     f.set_exception(e)
                 futures = {f: remote[0]}
             else:
-                futures = {self.pool.submit(self._client(ep).query, req, max(0.05, deadline - time.monotonic())):
+                futures = {self.pool.submit(self._query, nid, ep, req, max(0.05, deadline - time.monotonic())):
                            (nid, ep, i, req) for nid, ep, i, req in remote}
             answered: list[tuple[str, int, list[QueryResult]]] = []
             for nid, _, i, req in local:
@@ -187,8 +207,13 @@ class Dispatcher:
         timeout = options.deadline - time.monotonic()
         if timeout <= 0:
             return None
-        return self._key_client(t.key_endpoint).read_key(store, defn.topic, partition, key, token.get(partition),
-                                                         min(timeout, 10.0))
+        started = perf_counter()
+        entry = self._key_client(t.key_endpoint).read_key(store, defn.topic, partition, key, token.get(partition),
+                                                          min(timeout, 10.0))
+        if self.metrics is not None:  # FALLBACK: the owner could not answer so; the general path follows
+            self.metrics.internal_call(t.node_id, "key", "ok" if entry is not None else "FALLBACK",
+                                       perf_counter() - started)
+        return entry
 
     @staticmethod
     def _fail(pending: set[tuple[int, int]], reasons: dict[tuple[int, int], str]) -> None:

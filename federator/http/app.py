@@ -13,8 +13,10 @@ from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 import pyarrow as pa
 from flask import Flask, Response, jsonify, request
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from werkzeug.exceptions import HTTPException
 
+from federator.node.metrics import Metrics
 from federator.query.queries import UnknownQueryType
 from federator.query.request import StateQueryRequest
 from federator.query.result import FailureReason, QueryResult
@@ -171,6 +173,14 @@ def create_app(node: Node, registry: Registry, sql: SqlNode | None = None) -> Fl
     def healthz() -> Response:
         return jsonify({"status": "up", "node_id": node.node_id, "state": node.state})
 
+    # The node's metrics (federator.node.metrics): the node's own registry, or the SQL front's
+    # when a test's fake node has none. Open like /healthz: Prometheus scrapes it.
+    metrics = getattr(node, "metrics", None) or getattr(sql, "metrics", None) or Metrics()
+
+    @app.get("/metrics")
+    def prometheus_metrics() -> Response:
+        return Response(generate_latest(metrics.registry), content_type=CONTENT_TYPE_LATEST)
+
     @app.get("/readyz")
     def readyz() -> tuple[Response, int]:
         ready, reasons = node.ready()
@@ -223,7 +233,7 @@ def create_app(node: Node, registry: Registry, sql: SqlNode | None = None) -> Fl
     def http_error(e: HTTPException) -> Response:
         status = e.code or 500
         if status == 404:
-            message = f"no endpoint {request.method} {request.path}; see /v1/metadata, /healthz, /readyz"
+            message = f"no endpoint {request.method} {request.path}; see /v1/metadata, /healthz, /readyz, /metrics"
         elif status == 405:
             allowed = ", ".join(sorted(m for m in (e.valid_methods or []) if m not in ("HEAD", "OPTIONS")))  # type: ignore[attr-defined]
             message = f"{request.method} is not allowed on {request.path}; use {allowed or 'another method'}"

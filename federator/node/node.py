@@ -22,6 +22,7 @@ from federator.catalog.definition import StoreDefinition
 from federator.node.key_server import KeyServer
 from federator.node.group import GroupMember
 from federator.node.materializer import ACTIVE, STANDBY, Materializer
+from federator.node.metrics import Metrics
 from federator.cluster.membership import (
     HEARTBEAT_SECONDS,
     ClusterView,
@@ -151,6 +152,10 @@ class Node:
         # Metered(Caching(Shard)) over them, and the owner's work keeps its results in the cache.
         self.scan_cache = ScanCache(config.scan_cache_mb << 20, config.scan_cache_follow)
         self.meter = Meter()
+        # this node's Prometheus registry: its state read at each scrape, and the counters the
+        # SQL front and the dispatcher keep as they answer (GET /metrics)
+        self.metrics = Metrics()
+        self.metrics.watch(self)
         self.materializer = Materializer(
             bootstrap, self.state_dir, on_change=self._wake.set,
             open_store=functools.partial(open_store, cache=self.scan_cache, meter=self.meter))

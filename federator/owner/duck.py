@@ -65,6 +65,12 @@ class Duck:
             cur = self._local.cursor = self._db.cursor()
         return cur
 
+    def memory(self) -> tuple[int, int]:
+        """(bytes in memory, bytes spilled to disk) that DuckDB holds now, for the node's metrics."""
+        used, spilled = self.cursor().execute(
+            "SELECT sum(memory_usage_bytes), sum(temporary_storage_bytes) FROM duckdb_memory()").fetchone()
+        return int(used or 0), int(spilled or 0)
+
     def over(self, sql: str, relations: dict[str, pa.RecordBatch | pa.Table]) -> pa.RecordBatch:
         """Run ``sql`` over ``relations`` on this thread's cursor (an owner's part of a query):
         the answer as one record batch; DuckDB's errors as SqlError."""

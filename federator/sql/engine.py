@@ -7,7 +7,7 @@ import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import pyarrow as pa
 
@@ -49,21 +49,55 @@ def _check_deadline(deadline: float, during: str) -> None:
         raise SqlError("TIMEOUT", f"the query ran past timeout_ms while {during}; raise timeout_ms or narrow the query")
 
 
-def _counted(batches: Iterator[pa.RecordBatch], stats: dict[str, Any], started: float) -> Iterator[pa.RecordBatch]:
-    """The batches as they come, with the answer's row count and time kept in ``stats``."""
-    for batch in batches:
-        stats["rows"] += batch.num_rows
+def _counted(batches: Iterator[pa.RecordBatch], stats: dict[str, Any], started: float,
+             ended: Callable[[str], None]) -> Iterator[pa.RecordBatch]:
+    """The batches as they come, with the answer's row count and time kept in ``stats``;
+    ``ended`` hears how the answer ended: "ok", the SqlError's code, or CANCELLED when the
+    reader stopped before the end."""
+    outcome = "CANCELLED"
+    try:
+        for batch in batches:
+            stats["rows"] += batch.num_rows
+            stats["elapsed_ms"] = round((time.perf_counter() - started) * 1000, 3)
+            yield batch
+        outcome = "ok"
+    except SqlError as e:
+        outcome = e.code
+        raise
+    except Exception:
+        outcome = "INTERNAL"
+        raise
+    finally:
         stats["elapsed_ms"] = round((time.perf_counter() - started) * 1000, 3)
-        yield batch
-    stats["elapsed_ms"] = round((time.perf_counter() - started) * 1000, 3)
+        ended(outcome)
+
+
+def plan_kind(plan: QueryPlan) -> str:
+    """What a planned statement reads, as the metrics count it: plugin (a plugin's SQL rule
+    builds some store's rows), join (more than one store, or a join on the owners), aggregate
+    (the owners aggregate their partitions' rows), scan (any other read of a store), other
+    (no store: the catalog's tables, constants). The point lookup's fast path is "point"."""
+    refs = plan.refs
+    if not refs:
+        return "other"
+    if any(ref.combine is not None for ref in refs):
+        return "plugin"
+    if len(refs) > 1 or any(ref.joined is not None or ref.key_join is not None for ref in refs):
+        return "join"
+    if any(ref.work.kind == "partial aggregate" for ref in refs):
+        return "aggregate"
+    return "scan"
 
 
 class SqlEngine:
-    def __init__(self, node: Any, registry: Registry) -> None:
-        """``registry``: the node's; its SQL rules plan, and it names the plugins behind queries."""
+    def __init__(self, node: Any, registry: Registry, metrics: Any = None) -> None:
+        """``registry``: the node's; its SQL rules plan, and it names the plugins behind queries.
+        ``metrics``: the node's (``federator.node.metrics.Metrics``), told of every statement
+        (its kind, outcome and time) and of the dispatcher's calls; None counts nothing."""
         self.node = node
         self.registry = registry
-        self.dispatcher = Dispatcher(node)
+        self.metrics = metrics
+        self.dispatcher = Dispatcher(node, metrics=metrics)
         self._points: dict[Any, PointPlan | None] = {}  # SQL text -> its point plan (None: not a point lookup)
         # (SQL text, parameters) -> a store query's plan and its pipeline as sent: planning costs
         # more than answering a repeated aggregate over kept scans
@@ -100,13 +134,30 @@ class SqlEngine:
         return defn
 
     def execute(self, req: SqlRequest) -> SqlResult:
-        try:
-            return self._execute(req)
-        except DispatchError as e:  # partitions could not be read: the dispatcher says why, in its words
-            raise from_dispatch(e, self.registry.provider_of) from None
-
-    def _execute(self, req: SqlRequest) -> SqlResult:
         started = time.perf_counter()
+        # [the statement's kind once known, whether its answer streams out (then counted at its end)]
+        track: list[Any] = ["unknown", False]
+        try:
+            result = self._execute(req, started, track)
+        except SqlError as e:
+            self._count(track[0], e.code, started)
+            raise
+        except DispatchError as e:  # partitions could not be read: the dispatcher says why, in its words
+            err = from_dispatch(e, self.registry.provider_of)
+            self._count(track[0], err.code, started)
+            raise err from None
+        except Exception:
+            self._count(track[0], "INTERNAL", started)
+            raise
+        if not track[1]:
+            self._count(track[0], "ok", started)
+        return result
+
+    def _count(self, kind: str, outcome: str, started: float) -> None:
+        if self.metrics is not None:
+            self.metrics.query(kind, outcome, time.perf_counter() - started)
+
+    def _execute(self, req: SqlRequest, started: float, track: list[Any]) -> SqlResult:
         deadline = time.monotonic() + req.timeout_ms / 1000
         try:
             position = Position.from_token(req.consistency_token) if req.consistency_token else Position()
@@ -117,14 +168,19 @@ class SqlEngine:
         options = ReadOptions(PositionBound.at(position) if not position.is_empty() else PositionBound.unbounded(),
                               req.allow_stale, req.max_lag, deadline)
         if stmt.kind == "show_tables":
+            track[0] = "other"
             table = show_tables(self._stores())
         elif stmt.kind == "describe":
+            track[0] = "other"
             table = describe(self.resolve_store(stmt.table or ""))
         else:
-            table, position, stats = self._select(stmt, req, position, options, stats)
+            table, position, stats = self._select(stmt, req, position, options, stats, track)
         if isinstance(table, tuple):  # DuckDB's answer, counted as it streams out
             schema, batches = table
-            return SqlResult(schema, _counted(batches, stats, started), position.to_token(), stats)
+            kind = track[0]
+            track[1] = True
+            return SqlResult(schema, _counted(batches, stats, started, lambda outcome: self._count(kind, outcome, started)),
+                             position.to_token(), stats)
         stats["rows"] = table.num_rows
         stats["elapsed_ms"] = round((time.perf_counter() - started) * 1000, 3)
         if isinstance(table, PointAnswer):
@@ -170,14 +226,18 @@ class SqlEngine:
         return table.select(list(cached.columns)).rename_columns(list(cached.names)), position.merge(gathered.position), stats
 
     def _select(self, stmt: Statement, req: SqlRequest, position: Position, options: ReadOptions,
-                stats: dict[str, Any]) -> tuple[pa.Schema, Iterator[pa.RecordBatch], Position, dict[str, Any]] | tuple:
+                stats: dict[str, Any], track: list[Any]) -> tuple[pa.Schema, Iterator[pa.RecordBatch], Position, dict[str, Any]] | tuple:
         if not stmt.explain:
+            track[0] = "point"
             fast = self._point(stmt, req, position, options, stats)
             if fast is not None:
                 return fast
+            track[0] = "unknown"
         plan = self._plan(stmt, req, options.deadline)
         if stmt.explain:
+            track[0] = "other"
             return self._explain(plan), position, stats
+        track[0] = plan_kind(plan)
         try:
             return self._run(plan, req, position, options, stats)
         except NotColocated:  # a rebalance parted a join's shards: join at the receiver this time

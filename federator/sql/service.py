@@ -11,6 +11,7 @@ from typing import Any
 
 from federator.catalog.definition import StoreDefinition
 from federator.errors import SqlError
+from federator.node.metrics import Metrics
 from federator.plugin.registry import Registry
 from federator.sql.engine import SqlEngine
 from federator.sql.limits import Admission, Limits
@@ -21,7 +22,10 @@ from federator.sql.types import sql_type
 class SqlService:
     def __init__(self, node: Any, registry: Registry) -> None:
         self.node = node
-        self.engine = SqlEngine(node, registry)
+        # the node's metrics (its registry, served at GET /metrics); a node without them (a
+        # test's fake) gets its own here
+        self.metrics: Metrics = getattr(node, "metrics", None) or Metrics()
+        self.engine = SqlEngine(node, registry, self.metrics)
         # the caps of the public entries (the node's flags) and their one count of running
         # queries, shared by HTTP and Flight SQL
         self.limits = Limits.of(getattr(node, "config", None))

@@ -614,3 +614,58 @@ def test_the_sql_command_prints_a_table(sql_cluster) -> None:
     bad = subprocess.run(federator_cmd("sql", "--url", f"http://{cluster.nodes[2].endpoint}", "SELECT * FROM nope"),
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "UNKNOWN_STORE" in bad.stderr
+
+
+def scrape(node) -> dict[tuple[str, tuple], float]:
+    """GET /metrics from ``node`` (no secret needed), every sample by name and labels."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    resp = HTTP.request("GET", f"http://{node.endpoint}/metrics")
+    assert resp.status == 200 and resp.headers["Content-Type"].startswith("text/plain")
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(resp.data.decode()) for s in f.samples}
+
+
+def total(samples: dict, name: str, **labels: str) -> float:
+    """The sum of ``name``'s samples whose labels include ``labels``."""
+    return sum(v for (n, ls), v in samples.items() if n == name and set(labels.items()) <= set(ls))
+
+
+def test_metrics_count_queries_by_kind_and_outcome_and_show_the_partitions(sql_cluster) -> None:
+    cluster, _ = sql_cluster
+    node = cluster.nodes[0]
+    before = scrape(node)
+    sql_json(node, "SELECT * FROM players WHERE player = ?", ["p0007"])
+    sql_json(node, "SELECT player, team FROM players WHERE games > 10")
+    sql_json(node, "SELECT team, COUNT(*) AS n, SUM(total_score) AS s FROM players GROUP BY team")
+    sql_json(node, CO_JOINS[0])
+    assert post(node, {"sql": "SELEC team FROM players"}).status == 400
+    after = scrape(node)
+
+    def moved(name: str, **labels: str) -> float:
+        return total(after, name, **labels) - total(before, name, **labels)
+
+    for kind in ("point", "scan", "aggregate", "join"):
+        assert moved("federator_sql_queries_total", kind=kind, outcome="ok") == 1, kind
+        assert moved("federator_sql_query_duration_seconds_count", kind=kind) == 1, kind
+    assert moved("federator_sql_queries_total", outcome="SQL_PARSE_ERROR") == 1
+    assert moved("federator_sql_queries_total") == 5
+    # the scans read partitions the other two nodes own
+    assert moved("federator_internal_calls_total", call="query", outcome="ok") >= 2
+    assert moved("federator_store_queries_total", store="players") >= 1
+
+    applied: set[str] = set()
+    lagged: set[str] = set()
+    for n in cluster.nodes:
+        got = scrape(n) if n is not node else after
+        for store in ("players", "scores", "bonus", "per_minute"):
+            states = {s: total(got, "federator_partitions", store=store, state=s)
+                      for s in ("active", "restoring", "uncovered")}
+            assert sum(states.values()) == P and states["uncovered"] == 0, (store, states)
+        assert total(got, "federator_node_info", node_id=n.node_id) == 1
+        applied |= {dict(ls)["partition"] for (name, ls) in got
+                    if name == "federator_records_applied_total" and dict(ls)["store"] == "players"}
+        lagged |= {dict(ls)["partition"] for (name, ls) in got
+                   if name == "federator_partition_lag_records" and dict(ls)["store"] == "players"}
+    # every partition has a copy somewhere, with its series
+    assert applied == lagged == {str(p) for p in range(P)}
