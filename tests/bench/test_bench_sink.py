@@ -17,7 +17,7 @@ Each size runs REPS rounds of (a) then both (b), so all sides see the same noise
 medians, and the first round of (b) on its own (the JVM still compiling Spark's code paths for
 that size), and the CPU seconds each side used by process (the machine has 2 cores: the sum
 over 2 bounds the time). Nothing here asserts on timings: the rates and where each target stands are printed
-and written to tests/bench/results_sink.md (test_bench_sql.py's results.md is left alone). Run
+and appended to tests/bench/results_sink.md, after the runs before it (test_bench_sql.py's results.md is left alone). Run
 with ``.venv/bin/python -m pytest tests/bench/test_bench_sink.py -s -q``;
 FEDERATOR_BENCH_SINK_ROWS (e.g. "20000" or "20000,50000") picks other sizes for a quick look.
 """
@@ -299,5 +299,15 @@ def test_sink_vs_plain_producer(broker) -> None:
         f"the timing, so it also measures the DataFrame. write_store is timed around the call after an "
         f"untimed {WARMUP_ROWS:,}-row warm-up write in the same SparkSession.")
     text = render(report)
-    RESULTS_MD.write_text(text)
-    print("\n" + text + f"\n(written to {RESULTS_MD})", flush=True)
+    append_run(text)
+    print("\n" + text + f"\n(appended to {RESULTS_MD})", flush=True)
+
+
+def append_run(text: str, path: Path = RESULTS_MD) -> None:
+    """Add this run's section after the runs kept before it (README quotes dated runs)."""
+    title, _, run = text.partition("\n")
+    if not path.exists():
+        path.write_text(text)
+        return
+    with path.open("a") as f:
+        f.write("\n---\n" + run.lstrip("\n"))
