@@ -23,10 +23,11 @@ import pyarrow as pa
 
 from federator.catalog.definition import StoreDefinition
 from federator.formats import TIMESTAMP, FormatError, JsonFormat, binary_buffers
+from federator.store.layout import ROWTIME_LEN
 
 _VECTOR_MIN = 64  # entries from which the numpy path is cheaper
 SCAN_CHUNK_ROWS = 16_384  # entries whose Python bytes a scan holds at once (see scan_batch)
-_ROWTIME = 8
+_ROWTIME = ROWTIME_LEN
 
 
 def rowtimes(stored: Sequence[bytes]) -> pa.Array:

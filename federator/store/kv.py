@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import operator
-import struct
 from itertools import chain
 from typing import Any, Callable, Sequence
 
@@ -14,6 +13,7 @@ import pyarrow.compute as pc
 from federator.catalog.definition import StoreDefinition
 from federator.partitioner import partition_for
 from federator.query.queries import KeyQuery, KeysQuery, RangeQuery
+from federator.store.layout import ROWTIME
 from federator.store.arrow import build_batch, empty_batch, scan_batch, search_sorted
 from federator.store.view import ShardView
 from federator.store.record import ChangelogRecord
@@ -56,7 +56,6 @@ def range_query(view: ShardView, q: RangeQuery) -> pa.RecordBatch:
     return scan_batch(view.schema, view.definition, entries)
 
 
-_TS = struct.Struct(">q")
 _EVERYTHING = RangeQuery()
 # Key formats whose Arrow sort order is the order of a full scan: byte order for strings and
 # bytes (Arrow compares them bytewise, as RocksDB does), value order for integers (their
@@ -80,7 +79,7 @@ class KeyValueStoreType(StoreType):
         value its 8-byte rowtime then the value bytes (``stored_value``). The formats'
         functions are bound once and nothing unselected is decoded: this runs once per point
         lookup."""
-        key, value, unpack = defn.key.deserialize, defn.value.deserialize, _TS.unpack_from
+        key, value, unpack = defn.key.deserialize, defn.value.deserialize, ROWTIME.unpack_from
         key_name, fields = defn.key_name, bool(defn.value_fields)
         wanted = tuple(columns) if columns is not None else tuple(self.schema(defn).names)
         if fields and not {key_name, "rowtime"} & set(wanted):  # value columns only: the common SELECT

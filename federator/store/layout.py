@@ -25,6 +25,10 @@ _SESSION_SUFFIX_ROWS = np.dtype([("end", ">i8"), ("start", ">i8")])
 WINDOW_SUFFIX_LEN = _WINDOW_SUFFIX.size
 SESSION_SUFFIX_LEN = _SESSION_SUFFIX.size
 MAX_TIME = (1 << 63) - 1
+# A stored value (the shard's, every store type's): the record's rowtime as an 8-byte
+# big-endian count of epoch milliseconds, then the value bytes.
+ROWTIME = struct.Struct(">q")
+ROWTIME_LEN = ROWTIME.size
 
 # A store type's ``changelog_layout`` -> bytes its changelog keys carry after the plain key.
 SUFFIX_LEN = {"kv": 0, "window": WINDOW_SUFFIX_LEN, "session": SESSION_SUFFIX_LEN}
@@ -59,7 +63,7 @@ def split_session_key(data: bytes) -> tuple[bytes, int, int]:
 
 
 def time_bytes(t: int) -> bytes:
-    return struct.pack(">q", t)
+    return ROWTIME.pack(t)
 
 
 def plain_key(layout: str, key: bytes) -> bytes:

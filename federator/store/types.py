@@ -9,7 +9,6 @@ never inferred from its name.
 from __future__ import annotations
 
 import copy as _copy
-import struct
 from typing import TYPE_CHECKING, Callable, ClassVar, Iterable, Sequence
 
 import pyarrow as pa
@@ -17,6 +16,7 @@ from rocksdict import WriteBatch
 
 from federator.formats import TIMESTAMP
 from federator.query.queries import Query, RangeQuery
+from federator.store.layout import ROWTIME
 from federator.store.record import ChangelogRecord
 
 if TYPE_CHECKING:
@@ -25,12 +25,11 @@ if TYPE_CHECKING:
 
 Handler = Callable[["ShardView", Query], pa.RecordBatch]
 
-_TS = struct.Struct(">q")
 
 
 def stored_value(record: ChangelogRecord) -> bytes:
     """What a shard keeps per key: the record timestamp (8 bytes) then the value bytes."""
-    return _TS.pack(record.timestamp) + record.value  # type: ignore[operator]
+    return ROWTIME.pack(record.timestamp) + record.value  # type: ignore[operator]
 
 
 class StoreType:
