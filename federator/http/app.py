@@ -16,7 +16,7 @@ from flask import Flask, Response, jsonify, request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from werkzeug.exceptions import HTTPException
 
-from federator.node.metrics import Metrics
+from federator.metrics import Metrics
 from federator.query.queries import UnknownQueryType
 from federator.query.request import StateQueryRequest
 from federator.query.result import FailureReason, QueryResult
@@ -173,7 +173,7 @@ def create_app(node: Node, registry: Registry, sql: SqlNode | None = None) -> Fl
     def healthz() -> Response:
         return jsonify({"status": "up", "node_id": node.node_id, "state": node.state})
 
-    # The node's metrics (federator.node.metrics): the node's own registry, or the SQL front's
+    # The node's metrics (federator.metrics): the node's own registry, or the SQL front's
     # when a test's fake node has none. Open like /healthz: Prometheus scrapes it.
     metrics = getattr(node, "metrics", None) or getattr(sql, "metrics", None) or Metrics()
 

@@ -22,7 +22,7 @@ from federator.catalog.definition import StoreDefinition
 from federator.node.key_server import KeyServer
 from federator.node.group import GroupMember
 from federator.node.materializer import ACTIVE, STANDBY, Materializer
-from federator.node.metrics import Metrics
+from federator.metrics import Metrics
 from federator.cluster.membership import (
     HEARTBEAT_SECONDS,
     ClusterView,

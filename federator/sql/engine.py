@@ -92,7 +92,7 @@ def plan_kind(plan: QueryPlan) -> str:
 class SqlEngine:
     def __init__(self, node: Any, registry: Registry, metrics: Any = None) -> None:
         """``registry``: the node's; its SQL rules plan, and it names the plugins behind queries.
-        ``metrics``: the node's (``federator.node.metrics.Metrics``), told of every statement
+        ``metrics``: the node's (``federator.metrics.Metrics``), told of every statement
         (its kind, outcome and time) and of the dispatcher's calls; None counts nothing."""
         self.node = node
         self.registry = registry

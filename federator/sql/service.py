@@ -11,7 +11,7 @@ from typing import Any
 
 from federator.catalog.definition import StoreDefinition
 from federator.errors import SqlError
-from federator.node.metrics import Metrics
+from federator.metrics import Metrics
 from federator.plugin.registry import Registry
 from federator.sql.engine import SqlEngine
 from federator.sql.limits import Admission, Limits

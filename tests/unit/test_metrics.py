@@ -22,7 +22,7 @@ from federator.dispatch.dispatcher import Dispatcher
 from federator.errors import SqlError
 from federator.http.app import create_app
 from federator.node.materializer import HostedShard
-from federator.node.metrics import Metrics
+from federator.metrics import Metrics
 from federator.owner.duck import Duck
 from federator.plan.keys import SubQuery
 from federator.query.owner_work import OwnerWork
