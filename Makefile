@@ -4,7 +4,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: install demo test bench wrk chaos fuzz clean
+.PHONY: install demo test test-debs bench wrk chaos fuzz clean
 
 $(BIN)/.installed: setup.cfg pyproject.toml
 	@echo "==> creating $(VENV) and installing federator with its test dependencies (about a minute)"
@@ -18,7 +18,20 @@ install: $(BIN)/.installed
 demo: install
 	$(BIN)/federator demo
 
-test: install
+# Debian packages the tests drive as a user would: chromium (the console, headless). Installed
+# with apt-get when missing (CI and the developers' machines run as root; else sudo).
+TEST_DEBS := chromium
+
+test-debs:
+	@missing=$$(for p in $(TEST_DEBS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "==> installing Debian packages the tests use: $$missing (apt-get, a few minutes the first time)"; \
+	  if [ "$$(id -u)" = 0 ]; then sudo=; elif command -v sudo >/dev/null 2>&1; then sudo=sudo; \
+	  else echo "the tests need Debian's $$missing; run 'apt-get install $$missing' as root, then make test again"; exit 1; fi; \
+	  $$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing || \
+	  { echo "apt-get could not install $$missing; install them, then make test again"; exit 1; }; fi
+
+test: install test-debs
 	$(BIN)/python -m pytest
 
 # The benchmarks also run a Faust worker and wrk (tests/bench/test_bench_faust.py). Faust comes from

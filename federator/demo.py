@@ -80,6 +80,7 @@ def _pipeline(bootstrap: str, state: Path, args: argparse.Namespace) -> int:
             print(f"\n  {sql}")
             print("    " + format_table(columns, rows, stats).replace("\n", "\n    "))
         print(f"\n  try: federator sql --url {url} \"SELECT * FROM word_counts ORDER BY count DESC LIMIT 5\"")
+        print(f"  or open the console in a browser: {url}/")
         return _serve_or_exit(args, nodes, url, bootstrap, state)
     finally:
         for proc, _ in nodes:

@@ -20,6 +20,7 @@ from federator.metrics import Metrics
 from federator.query.queries import UnknownQueryType
 from federator.query.request import StateQueryRequest
 from federator.query.result import FailureReason, QueryResult
+from federator.http.console import register_console
 from federator.http.sql_routes import SqlNode, register_sql_routes
 from federator.query.wire import MEDIA_TYPE, SECRET_HEADER, encode_results
 
@@ -168,6 +169,8 @@ def create_app(node: Node, registry: Registry, sql: SqlNode | None = None) -> Fl
         secret = node.cluster_secret
         if secret and (request.path == "/internal" or request.path.startswith("/internal/")):
             _check_secret(secret)
+
+    register_console(app)
 
     @app.get("/healthz")
     def healthz() -> Response:
