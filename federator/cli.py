@@ -121,6 +121,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "'off': none, and peers read this node's keys over HTTP on the general path")
     n.add_argument("--flight-sql-port", type=int, metavar="P",
                    help="also serve Arrow Flight SQL on this port, on the --listen host (default: off)")
+    n.add_argument("--users-file", default=os.environ.get("FEDERATOR_USERS_FILE"), metavar="FILE",
+                   help="users whose bearer tokens the public API, the console's calls and Flight SQL accept "
+                        "(`federator users add`); default $FEDERATOR_USERS_FILE; none: open to anyone who can "
+                        "reach the node, so only on a loopback --listen unless --allow-anonymous")
+    n.add_argument("--allow-anonymous", action="store_true",
+                   help="serve without --users-file on a --listen address other machines can reach")
     n.add_argument("--plugin-errors", choices=("fatal", "warn"), default="fatal",
                    help="a plugin that fails to load: fatal (default) stops the node before it joins the cluster; "
                         "warn logs it and serves without it (its stores and queries are unknown to this node)")
@@ -130,6 +136,15 @@ def build_parser() -> argparse.ArgumentParser:
     add_sql_parser(sub)
 
     sub.add_parser("plugins", help="list the installed plugins, what each provides, and any that failed to load")
+
+    users = sub.add_parser("users", help="the users a node accepts (--users-file): bearer tokens, kept hashed")
+    usub = users.add_subparsers(dest="users_command", required=True)
+    for name, what in (("add", "add a user with a new token, printed once"), ("list", "list the users")):
+        u = usub.add_parser(name, help=what)
+        if name == "add":
+            u.add_argument("name", help="letters, digits and _.@- (up to 64)")
+        u.add_argument("--users-file", default=os.environ.get("FEDERATOR_USERS_FILE"), metavar="FILE",
+                       help="the users file (default $FEDERATOR_USERS_FILE)")
 
     demo = sub.add_parser("demo", help="the main job: broker, pipeline, nodes and example queries")
     demo.add_argument("--dir", default=".federator/demo", help="where state lives (default .federator/demo)")
@@ -224,6 +239,22 @@ def _plugins() -> int:
     return 1 if registry.failures else 0
 
 
+def _users(args: argparse.Namespace) -> int:
+    from federator.auth import Users, add_user
+
+    if not args.users_file:
+        raise ValueError("name the users file: --users-file FILE or $FEDERATOR_USERS_FILE")
+    if args.users_command == "add":
+        token = add_user(args.users_file, args.name)
+        print(f"added user {args.name!r} to {args.users_file}; its token (shown this once, keep it secret):",
+              file=sys.stderr)
+        print(token)
+        return 0
+    for name in Users.load(args.users_file).verifiers:
+        print(name)
+    return 0
+
+
 def _exit_now(code: int) -> NoReturn:
     """End a node that has stopped everything it owns (partitions handed over, shards closed
     with their offsets, the group left) without the interpreter's teardown: that destroys
@@ -268,11 +299,13 @@ def main(argv: Sequence[str] | None = None, hard_exit: bool = False) -> int:
             return run_sql(args)
         if args.command == "plugins":
             return _plugins()
+        if args.command == "users":
+            return _users(args)
         if args.command == "demo":
             from federator.demo import run_demo
 
             return run_demo(args)
-    except (DefinitionError, CatalogConflict, FormatError, KafkaUnavailable, ValueError) as e:
+    except (DefinitionError, CatalogConflict, FormatError, KafkaUnavailable, ValueError) as e:  # UsersFileError too
         print(f"error: {e}", file=sys.stderr)
         return 2
     except OSError as e:  # a taken port, an unwritable state dir: the message says which

@@ -40,6 +40,8 @@ def add_sql_parser(sub: Any) -> None:
                    help="a value for the next ? placeholder (repeat); numbers are sent as numbers, the rest as strings")
     p.add_argument("--token", metavar="T", help="consistency token from an earlier answer: read at least that state")
     p.add_argument("--allow-stale", action="store_true", help="accept answers from standby replicas that may lag")
+    p.add_argument("--auth-token", metavar="T",
+                   help="bearer token of a user of the node's --users-file (default: $FEDERATOR_AUTH_TOKEN)")
 
 
 def parse_param(text: str) -> int | float | str:
@@ -123,8 +125,11 @@ def run_sql(args: argparse.Namespace, stdout: TextIO | None = None, stderr: Text
     http = urllib3.PoolManager(retries=False, timeout=urllib3.Timeout(connect=5.0, read=_READ_TIMEOUT_S))
     endpoint = _endpoint(url)
     try:
-        resp = http.request("POST", endpoint, body=json.dumps(body).encode(), preload_content=False,
-                            headers={"Content-Type": "application/json"})
+        headers = {"Content-Type": "application/json"}
+        auth = getattr(args, "auth_token", None) or os.environ.get("FEDERATOR_AUTH_TOKEN")
+        if auth:
+            headers["Authorization"] = f"Bearer {auth}"
+        resp = http.request("POST", endpoint, body=json.dumps(body).encode(), preload_content=False, headers=headers)
     except (urllib3.exceptions.NewConnectionError, urllib3.exceptions.ConnectTimeoutError,
             urllib3.exceptions.NameResolutionError) as e:
         print(f"error: cannot connect to a Federator node at {url} ({_reason(e)}). Is one running? "

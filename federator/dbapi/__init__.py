@@ -50,15 +50,17 @@ paramstyle = "qmark"
 
 
 def connect(url: str, *, timeout: float = 10.0, allow_stale: bool = False, max_lag: int | None = None,
-            token: str | None = None, verify: bool | str = True) -> Connection:
+            token: str | None = None, verify: bool | str = True, auth_token: str | None = None) -> Connection:
     """A connection to the nodes listed in ``url`` (``http[s]://host:port[,host2:port2...]``).
 
     ``timeout``: seconds per statement (the service's ``timeout_ms``); ``allow_stale``/``max_lag``:
     standby copies may answer when an active one cannot; ``token``: a consistency token to start
     from (e.g. a writer's, for read-your-writes); ``verify``: TLS certificate checking for https
-    (False, or a CA bundle path).
+    (False, or a CA bundle path); ``auth_token``: the bearer token of a user of the nodes'
+    --users-file (default $FEDERATOR_AUTH_TOKEN).
     """
-    return Connection(url, timeout=timeout, allow_stale=allow_stale, max_lag=max_lag, token=token, verify=verify)
+    return Connection(url, timeout=timeout, allow_stale=allow_stale, max_lag=max_lag, token=token, verify=verify,
+                      auth_token=auth_token)
 
 
 __all__ = [

@@ -10,6 +10,7 @@ not skipped: the error is the cluster's answer, not that node's.
 from __future__ import annotations
 
 import json
+import os
 import threading
 from typing import Any, Sequence
 from urllib.parse import urlsplit
@@ -25,6 +26,7 @@ from federator.query.position import Position
 # The header the service puts the answer's token in for non-JSON formats
 # (federator.http.sql_routes.TOKEN_HEADER; not imported so the driver does not load Flask).
 TOKEN_HEADER = "X-Federator-Consistency-Token"
+AUTH_TOKEN_ENV = "FEDERATOR_AUTH_TOKEN"  # the bearer token when connect() is given none
 DEFAULT_PORTS = {"http": 8080, "https": 443}
 _CONNECT_TIMEOUT_S = 5.0  # a node that cannot even accept a connection in 5 s is skipped
 # nor less than this, however short the statement's timeout: a 1 ms timeout is the server's to
@@ -69,7 +71,7 @@ def parse_nodes(url: str) -> list[str]:
 
 class Connection:
     def __init__(self, url: str, *, timeout: float = 10.0, allow_stale: bool = False, max_lag: int | None = None,
-                 token: str | None = None, verify: bool | str = True) -> None:
+                 token: str | None = None, verify: bool | str = True, auth_token: str | None = None) -> None:
         if not (isinstance(timeout, (int, float)) and timeout > 0):
             raise InterfaceError(f"timeout must be a positive number of seconds, got {timeout!r}")
         self.nodes = parse_nodes(url)
@@ -77,6 +79,10 @@ class Connection:
         self.allow_stale = bool(allow_stale)
         self.max_lag = max_lag
         self._token = token or None
+        auth = auth_token if auth_token is not None else os.environ.get(AUTH_TOKEN_ENV)
+        self._headers = {"Content-Type": "application/json", "Accept": "application/vnd.apache.arrow.stream"}
+        if auth:  # a node with --users-file answers 401 UNAUTHENTICATED without it
+            self._headers["Authorization"] = f"Bearer {auth}"
         self._preferred = 0
         self._lock = threading.Lock()
         tls: dict[str, Any] = {}
@@ -187,9 +193,7 @@ class Connection:
             try:
                 # The whole body is read here (preload), so a connection cut mid-answer also
                 # counts as "did not answer" and the next node is tried.
-                resp = http.request("POST", url, body=body, timeout=timeout,
-                                    headers={"Content-Type": "application/json",
-                                             "Accept": "application/vnd.apache.arrow.stream"})
+                resp = http.request("POST", url, body=body, timeout=timeout, headers=self._headers)
             except urllib3.exceptions.LocationValueError as e:
                 raise InterfaceError(f"bad node address {self.nodes[idx]!r}: {e}") from None
             except urllib3.exceptions.HTTPError as e:

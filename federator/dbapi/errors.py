@@ -79,6 +79,7 @@ CODE_TO_CLASS: dict[str, type[DatabaseError]] = {
     "TIMEOUT": OperationalError,
     "NOT_UP_TO_BOUND": OperationalError,
     "TOO_MANY_QUERIES": OperationalError,  # the node is busy: retry after retry_after seconds
+    "UNAUTHENTICATED": OperationalError,  # no auth_token, or not one of the node's users' (as psycopg's failed login)
     "INVALID_DATA": DataError,
     "INTERNAL": InternalError,
 }

@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterator, TypeVar
 import pyarrow as pa
 import pyarrow.flight as flight
 
+from federator.auth import Users, bearer
 from federator.flight import metadata, protocol
 from federator.flight.errors import flight_error
 from federator.flight.statements import Expiring, PendingResult, PreparedStatement
@@ -113,6 +114,27 @@ class _CallOptionsFactory(flight.ServerMiddlewareFactory):
         return CallOptions(headers)
 
 
+class _BearerAuthFactory(flight.ServerMiddlewareFactory):
+    """Every call needs ``authorization: Bearer <token>`` of a user in the node's users file
+    (ADBC: the ``adbc.flight.sql.authorization_header`` option); gRPC's UNAUTHENTICATED else."""
+
+    def __init__(self, users: Users) -> None:
+        self.users = users
+
+    def start_call(self, info: flight.CallInfo, headers: dict[str, list[Any]]) -> None:
+        values = headers.get("authorization") or []
+        value = values[-1] if values else None
+        token = bearer(value.decode() if isinstance(value, bytes) else value)
+        if token is None:
+            raise flight.FlightUnauthenticatedError(
+                "this node needs a bearer token: send the header 'authorization: Bearer <token>' (ADBC: "
+                "db_kwargs={'adbc.flight.sql.authorization_header': 'Bearer <token>'}); `federator users add` makes one")
+        if self.users.check(token) is None:
+            raise flight.FlightUnauthenticatedError(
+                "the bearer token is not one of this node's users'; send a token `federator users add` printed")
+        return None
+
+
 def _python_value(v: Any) -> Any:
     """A bound Arrow parameter as the engine takes parameters (strings, numbers, booleans, null)."""
     if isinstance(v, (dt.datetime, dt.date, dt.time)):
@@ -139,8 +161,11 @@ def _chunked(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
 
 class FlightSqlServer(flight.FlightServerBase):
     def __init__(self, node: Any, location: str, *, max_statements: int = 10_000, statement_ttl: float = 3600.0,
-                 max_results: int = 1_000, result_ttl: float = 300.0) -> None:
-        super().__init__(location, middleware={_MIDDLEWARE: _CallOptionsFactory()})
+                 max_results: int = 1_000, result_ttl: float = 300.0, users: Users | None = None) -> None:
+        middleware: dict[str, flight.ServerMiddlewareFactory] = {_MIDDLEWARE: _CallOptionsFactory()}
+        if users is not None:
+            middleware["auth"] = _BearerAuthFactory(users)
+        super().__init__(location, middleware=middleware)
         self.node = node
         self.statements: Expiring[PreparedStatement] = Expiring(max_statements, statement_ttl)
         self.results: Expiring[PendingResult] = Expiring(max_results, result_ttl)
@@ -364,9 +389,10 @@ def _take_one(batches: Iterator[pa.RecordBatch]) -> list[pa.RecordBatch]:
     return [] if nxt is None else [nxt]
 
 
-def start(node: Any, host: str, port: int) -> FlightSqlServer:
-    """Serve Flight SQL for ``node`` on host:port (serving starts at once, in gRPC's threads)."""
-    return FlightSqlServer(node, f"grpc://{host}:{port}")
+def start(node: Any, host: str, port: int, users: Users | None = None) -> FlightSqlServer:
+    """Serve Flight SQL for ``node`` on host:port (serving starts at once, in gRPC's threads);
+    with ``users``, each call needs one of their bearer tokens."""
+    return FlightSqlServer(node, f"grpc://{host}:{port}", users=users)
 
 
 def stop(server: FlightSqlServer, timeout: float = 5.0) -> None:

@@ -20,6 +20,8 @@ from federator.metrics import Metrics
 from federator.query.queries import UnknownQueryType
 from federator.query.request import StateQueryRequest
 from federator.query.result import FailureReason, QueryResult
+from federator.auth import Users
+from federator.http.bearer_auth import BearerAuth
 from federator.http.console import register_console
 from federator.http.sql_routes import SqlNode, register_sql_routes
 from federator.query.wire import MEDIA_TYPE, SECRET_HEADER, encode_results
@@ -158,9 +160,10 @@ def _unknown_type_results(body: dict[str, Any], e: UnknownQueryType) -> list[Que
     return [QueryResult.failed(p, FailureReason.UNKNOWN_QUERY_TYPE, str(e)) for p in partitions]
 
 
-def create_app(node: Node, registry: Registry, sql: SqlNode | None = None) -> Flask:
+def create_app(node: Node, registry: Registry, sql: SqlNode | None = None, users: Users | None = None) -> Flask:
     """The app over ``node``; ``registry`` (the node's) names the query types requests carry;
-    ``sql`` answers the SQL and store routes (tests' fake nodes answer them themselves)."""
+    ``sql`` answers the SQL and store routes (tests' fake nodes answer them themselves);
+    with ``users``, public requests need a bearer token of one of them (federator.http.bearer_auth)."""
     app = Flask("federator")
 
     @app.before_request
@@ -252,4 +255,6 @@ def create_app(node: Node, registry: Registry, sql: SqlNode | None = None) -> Fl
     sql = sql if sql is not None else node if hasattr(node, "sql") else None
     if sql is not None:  # a node without the SQL engine still serves the internal API
         register_sql_routes(app, sql, registry)
+    if users is not None:  # outermost, so the SQL fast path is guarded too
+        app.wsgi_app = BearerAuth(app.wsgi_app, users)  # type: ignore[method-assign]
     return app

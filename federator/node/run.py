@@ -4,6 +4,7 @@ finds that another live process has its node id (then it exits with REFUSED)."""
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
 import os
 import signal
@@ -13,11 +14,14 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from federator.auth import Users
 from federator.node.node import Node, NodeConfig
 from federator.plugin import load_plugins
 from federator.store.scan_cache import DEFAULT_FOLLOW
 from federator.sql.limits import Limits, parse_size
 from federator.sql.service import SqlService
+
+log = logging.getLogger(__name__)
 
 REFUSED = 3  # the exit code of a node that refused to serve: another live node has its node id
 
@@ -67,6 +71,7 @@ def run_node(args: argparse.Namespace) -> int:
     if getattr(args, "scan_cache_follow", 0) < 0:
         raise ValueError("--scan-cache-follow must be 0 or more")
     limits = _limits(args)  # checked before the node joins anything
+    users = _users(args, host)
     # The one registry of this process: built here, owned by the node, passed to the HTTP app.
     registry = load_plugins()
     node = Node(NodeConfig(
@@ -95,11 +100,11 @@ def run_node(args: argparse.Namespace) -> int:
     _stop_on_signals(stopping)
     node.on_refused = lambda why: stopping.set()  # the node logged why; exit with REFUSED
     sql = SqlService(node, registry)
-    app = create_app(node, registry, sql)
+    app = create_app(node, registry, sql, users)
     if (getattr(args, "server", None) or default_server()) == "granian":
-        return _run_on_granian(node, sql, app, host, port, args, stopping)
+        return _run_on_granian(node, sql, app, host, port, args, stopping, users)
     server = serve(app, host, port, threads=args.threads)
-    flight_sql = _start_flight_sql(sql, host, args)
+    flight_sql = _start_flight_sql(sql, host, args, users)
     node.start()
     http = threading.Thread(target=server.run, name="http", daemon=True)
     http.start()
@@ -158,12 +163,39 @@ def _stop_on_signals(stopping: threading.Event) -> None:
     threading.Thread(target=read_wakeups, name="signals", daemon=True).start()
 
 
-def _start_flight_sql(sql: SqlService, host: str, args: argparse.Namespace) -> object | None:
+def _start_flight_sql(sql: SqlService, host: str, args: argparse.Namespace, users: Users | None) -> object | None:
     if getattr(args, "flight_sql_port", None) is None:
         return None
     from federator.flight import server as flight_server
 
-    return flight_server.start(sql, host, args.flight_sql_port)  # binds now: a taken port fails early
+    return flight_server.start(sql, host, args.flight_sql_port, users)  # binds now: a taken port fails early
+
+
+def _users(args: argparse.Namespace, host: str) -> Users | None:
+    """The users of --users-file; without one, the public entries are open, which a node
+    allows on a loopback address, or anywhere with --allow-anonymous, and says so."""
+    path = getattr(args, "users_file", None)
+    if path:
+        users = Users.load(path)  # UsersFileError (a ValueError) names the line
+        log.info("public API, console calls and Flight SQL need a bearer token of the %d user(s) in %s",
+                 len(users.verifiers), path)
+        return users
+    if not _is_loopback(host) and not getattr(args, "allow_anonymous", False):
+        raise ValueError(f"--listen {host} can be reached from other machines and no --users-file names who may "
+                         "query this node: add users (`federator users add NAME --users-file FILE`, then "
+                         "--users-file FILE), or pass --allow-anonymous to serve anyone")
+    log.warning("no --users-file: the public API, console and Flight SQL answer anyone who can reach %s%s", host,
+                " (loopback only)" if _is_loopback(host) else " (--allow-anonymous)")
+    return None
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def _print_serving(node: Node, host: str, flight_sql: object | None, server: str) -> None:
@@ -182,13 +214,13 @@ def _hand_over(node: Node, flight_sql: object | None) -> None:
 
 
 def _run_on_granian(node: Node, sql: SqlService, app: object, host: str, port: int, args: argparse.Namespace,
-                    stopping: threading.Event) -> int:
+                    stopping: threading.Event, users: Users | None) -> int:
     """granian runs in the main thread (it sets signal handlers as it starts); a second
     thread keeps the shutdown order of the waitress path: hand over, then stop serving."""
     from federator.http.granian_server import GranianServer
 
     server = GranianServer(app, host, port, threads=args.threads, on_signal=stopping.set)
-    flight_sql = _start_flight_sql(sql, host, args)
+    flight_sql = _start_flight_sql(sql, host, args, users)
     node.start()
 
     def stop_in_order() -> None:

@@ -94,12 +94,16 @@ class FederatorDialect(default.DefaultDialect):
             kwargs["max_lag"] = int(opts.pop("max_lag"))
         if "token" in opts:
             kwargs["token"] = opts.pop("token")
+        if url.password:  # federator://:TOKEN@host:port (or user:TOKEN@): the bearer token, as BI tools send a password
+            kwargs["auth_token"] = url.password
+        if "auth_token" in opts:
+            kwargs["auth_token"] = opts.pop("auth_token")
         if "verify" in opts:
             v = opts.pop("verify")
             kwargs["verify"] = v if v.lower() not in ("false", "0", "no", "true", "1", "yes") else _flag(v, "verify")
         if opts:
             raise ValueError(f"unknown federator URL option(s) {sorted(opts)}; "
-                             "known: hosts, timeout, allow_stale, max_lag, token, verify")
+                             "known: hosts, timeout, allow_stale, max_lag, token, auth_token, verify")
         path = f"/{url.database}" if url.database else ""
         return [f"{self.scheme}://" + ",".join(nodes) + path], kwargs
 

@@ -16,8 +16,30 @@ function el(tag, attrs = {}, ...children) {
   return e;
 }
 
+// A node with --users-file wants a bearer token on every API call: the page asks for one when
+// a call is refused (401) and keeps it for this tab only (sessionStorage), never in the URL.
+const AUTH_KEY = "federator.auth";
+
+async function call(path, init = {}) {
+  const token = sessionStorage.getItem(AUTH_KEY);
+  const headers = {...(init.headers || {}), ...(token ? {Authorization: "Bearer " + token} : {})};
+  const resp = await fetch(path, {...init, headers});
+  if (resp.status === 401) {
+    $("login").hidden = false;
+    $("login-why").textContent = token ? "That token was refused; paste another." : "This node asks for a token.";
+  }
+  return resp;
+}
+
+function signIn() {
+  sessionStorage.setItem(AUTH_KEY, $("auth-token").value.trim());
+  $("auth-token").value = "";
+  $("login").hidden = true;
+  route();
+}
+
 async function getJson(path) {
-  const resp = await fetch(path, {headers: {Accept: "application/json"}});
+  const resp = await call(path, {headers: {Accept: "application/json"}});
   const body = await resp.json().catch(() => ({error: {code: "HTTP_" + resp.status, message: resp.statusText}}));
   if (!resp.ok || body.error) throw body.error || {code: "HTTP_" + resp.status, message: resp.statusText};
   return body;
@@ -37,8 +59,8 @@ function requestBody(sql) {
 }
 
 async function postSql(body, format) {
-  return fetch("/v1/sql", {method: "POST", headers: {"Content-Type": "application/json"},
-                           body: JSON.stringify({...body, format})});
+  return call("/v1/sql", {method: "POST", headers: {"Content-Type": "application/json"},
+                          body: JSON.stringify({...body, format})});
 }
 
 function showError(where, err) {
@@ -252,6 +274,8 @@ function route() {
   }
 }
 
+$("sign-in").onclick = signIn;
+$("auth-token").addEventListener("keydown", (e) => { if (e.key === "Enter") signIn(); });
 $("run").onclick = () => run(false);
 $("explain").onclick = () => run(true);
 for (const b of document.querySelectorAll(".download button")) b.onclick = () => download(b.dataset.format);
