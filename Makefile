@@ -18,9 +18,10 @@ install: $(BIN)/.installed
 demo: install
 	$(BIN)/federator demo
 
-# Debian packages the tests drive as a user would: chromium (the console, headless). Installed
+# Debian packages the tests drive as a user would: chromium (the console, headless), openssl
+# (self-signed certificates for the TLS tests). Installed
 # with apt-get when missing (CI and the developers' machines run as root; else sudo).
-TEST_DEBS := chromium
+TEST_DEBS := chromium openssl
 
 test-debs:
 	@missing=$$(for p in $(TEST_DEBS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \

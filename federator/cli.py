@@ -127,6 +127,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "reach the node, so only on a loopback --listen unless --allow-anonymous")
     n.add_argument("--allow-anonymous", action="store_true",
                    help="serve without --users-file on a --listen address other machines can reach")
+    tls = n.add_argument_group("TLS (every port of the node, and its calls to other nodes; see README \"TLS\")")
+    tls.add_argument("--tls-cert", default=os.environ.get("FEDERATOR_TLS_CERT"), metavar="PEM",
+                     help="the node's certificate (chain), naming its advertised host (default $FEDERATOR_TLS_CERT)")
+    tls.add_argument("--tls-key", default=os.environ.get("FEDERATOR_TLS_KEY"), metavar="PEM",
+                     help="the certificate's private key (default $FEDERATOR_TLS_KEY)")
+    tls.add_argument("--tls-ca", default=os.environ.get("FEDERATOR_TLS_CA"), metavar="PEM",
+                     help="the CA certificates peers' certificates are checked against (default $FEDERATOR_TLS_CA, "
+                          "else --tls-cert itself: one self-signed certificate shared by every node)")
     n.add_argument("--plugin-errors", choices=("fatal", "warn"), default="fatal",
                    help="a plugin that fails to load: fatal (default) stops the node before it joins the cluster; "
                         "warn logs it and serves without it (its stores and queries are unknown to this node)")

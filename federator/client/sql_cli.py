@@ -40,6 +40,8 @@ def add_sql_parser(sub: Any) -> None:
                    help="a value for the next ? placeholder (repeat); numbers are sent as numbers, the rest as strings")
     p.add_argument("--token", metavar="T", help="consistency token from an earlier answer: read at least that state")
     p.add_argument("--allow-stale", action="store_true", help="accept answers from standby replicas that may lag")
+    p.add_argument("--tls-ca", metavar="PEM", help="for an https:// node: the CA certificates to check its certificate "
+                   "against (default: $FEDERATOR_TLS_CA, else the system's)")
     p.add_argument("--auth-token", metavar="T",
                    help="bearer token of a user of the node's --users-file (default: $FEDERATOR_AUTH_TOKEN)")
 
@@ -122,7 +124,9 @@ def run_sql(args: argparse.Namespace, stdout: TextIO | None = None, stderr: Text
     body = {"sql": args.query, "parameters": [parse_param(p) for p in args.param],
             "consistency_token": args.token, "allow_stale": bool(args.allow_stale),
             "format": "json" if fmt == "table" else fmt}
-    http = urllib3.PoolManager(retries=False, timeout=urllib3.Timeout(connect=5.0, read=_READ_TIMEOUT_S))
+    ca = getattr(args, "tls_ca", None) or os.environ.get("FEDERATOR_TLS_CA")
+    http = urllib3.PoolManager(retries=False, timeout=urllib3.Timeout(connect=5.0, read=_READ_TIMEOUT_S),
+                               **({"ca_certs": ca, "cert_reqs": "CERT_REQUIRED"} if ca else {}))
     endpoint = _endpoint(url)
     try:
         headers = {"Content-Type": "application/json"}

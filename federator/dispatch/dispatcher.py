@@ -75,13 +75,13 @@ class Dispatcher:
     def _client(self, endpoint: str) -> NodeClient:
         c = self._clients.get(endpoint)
         if c is None:
-            c = self._clients[endpoint] = NodeClient(endpoint, self.node.cluster_secret)
+            c = self._clients[endpoint] = NodeClient(endpoint, self.node.cluster_secret, tls=getattr(self.node, "tls", None))
         return c
 
     def _key_client(self, endpoint: str) -> KeyClient:
         c = self._key_clients.get(endpoint)
         if c is None:
-            c = self._key_clients[endpoint] = KeyClient(endpoint, self.node.cluster_secret)
+            c = self._key_clients[endpoint] = KeyClient(endpoint, self.node.cluster_secret, getattr(self.node, "tls", None))
         return c
 
     def gather(

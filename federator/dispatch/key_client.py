@@ -11,12 +11,14 @@ from federator.query.position import Position
 from federator.query.wire import (KEY_ABSENT, KEY_FOUND, KEY_WELCOME, exact_reader, key_hello, key_request,
                                   read_key_answer)
 from federator.store.layer import StoredEntry
+from federator.tls import Tls
 
 
 class KeyClient:
-    def __init__(self, endpoint: str, cluster_secret: str | None = None) -> None:
+    def __init__(self, endpoint: str, cluster_secret: str | None = None, tls: Tls | None = None) -> None:
         host, _, port = endpoint.rpartition(":")
         self._address = (host.strip("[]") or "127.0.0.1", int(port))
+        self._tls = tls  # the calling node's: the connection is TLS and the peer's certificate checked
         self._hello = key_hello(cluster_secret)
         self._local = threading.local()
 
@@ -52,6 +54,12 @@ class KeyClient:
             return held[0], held[2]
         sock = socket.create_connection(self._address, timeout=timeout)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self._tls is not None:
+            try:
+                sock = self._tls.client.wrap_socket(sock, server_hostname=self._address[0])
+            except BaseException:
+                sock.close()
+                raise
         stream: IO[bytes] = sock.makefile("rb")
         read = exact_reader(stream)
         try:

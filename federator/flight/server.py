@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from federator.auth import Users, bearer
+from federator.tls import Tls
 from federator.flight import metadata, protocol
 from federator.flight.errors import flight_error
 from federator.flight.statements import Expiring, PendingResult, PreparedStatement
@@ -161,11 +162,12 @@ def _chunked(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
 
 class FlightSqlServer(flight.FlightServerBase):
     def __init__(self, node: Any, location: str, *, max_statements: int = 10_000, statement_ttl: float = 3600.0,
-                 max_results: int = 1_000, result_ttl: float = 300.0, users: Users | None = None) -> None:
+                 max_results: int = 1_000, result_ttl: float = 300.0, users: Users | None = None,
+                 tls_certificates: list[tuple[bytes, bytes]] | None = None) -> None:
         middleware: dict[str, flight.ServerMiddlewareFactory] = {_MIDDLEWARE: _CallOptionsFactory()}
         if users is not None:
             middleware["auth"] = _BearerAuthFactory(users)
-        super().__init__(location, middleware=middleware)
+        super().__init__(location, middleware=middleware, tls_certificates=tls_certificates or [])
         self.node = node
         self.statements: Expiring[PreparedStatement] = Expiring(max_statements, statement_ttl)
         self.results: Expiring[PendingResult] = Expiring(max_results, result_ttl)
@@ -389,10 +391,13 @@ def _take_one(batches: Iterator[pa.RecordBatch]) -> list[pa.RecordBatch]:
     return [] if nxt is None else [nxt]
 
 
-def start(node: Any, host: str, port: int, users: Users | None = None) -> FlightSqlServer:
+def start(node: Any, host: str, port: int, users: Users | None = None, tls: Tls | None = None) -> FlightSqlServer:
     """Serve Flight SQL for ``node`` on host:port (serving starts at once, in gRPC's threads);
-    with ``users``, each call needs one of their bearer tokens."""
-    return FlightSqlServer(node, f"grpc://{host}:{port}", users=users)
+    with ``users``, each call needs one of their bearer tokens; with ``tls``, over TLS."""
+    if tls is None:
+        return FlightSqlServer(node, f"grpc://{host}:{port}", users=users)
+    return FlightSqlServer(node, f"grpc+tls://{host}:{port}", users=users,
+                           tls_certificates=[(tls.cert.read_bytes(), tls.key.read_bytes())])
 
 
 def stop(server: FlightSqlServer, timeout: float = 5.0) -> None:

@@ -27,6 +27,7 @@ from granian.constants import Interfaces
 from granian.server.mt import MTServer
 
 from federator.broker import port_open
+from federator.tls import Tls
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,7 @@ class GranianServer:
     """
 
     def __init__(self, app: Any, host: str, port: int, threads: int = 8,
-                 on_signal: Callable[[], None] | None = None) -> None:
+                 on_signal: Callable[[], None] | None = None, tls: Tls | None = None) -> None:
         if port == 0:
             raise ValueError("the granian server needs an explicit port (--listen HOST:PORT with PORT > 0)")
         _refuse_a_taken_port(host, port)
@@ -72,6 +73,7 @@ class GranianServer:
             "federator.http.app:create_app",  # only a label: the app is handed over below
             address=host, port=port, interface=Interfaces.WSGI, workers=1, blocking_threads=threads,
             log_enabled=False, log_access=False,
+            **({"ssl_cert": tls.cert, "ssl_key": tls.key} if tls is not None else {}),
         )
         self._on_signal = on_signal
         self._server.on_startup(self._started)

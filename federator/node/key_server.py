@@ -18,6 +18,7 @@ from federator.query.position import Position, PositionBound
 from federator.query.wire import (KEY_ABSENT, KEY_CANNOT, KEY_FOUND, KEY_WELCOME, exact_reader, key_answer,
                                   read_key_hello, read_key_request)
 from federator.store.layer import StoredEntry
+from federator.tls import Tls
 
 log = logging.getLogger(__name__)
 _UNBOUNDED = PositionBound.unbounded()
@@ -30,8 +31,9 @@ class KeyServer:
     open with ``secret`` (or anyone, when it is None); ``topic_of`` names a store's changelog."""
 
     def __init__(self, read_local: ReadLocal, topic_of: Callable[[str], str | None], secret: str | None,
-                 host: str, port: int) -> None:
+                 host: str, port: int, tls: Tls | None = None) -> None:
         self._read_local, self._topic_of = read_local, topic_of
+        self._tls = tls  # callers then speak TLS (the node's certificate), as its HTTP callers do
         self._secret = (secret or "").encode()
         self._listener = socket.create_server((host, port), reuse_port=False)
         self.port: int = self._listener.getsockname()[1]
@@ -66,6 +68,20 @@ class KeyServer:
             threading.Thread(target=self._serve, args=(conn,), name="key-conn", daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
+        if self._tls is not None:
+            try:  # the handshake here, on the connection's own thread: a slow caller holds only that
+                conn.settimeout(10)
+                plain, conn = conn, self._tls.server.wrap_socket(conn, server_side=True)
+                conn.settimeout(None)
+                with self._lock:
+                    self._connections.discard(plain)
+                    self._connections.add(conn)
+            except (OSError, ValueError):
+                log.warning("a key call that did not complete a TLS handshake was refused")
+                with self._lock:
+                    self._connections.discard(conn)
+                _close(conn)
+                return
         stream = conn.makefile("rb")
         read = exact_reader(stream)
         try:

@@ -47,6 +47,7 @@ from federator.store.layer import LocalKeyQuery, StoredEntry
 from federator.store.metered import Meter
 from federator.store.scan_cache import DEFAULT_FOLLOW, DEFAULT_MB, ScanCache
 from federator.store.stack import open_store
+from federator.tls import Tls
 from federator.query.request import StateQueryRequest
 from federator.query.result import FailureReason, QueryResult
 
@@ -63,6 +64,7 @@ class NodeConfig:
     standby_replicas: int = 0
     node_id: str | None = None
     cluster_secret: str | None = None
+    tls: Tls | None = None  # --tls-cert/--tls-key/--tls-ca (federator.tls)
     duckdb_memory_limit: str = "2GB"  # DuckDB's memory_limit; past it, queries spill under state_dir/spill
     reuse_answers_seconds: float = 5.0  # how long the receiver reuses an answer over unchanged positions
     # A plugin that failed to load: "fatal" stops the node before it joins anything (the
@@ -132,6 +134,7 @@ class Node:
         self.key_server: KeyServer | None = None  # started with the node (NodeConfig.key_port)
         self.key_endpoint: str | None = None
         self.cluster_secret = config.cluster_secret
+        self.tls = config.tls  # its servers' certificate, and whom it trusts when it calls peers
         self.state = "CREATED"
         # This process, as told apart from any other that uses (or used) the same node id.
         self.incarnation = uuid.uuid4().hex[:12]
@@ -175,7 +178,7 @@ class Node:
         if self.config.key_port is not None:  # bound now: a taken port stops the start here
             host = self.config.listen.rpartition(":")[0]
             self.key_server = KeyServer(self.read_local, self._topic_of, self.cluster_secret, host,
-                                        self.config.key_port)
+                                        self.config.key_port, self.tls)
             self.key_endpoint = f"{self.endpoint.rpartition(':')[0]}:{self.key_server.port}"
             self.key_server.start()
         kafka.check_reachable(self.config.bootstrap_servers)

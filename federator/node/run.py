@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from federator.auth import Users
+from federator.tls import from_flags
 from federator.node.node import Node, NodeConfig
 from federator.plugin import load_plugins
 from federator.store.scan_cache import DEFAULT_FOLLOW
@@ -72,6 +73,11 @@ def run_node(args: argparse.Namespace) -> int:
         raise ValueError("--scan-cache-follow must be 0 or more")
     limits = _limits(args)  # checked before the node joins anything
     users = _users(args, host)
+    tls = from_flags(getattr(args, "tls_cert", None), getattr(args, "tls_key", None), getattr(args, "tls_ca", None))
+    server_kind = getattr(args, "server", None) or default_server()
+    if tls is not None and server_kind != "granian":
+        raise ValueError("TLS (--tls-cert/--tls-key) is served by granian only: drop --server waitress "
+                         "(or $FEDERATOR_HTTP_SERVER=waitress)")
     # The one registry of this process: built here, owned by the node, passed to the HTTP app.
     registry = load_plugins()
     node = Node(NodeConfig(
@@ -93,6 +99,7 @@ def run_node(args: argparse.Namespace) -> int:
         max_timeout_ms=limits.max_timeout_ms, max_running_queries=limits.max_running,
         max_queued_queries=limits.max_queued,
         key_port=getattr(args, "key_port", 0),
+        tls=tls,
     ), registry)  # raises PluginsFailed when a plugin failed and --plugin-errors is fatal
     if getattr(args, "reuse_answers_seconds", 0) < 0:
         raise ValueError("--reuse-answers-seconds must be 0 or more")
@@ -101,7 +108,7 @@ def run_node(args: argparse.Namespace) -> int:
     node.on_refused = lambda why: stopping.set()  # the node logged why; exit with REFUSED
     sql = SqlService(node, registry)
     app = create_app(node, registry, sql, users)
-    if (getattr(args, "server", None) or default_server()) == "granian":
+    if server_kind == "granian":
         return _run_on_granian(node, sql, app, host, port, args, stopping, users)
     server = serve(app, host, port, threads=args.threads)
     flight_sql = _start_flight_sql(sql, host, args, users)
@@ -168,7 +175,7 @@ def _start_flight_sql(sql: SqlService, host: str, args: argparse.Namespace, user
         return None
     from federator.flight import server as flight_server
 
-    return flight_server.start(sql, host, args.flight_sql_port, users)  # binds now: a taken port fails early
+    return flight_server.start(sql, host, args.flight_sql_port, users, sql.node.tls)  # binds now: a taken port fails early
 
 
 def _users(args: argparse.Namespace, host: str) -> Users | None:
@@ -199,9 +206,10 @@ def _is_loopback(host: str) -> bool:
 
 
 def _print_serving(node: Node, host: str, flight_sql: object | None, server: str) -> None:
-    print(f"node {node.node_id} serving http://{node.endpoint} on {server} (state in {node.state_dir})", flush=True)
+    http, grpc = ("https", "grpc+tls") if node.tls else ("http", "grpc")
+    print(f"node {node.node_id} serving {http}://{node.endpoint} on {server} (state in {node.state_dir})", flush=True)
     if flight_sql is not None:
-        print(f"node {node.node_id} serving Flight SQL on grpc://{host}:{flight_sql.port}", flush=True)  # type: ignore[attr-defined]
+        print(f"node {node.node_id} serving Flight SQL on {grpc}://{host}:{flight_sql.port}", flush=True)  # type: ignore[attr-defined]
 
 
 def _hand_over(node: Node, flight_sql: object | None) -> None:
@@ -219,7 +227,7 @@ def _run_on_granian(node: Node, sql: SqlService, app: object, host: str, port: i
     thread keeps the shutdown order of the waitress path: hand over, then stop serving."""
     from federator.http.granian_server import GranianServer
 
-    server = GranianServer(app, host, port, threads=args.threads, on_signal=stopping.set)
+    server = GranianServer(app, host, port, threads=args.threads, on_signal=stopping.set, tls=node.tls)
     flight_sql = _start_flight_sql(sql, host, args, users)
     node.start()
 
