@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 import shutil
 import subprocess
 import urllib.parse
@@ -16,8 +17,12 @@ from pathlib import Path
 
 import pytest
 import urllib3
+from flask import Flask
 from PIL import Image
 
+from federator.http.console import register_console
+
+from tests.http_server import running
 from tests.integration.bi_cluster import P, bi_cluster  # noqa: F401 - bi_cluster is a fixture
 
 HTTP = urllib3.PoolManager()
@@ -51,6 +56,26 @@ def sql_answer(endpoint: str, sql: str) -> dict:
                         headers={"Content-Type": "application/json"})
     assert resp.status == 200, resp.data[:300]
     return json.loads(resp.data)
+
+
+def test_the_cluster_map_draws_each_partition_state(tmp_path) -> None:
+    """Against a small app serving the console and a routing view made up here (no cluster: a
+    partition without an active owner only lasts until a real cluster rebalances it)."""
+    app = Flask("fake")
+    register_console(app)
+    nodes = [{"node_id": "a", "endpoint": "x:1", "state": "RUNNING", "last_heartbeat_ms": 0,
+              "active": {"s": [0, 2]}, "standby": {"s": [1, 3]}, "restoring": {"s": [2]},
+              "lags": {"s": {"1": 0, "2": 40, "3": 7}}},
+             {"node_id": "b", "endpoint": "x:2", "state": "RUNNING", "last_heartbeat_ms": 0,
+              "active": {"s": [3]}, "standby": {"s": [0]}, "restoring": {}, "lags": {"s": {"0": 0}}}]
+    app.get("/v1/metadata")(lambda: {"node_id": "a", "application_id": "fake", "nodes": nodes,
+                                     "stores": {"s": {"partitions": 4, "type": "kv", "topic": "t"}}})
+    with running(app) as endpoint:
+        dom = browse(f"http://{endpoint}/#cluster")
+    states = dict(re.findall(r'data-partition="(\d)" data-state="(\w+)"', dom))
+    # 0: active a, standby b in step; 1: only a standby; 2: active, restoring; 3: active b, its standby a lags
+    assert states == {"0": "ok", "1": "uncovered", "2": "restoring", "3": "lagging"}, states
+    assert "NO ACTIVE OWNER" in dom
 
 
 def test_the_console_and_its_files_are_served(bi_cluster) -> None:
