@@ -4,7 +4,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: install demo test test-debs bench wrk chaos fuzz clean
+.PHONY: install demo test test-debs bench bench-debs chaos fuzz clean
 
 $(BIN)/.installed: setup.cfg pyproject.toml
 	@echo "==> creating $(VENV) and installing federator with its test dependencies (about a minute)"
@@ -37,7 +37,7 @@ test: install test-debs
 
 # The benchmarks also run a Faust worker and wrk (tests/bench/test_bench_faust.py). Faust comes from
 # setup.cfg's `bench` extra, installed into a venv of its own so that its pins never change .venv;
-# wrk is Debian's package, installed with apt-get when it is missing.
+# the benchmarks' own clients (redis-py) are the `bench-client` extra, installed into .venv.
 FAUST_VENV := .venv-faust
 
 $(FAUST_VENV)/.installed: setup.cfg
@@ -47,15 +47,20 @@ $(FAUST_VENV)/.installed: setup.cfg
 	$(FAUST_VENV)/bin/python -m pip install --quiet --progress-bar off $$($(PYTHON) tests/bench/bench_requirements.py)
 	@touch $@
 
-wrk:
-	@command -v wrk >/dev/null 2>&1 || { \
-	  echo "==> wrk (the benchmarks' HTTP load generator) is missing: installing Debian's package (apt-get install wrk)"; \
-	  if [ "$$(id -u)" = 0 ]; then sudo=; elif command -v sudo >/dev/null 2>&1; then sudo=sudo; \
-	  else echo "wrk: installing it needs root; run 'apt-get install wrk' as root, then make bench again"; exit 1; fi; \
-	  $$sudo apt-get install -y wrk || { $$sudo apt-get update && $$sudo apt-get install -y wrk; } || \
-	  { echo "wrk: apt-get could not install it; install Debian's wrk package, then make bench again"; exit 1; }; }
+# Debian packages the benchmarks drive: wrk (HTTP load) and redis-server (the leaderboard's peer).
+BENCH_DEBS := wrk redis-server
 
-bench: install $(FAUST_VENV)/.installed wrk
+bench-debs:
+	@missing=$$(for p in $(BENCH_DEBS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "==> installing Debian packages the benchmarks use: $$missing (apt-get)"; \
+	  if [ "$$(id -u)" = 0 ]; then sudo=; elif command -v sudo >/dev/null 2>&1; then sudo=sudo; \
+	  else echo "the benchmarks need Debian's $$missing; run 'apt-get install $$missing' as root, then make bench again"; exit 1; fi; \
+	  $$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing || \
+	  { echo "apt-get could not install $$missing; install them, then make bench again"; exit 1; }; fi
+
+bench: install $(FAUST_VENV)/.installed bench-debs
+	$(BIN)/python -m pip install --quiet --progress-bar off -e '.[bench-client]'
 	$(BIN)/python -m pytest tests/bench -s
 
 # the kill test's long run (9 kills over 2,000 keys; the default test run makes 2 kills)

@@ -34,6 +34,10 @@ class RulePlan:
     note: str  # what the rule did, for EXPLAIN
     combine: Callable[[Fetch], pa.Table] | None = None
     remaining: exp.Select | None = None
+    # the subqueries' rows already hold every row the statement's ORDER BY ... LIMIT can keep
+    # (ties at the cut included): owners send them as they are, without a top-k of their own,
+    # and the receiver cuts once (an owner's DuckDB statement costs more than the rows it saves)
+    rows_are_top_k: bool = False
 
 
 class SqlRule:

@@ -343,7 +343,8 @@ def _plan_ref(defn: StoreDefinition, table: exp.Table, query: exp.Expression, me
     subqueries = rule.subqueries if rule is not None else plan_store_queries(defn, where, [])
     sql_parts = []
     kind = "columns"
-    top = pushdown.top_k(select, table, columns) if single and select is not None else None
+    top = pushdown.top_k(select, table, columns) if single and select is not None and not (
+        rule is not None and rule.rows_are_top_k) else None
     if where is not None or top is not None:
         q = exp.select(*[exp.column(c, quoted=True) for c in keep]).from_(ROWS)
         if where is not None:

@@ -54,6 +54,7 @@ class TopKRule(SqlRule):
         return RulePlan(
             [SubQuery(TopKQuery(k, descending), None)],
             f"top {k} by {_score_column(store)} {'DESC' if descending else 'ASC'} from each partition's score index",
+            rows_are_top_k=True,  # each partition's top k with the ties at the cut: the receiver's cut is exact
         )
 
 

@@ -114,7 +114,10 @@ def test_top_k_is_planned_as_topk_queries(plugin_cluster) -> None:
     assert {r["query"] for r in rows} == {"TopKQuery(k=3, descending=True) via rule leaderboard.top_k: "
                                           "top 3 by score DESC from each partition's score index"}
     assert sorted(int(p) for r in rows for p in r["partitions"].split(",")) == list(range(P))
-    assert all("ORDER BY score DESC LIMIT 3" in r["pushed_down"] for r in rows)
+    # the index's rows per partition are the top-k already (rows_are_top_k): owners send them
+    # as they are, and the receiver cuts once
+    assert all(r["pushed_down"] == "columns player, score" for r in rows), rows
+    assert all("ORDER BY score DESC LIMIT 3" in r["at_receiver"] for r in rows), rows
 
 
 @pytest.mark.parametrize("players", [["player_007"], ["player_000", "player_123", "player_299", "nobody"]])
