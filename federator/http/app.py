@@ -8,8 +8,7 @@ Every error, including Flask's own 404/405 and unexpected exceptions, is a JSON 
 from __future__ import annotations
 
 import hmac
-import json
-from typing import TYPE_CHECKING, Any, NoReturn, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import pyarrow as pa
 from flask import Flask, Response, jsonify, request
@@ -17,14 +16,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from werkzeug.exceptions import HTTPException
 
 from federator.metrics import Metrics
-from federator.query.queries import UnknownQueryType
+from federator.node import internal_query as internal
 from federator.query.request import StateQueryRequest
-from federator.query.result import FailureReason, QueryResult
+from federator.query.result import QueryResult
 from federator.auth import Users
 from federator.http.bearer_auth import BearerAuth
 from federator.http.console import register_console
 from federator.http.sql_routes import SqlNode, register_sql_routes
-from federator.query.wire import MEDIA_TYPE, SECRET_HEADER, encode_results
+from federator.query.wire import MEDIA_TYPE, SECRET_HEADER
 
 if TYPE_CHECKING:
     from federator.plugin.registry import Registry
@@ -52,27 +51,10 @@ class ApiError(Exception):
         self.status, self.code, self.message = status, code, message
 
 
-def _pipeline_schema(results: list[QueryResult], store_schema: pa.Schema) -> pa.Schema:
-    """The stream takes the first answer's schema, and the others are cast to it (an empty
-    partition may have inferred looser types)."""
-    ok = [r for r in results if r.ok and r.batch is not None]
-    if not ok:
-        return store_schema
-    schema = ok[0].batch.schema
-    for r in ok[1:]:
-        if not r.batch.schema.equals(schema):
-            r.batch = r.batch.cast(schema)
-    return schema
-
-
 def error_response(status: int, code: str, message: str) -> Response:
     resp = jsonify({"error": {"code": code, "message": message}})
     resp.status_code = status
     return resp
-
-
-def _bad_request(message: str) -> NoReturn:
-    raise ApiError(400, "BAD_REQUEST", message)
 
 
 def _unknown_store(store: str) -> ApiError:
@@ -103,61 +85,6 @@ def _check_secret(secret: str) -> None:
             f"the {SECRET_HEADER} header does not match this node's cluster secret; "
             "pass the cluster secret every node of the application was started with",
         )
-
-
-def _read_json_object() -> dict[str, Any]:
-    raw = request.get_data(cache=False)
-    if not raw:
-        _bad_request("the request body is empty; send a StateQueryRequest as JSON (StateQueryRequest.to_dict())")
-    try:
-        body = json.loads(raw)
-    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are both ValueErrors
-        _bad_request(f"the request body is not valid JSON: {e}")
-    if not isinstance(body, dict):
-        _bad_request(f"the request body must be a JSON object (a StateQueryRequest), not {type(body).__name__}")
-    return body
-
-
-def _describe(e: Exception) -> str:
-    if isinstance(e, KeyError):  # str(KeyError) is just the quoted key
-        return f"missing field {e.args[0]!r}" if e.args else "missing field"
-    return str(e) or type(e).__name__
-
-
-def _partitions_field(body: dict[str, Any]) -> list[int] | None:
-    parts = body.get("partitions")
-    if parts is None:
-        return None
-    if not isinstance(parts, list):
-        _bad_request(f"field 'partitions' must be a list of partition numbers or null, not {parts!r}")
-    try:
-        return [int(p) for p in parts]
-    except (TypeError, ValueError):
-        _bad_request(f"field 'partitions' must hold integers, got {parts!r}")
-
-
-def _check_fields(body: dict[str, Any]) -> None:
-    """Shape checks that name the field; StateQueryRequest.from_dict's own errors would not."""
-    store = body.get("store")
-    if not isinstance(store, str) or not store:
-        _bad_request(f"field 'store' must be a store name (a non-empty string), got {store!r}")
-    query = body.get("query")
-    if not isinstance(query, dict) or not isinstance(query.get("type"), str):
-        _bad_request(f"field 'query' must be an object with a string 'type' (Query.to_dict()), got {query!r}")
-    _partitions_field(body)
-    bound = body.get("bound")
-    if bound is not None and not (isinstance(bound, dict) and all(isinstance(v, dict) for v in bound.values())):
-        _bad_request(f"field 'bound' must be null or a Position (topic -> partition -> offset), got {bound!r}")
-
-
-def _unknown_type_results(body: dict[str, Any], e: UnknownQueryType) -> list[QueryResult]:
-    partitions = _partitions_field(body)
-    if partitions is None:
-        # "All partitions", but how many the app cannot know, and a silent partial answer is worse.
-        raise ApiError(422, "UNKNOWN_QUERY_TYPE", f"{e} (request for all partitions of store {body['store']!r})")
-    # The node cannot run it, yet the request is well-formed: each partition says so, and the
-    # caller turns that into an error that names the missing plugin.
-    return [QueryResult.failed(p, FailureReason.UNKNOWN_QUERY_TYPE, str(e)) for p in partitions]
 
 
 def create_app(node: Node, registry: Registry, sql: SqlNode | None = None, users: Users | None = None) -> Flask:
@@ -214,22 +141,11 @@ def create_app(node: Node, registry: Registry, sql: SqlNode | None = None, users
 
     @app.post("/internal/v1/query")
     def internal_query() -> Response:
-        body = _read_json_object()
-        _check_fields(body)
-        schema = node.schema_for(body["store"])
-        if schema is None:
-            raise _unknown_store(body["store"])
         try:
-            req = StateQueryRequest.from_dict(body, registry.query_types)
-        except UnknownQueryType as e:  # a KeyError, so it must come before the generic catch
-            results = _unknown_type_results(body, e)
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
-            _bad_request(f"the body is not a valid StateQueryRequest: {_describe(e)}")
-        else:
-            results = node.execute(req)
-            # SQL work at the owner, and plugin queries (counts, ranks), answer in their own shape
-            schema = _pipeline_schema(results, schema)
-        return Response(encode_results(results, schema), mimetype=MEDIA_TYPE)
+            body = internal.answer(node, registry.query_types, internal.parse_body(request.get_data(cache=False)))
+        except internal.InternalQueryError as e:
+            raise ApiError(e.status, e.code, e.message) from None
+        return Response(body, mimetype=MEDIA_TYPE)
 
     @app.errorhandler(ApiError)
     def api_error(e: ApiError) -> Response:
