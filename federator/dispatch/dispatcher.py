@@ -21,7 +21,7 @@ from typing import Any
 import pyarrow as pa
 
 from federator.dispatch.client import NodeCallError, NodeClient
-from federator.dispatch.key_client import KeyClient
+from federator.dispatch.key_client import CallClient, CallUnavailable, KeyClient
 from federator.dispatch.errors import NotColocated, NotUpToBound, OwnerFailed, Timeout, Unavailable, UnknownQueryType
 from federator.plan.keys import SubQuery
 from federator.query.owner_work import OwnerWork
@@ -54,15 +54,18 @@ class Dispatcher:
         self.pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="dispatch")
         self._clients: dict[str, NodeClient] = {}
         self._key_clients: dict[str, KeyClient] = {}
+        self._call_clients: dict[str, CallClient] = {}
 
-    def _query(self, node_id: str, endpoint: str, req: StateQueryRequest, timeout: float) -> list[QueryResult]:
-        """One call to node ``node_id`` carrying all its partitions of ``req``, counted."""
+    def _query(self, node_id: str, endpoints: tuple[str, str | None], req: StateQueryRequest,
+               timeout: float) -> list[QueryResult]:
+        """One call to node ``node_id`` carrying all its partitions of ``req``, counted.
+        ``endpoints``: its HTTP address and its key port's (None: it has none)."""
         if self.metrics is None:
-            return self._client(endpoint).query(req, timeout)
+            return self._call(endpoints, req, timeout)
         started = perf_counter()
         outcome = "ok"
         try:
-            return self._client(endpoint).query(req, timeout)
+            return self._call(endpoints, req, timeout)
         except NodeCallError as e:
             outcome = e.code or (f"HTTP_{e.status}" if e.status else "NO_ANSWER")
             raise
@@ -71,6 +74,24 @@ class Dispatcher:
             raise
         finally:
             self.metrics.internal_call(node_id, "query", outcome, perf_counter() - started)
+
+    def _call(self, endpoints: tuple[str, str | None], req: StateQueryRequest, timeout: float) -> list[QueryResult]:
+        """Over the node's key port, a connection this thread keeps (no HTTP server or client on
+        either side); over HTTP when the node has no such port or it cannot take the call."""
+        endpoint, key_endpoint = endpoints
+        if key_endpoint is not None:
+            try:
+                return self._call_client(key_endpoint).query(req, timeout)
+            except CallUnavailable:
+                pass
+        return self._client(endpoint).query(req, timeout)
+
+    def _call_client(self, key_endpoint: str) -> CallClient:
+        c = self._call_clients.get(key_endpoint)
+        if c is None:
+            c = self._call_clients[key_endpoint] = CallClient(key_endpoint, self.node.cluster_secret,
+                                                              getattr(self.node, "tls", None))
+        return c
 
     def _client(self, endpoint: str) -> NodeClient:
         c = self._clients.get(endpoint)
@@ -105,7 +126,7 @@ class Dispatcher:
         while pending:
             # route every pending partition; group into one request per (node, subquery, whether
             # it must be the active copy: not for a standby that a token sent us to)
-            groups: dict[tuple[str, str, int, bool], list[int]] = defaultdict(list)
+            groups: dict[tuple[str, tuple[str, str | None], int, bool], list[int]] = defaultdict(list)
             for item in sorted(pending):
                 i, p = item
                 targets = targets_for(view, store, p, options, frozenset(avoid[item]), token.get(p))
@@ -118,7 +139,7 @@ class Dispatcher:
                     reasons[item] = "no node serves it (a rebalance may be under way)"
                     continue
                 t = targets[0]
-                groups[(t.node_id, t.endpoint, i, t.active and not allow_stale)].append(p)
+                groups[(t.node_id, (t.endpoint, t.key_endpoint), i, t.active and not allow_stale)].append(p)
             local, remote = [], []
             for (node_id, endpoint, i, require_active), parts in groups.items():
                 req = StateQueryRequest(

@@ -1,52 +1,34 @@
-"""The caller's end of the point lookup's node-to-node call (federator.query.wire, KEY_HELLO):
-one connection per calling thread, kept open."""
+"""The caller's end of a node's key port (federator.query.wire): the point lookup (KeyClient,
+KEY_HELLO) and the per-partition query of a scatter-gather (CallClient, CALL_HELLO); one
+connection per calling thread and kind, kept open."""
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 from typing import IO, Callable
 
 from federator.query.position import Position
-from federator.query.wire import (KEY_ABSENT, KEY_FOUND, KEY_WELCOME, exact_reader, key_hello, key_request,
-                                  read_key_answer)
+from federator.dispatch.client import NodeCallError
+from federator.query.request import StateQueryRequest
+from federator.query.result import QueryResult
+from federator.query.wire import (KEY_ABSENT, KEY_FOUND, KEY_WELCOME, call_hello, call_request, decode_results,
+                                  exact_reader, key_hello, key_request, read_call_answer, read_key_answer)
 from federator.store.layer import StoredEntry
 from federator.tls import Tls
 
 
-class KeyClient:
-    def __init__(self, endpoint: str, cluster_secret: str | None = None, tls: Tls | None = None) -> None:
+class _PortClient:
+    """Connections to one node's key port, one per calling thread, opened with ``hello``."""
+
+    def __init__(self, endpoint: str, hello: bytes, tls: Tls | None = None) -> None:
         host, _, port = endpoint.rpartition(":")
+        self.endpoint = endpoint
         self._address = (host.strip("[]") or "127.0.0.1", int(port))
         self._tls = tls  # the calling node's: the connection is TLS and the peer's certificate checked
-        self._hello = key_hello(cluster_secret)
+        self._hello = hello
         self._local = threading.local()
-
-    def read_key(self, store: str, topic: str, partition: int, key: bytes, at: int | None,
-                 timeout: float) -> StoredEntry | None:
-        """``key``'s stored entry from the node's active, current copy of the partition (at
-        least at offset ``at``), as ``Node.read_local`` gives it there; None when the node
-        cannot answer it so, or does not answer: the caller takes the general path, which
-        retries elsewhere and says why when it cannot."""
-        request = key_request(store, partition, key, at)
-        for attempt in (0, 1):  # a kept connection the node closed fails once: open another
-            try:
-                sock, read = self._connection(timeout)
-                sock.settimeout(timeout)
-                sock.sendall(request)
-                status, offset, stored = read_key_answer(read)
-            except TimeoutError:  # not again: the time is spent
-                self._drop()
-                return None
-            except (OSError, EOFError, ValueError):
-                self._drop()
-                if attempt:
-                    return None
-                continue
-            if status not in (KEY_FOUND, KEY_ABSENT):
-                return None
-            return StoredEntry(stored, Position() if offset is None else Position.of(topic, partition, offset))
-        return None
 
     def _connection(self, timeout: float) -> tuple[socket.socket, Callable[[int], bytes]]:
         held = getattr(self._local, "held", None)
@@ -79,3 +61,73 @@ class KeyClient:
         if held is not None:
             held[1].close()
             held[0].close()
+
+
+class KeyClient(_PortClient):
+    def __init__(self, endpoint: str, cluster_secret: str | None = None, tls: Tls | None = None) -> None:
+        super().__init__(endpoint, key_hello(cluster_secret), tls)
+
+    def read_key(self, store: str, topic: str, partition: int, key: bytes, at: int | None,
+                 timeout: float) -> StoredEntry | None:
+        """``key``'s stored entry from the node's active, current copy of the partition (at
+        least at offset ``at``), as ``Node.read_local`` gives it there; None when the node
+        cannot answer it so, or does not answer: the caller takes the general path, which
+        retries elsewhere and says why when it cannot."""
+        request = key_request(store, partition, key, at)
+        for attempt in (0, 1):  # a kept connection the node closed fails once: open another
+            try:
+                sock, read = self._connection(timeout)
+                sock.settimeout(timeout)
+                sock.sendall(request)
+                status, offset, stored = read_key_answer(read)
+            except TimeoutError:  # not again: the time is spent
+                self._drop()
+                return None
+            except (OSError, EOFError, ValueError):
+                self._drop()
+                if attempt:
+                    return None
+                continue
+            if status not in (KEY_FOUND, KEY_ABSENT):
+                return None
+            return StoredEntry(stored, Position() if offset is None else Position.of(topic, partition, offset))
+        return None
+
+
+class CallUnavailable(ConnectionError):
+    """The call port could not be used (refused, closed, not a Federator node): the caller asks
+    over HTTP instead, as before the port existed."""
+
+
+class CallClient(_PortClient):
+    def __init__(self, endpoint: str, cluster_secret: str | None = None, tls: Tls | None = None) -> None:
+        super().__init__(endpoint, call_hello(cluster_secret), tls)
+
+    def query(self, request: StateQueryRequest, timeout: float) -> list[QueryResult]:
+        """The node's per-partition results for ``request``, as ``POST /internal/v1/query``
+        gives them. NodeCallError for an error answer or a call that ran past ``timeout``;
+        CallUnavailable when the port cannot take the call."""
+        body = call_request(json.dumps(request.to_dict()).encode())
+        for attempt in (0, 1):  # a kept connection the node closed fails once: open another
+            try:
+                sock, read = self._connection(timeout)
+                sock.settimeout(timeout)
+                sock.sendall(body)
+                status, payload = read_call_answer(read)
+            except TimeoutError:  # not again: the time is spent
+                self._drop()
+                raise NodeCallError(self.endpoint, f"no answer within {timeout:.2f}s") from None
+            except (OSError, EOFError, ValueError) as e:
+                self._drop()
+                if attempt:
+                    raise CallUnavailable(f"{self.endpoint}: {type(e).__name__}: {e}") from None
+                continue
+            if status != 200:
+                try:
+                    err = json.loads(payload)["error"]
+                    code, message = err["code"], err["message"]
+                except (ValueError, KeyError, TypeError):
+                    code, message = None, payload[:200].decode("utf-8", "replace")
+                raise NodeCallError(self.endpoint, f"status {status} {code}: {message}", status, code)
+            return decode_results(payload)
+        raise AssertionError("unreachable")

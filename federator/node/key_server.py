@@ -15,8 +15,8 @@ import threading
 from typing import Any, Callable
 
 from federator.query.position import Position, PositionBound
-from federator.query.wire import (KEY_ABSENT, KEY_CANNOT, KEY_FOUND, KEY_WELCOME, exact_reader, key_answer,
-                                  read_key_hello, read_key_request)
+from federator.query.wire import (CALL_HELLO, KEY_ABSENT, KEY_CANNOT, KEY_FOUND, KEY_WELCOME, call_answer,
+                                  exact_reader, key_answer, read_call_request, read_hello, read_key_request)
 from federator.store.layer import StoredEntry
 from federator.tls import Tls
 
@@ -24,6 +24,8 @@ log = logging.getLogger(__name__)
 _UNBOUNDED = PositionBound.unbounded()
 
 ReadLocal = Callable[[str, int, bytes, PositionBound], "StoredEntry | None"]
+# a StateQueryRequest's JSON -> (status, payload): the result stream, or the error body (Node.answer_call)
+AnswerCall = Callable[[bytes], "tuple[int, bytes]"]
 
 
 class KeyServer:
@@ -31,8 +33,9 @@ class KeyServer:
     open with ``secret`` (or anyone, when it is None); ``topic_of`` names a store's changelog."""
 
     def __init__(self, read_local: ReadLocal, topic_of: Callable[[str], str | None], secret: str | None,
-                 host: str, port: int, tls: Tls | None = None) -> None:
+                 host: str, port: int, tls: Tls | None = None, answer_call: AnswerCall | None = None) -> None:
         self._read_local, self._topic_of = read_local, topic_of
+        self._answer_call = answer_call  # None: callers that open with CALL_HELLO are refused
         self._tls = tls  # callers then speak TLS (the node's certificate), as its HTTP callers do
         self._secret = (secret or "").encode()
         self._listener = socket.create_server((host, port), reuse_port=False)
@@ -85,10 +88,16 @@ class KeyServer:
         stream = conn.makefile("rb")
         read = exact_reader(stream)
         try:
-            given = read_key_hello(read)
-            if given is None or not hmac.compare_digest(given.encode(), self._secret):
+            opened = read_hello(read)
+            if opened is None or not hmac.compare_digest(opened[1].encode(), self._secret):
                 log.warning("a key call without this node's cluster secret (or not a Federator node) was refused")
                 return
+            if opened[0] == CALL_HELLO:
+                if self._answer_call is None:
+                    return
+                conn.sendall(KEY_WELCOME)
+                while True:
+                    conn.sendall(call_answer(*self._answer_call(read_call_request(read))))
             conn.sendall(KEY_WELCOME)
             while True:
                 conn.sendall(self._answer(*read_key_request(read)))

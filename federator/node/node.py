@@ -4,6 +4,7 @@ copies, publishes its heartbeat, and answers per-partition queries for the shard
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import threading
 import time
@@ -19,6 +20,7 @@ from confluent_kafka import KafkaException, Message
 from federator import kafka
 from federator.catalog.catalog import COMPACTED, Catalog, apply_catalog_message, catalog_topic
 from federator.catalog.definition import StoreDefinition
+from federator.node import internal_query
 from federator.node.key_server import KeyServer
 from federator.node.group import GroupMember
 from federator.node.materializer import ACTIVE, STANDBY, Materializer
@@ -178,7 +180,7 @@ class Node:
         if self.config.key_port is not None:  # bound now: a taken port stops the start here
             host = self.config.listen.rpartition(":")[0]
             self.key_server = KeyServer(self.read_local, self._topic_of, self.cluster_secret, host,
-                                        self.config.key_port, self.tls)
+                                        self.config.key_port, self.tls, self.answer_call)
             self.key_endpoint = f"{self.endpoint.rpartition(':')[0]}:{self.key_server.port}"
             self.key_server.start()
         kafka.check_reachable(self.config.bootstrap_servers)
@@ -389,6 +391,17 @@ class Node:
     def schema_for(self, store: str) -> pa.Schema | None:
         defn = self.stores.get(store)
         return None if defn is None else defn.arrow_schema()
+
+    def answer_call(self, raw: bytes) -> tuple[int, bytes]:
+        """Another node's per-partition query over the call port: (status, the result stream or
+        the JSON error body), as ``POST /internal/v1/query`` answers it."""
+        try:
+            return 200, internal_query.answer(self, self.registry.query_types, internal_query.parse_body(raw))
+        except internal_query.InternalQueryError as e:
+            return e.status, json.dumps({"error": {"code": e.code, "message": e.message}}).encode()
+        except Exception as e:  # noqa: BLE001 - as the HTTP app's 500: logged, and the caller told
+            log.exception("a per-partition query over the call port failed")
+            return 500, json.dumps({"error": {"code": "INTERNAL", "message": f"{type(e).__name__}: {e}"}}).encode()
 
     def execute(self, request: StateQueryRequest) -> list[QueryResult]:
         defn = self.stores.get(request.store)

@@ -48,10 +48,50 @@ def key_hello(secret: str | None) -> bytes:
 
 def read_key_hello(read: Callable[[int], bytes]) -> str | None:
     """The secret a caller opened with; None when it did not open as one."""
-    if read(len(KEY_HELLO)) != KEY_HELLO:
+    opened = read_hello(read)
+    return None if opened is None or opened[0] != KEY_HELLO else opened[1]
+
+
+# The per-partition query's call on the same port (the one POST /internal/v1/query makes over
+# HTTP), for the scatter-gather of every statement that reads another node's partitions: the
+# caller opens with CALL_HELLO and the secret, as above; then each request is a length-prefixed
+# StateQueryRequest as JSON, and each answer a status (HTTP's meaning) and a length-prefixed
+# payload: the Arrow IPC result stream when 200, else the JSON error body the HTTP route sends.
+CALL_HELLO = b"FEDERATOR-QRY/1\n"  # as long as KEY_HELLO: the port reads one length and tells them apart
+_LENGTH = struct.Struct("!I")
+_CALL_ANSWER = struct.Struct("!HI")  # status, payload length
+
+
+def read_hello(read: Callable[[int], bytes]) -> tuple[bytes, str] | None:
+    """(the hello, the secret) a caller opened with; None when it did not open as a node."""
+    hello = read(len(KEY_HELLO))
+    if hello not in (KEY_HELLO, CALL_HELLO):
         return None
     (n,) = _SHORT.unpack(read(_SHORT.size))
-    return read(n).decode("utf-8", "replace")
+    return hello, read(n).decode("utf-8", "replace")
+
+
+def call_hello(secret: str | None) -> bytes:
+    raw = (secret or "").encode()
+    return CALL_HELLO + _SHORT.pack(len(raw)) + raw
+
+
+def call_request(body: bytes) -> bytes:
+    return _LENGTH.pack(len(body)) + body
+
+
+def read_call_request(read: Callable[[int], bytes]) -> bytes:
+    (n,) = _LENGTH.unpack(read(_LENGTH.size))
+    return read(n)
+
+
+def call_answer(status: int, payload: bytes) -> bytes:
+    return _CALL_ANSWER.pack(status, len(payload)) + payload
+
+
+def read_call_answer(read: Callable[[int], bytes]) -> tuple[int, bytes]:
+    status, n = _CALL_ANSWER.unpack(read(_CALL_ANSWER.size))
+    return status, read(n)
 
 
 def key_request(store: str, partition: int, key: bytes, at: int | None) -> bytes:

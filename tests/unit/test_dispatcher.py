@@ -20,6 +20,7 @@ import pytest
 from federator.dispatch import NodeCallError
 from federator.dispatch import dispatcher as dispatcher_module
 from federator.dispatch.dispatcher import Dispatcher
+from federator.dispatch.key_client import CallUnavailable
 from federator.cluster.membership import ClusterView, NodeInfo
 from federator.plan.keys import SubQuery
 from federator.query import KeyQuery, Position, PositionBound, RangeQuery, StateQueryRequest
@@ -134,6 +135,7 @@ def make(monkeypatch):
     def build(world: World, node_id: str = "me") -> Dispatcher:
         d = Dispatcher(FakeNode(world, node_id), max_workers=4)
         monkeypatch.setattr(d, "_client", lambda endpoint: FakeClient(world, endpoint))
+        monkeypatch.setattr(d, "_call_client", lambda endpoint: FakeClient(world, endpoint))  # the key port
         made.append(d)
         return d
 
@@ -307,6 +309,29 @@ def test_a_range_query_over_all_partitions_goes_to_every_owner(clock, make) -> N
     world = World(info("n1", active=[0, 1]), info("n2", active=[2, 3]))
     out = make(world).gather("s", 4, [SubQuery(RangeQuery(), None)], None, ReadOptions(deadline=clock.now + 1))
     assert served(out) == {0: "n1", 1: "n1", 2: "n2", 3: "n2"}
+
+
+def test_a_node_whose_key_port_cannot_take_calls_is_asked_over_http(clock, make, monkeypatch) -> None:
+    world = World(info("n1", active=[0, 1]), info("n2", active=[2, 3], key_port=False))
+    d = make(world)
+    over: list[str] = []
+
+    class NoPort:
+        def query(self, req, timeout):
+            over.append("port")
+            raise CallUnavailable("n1:2: ConnectionRefusedError")
+
+    class Http(FakeClient):
+        def query(self, req, timeout):
+            over.append(f"http {self.node}")
+            return super().query(req, timeout)
+
+    monkeypatch.setattr(d, "_call_client", lambda endpoint: NoPort())
+    monkeypatch.setattr(d, "_client", lambda endpoint: Http(world, endpoint))
+    out = d.gather("s", 4, [SubQuery(RangeQuery(), None)], None, ReadOptions(deadline=clock.now + 1))
+    assert served(out) == {0: "n1", 1: "n1", 2: "n2", 3: "n2"}
+    # n1 has a key port (tried, then HTTP); n2 has none (HTTP only)
+    assert sorted(over) == ["http n1", "http n2", "port"]
 
 
 # ---- the point lookup's one call (read_key) --------------------------------------------------

@@ -4,15 +4,21 @@ caller's KeyClient, and the framing between them."""
 from __future__ import annotations
 
 import io
+import json
 import threading
 from typing import Iterator
 
+import pyarrow as pa
 import pytest
 
-from federator.dispatch.key_client import KeyClient
+from federator.dispatch.client import NodeCallError
+from federator.dispatch.key_client import CallClient, CallUnavailable, KeyClient
 from federator.node.key_server import KeyServer
 from federator.query.position import Position, PositionBound
 from federator.query import wire
+from federator.query.queries import RangeQuery
+from federator.query.request import StateQueryRequest
+from federator.query.result import QueryResult
 from federator.store.layer import StoredEntry
 
 TOPIC = "app-s-changelog"
@@ -129,3 +135,53 @@ def test_only_callers_with_the_cluster_secret_are_answered(owner: Owner) -> None
 
 def test_a_node_that_is_not_there_is_no_answer() -> None:
     assert KeyClient("127.0.0.1:1").read_key("s", TOPIC, 3, b"k", None, 5) is None
+
+
+# ---- the per-partition query's call on the same port ------------------------------------------
+def call_server(answer, secret: str | None = None) -> KeyServer:
+    owner = Owner()
+    server = KeyServer(owner.read_local, owner.topic_of, secret, "127.0.0.1", 0, answer_call=answer)
+    server.start()
+    return server
+
+
+def test_a_query_call_is_answered_with_the_result_stream_on_a_kept_connection() -> None:
+    seen: list[dict] = []
+
+    def answer(raw: bytes) -> tuple[int, bytes]:
+        body = json.loads(raw)
+        seen.append(body)
+        results = [QueryResult.success(p, pa.record_batch({"p": [p]}), Position.of(TOPIC, p, 7)) for p in body["partitions"]]
+        return 200, wire.encode_results(results, pa.schema([("p", pa.int64())]))
+
+    server = call_server(answer, secret="s3")
+    try:
+        client = CallClient(f"127.0.0.1:{server.port}", "s3")
+        for parts in ((0, 1), (2,)):
+            got = client.query(StateQueryRequest("s", RangeQuery(), parts), timeout=5)
+            assert [(r.partition, r.batch.to_pylist(), r.position.get(TOPIC, r.partition)) for r in got] == [
+                (p, [{"p": p}], 7) for p in parts]
+        assert [b["partitions"] for b in seen] == [[0, 1], [2]]
+        assert len(server._connections) == 1  # one connection for the thread's calls
+    finally:
+        server.stop()
+
+
+def test_a_query_call_error_and_a_refused_port_are_told_apart() -> None:
+    server = call_server(lambda raw: (404, b'{"error": {"code": "UNKNOWN_STORE", "message": "unknown store \'s\'"}}'))
+    req = StateQueryRequest("s", RangeQuery(), (0,))
+    try:
+        with pytest.raises(NodeCallError) as e:
+            CallClient(f"127.0.0.1:{server.port}").query(req, timeout=5)
+        assert e.value.status == 404 and e.value.code == "UNKNOWN_STORE"
+        with pytest.raises(CallUnavailable):  # the wrong secret: the port closes, the caller goes to HTTP
+            CallClient(f"127.0.0.1:{server.port}", "wrong").query(req, timeout=5)
+    finally:
+        server.stop()
+    no_calls = KeyServer(Owner().read_local, Owner.topic_of, None, "127.0.0.1", 0)  # a node that takes no calls
+    no_calls.start()
+    try:
+        with pytest.raises(CallUnavailable):
+            CallClient(f"127.0.0.1:{no_calls.port}").query(req, timeout=5)
+    finally:
+        no_calls.stop()
