@@ -88,6 +88,29 @@ def test_a_query_past_its_deadline_is_interrupted(duck) -> None:
     assert err.code == "TIMEOUT" and err.status == 504
 
 
+def test_each_query_is_interrupted_at_its_own_deadline_and_no_other(duck) -> None:
+    """One thread keeps every deadline: an endless query with a later deadline is not ended by an
+    earlier one's, queries that finish in time are never interrupted, and the endless ones end."""
+    from tests.threads import Worker
+
+    ended: dict[str, str] = {}
+
+    def endless(name: str, after: float) -> None:
+        with pytest.raises(SqlError) as info:
+            run(duck, "SELECT count(*) FROM range(4611686018427387904) a", deadline=time.monotonic() + after)
+        ended[name] = info.value.code
+
+    workers = [Worker(endless, "late", 1.0), Worker(endless, "early", 0.2)]
+    for w in workers:
+        w.start()
+    for _ in range(50):  # meanwhile, quick queries with distant deadlines answer
+        assert run(duck, "SELECT 41 + 1 AS x", deadline=time.monotonic() + 60).column("x").to_pylist() == [42]
+    for w in workers:
+        w.join_checked(120)
+    assert ended == {"early": "TIMEOUT", "late": "TIMEOUT"}
+    assert run(duck, "SELECT 1 AS x", deadline=time.monotonic() + 60).column("x").to_pylist() == [1]
+
+
 def test_a_query_sees_only_the_relations_registered_for_it(duck) -> None:
     rows = pa.table({"x": [1, 2, 3]})
     assert run(duck, "SELECT sum(x) AS s FROM t", {"t": rows}).column("s").to_pylist() == [6]
