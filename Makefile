@@ -19,9 +19,10 @@ demo: install
 	$(BIN)/federator demo
 
 # Debian packages the tests drive as a user would: chromium (the console, headless), openssl
-# (self-signed certificates for the TLS tests). Installed
+# (self-signed certificates for the TLS tests), postgresql-client (psql) and libpostgresql-jdbc-java
+# (pgjdbc) for the Postgres protocol's tests. Installed
 # with apt-get when missing (CI and the developers' machines run as root; else sudo).
-TEST_DEBS := chromium openssl
+TEST_DEBS := chromium openssl postgresql-client libpostgresql-jdbc-java
 
 test-debs:
 	@missing=$$(for p in $(TEST_DEBS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \

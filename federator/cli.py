@@ -121,6 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "'off': none, and peers read this node's keys over HTTP on the general path")
     n.add_argument("--flight-sql-port", type=int, metavar="P",
                    help="also serve Arrow Flight SQL on this port, on the --listen host (default: off)")
+    n.add_argument("--pg-port", type=int, metavar="P",
+                   help="also serve the Postgres wire protocol (psql, JDBC, psycopg, BI tools) on this port, on the "
+                        "--listen host; users of --users-file log in with their token as password (default: off)")
     n.add_argument("--users-file", default=os.environ.get("FEDERATOR_USERS_FILE"), metavar="FILE",
                    help="users whose bearer tokens the public API, the console's calls and Flight SQL accept "
                         "(`federator users add`); default $FEDERATOR_USERS_FILE; none: open to anyone who can "

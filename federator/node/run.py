@@ -111,13 +111,13 @@ def run_node(args: argparse.Namespace) -> int:
     if server_kind == "granian":
         return _run_on_granian(node, sql, app, host, port, args, stopping, users)
     server = serve(app, host, port, threads=args.threads)
-    flight_sql = _start_flight_sql(sql, host, args, users)
+    doors = _start_doors(sql, host, args, users)
     node.start()
     http = threading.Thread(target=server.run, name="http", daemon=True)
     http.start()
-    _print_serving(node, host, flight_sql, "waitress")
+    _print_serving(node, host, doors, "waitress")
     stopping.wait()
-    _hand_over(node, flight_sql)
+    _hand_over(node, doors)
     shutdown(server)
     return _exit_code(node)
 
@@ -170,12 +170,19 @@ def _stop_on_signals(stopping: threading.Event) -> None:
     threading.Thread(target=read_wakeups, name="signals", daemon=True).start()
 
 
-def _start_flight_sql(sql: SqlService, host: str, args: argparse.Namespace, users: Users | None) -> object | None:
-    if getattr(args, "flight_sql_port", None) is None:
-        return None
-    from federator.flight import server as flight_server
+def _start_doors(sql: SqlService, host: str, args: argparse.Namespace, users: Users | None) -> dict[str, Any]:
+    """The front doors besides HTTP the flags ask for: Flight SQL, Postgres. Each binds now, so a
+    taken port fails before the node joins."""
+    doors: dict[str, Any] = {}
+    if getattr(args, "flight_sql_port", None) is not None:
+        from federator.flight import server as flight_server
 
-    return flight_server.start(sql, host, args.flight_sql_port, users, sql.node.tls)  # binds now: a taken port fails early
+        doors["flight"] = flight_server.start(sql, host, args.flight_sql_port, users, sql.node.tls)
+    if getattr(args, "pg_port", None) is not None:
+        from federator.pgwire import server as pg_server
+
+        doors["pg"] = pg_server.start(sql, host, args.pg_port, users, sql.node.tls)
+    return doors
 
 
 def _users(args: argparse.Namespace, host: str) -> Users | None:
@@ -205,19 +212,24 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def _print_serving(node: Node, host: str, flight_sql: object | None, server: str) -> None:
+def _print_serving(node: Node, host: str, doors: dict[str, Any], server: str) -> None:
     http, grpc = ("https", "grpc+tls") if node.tls else ("http", "grpc")
     print(f"node {node.node_id} serving {http}://{node.endpoint} on {server} (state in {node.state_dir})", flush=True)
-    if flight_sql is not None:
-        print(f"node {node.node_id} serving Flight SQL on {grpc}://{host}:{flight_sql.port}", flush=True)  # type: ignore[attr-defined]
+    if "flight" in doors:
+        print(f"node {node.node_id} serving Flight SQL on {grpc}://{host}:{doors['flight'].port}", flush=True)
+    if "pg" in doors:
+        ssl = "?sslmode=require" if node.tls else ""
+        print(f"node {node.node_id} serving Postgres on postgresql://{host}:{doors['pg'].port}/federator{ssl}", flush=True)
 
 
-def _hand_over(node: Node, flight_sql: object | None) -> None:
+def _hand_over(node: Node, doors: dict[str, Any]) -> None:
     logging.getLogger(__name__).info("stopping: handing partitions over")
-    if flight_sql is not None:
+    if "flight" in doors:
         from federator.flight import server as flight_server
 
-        flight_server.stop(flight_sql)  # external clients only: stop them before the handover
+        flight_server.stop(doors["flight"])  # external clients only: stop them before the handover
+    if "pg" in doors:
+        doors["pg"].stop()
     node.stop()
 
 
@@ -228,16 +240,16 @@ def _run_on_granian(node: Node, sql: SqlService, app: object, host: str, port: i
     from federator.http.granian_server import GranianServer
 
     server = GranianServer(app, host, port, threads=args.threads, on_signal=stopping.set, tls=node.tls)
-    flight_sql = _start_flight_sql(sql, host, args, users)
+    doors = _start_doors(sql, host, args, users)
     node.start()
 
     def stop_in_order() -> None:
         while not (server.listening.wait(0.1) or stopping.is_set()):
             pass
         if server.listening.is_set():
-            _print_serving(node, host, flight_sql, "granian")
+            _print_serving(node, host, doors, "granian")
         stopping.wait()
-        _hand_over(node, flight_sql)
+        _hand_over(node, doors)
         server.stop()
 
     stopper = threading.Thread(target=stop_in_order, name="stopper")

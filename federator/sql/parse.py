@@ -91,7 +91,20 @@ def parse(sql: str, dialect: str = DIALECT) -> Statement:
         return Statement("describe", table=stmt.this.name, explain=explain)
     if not isinstance(stmt, _READS):
         raise unsupported(f"the statement {stmt.sql()[:60]!r}", "send a SELECT")
+    if dialect != DIALECT:
+        stmt = _numbered_parameters(stmt)
     return Statement("select", select=stmt, explain=explain, param_count=_number_placeholders(stmt))
+
+
+def _numbered_parameters(stmt: exp.Expression) -> exp.Expression:
+    """Postgres's (and other dialects') $1, $2 ... as the placeholders DuckDB's $n are: sqlglot
+    reads them there as parameters."""
+    def placeholder(node: exp.Expression) -> exp.Expression:
+        if isinstance(node, exp.Parameter) and isinstance(node.this, exp.Literal) and not node.this.is_string:
+            return exp.Placeholder(this=str(node.this.this))
+        return node
+
+    return stmt.transform(placeholder)
 
 
 def _number_placeholders(stmt: exp.Expression) -> int:

@@ -3,6 +3,9 @@ and the statement the receiver runs in DuckDB over what they return."""
 
 from __future__ import annotations
 
+import datetime as dt
+import decimal
+
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -99,13 +102,27 @@ def bind_parameters(tree: exp.Expression, params: list[Any], expected: int) -> e
 
 def literal(value: Any, index: int = 0) -> exp.Expression:
     """A parameter as a literal of the type DuckDB would bind it to: str VARCHAR, int an
-    integer literal, float DOUBLE (a bare 2.5 would be DECIMAL)."""
+    integer literal, float DOUBLE (a bare 2.5 would be DECIMAL), datetimes, dates, times,
+    decimals and bytes as literals of their own types."""
     if value is None or isinstance(value, (bool, str, int)):
         return exp.convert(value)
     if isinstance(value, float):
         return exp.cast(exp.Literal.string(repr(value)), "DOUBLE")
+    # the Postgres protocol binds typed values: each as DuckDB's literal of its type
+    if isinstance(value, dt.datetime):
+        return exp.cast(exp.Literal.string(value.isoformat(sep=" ")), "TIMESTAMPTZ" if value.tzinfo else "TIMESTAMP")
+    if isinstance(value, (dt.date, dt.time)):
+        return exp.cast(exp.Literal.string(value.isoformat()), "DATE" if isinstance(value, dt.date) else "TIME")
+    if isinstance(value, decimal.Decimal) and value.is_finite():
+        exponent = value.as_tuple().exponent
+        scale = max(0, -exponent) if isinstance(exponent, int) else 0
+        width = min(38, max(len(value.as_tuple().digits), scale + 1))
+        if scale <= width:
+            return exp.cast(exp.Literal.string(str(value)), f"DECIMAL({width},{scale})")
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return exp.Anonymous(this="unhex", expressions=[exp.Literal.string(bytes(value).hex())])
     raise SqlError("INVALID_PARAMETER", f"parameter {index + 1} is {type(value).__name__}; "
-                                        "parameters are strings, numbers, booleans or null")
+                                        "parameters are strings, numbers, booleans, datetimes, decimals, bytes or null")
 
 
 Resolver = Callable[[str], StoreDefinition]

@@ -91,7 +91,7 @@ def start(broker, root: Path) -> BiCluster:
         (r["player"].encode(), window_key(r["player"].encode(), r["window_start"]),
          minutes.value.serialize(r["points"]), r["window_start"]) for r in mrow])
 
-    cluster = Cluster(broker.bootstrap_servers, app_id, root, size=3, standby_replicas=1).start()
+    cluster = Cluster(broker.bootstrap_servers, app_id, root, size=3, standby_replicas=1, pg=True).start()
     try:
         for store in ("players", "blobs", "per_minute"):
             cluster.wait_settled(store, P, timeout=60)

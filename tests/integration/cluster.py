@@ -36,8 +36,9 @@ def wait_for(cond: Callable[[], T], timeout: float = 30.0, what: str = "conditio
 class NodeProcess:
     def __init__(self, bootstrap: str, app_id: str, node_id: str, state_dir: Path, standby_replicas: int = 1,
                  secret: str | None = None, port: int | None = None, flight_port: int | None = None,
-                 server: str | None = None) -> None:
+                 server: str | None = None, pg_port: int | None = None) -> None:
         self.server = server  # `--server` (None: the default)
+        self.pg_port = pg_port  # serve the Postgres protocol there too when given
         self.extra_args: list[str] = []  # more `federator node` flags
         self.bootstrap, self.app_id, self.node_id, self.state_dir = bootstrap, app_id, node_id, state_dir
         self.flight_port = flight_port  # serve Flight SQL there too when given
@@ -59,6 +60,8 @@ class NodeProcess:
             args += ["--flight-sql-port", str(self.flight_port)]
         if self.server:
             args += ["--server", self.server]
+        if self.pg_port:
+            args += ["--pg-port", str(self.pg_port)]
         args += self.extra_args
         self.state_dir.parent.mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen(federator_cmd(*args), stdout=open(self.log, "a"), stderr=subprocess.STDOUT)
@@ -94,11 +97,13 @@ class NodeProcess:
 
 class Cluster:
     def __init__(self, bootstrap: str, app_id: str, root: Path, size: int = 3, standby_replicas: int = 1,
-                 secret: str | None = None, flight_sql: bool = False, servers: dict[int, str] | None = None) -> None:
+                 secret: str | None = None, flight_sql: bool = False, servers: dict[int, str] | None = None,
+                 pg: bool = False) -> None:
         self.standby_replicas = standby_replicas
         self.nodes = [
             NodeProcess(bootstrap, app_id, f"n{i}", root / f"n{i}", standby_replicas, secret,
-                        flight_port=free_port() if flight_sql else None, server=(servers or {}).get(i))
+                        flight_port=free_port() if flight_sql else None, server=(servers or {}).get(i),
+                        pg_port=free_port() if pg else None)
             for i in range(size)
         ]
 

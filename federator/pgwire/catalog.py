@@ -1,0 +1,421 @@
+"""The Postgres catalog tools read on connect, answered by DuckDB over the stores' shapes.
+
+BI tools and drivers learn what exists from ``pg_catalog`` and ``information_schema``
+(pgjdbc's DatabaseMetaData, psql's ``\\d``, DBeaver's navigator). DuckDB ships both as views
+for this purpose; here each store is an empty DuckDB table of its columns with its key as the
+primary key, in a database named ``federator``, schema ``main`` (where the SQL engine finds
+stores too). Two of DuckDB's views are fixed in a schema of our own: ``pg_attribute`` gives
+DuckDB's internal type ids where Postgres has type OIDs, and ``pg_type`` lacks ``text``;
+``format_type`` is DuckDB's macro over those ids. ``_TABLES`` and ``_FUNCTIONS`` say what a
+statement's references are rewritten to.
+
+The database is sandboxed like the engine's (no files, no extensions, settings locked) and
+rebuilt when the stores change.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from typing import Any, Callable
+
+import duckdb
+import pyarrow as pa
+import sqlglot
+from sqlglot import exp
+
+from federator.catalog.definition import StoreDefinition
+from federator.owner.duck import sql_error
+from federator.pgwire import types as pgt
+from federator.sql.types import sql_type_name
+
+FIX = "pg_fix"  # our schema of fixed catalog views
+SERVER_VERSION = "16.0"  # what drivers parse to choose their catalog queries
+
+# Columns Postgres's catalog has and DuckDB's views lack, which psql, pgjdbc and SQLAlchemy read
+_EXTRA_COLUMNS: dict[str, dict[str, str]] = {
+    "pg_class": {"relforcerowsecurity": "false", "relhasoids": "false", "relpartbound": "NULL::VARCHAR"},
+    "pg_database": {"encoding": "6", "datcollate": "'C'", "datctype": "'C'", "datdba": "10", "datacl": "NULL::VARCHAR",
+                    "dattablespace": "0", "datconnlimit": "-1", "datlocprovider": "'c'", "daticulocale": "NULL::VARCHAR"},
+    "pg_namespace": {},
+    "pg_index": {},
+    "pg_constraint": {"conperiod": "false"},
+    "pg_proc": {},
+}
+# Catalog tables DuckDB does not have, as empty tables (nothing of theirs exists here)
+_EMPTY: dict[str, str] = {
+    "pg_roles": "rolname VARCHAR, oid INTEGER, rolsuper BOOLEAN, rolcanlogin BOOLEAN, rolinherit BOOLEAN, "
+                "rolcreaterole BOOLEAN, rolcreatedb BOOLEAN, rolreplication BOOLEAN, rolconnlimit INTEGER, "
+                "rolvaliduntil TIMESTAMPTZ, rolbypassrls BOOLEAN, rolconfig VARCHAR[]",
+    "pg_user": "usename VARCHAR, usesysid INTEGER, usecreatedb BOOLEAN, usesuper BOOLEAN",
+    "pg_inherits": "inhrelid INTEGER, inhparent INTEGER, inhseqno INTEGER, inhdetachpending BOOLEAN",
+    "pg_trigger": "oid INTEGER, tgrelid INTEGER, tgname VARCHAR, tgfoid INTEGER, tgtype SMALLINT, tgenabled VARCHAR, "
+                  "tgisinternal BOOLEAN, tgconstraint INTEGER, tgparentid INTEGER",
+    "pg_policy": "oid INTEGER, polname VARCHAR, polrelid INTEGER, polcmd VARCHAR, polpermissive BOOLEAN, "
+                 "polroles INTEGER[], polqual VARCHAR, polwithcheck VARCHAR",
+    "pg_statistic_ext": "oid INTEGER, stxrelid INTEGER, stxname VARCHAR, stxnamespace INTEGER, stxowner INTEGER, "
+                        "stxkeys SMALLINT[], stxkind VARCHAR[], stxstattarget INTEGER",
+    "pg_publication": "oid INTEGER, pubname VARCHAR, puballtables BOOLEAN, pubinsert BOOLEAN, pubupdate BOOLEAN, "
+                      "pubdelete BOOLEAN, pubtruncate BOOLEAN, pubviaroot BOOLEAN",
+    "pg_publication_rel": "oid INTEGER, prpubid INTEGER, prrelid INTEGER, prqual VARCHAR, prattrs SMALLINT[]",
+    "pg_publication_namespace": "oid INTEGER, pnpubid INTEGER, pnnspid INTEGER",
+    "pg_extension": "oid INTEGER, extname VARCHAR, extowner INTEGER, extnamespace INTEGER, extversion VARCHAR",
+    "pg_foreign_table": "ftrelid INTEGER, ftserver INTEGER, ftoptions VARCHAR[]",
+    "pg_foreign_server": "oid INTEGER, srvname VARCHAR",
+    "pg_matviews": "schemaname VARCHAR, matviewname VARCHAR, matviewowner VARCHAR, definition VARCHAR",
+    "pg_range": "rngtypid INTEGER, rngsubtype INTEGER",
+    "pg_rewrite": "oid INTEGER, rulename VARCHAR, ev_class INTEGER",
+    "pg_stat_activity": "datid INTEGER, datname VARCHAR, pid INTEGER, usename VARCHAR, application_name VARCHAR, "
+                        "state VARCHAR, query VARCHAR",
+    "pg_partitioned_table": "partrelid INTEGER, partstrat VARCHAR, partnatts SMALLINT",
+    "pg_event_trigger": "oid INTEGER, evtname VARCHAR",
+    "pg_auth_members": "roleid INTEGER, member INTEGER, grantor INTEGER, admin_option BOOLEAN",
+    "pg_shdescription": "objoid INTEGER, classoid INTEGER, description VARCHAR",
+    "pg_language": "oid INTEGER, lanname VARCHAR",
+    "pg_opclass": "oid INTEGER, opcname VARCHAR, opcmethod INTEGER, opcnamespace INTEGER, opcdefault BOOLEAN",
+    "pg_operator": "oid INTEGER, oprname VARCHAR, oprnamespace INTEGER, oprleft INTEGER, oprright INTEGER, oprresult INTEGER",
+    "pg_cast": "oid INTEGER, castsource INTEGER, casttarget INTEGER, castfunc INTEGER, castcontext VARCHAR",
+    "pg_aggregate": "aggfnoid INTEGER, aggkind VARCHAR",
+    "pg_conversion": "oid INTEGER, conname VARCHAR",
+    "pg_seclabel": "objoid INTEGER, classoid INTEGER, objsubid INTEGER, provider VARCHAR, label VARCHAR",
+}
+# catalog relations read from FIX instead of DuckDB's pg_catalog
+_TABLES = {"pg_attribute", "pg_type", *_EXTRA_COLUMNS, *_EMPTY}
+# Postgres catalog functions of a session: name -> the value given the session's settings
+_SESSION_FUNCTIONS = {"version", "current_setting", "pg_backend_pid", "current_user", "session_user",
+                      "current_schema", "current_database", "current_catalog", "user"}
+# catalog functions answered by a macro of FIX
+_MACROS = {  # name -> (parameters, body): Postgres catalog functions DuckDB lacks, as tools call them
+    "pg_get_userbyid": ("role_oid", "'federator'"),
+    "pg_encoding_to_char": ("encoding", "'UTF8'"),
+    "pg_get_indexdef": ("index_oid, col := 0, pretty := false", "NULL"),
+    "pg_is_in_recovery": ("", "false"),
+    "pg_total_relation_size": ("rel", "0::BIGINT"),
+    "pg_relation_size": ("rel, fork := 'main'", "0::BIGINT"),
+    "pg_tablespace_location": ("tablespace_oid", "''"),
+    "pg_get_serial_sequence": ("tab, col", "NULL"),
+    "pg_get_partkeydef": ("rel", "NULL"),
+    "to_regclass": ("name", "(SELECT oid FROM pg_catalog.pg_class WHERE relname = name LIMIT 1)"),
+    "to_regtype": ("name", f"(SELECT oid FROM {FIX}.pg_type WHERE typname = name LIMIT 1)"),
+    "pg_get_statisticsobjdef_columns": ("oid", "NULL"),
+    "pg_get_expr": ("expr, rel, pretty := false", "expr"),
+    "pg_relation_is_publishable": ("rel", "false"),
+    "array_upper": ("arr, dim", "len(arr)"),
+    "pg_get_function_result": ("oid", "NULL"),
+    "pg_get_function_arguments": ("oid", "NULL"),
+    "pg_get_triggerdef": ("oid, pretty := false", "NULL"),
+    "pg_get_ruledef": ("oid, pretty := false", "NULL"),
+}
+_FUNCTIONS = {"format_type", *_MACROS}
+CATALOG_SCHEMAS = {"pg_catalog", "information_schema"}
+
+# psql spells some operators as OPERATOR(pg_catalog.~) and some collations as pg_catalog.default,
+# neither of which sqlglot or DuckDB reads
+_OPERATOR = re.compile(r"OPERATOR\s*\(\s*pg_catalog\s*\.\s*([~!<>=*+\-/^|&#@]+)\s*\)", re.I)
+_COLLATE = re.compile(r"\s+COLLATE\s+(?:pg_catalog\s*\.\s*)?\"?(?:default|C|POSIX)\"?", re.I)
+
+
+def plain_sql(sql: str) -> str:
+    return _COLLATE.sub("", _OPERATOR.sub(r"\1", sql))
+
+
+def _column_oid(t: pa.DataType) -> int:
+    return pgt.oid_of(t)
+
+
+class PgCatalog:
+    """One DuckDB database holding the stores' shapes and the fixed catalog views."""
+
+    def __init__(self, stores: Callable[[], dict[str, StoreDefinition]]) -> None:
+        self._stores = stores
+        self._lock = threading.Lock()
+        self._built_for: tuple | None = None
+        self._db: duckdb.DuckDBPyConnection | None = None
+
+    def cursor(self) -> duckdb.DuckDBPyConnection:
+        stores = self._stores()
+        fingerprint = tuple(sorted((n, tuple(str(f) for f in d.arrow_schema()), d.key_name) for n, d in stores.items()))
+        with self._lock:
+            if self._db is None or fingerprint != self._built_for:
+                self._db = _build(stores)
+                self._built_for = fingerprint
+            cur = self._db.cursor()
+        cur.execute("USE federator")  # a cursor starts in DuckDB's own database
+        return cur
+
+    def describe(self, tree: exp.Expression) -> tuple[list[int], pa.Schema]:
+        """The parameter OIDs and the answer's columns of a statement (rewritten), without running it.
+
+        DuckDB 2.0 reports a prepared statement's parameters as UNKNOWN, so a parameter takes the
+        type of what it is compared with (sqlglot's type annotation over the stores' columns), and
+        the answer's columns are DuckDB's binding of the statement with each parameter a typed NULL."""
+        params = _parameters(tree)
+        types = _parameter_types(tree, self._stores(), len(params))
+        bound = tree.copy()
+        for node in _parameters(bound):
+            index = _parameter_index(node, params)
+            node.replace(exp.cast(exp.Null(), types[index] if index < len(types) else "VARCHAR"))
+        cur = self.cursor()
+        try:
+            rel = cur.sql(bound.sql(dialect="duckdb"))
+            names, duck_types = rel.columns, [str(t) for t in rel.types]
+        except duckdb.Error as e:
+            raise sql_error(e) from None
+        oids = [_oid_of_duck(t) for t in types]
+        return oids, pa.schema([pa.field(n, _arrow_of_duck(t)) for n, t in zip(names, duck_types)])
+
+    def run(self, sql: str, parameters: list[Any], timeout_s: float) -> pa.Table:
+        cur = self.cursor()
+        timer = threading.Timer(timeout_s, cur.interrupt)
+        timer.start()
+        try:
+            return cur.execute(sql, parameters or None).to_arrow_table()
+        except duckdb.Error as e:
+            raise sql_error(e) from None
+        finally:
+            timer.cancel()
+
+
+def _build(stores: dict[str, StoreDefinition]) -> duckdb.DuckDBPyConnection:
+    db = duckdb.connect(":memory:", config={"enable_external_access": False, "autoload_known_extensions": False,
+                                            "autoinstall_known_extensions": False, "threads": 1})
+    db.execute("ATTACH ':memory:' AS federator")
+    db.execute("USE federator")
+    db.execute("SET TimeZone = 'UTC'")
+    fixes: list[tuple[str, str, int, int]] = []  # table, column, type OID, typmod
+    for name, defn in sorted(stores.items()):
+        cols = []
+        for f in defn.arrow_schema():
+            key = " PRIMARY KEY" if f.name == defn.key_name else ""
+            cols.append(f'"{_ident(f.name)}" {sql_type_name(f.type)}{key}')
+            typmod = (f.type.precision * 65536 + f.type.scale + 4) if pa.types.is_decimal(f.type) else -1
+            fixes.append((name, f.name, _column_oid(f.type), typmod))
+        db.execute(f'CREATE TABLE main."{_ident(name)}" ({", ".join(cols)})')
+    db.execute(f"CREATE SCHEMA {FIX}")
+    db.execute(f"CREATE TABLE {FIX}.column_types (relname VARCHAR, attname VARCHAR, oid INTEGER, typmod INTEGER)")
+    if fixes:
+        db.executemany(f"INSERT INTO {FIX}.column_types VALUES (?, ?, ?, ?)", fixes)
+    # Postgres's types as drivers know them: DuckDB's, and the ones it lacks
+    db.execute(f"""CREATE TABLE {FIX}.pg_type AS
+        SELECT * FROM pg_catalog.pg_type WHERE oid IS NOT NULL
+        UNION ALL BY NAME SELECT 25::INTEGER AS oid, 'text' AS typname, -1 AS typlen, 'b' AS typtype, 'S' AS typcategory,
+            (SELECT typnamespace FROM pg_catalog.pg_type WHERE oid = 1043) AS typnamespace, 0 AS typowner,
+            false AS typbyval, true AS typisdefined
+        UNION ALL BY NAME SELECT 114::INTEGER, 'json', -1, 'b', 'U',
+            (SELECT typnamespace FROM pg_catalog.pg_type WHERE oid = 1043), 0, false, true""")
+    db.execute(f"""CREATE VIEW {FIX}.pg_attribute AS
+        SELECT a.* REPLACE (coalesce(t.oid, 1043) AS atttypid, coalesce(t.typmod, -1) AS atttypmod,
+                            coalesce((SELECT typlen FROM {FIX}.pg_type p WHERE p.oid = t.oid), -1) AS attlen)
+        FROM pg_catalog.pg_attribute a
+        JOIN pg_catalog.pg_class c ON c.oid = a.attrelid
+        LEFT JOIN {FIX}.column_types t ON t.relname = c.relname AND t.attname = a.attname""")
+    db.execute(f"""CREATE MACRO {FIX}.format_type(type_oid, typemod) AS
+        CASE WHEN type_oid = 1700 AND typemod > 4
+             THEN 'numeric(' || ((typemod - 4) // 65536) || ',' || ((typemod - 4) % 65536) || ')'
+             ELSE (SELECT CASE typname WHEN 'int8' THEN 'bigint' WHEN 'int4' THEN 'integer' WHEN 'int2' THEN 'smallint'
+                  WHEN 'float8' THEN 'double precision' WHEN 'float4' THEN 'real' WHEN 'bool' THEN 'boolean'
+                  WHEN 'varchar' THEN 'character varying' WHEN 'timestamptz' THEN 'timestamp with time zone'
+                  WHEN 'timestamp' THEN 'timestamp without time zone' ELSE typname END
+                  FROM {FIX}.pg_type WHERE oid = type_oid) END""")
+    hidden = {"pg_class": "relnamespace", "pg_namespace": "oid"}  # FIX itself is not shown
+    for name, extra in _EXTRA_COLUMNS.items():
+        added = "".join(f", {value} AS {column}" for column, value in extra.items())
+        where = (f" WHERE {hidden[name]} IS DISTINCT FROM (SELECT oid FROM duckdb_schemas() WHERE schema_name = "
+                 f"'{FIX}' AND database_name = 'federator')") if name in hidden else ""
+        db.execute(f"CREATE VIEW {FIX}.{name} AS SELECT *{added} FROM pg_catalog.{name}{where}")
+    for name, columns in _EMPTY.items():
+        db.execute(f"CREATE TABLE {FIX}.{name} ({columns})")
+    for name, (params, body) in _MACROS.items():
+        db.execute(f"CREATE MACRO {FIX}.{name}({params}) AS {body}")
+    db.execute("SET lock_configuration = true")
+    return db
+
+
+def _ident(name: str) -> str:
+    return name.replace('"', '""')
+
+
+_DUCK_TO_ARROW = {"BOOLEAN": pa.bool_(), "TINYINT": pa.int8(), "SMALLINT": pa.int16(), "INTEGER": pa.int32(),
+                  "BIGINT": pa.int64(), "UTINYINT": pa.uint8(), "USMALLINT": pa.uint16(), "UINTEGER": pa.uint32(),
+                  "UBIGINT": pa.uint64(), "FLOAT": pa.float32(), "DOUBLE": pa.float64(), "VARCHAR": pa.string(),
+                  "BLOB": pa.binary(), "DATE": pa.date32(), "TIME": pa.time64("us"), "TIMESTAMP": pa.timestamp("us"),
+                  "TIMESTAMP WITH TIME ZONE": pa.timestamp("us", tz="UTC"), "UUID": pa.string(), "HUGEINT": pa.decimal128(38, 0),
+                  # sqlglot's spellings of the same types (parameter types come from its annotation)
+                  "INT": pa.int32(), "INT4": pa.int32(), "INT8": pa.int64(), "INT2": pa.int16(), "REAL": pa.float32(),
+                  "BOOL": pa.bool_(), "TEXT": pa.string(), "TIMESTAMPTZ": pa.timestamp("us", tz="UTC"),
+                  "FLOAT4": pa.float32(), "FLOAT8": pa.float64(), "BYTEA": pa.binary(), "VARBINARY": pa.binary()}
+
+
+def _arrow_of_duck(t: str) -> pa.DataType:
+    t = str(t).upper()
+    m = re.fullmatch(r"DECIMAL\((\d+),\s*(\d+)\)", t)
+    if m:
+        return pa.decimal128(int(m.group(1)), int(m.group(2)))
+    return _DUCK_TO_ARROW.get(t, pa.string())
+
+
+def _oid_of_duck(t: str) -> int:
+    if str(t).upper() in ("UNKNOWN", "NULL", "ANY", "VARCHAR"):
+        return pgt.VARCHAR  # what the client binds is read as text and cast where it is used
+    return pgt.oid_of(_arrow_of_duck(t))
+
+
+def _parameters(tree: exp.Expression) -> list[exp.Expression]:
+    return [n for n in tree.find_all(exp.Placeholder, exp.Parameter, bfs=False)
+            if not (isinstance(n, exp.Parameter) and isinstance(n.this, exp.Literal) and n.this.is_string)]
+
+
+def _parameter_index(node: exp.Expression, in_order: list[exp.Expression]) -> int:
+    """0-based: $n is n - 1; a ? is its place among the ?s."""
+    number = node.this.this if isinstance(node, exp.Parameter) else node.this
+    if number and str(number).isdigit():
+        return int(number) - 1
+    anonymous = [n for n in in_order if not n.this]
+    return next((i for i, n in enumerate(anonymous) if n is node), 0)
+
+
+def _parameter_types(tree: exp.Expression, stores: dict[str, StoreDefinition], count: int) -> list[str]:
+    from sqlglot.optimizer.annotate_types import annotate_types
+    from sqlglot.optimizer.qualify import qualify
+
+    numbers = [_parameter_index(n, _parameters(tree)) for n in _parameters(tree)]
+    types = ["VARCHAR"] * (max(numbers) + 1 if numbers else 0)
+    schema = {name: {f.name: sql_type_name(f.type) for f in d.arrow_schema()} for name, d in stores.items()}
+    try:
+        typed = annotate_types(qualify(tree.copy(), schema=schema, dialect="duckdb", validate_qualify_columns=False),
+                               schema=schema)
+    except Exception:  # noqa: BLE001 - sqlglot cannot type it: every parameter is text
+        return types
+    found = _parameters(typed)
+    for node in found:
+        parent, index = node.parent, _parameter_index(node, found)
+        if isinstance(parent, (exp.Limit, exp.Offset)):
+            types[index] = "BIGINT"
+            continue
+        other = None
+        if isinstance(parent, exp.Binary):
+            other = parent.expression if parent.this is node else parent.this
+        elif isinstance(parent, (exp.In, exp.Between)):
+            other = parent.this
+        if other is not None and other.type is not None and not other.type.is_type(exp.DataType.Type.UNKNOWN):
+            types[index] = other.type.sql(dialect="duckdb")
+    return types
+
+
+# ---- statements ------------------------------------------------------------------------------
+
+def reads_catalog_only(tree: exp.Expression, stores: dict[str, StoreDefinition]) -> bool:
+    """True when the statement reads no store: the catalog database answers it."""
+    names = {n.lower() for n in stores}
+    for table in tree.find_all(exp.Table):
+        db = (table.db or "").lower()
+        if db in CATALOG_SCHEMAS:
+            continue
+        name = table.name.lower()
+        if not db and name in names:
+            return False
+        if db in ("", "main", "public") and name not in names and not name.startswith("pg_"):
+            return False  # an unknown name: the engine says which stores there are
+    return True
+
+
+def rewrite(tree: exp.Expression, session: dict[str, str], user: str, pid: int) -> exp.Expression:
+    """``tree`` with the session's catalog functions answered and fixed catalog views named."""
+    def fix(node: exp.Expression) -> exp.Expression:
+        if isinstance(node, exp.Table) and node.name.lower() in _TABLES and (node.db or "").lower() in ("", "pg_catalog"):
+            return exp.Table(this=exp.to_identifier(node.name.lower()), db=exp.to_identifier(FIX),
+                             alias=node.args.get("alias"))
+        if isinstance(node, exp.Column) and (node.args.get("db") is not None) \
+                and node.args["db"].name.lower() == "pg_catalog" and node.table.lower() in _TABLES:
+            node.set("db", exp.to_identifier(FIX))  # pg_catalog.pg_class.relname, as SQLAlchemy writes it
+        if isinstance(node, exp.Table) and not isinstance(node.this, exp.Identifier) \
+                and (node.db or "").lower() == "pg_catalog":
+            node.set("db", None)  # pg_catalog.generate_series(...): DuckDB's own table function
+        if isinstance(node, exp.Dot) and isinstance(node.expression, exp.Anonymous):
+            inner = node.expression  # pg_catalog.f(...): the call itself
+            if isinstance(node.this, exp.Identifier) and node.this.name.lower() == "pg_catalog":
+                return fix(inner.copy().transform(fix))  # transform does not walk into what fix returns
+        if isinstance(node, exp.Cast):
+            target = _object_type(node.to)
+            if target is not None:
+                return _object_cast(node.this, target)
+            named = node.to.sql(dialect="postgres")
+            if named.lower().startswith("pg_catalog."):  # ::pg_catalog.text is ::text
+                try:
+                    node.set("to", exp.DataType.build(named[len("pg_catalog."):], dialect="postgres"))
+                except Exception:  # noqa: BLE001 - a type sqlglot does not know: DuckDB says so
+                    pass
+        name = _function_name(node)
+        if name is None:
+            return node
+        if name in _FUNCTIONS:
+            arguments = [a.transform(fix) for a in node.args.get("expressions") or []]  # not walked otherwise
+            return exp.Dot(this=exp.to_identifier(FIX), expression=exp.Anonymous(this=name, expressions=arguments))
+        if name == "version":
+            return exp.Literal.string(f"PostgreSQL {SERVER_VERSION} on Federator (DuckDB engine)")
+        if name in ("current_user", "session_user", "user"):
+            return exp.Literal.string(user)
+        if name in ("current_schema",):
+            return exp.Literal.string("main")
+        if name in ("current_database", "current_catalog"):
+            return exp.Literal.string("federator")
+        if name == "pg_backend_pid":
+            return exp.Literal.number(pid)
+        if name == "current_setting":
+            args = list(node.args.get("expressions") or [])
+            setting = args[0] if args else node.args.get("this")
+            if isinstance(setting, exp.Literal) and setting.is_string:
+                value = session.get(setting.this.lower())
+                return exp.Null() if value is None else exp.Literal.string(value)
+        return node
+
+    for select in tree.find_all(exp.Select):  # Postgres names such a column after its function
+        for e in list(select.expressions):
+            name = _function_name(e)
+            if name in _SESSION_FUNCTIONS | _FUNCTIONS:
+                e.replace(exp.alias_(e.copy(), name, quoted=True))
+    return tree.transform(fix)
+
+
+def _object_type(to: exp.Expression) -> str | None:
+    """regclass, regtype, oid ... of a cast's target (Postgres's object identifier types)."""
+    text = to.sql(dialect="postgres").lower().replace("pg_catalog.", "")
+    return text if text in ("regclass", "regtype", "regproc", "regprocedure", "regnamespace", "regrole", "oid",
+                            "regoper", "regconfig") else None
+
+
+def _object_cast(value: exp.Expression, target: str) -> exp.Expression:
+    """An object identifier cast as DuckDB can answer it: a name literal becomes its OID, an OID
+    stays a number, except ::regtype of an OID, which tools cast to print the type's name."""
+    if isinstance(value, exp.Literal) and value.is_string and not value.this.isdigit():
+        if target == "regclass":
+            return exp.Dot(this=exp.to_identifier(FIX), expression=exp.Anonymous(this="to_regclass", expressions=[value]))
+        if target == "regtype":
+            return exp.Dot(this=exp.to_identifier(FIX), expression=exp.Anonymous(this="to_regtype", expressions=[value]))
+        return exp.Null()
+    if target == "regtype":
+        return exp.Dot(this=exp.to_identifier(FIX), expression=exp.Anonymous(
+            this="format_type", expressions=[exp.cast(value, "INTEGER"), exp.Literal.number(-1)]))
+    return exp.cast(value, "INTEGER")
+
+
+# sqlglot's own expressions for some of the session's functions
+_FUNCTION_CLASSES: dict[type, str] = {
+    cls: name for cls, name in ((getattr(exp, c, None), n) for c, n in (
+        ("CurrentVersion", "version"), ("CurrentUser", "current_user"), ("CurrentSchema", "current_schema"),
+        ("CurrentDatabase", "current_database"), ("CurrentCatalog", "current_catalog"),
+        ("SessionUser", "session_user"))) if cls is not None}
+
+
+def _function_name(node: exp.Expression) -> str | None:
+    if isinstance(node, exp.Anonymous):
+        return str(node.this).lower()
+    return _FUNCTION_CLASSES.get(type(node))
+
+
+def parse(sql: str) -> exp.Expression | None:
+    """The statement as Postgres SQL, or None when sqlglot cannot read it (the engine says why)."""
+    try:
+        return sqlglot.parse_one(plain_sql(sql), read="postgres")
+    except sqlglot.errors.SqlglotError:
+        return None

@@ -1,0 +1,244 @@
+"""Postgres types of Arrow columns: the OID a client is told, and each value's text and binary form.
+
+One table (``_BY_OID``) says, per Postgres type, its size and how a Python value is written in the
+text format (what psql shows) and the binary format (asyncpg and pgjdbc ask for it). Arrow types map
+onto these OIDs; whatever has no Postgres twin (lists, structs, intervals) is sent as text.
+Parameters come the other way: a bound value in text or binary form, read by its declared OID.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import json
+import math
+import struct
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import pyarrow as pa
+
+BOOL, BYTEA, INT8, INT2, INT4, TEXT, JSON, FLOAT4, FLOAT8, UNKNOWN = 16, 17, 20, 21, 23, 25, 114, 700, 701, 705
+VARCHAR, DATE, TIME, TIMESTAMP, TIMESTAMPTZ, INTERVAL, NUMERIC, UUID = 1043, 1082, 1083, 1114, 1184, 1186, 1700, 2950
+
+_EPOCH_DATE = dt.date(2000, 1, 1)
+_EPOCH_TS = dt.datetime(2000, 1, 1)
+_EPOCH_TSTZ = dt.datetime(2000, 1, 1, tzinfo=dt.timezone.utc)
+
+
+def _float_text(v: float) -> str:
+    if math.isnan(v):
+        return "NaN"
+    if math.isinf(v):
+        return "Infinity" if v > 0 else "-Infinity"
+    return repr(v)
+
+
+def _ts_text(v: dt.datetime) -> str:
+    if v.tzinfo is not None:
+        v = v.astimezone(dt.timezone.utc)  # every session's TimeZone is UTC
+        return v.replace(tzinfo=None).isoformat(sep=" ") + "+00"
+    return v.isoformat(sep=" ")
+
+
+def _numeric_binary(v: decimal.Decimal) -> bytes:
+    """Postgres's binary NUMERIC: base-10000 digits with a weight, sign and display scale."""
+    if v.is_nan():
+        return struct.pack("!hhHH", 0, 0, 0xC000, 0)
+    sign, digits, exponent = v.as_tuple()
+    assert isinstance(exponent, int)
+    dscale = max(0, -exponent)
+    text = "".join(map(str, digits))
+    point = len(text) + exponent  # digits before the decimal point
+    if point < 0:
+        text, point = "0" * -point + text, 0
+    text += "0" * max(0, point - len(text))
+    whole, fraction = text[:point], text[point:]
+    whole = "0" * (-len(whole) % 4) + whole  # base-10000 groups align on the decimal point
+    fraction += "0" * (-len(fraction) % 4)
+    groups = [int(whole[i:i + 4]) for i in range(0, len(whole), 4)]
+    weight = len(groups) - 1
+    groups += [int(fraction[i:i + 4]) for i in range(0, len(fraction), 4)]
+    while groups and groups[0] == 0:
+        groups.pop(0)
+        weight -= 1
+    while groups and groups[-1] == 0:
+        groups.pop()
+    if not groups:
+        weight = 0
+    return struct.pack(f"!hhHH{len(groups)}H", len(groups), weight, 0x4000 if sign else 0, dscale, *groups)
+
+
+@dataclass(frozen=True)
+class PgType:
+    oid: int
+    name: str
+    size: int  # typlen: bytes of a fixed-size value, -1 for variable
+    text: Callable[[Any], str]
+    binary: Callable[[Any], bytes]
+
+
+def _text_binary(v: Any) -> bytes:
+    return _any_text(v).encode("utf-8")
+
+
+def _any_text(v: Any) -> str:
+    if isinstance(v, (dict, list)):
+        return json.dumps(v, default=str, ensure_ascii=False)
+    if isinstance(v, bool):
+        return "t" if v else "f"
+    if isinstance(v, bytes):
+        return "\\x" + v.hex()
+    if isinstance(v, float):
+        return _float_text(v)
+    if isinstance(v, dt.datetime):
+        return _ts_text(v)
+    return str(v)
+
+
+_TYPES = [
+    PgType(BOOL, "bool", 1, lambda v: "t" if v else "f", lambda v: b"\x01" if v else b"\x00"),
+    PgType(BYTEA, "bytea", -1, lambda v: "\\x" + bytes(v).hex(), bytes),
+    PgType(INT8, "int8", 8, lambda v: str(int(v)), lambda v: struct.pack("!q", int(v))),
+    PgType(INT2, "int2", 2, lambda v: str(int(v)), lambda v: struct.pack("!h", int(v))),
+    PgType(INT4, "int4", 4, lambda v: str(int(v)), lambda v: struct.pack("!i", int(v))),
+    PgType(TEXT, "text", -1, _any_text, _text_binary),
+    PgType(VARCHAR, "varchar", -1, _any_text, _text_binary),
+    PgType(JSON, "json", -1, _any_text, _text_binary),
+    PgType(FLOAT4, "float4", 4, lambda v: _float_text(float(v)), lambda v: struct.pack("!f", float(v))),
+    PgType(FLOAT8, "float8", 8, lambda v: _float_text(float(v)), lambda v: struct.pack("!d", float(v))),
+    PgType(DATE, "date", 4, lambda v: v.isoformat(), lambda v: struct.pack("!i", (v - _EPOCH_DATE).days)),
+    PgType(TIME, "time", 8, lambda v: v.isoformat(),
+           lambda v: struct.pack("!q", ((v.hour * 60 + v.minute) * 60 + v.second) * 1_000_000 + v.microsecond)),
+    PgType(TIMESTAMP, "timestamp", 8, _ts_text,
+           lambda v: struct.pack("!q", (v.replace(tzinfo=None) - _EPOCH_TS) // dt.timedelta(microseconds=1))),
+    PgType(TIMESTAMPTZ, "timestamptz", 8, _ts_text,
+           lambda v: struct.pack("!q", ((v if v.tzinfo else v.replace(tzinfo=dt.timezone.utc)) - _EPOCH_TSTZ)
+                                 // dt.timedelta(microseconds=1))),
+    PgType(NUMERIC, "numeric", -1, lambda v: str(v), lambda v: _numeric_binary(decimal.Decimal(v))),
+    PgType(UUID, "uuid", 16, str, lambda v: uuid.UUID(str(v)).bytes),
+]
+_BY_OID = {t.oid: t for t in _TYPES}
+
+
+def by_oid(oid: int) -> PgType:
+    """The type of ``oid``; text for one this module does not write."""
+    return _BY_OID.get(oid, _BY_OID[TEXT])
+
+
+def oid_of(t: pa.DataType) -> int:
+    """The Postgres type a column of Arrow type ``t`` is described as."""
+    if pa.types.is_boolean(t):
+        return BOOL
+    if pa.types.is_int8(t) or pa.types.is_int16(t) or pa.types.is_uint8(t):
+        return INT2
+    if pa.types.is_int32(t) or pa.types.is_uint16(t):
+        return INT4
+    if pa.types.is_int64(t) or pa.types.is_uint32(t):
+        return INT8
+    if pa.types.is_integer(t):  # uint64 does not fit int8
+        return NUMERIC
+    if pa.types.is_float16(t) or pa.types.is_float32(t):
+        return FLOAT4
+    if pa.types.is_float64(t):
+        return FLOAT8
+    if pa.types.is_decimal(t):
+        return NUMERIC
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
+        return VARCHAR
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t) \
+            or pa.types.is_binary_view(t):
+        return BYTEA
+    if pa.types.is_date(t):
+        return DATE
+    if pa.types.is_time(t):
+        return TIME
+    if pa.types.is_timestamp(t):
+        return TIMESTAMPTZ if t.tz is not None else TIMESTAMP
+    if isinstance(t, pa.ExtensionType) and "uuid" in str(t.extension_name).lower():
+        return UUID
+    return TEXT  # lists, structs, maps, intervals: their text
+
+
+def row_encoders(oids: list[int], formats: list[int]) -> list[Callable[[Any], bytes]]:
+    """Per column, the function writing a value in the format the client asked (0 text, 1 binary)."""
+    out = []
+    for i, oid in enumerate(oids):
+        fmt = formats[0] if len(formats) == 1 else (formats[i] if i < len(formats) else 0)
+        t = by_oid(oid)
+        out.append(t.binary if fmt == 1 else (lambda v, f=t.text: f(v).encode("utf-8")))
+    return out
+
+
+def encode_rows(batch: pa.RecordBatch, encoders: list[Callable[[Any], bytes]]) -> list[list[bytes | None]]:
+    columns = [c.to_pylist() for c in batch.columns]
+    return [[None if v is None else enc(v) for v, enc in zip(row, encoders)] for row in zip(*columns)]
+
+
+# ---- parameters ----------------------------------------------------------------------------
+
+def _bool(text: str) -> bool:
+    t = text.strip().lower()
+    if t in ("t", "true", "y", "yes", "on", "1"):
+        return True
+    if t in ("f", "false", "n", "no", "off", "0"):
+        return False
+    raise ValueError(f"{text!r} is not a boolean")
+
+
+def _tstz(text: str) -> dt.datetime:
+    v = dt.datetime.fromisoformat(text.replace(" ", "T", 1) if "T" not in text else text)
+    return v if v.tzinfo else v.replace(tzinfo=dt.timezone.utc)
+
+
+_PARAM_TEXT: dict[int, Callable[[str], Any]] = {
+    BOOL: _bool, INT2: int, INT4: int, INT8: int, FLOAT4: float, FLOAT8: float, NUMERIC: decimal.Decimal,
+    DATE: dt.date.fromisoformat, TIMESTAMP: lambda s: dt.datetime.fromisoformat(s), TIMESTAMPTZ: _tstz,
+    BYTEA: lambda s: bytes.fromhex(s[2:]) if s.startswith("\\x") else s.encode("utf-8"),
+}
+
+
+def _numeric_from_binary(b: bytes) -> decimal.Decimal:
+    ndigits, weight, sign, dscale = struct.unpack_from("!hhHH", b)
+    if sign == 0xC000:
+        return decimal.Decimal("NaN")
+    digits = struct.unpack_from(f"!{ndigits}H", b, 8)
+    value = decimal.Decimal(0)
+    for i, d in enumerate(digits):
+        value += decimal.Decimal(d).scaleb(4 * (weight - i))
+    value = value.quantize(decimal.Decimal(1).scaleb(-dscale)) if dscale else value.to_integral_value()
+    return -value if sign == 0x4000 else value
+
+
+_PARAM_BINARY: dict[int, Callable[[bytes], Any]] = {
+    BOOL: lambda b: b != b"\x00", INT2: lambda b: struct.unpack("!h", b)[0], INT4: lambda b: struct.unpack("!i", b)[0],
+    INT8: lambda b: struct.unpack("!q", b)[0], FLOAT4: lambda b: struct.unpack("!f", b)[0],
+    FLOAT8: lambda b: struct.unpack("!d", b)[0], BYTEA: bytes, NUMERIC: _numeric_from_binary,
+    DATE: lambda b: _EPOCH_DATE + dt.timedelta(days=struct.unpack("!i", b)[0]),
+    TIMESTAMP: lambda b: _EPOCH_TS + dt.timedelta(microseconds=struct.unpack("!q", b)[0]),
+    TIMESTAMPTZ: lambda b: _EPOCH_TSTZ + dt.timedelta(microseconds=struct.unpack("!q", b)[0]),
+    UUID: lambda b: str(uuid.UUID(bytes=b)),
+}
+
+
+def decode_parameter(value: bytes | None, oid: int, fmt: int) -> Any:
+    """A bound parameter as the engine takes it; ValueError says what did not read."""
+    if value is None:
+        return None
+    if fmt == 1:
+        reader = _PARAM_BINARY.get(oid)
+        if reader is None:  # text-like types send their UTF-8 bytes in binary too
+            return value.decode("utf-8")
+        try:
+            return reader(value)
+        except (struct.error, ValueError) as e:
+            raise ValueError(f"binary value of type {by_oid(oid).name} does not read: {e}") from None
+    text = value.decode("utf-8")
+    reader_t = _PARAM_TEXT.get(oid)
+    if reader_t is None:
+        return text
+    try:
+        return reader_t(text)
+    except (ValueError, decimal.InvalidOperation) as e:
+        raise ValueError(f"{text!r} is not a {by_oid(oid).name}: {e}") from None

@@ -1,0 +1,209 @@
+"""The Postgres wire protocol with real clients: psycopg 3, asyncpg, SQLAlchemy + pandas, psql and
+pgjdbc (Debian's), against the shared three-node cluster (every node has --pg-port).
+
+Answers are compared with DuckDB's over the same rows (``bi_cluster.db``). The module sorts
+before test_console.py and test_dbapi.py, so the three share one ``bi_cluster``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import decimal
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+psycopg = pytest.importorskip("psycopg")
+
+from tests.integration.bi_cluster import BiCluster, bi_cluster  # noqa: F401,E402 - bi_cluster is a fixture
+
+PSQL = shutil.which("psql")
+PGJDBC = next((p for p in ("/usr/share/java/postgresql.jar", "/usr/share/java/postgresql-jdbc4.jar") if Path(p).exists()), None)
+
+
+def dsn(c: BiCluster, node: int = 0, **extra: str) -> str:
+    opts = " ".join(f"{k}={v}" for k, v in extra.items())
+    return f"host=127.0.0.1 port={c.nodes[node].pg_port} dbname=federator user=tester {opts}"
+
+
+def utc(rows: list[tuple]) -> list[tuple]:
+    return [tuple(v.astimezone(dt.timezone.utc) if isinstance(v, dt.datetime) and v.tzinfo else v for v in r) for r in rows]
+
+
+def duck(c: BiCluster, sql: str, params: list | None = None) -> list[tuple]:
+    return utc(c.db.execute(sql, params or []).fetchall())
+
+
+PLAYERS = "SELECT player, team, games, score, active, last_seen FROM players ORDER BY player"
+
+
+@pytest.mark.parametrize("binary", [False, True], ids=["text", "binary"])
+def test_psycopg_every_type_equals_duckdb(bi_cluster, binary) -> None:
+    c = bi_cluster
+    with psycopg.connect(dsn(c), autocommit=True) as conn:
+        cur = conn.cursor(binary=binary)
+        cur.execute(PLAYERS)
+        assert utc(cur.fetchall()) == duck(c, PLAYERS)
+        assert [d.name for d in cur.description] == ["player", "team", "games", "score", "active", "last_seen"]
+        cur.execute("SELECT id, payload FROM blobs ORDER BY id")
+        assert cur.fetchall() == duck(c, "SELECT id, payload FROM blobs ORDER BY id")
+        cur.execute("SELECT CAST(score AS DECIMAL(10,2)) AS s, CAST(last_seen AS DATE) AS d FROM players "
+                    "WHERE score IS NOT NULL AND last_seen IS NOT NULL ORDER BY player")
+        got = cur.fetchall()
+        assert got == duck(c, "SELECT CAST(score AS DECIMAL(10,2)) AS s, CAST(last_seen AS DATE) AS d FROM players "
+                              "WHERE score IS NOT NULL AND last_seen IS NOT NULL ORDER BY player")
+        assert all(isinstance(r[0], decimal.Decimal) and isinstance(r[1], dt.date) for r in got)
+
+
+def test_psycopg_parameters_and_server_side_prepare(bi_cluster) -> None:
+    c = bi_cluster
+    with psycopg.connect(dsn(c), autocommit=True, prepare_threshold=0) as conn:  # every statement prepared
+        sql = "SELECT player, games FROM players WHERE games > %s AND team = %s ORDER BY player"
+        for games, team in ((10, "red"), (50, "blue")):
+            got = conn.execute(sql, (games, team)).fetchall()
+            assert got == duck(c, sql.replace("%s", "?"), [games, team]) and got
+        # a point lookup by key, routed to the key's owner whichever node the client is on
+        for node in range(3):
+            with psycopg.connect(dsn(c, node), autocommit=True) as other:
+                assert other.execute("SELECT games FROM players WHERE player = %s", ("p012",)).fetchall() == [(36,)]
+        ts = dt.datetime.fromtimestamp(1_700_000_000, dt.timezone.utc)
+        got = conn.execute("SELECT count(*) FROM players WHERE last_seen > %s", (ts,)).fetchall()
+        assert got == duck(c, "SELECT count(*) FROM players WHERE last_seen > ?", [ts])
+
+
+def test_session_settings_token_and_transactions(bi_cluster) -> None:
+    c = bi_cluster
+    with psycopg.connect(dsn(c)) as conn:  # not autocommit: psycopg sends BEGIN first
+        cur = conn.cursor()
+        cur.execute("SELECT count(*) FROM players")
+        assert cur.fetchone() == (len(c.players),)
+        token = cur.execute("SHOW federator.consistency_token").fetchone()[0]
+        assert token and token != ""
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+        conn.commit()
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        # the token as the bound of later reads, and the consistency options as settings
+        cur.execute("SET federator.consistency_token = %s" % psycopg.sql.quote(token))
+        cur.execute("SET federator.allow_stale = on")
+        cur.execute("SET federator.max_lag = 0")
+        cur.execute("SELECT count(*) FROM players")
+        assert cur.fetchone() == (len(c.players),)
+        assert cur.execute("SHOW federator.allow_stale").fetchone() == ("on",)
+        assert cur.execute("SELECT current_setting('federator.max_lag')").fetchone() == ("0",)
+        with pytest.raises(psycopg.errors.InvalidParameterValue, match="allow_stale must be on or off"):
+            cur.execute("SET federator.allow_stale = maybe")
+        conn.rollback()
+        # a token no node can reach is a typed error, not an old answer
+        cur.execute("SET federator.consistency_token = 'not a token'")
+        with pytest.raises(psycopg.errors.InvalidParameterValue):
+            cur.execute("SELECT count(*) FROM players")
+        conn.rollback()
+
+
+def test_errors_carry_sqlstate_and_leave_the_connection_usable(bi_cluster) -> None:
+    c = bi_cluster
+    with psycopg.connect(dsn(c), autocommit=True) as conn:
+        with pytest.raises(psycopg.errors.UndefinedTable, match="unknown store"):
+            conn.execute("SELECT * FROM no_such_store")
+        with pytest.raises(psycopg.errors.UndefinedColumn):
+            conn.execute("SELECT no_such_column FROM players")
+        with pytest.raises(psycopg.errors.SyntaxError):
+            conn.execute("SELEC 1")
+        with pytest.raises(psycopg.errors.DataException):
+            conn.execute("SELECT CAST(team AS INTEGER) FROM players WHERE team = 'red'")
+        assert conn.execute("SELECT 1 + 1").fetchone() == (2,)
+
+
+def test_catalog_queries_tools_send(bi_cluster) -> None:
+    c = bi_cluster
+    with psycopg.connect(dsn(c), autocommit=True) as conn:
+        assert conn.execute("SELECT version()").fetchone()[0].startswith("PostgreSQL 16")
+        assert conn.info.server_version >= 160000
+        assert conn.execute("SELECT current_schema(), current_database(), current_user").fetchone() == \
+               ("main", "federator", "tester")
+        tables = conn.execute("SELECT table_name FROM information_schema.tables WHERE table_schema = 'main' "
+                              "ORDER BY table_name").fetchall()
+        assert tables == [("blobs",), ("per_minute",), ("players",)]
+        cols = conn.execute("""
+            SELECT a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod), a.attnotnull
+            FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_class c ON c.oid = a.attrelid
+            JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+            WHERE c.relname = 'players' AND n.nspname = 'main' AND a.attnum > 0 ORDER BY a.attnum""").fetchall()
+        assert cols == [("player", "character varying", True), ("team", "character varying", False),
+                        ("games", "bigint", False), ("score", "double precision", False),
+                        ("active", "boolean", False), ("last_seen", "timestamp with time zone", False),
+                        ("rowtime", "timestamp with time zone", False)]
+        # the key is the primary key
+        pk = conn.execute("""SELECT kcu.column_name FROM information_schema.table_constraints tc
+            JOIN information_schema.key_column_usage kcu ON kcu.constraint_name = tc.constraint_name
+            WHERE tc.table_name = 'blobs' AND tc.constraint_type = 'PRIMARY KEY'""").fetchall()
+        assert pk == [("id",)]
+
+
+def test_cursors_declare_fetch_and_row_limits(bi_cluster) -> None:
+    c = bi_cluster
+    with psycopg.connect(dsn(c)) as conn:
+        # a named cursor is DECLARE ... CURSOR + FETCH FORWARD n, as Tableau and psycopg send it
+        with conn.cursor(name="big") as cur:
+            cur.itersize = 7
+            cur.execute("SELECT player FROM players ORDER BY player")
+            assert [r[0] for r in cur] == [p["player"] for p in sorted(c.players, key=lambda p: p["player"])]
+        conn.rollback()
+
+
+def test_asyncpg_binary_protocol(bi_cluster) -> None:
+    asyncpg = pytest.importorskip("asyncpg")
+    c = bi_cluster
+
+    async def run() -> None:
+        conn = await asyncpg.connect(host="127.0.0.1", port=c.nodes[1].pg_port, user="tester", database="federator")
+        try:
+            rows = await conn.fetch("SELECT player, team, games, score, active, last_seen FROM players "
+                                    "WHERE games > $1 ORDER BY player", 30)
+            assert [tuple(r) for r in rows] == duck(c, PLAYERS.replace("ORDER BY", "WHERE games > 30 ORDER BY"))
+            blob = await conn.fetchval("SELECT payload FROM blobs WHERE id = $1", 7)
+            assert blob == duck(c, "SELECT payload FROM blobs WHERE id = 7")[0][0]
+            total = await conn.fetchval("SELECT CAST(sum(score) AS DECIMAL(12,2)) FROM players")
+            assert total == duck(c, "SELECT CAST(sum(score) AS DECIMAL(12,2)) FROM players")[0][0]
+        finally:
+            await conn.close()
+
+    asyncio.run(run())
+
+
+def test_sqlalchemy_and_pandas_read_sql(bi_cluster) -> None:
+    sqlalchemy = pytest.importorskip("sqlalchemy")
+    pd = pytest.importorskip("pandas")
+    c = bi_cluster
+    engine = sqlalchemy.create_engine(f"postgresql+psycopg://tester@127.0.0.1:{c.nodes[2].pg_port}/federator")
+    try:
+        assert sorted(sqlalchemy.inspect(engine).get_table_names(schema="main")) == ["blobs", "per_minute", "players"]
+        frame = pd.read_sql("SELECT team, count(*) AS n FROM players GROUP BY team ORDER BY team NULLS FIRST", engine)
+        assert [tuple(r) for r in frame.itertuples(index=False)] == \
+               duck(c, "SELECT team, count(*) AS n FROM players GROUP BY team ORDER BY team NULLS FIRST")
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.skipif(PSQL is None, reason="Debian's postgresql-client (psql) is missing: make test installs it")
+def test_psql_queries_and_describe(bi_cluster) -> None:
+    c = bi_cluster
+    env = {**os.environ, "PGHOST": "127.0.0.1", "PGPORT": str(c.nodes[0].pg_port), "PGUSER": "tester",
+           "PGDATABASE": "federator", "PGCONNECT_TIMEOUT": "10"}
+
+    def psql(*args: str) -> str:
+        done = subprocess.run([PSQL, "-X", "-v", "ON_ERROR_STOP=1", *args], env=env, capture_output=True,
+                              text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    out = psql("-A", "-t", "-c", "SELECT player, games FROM players WHERE player IN ('p001', 'p002') ORDER BY player")
+    assert out.split() == ["p001|3", "p002|6"]
+    listing = psql("-c", r"\dt")
+    assert "players" in listing and "per_minute" in listing and "blobs" in listing
+    described = psql("-c", r"\d players")
+    assert "last_seen" in described and "timestamp with time zone" in described and "bigint" in described
