@@ -50,6 +50,7 @@ def auth_node(broker, tmp_path_factory) -> Iterator[AuthNode]:
     node = NodeProcess(broker.bootstrap_servers, f"au{uuid.uuid4().hex[:8]}", "n0", root / "n0",
                        standby_replicas=0, flight_port=free_port())
     node.extra_args = ["--users-file", str(users)]
+    node.pg_port = free_port()
     node.start()
     try:
         yield AuthNode(node, tokens[0], tokens[1])
@@ -154,3 +155,15 @@ def test_a_broken_users_file_stops_the_node_naming_the_line(broker, tmp_path) ->
     done = subprocess.run(node_args(broker, tmp_path / "n", "--users-file", str(users)),
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and f"{users}:2" in done.stderr and "alice" in done.stderr, done.stderr[-500:]
+
+
+def test_postgres_logins_check_the_token_with_scram(auth_node) -> None:
+    psycopg = pytest.importorskip("psycopg")
+    dsn = f"host=127.0.0.1 port={auth_node.node.pg_port} dbname=federator connect_timeout=10"
+    for user, token in (("alice", auth_node.token), ("bob", auth_node.other)):
+        with psycopg.connect(f"{dsn} user={user}", password=token, autocommit=True) as conn:
+            assert conn.execute("SELECT current_user, 1 + 1").fetchone() == (user, 2)
+    # another user's token, a wrong one, none, an unknown user: the same refusal, before any query
+    for user, token in (("alice", auth_node.other), ("alice", "nope"), ("mallory", auth_node.token)):
+        with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
+            psycopg.connect(f"{dsn} user={user}", password=token)

@@ -207,3 +207,31 @@ def test_psql_queries_and_describe(bi_cluster) -> None:
     assert "players" in listing and "per_minute" in listing and "blobs" in listing
     described = psql("-c", r"\d players")
     assert "last_seen" in described and "timestamp with time zone" in described and "bigint" in described
+
+
+JAVA = Path(__file__).parent / "java" / "PgjdbcCheck.java"
+
+
+@pytest.mark.skipif(PGJDBC is None or shutil.which("javac") is None,
+                    reason="Debian's libpostgresql-jdbc-java (make test installs it) or a JDK's javac is missing")
+def test_pgjdbc_metadata_and_a_paged_prepared_statement(bi_cluster, tmp_path) -> None:
+    c = bi_cluster
+    done = subprocess.run(["javac", "-d", str(tmp_path), "-cp", PGJDBC, str(JAVA)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    url = f"jdbc:postgresql://127.0.0.1:{c.nodes[1].pg_port}/federator"
+    run = subprocess.run(["java", "-cp", f"{tmp_path}:{PGJDBC}", "PgjdbcCheck", url], capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert lines[0] == "product PostgreSQL 16"
+    assert [x for x in lines if x.startswith("table ")] == ["table main.blobs", "table main.per_minute", "table main.players"]
+    assert [x for x in lines if x.startswith("column ")] == [
+        "column player varchar 12 NO", "column team varchar 12 YES", "column games int8 -5 YES",
+        "column score float8 8 YES", "column active bool -7 YES", "column last_seen timestamptz 93 YES",
+        "column rowtime timestamptz 93 YES"]
+    expected = duck(c, "SELECT player, games, score, last_seen FROM players WHERE games > 20 AND team = 'red' "
+                       "ORDER BY player")
+    assert [x for x in lines if x.startswith("row ")] == [
+        f"row {p} {g} {'null' if s is None else s} {'null' if t is None else int(t.timestamp() * 1000)}" for p, g, s, t in expected]
+    assert f"rows {len(expected)}" in lines and len(expected) > 3  # more rows than one page of 3

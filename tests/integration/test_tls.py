@@ -52,7 +52,7 @@ def tls_cluster(broker, tmp_path_factory) -> Iterator[TlsCluster]:
     rows = {f"p{i:02d}": i * 10 for i in range(40)}
     produce(broker, defn.topic, P, [(k.encode(), k.encode(), defn.value.serialize(v), 1_700_000_000_000)
                                     for k, v in rows.items()])
-    cluster = Cluster(broker.bootstrap_servers, app_id, root, size=2, standby_replicas=0, flight_sql=True)
+    cluster = Cluster(broker.bootstrap_servers, app_id, root, size=2, standby_replicas=0, flight_sql=True, pg=True)
     trust = Tls(cert, key)
     for node in cluster.nodes:
         node.extra_args = ["--tls-cert", str(cert), "--tls-key", str(key)]
@@ -113,6 +113,17 @@ def test_flight_sql_over_tls(tls_cluster) -> None:
     with flightsql.connect(uri, db_kwargs=roots) as conn, conn.cursor() as cur:
         cur.execute("SELECT COUNT(*) AS n FROM scores")
         assert cur.fetch_arrow_table().to_pylist() == [{"n": 40}]
+
+
+def test_postgres_over_tls_only(tls_cluster) -> None:
+    psycopg = pytest.importorskip("psycopg")
+    n0 = tls_cluster.cluster.nodes[0]
+    dsn = f"host=127.0.0.1 port={n0.pg_port} dbname=federator user=tester connect_timeout=10"
+    with psycopg.connect(f"{dsn} sslmode=verify-full sslrootcert={tls_cluster.cert}", autocommit=True) as conn:
+        assert conn.info.pgconn.ssl_in_use
+        assert conn.execute("SELECT count(*), sum(score) FROM scores").fetchone() == (40, sum(tls_cluster.rows.values()))
+    with pytest.raises(psycopg.OperationalError, match="over TLS only"):
+        psycopg.connect(f"{dsn} sslmode=disable")
 
 
 def node_run(broker, root: Path, *extra: str) -> subprocess.CompletedProcess:
