@@ -17,11 +17,12 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import duckdb
 import pyarrow as pa
 
+from federator.cancel import Cancel
 from federator.errors import SqlError
 
 DEFAULT_MEMORY_LIMIT = "2GB"
@@ -92,12 +93,14 @@ class Duck:
         return self.over(sql, {name: rows})
 
     def stream(self, sql: str, relations: dict[str, pa.Table], deadline: float | None,
-               batch_rows: int = 65_536) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
+               batch_rows: int = 65_536, cancel: Cancel | None = None) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
         """Run ``sql`` over ``relations`` on a cursor of its own: the answer's schema and its
         batches as DuckDB makes them. Errors come as SqlError; most before this returns (the
-        first batch is made here), the rest while the batches are read."""
+        first batch is made here), the rest while the batches are read. ``cancel`` interrupts
+        the statement as the deadline does."""
         cur = self.cursor()
         timer = None
+        forget = cancel.on_cancel(cur.interrupt) if cancel is not None else None
         try:
             for name, table in relations.items():
                 cur.register(name, table)
@@ -107,12 +110,15 @@ class Duck:
             first = _next(reader)
         except (duckdb.Error, pa.ArrowException, OSError) as e:  # DuckDB's errors may come through Arrow's reader
             _stop(timer, cur)
+            _forget(forget)
             raise sql_error(e) from None
         except BaseException:
             _stop(timer, cur)
+            _forget(forget)
             raise
         if first is None:
             _stop(timer, cur)
+            _forget(forget)
             return reader.schema, iter(())
 
         def rest() -> Iterator[pa.RecordBatch]:
@@ -125,6 +131,7 @@ class Duck:
                 raise sql_error(e) from None
             finally:
                 _stop(timer, cur)
+                _forget(forget)
 
         return reader.schema, rest()
 
@@ -192,6 +199,11 @@ class _Interrupter:
 
 
 _INTERRUPTER = _Interrupter()
+
+
+def _forget(forget: Callable[[], None] | None) -> None:
+    if forget is not None:
+        forget()
 
 
 def _stop(timer: int | None, cur: duckdb.DuckDBPyConnection) -> None:

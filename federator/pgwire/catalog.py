@@ -24,6 +24,7 @@ import pyarrow as pa
 import sqlglot
 from sqlglot import exp
 
+from federator.cancel import Cancel
 from federator.catalog.definition import StoreDefinition
 from federator.owner.duck import sql_error
 from federator.pgwire import types as pgt
@@ -164,16 +165,18 @@ class PgCatalog:
         oids = [_oid_of_duck(t) for t in types]
         return oids, pa.schema([pa.field(n, _arrow_of_duck(t)) for n, t in zip(names, duck_types)])
 
-    def run(self, sql: str, parameters: list[Any], timeout_s: float) -> pa.Table:
+    def run(self, sql: str, parameters: list[Any], timeout_s: float, cancel: Cancel | None = None) -> pa.Table:
         cur = self.cursor()
         timer = threading.Timer(timeout_s, cur.interrupt)
         timer.start()
+        forget = cancel.on_cancel(cur.interrupt) if cancel is not None else (lambda: None)
         try:
             return cur.execute(sql, parameters or None).to_arrow_table()
         except duckdb.Error as e:
             raise sql_error(e) from None
         finally:
             timer.cancel()
+            forget()
 
 
 def _build(stores: dict[str, StoreDefinition]) -> duckdb.DuckDBPyConnection:

@@ -151,7 +151,7 @@ class PgServer:
         with self._lock:
             entry = self._sessions.get(pid)
         if entry is not None and hmac.compare_digest(entry[0], secret):
-            entry[1].cancelled = True
+            entry[1].cancel()
 
 
 class _Connection:
@@ -340,7 +340,7 @@ class _Connection:
             return
         for text in statements:
             try:
-                self.session.cancelled = False
+                self.session.new_statement()
                 answer = self.session.execute(text)
                 if answer.tag == "" and not answer.has_rows:
                     self.send(m.EmptyQueryResponse())
@@ -467,7 +467,7 @@ class _Connection:
         assert self.session is not None
         if portal.answer is not None:
             return
-        self.session.cancelled = False
+        self.session.new_statement()
         portal.answer = self.session.execute(portal.statement.sql, portal.parameters)
         if portal.answer.has_rows:
             assert portal.answer.schema is not None

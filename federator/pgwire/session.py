@@ -15,16 +15,18 @@ from __future__ import annotations
 import itertools
 import re
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 import pyarrow as pa
 
+from federator.cancel import Cancel
 from federator.errors import SqlError
 from federator.pgwire import catalog as pgcat
 from federator.pgwire.catalog import PgCatalog
 from federator.sql.limits import admitted, limits_of
 from federator.sql.result import SqlRequest
 
+T = TypeVar("T")
 DEFAULT_TIMEOUT_MS = 10_000
 TOKEN = "federator.consistency_token"
 
@@ -119,7 +121,7 @@ class Session:
         self.settings = dict(DEFAULT_SETTINGS)
         self.status = "I"  # ReadyForQuery's transaction status: I idle, T in a transaction, E failed
         self.cursors: dict[str, Cursor] = {}
-        self.cancelled = False
+        self.current = Cancel()  # the running statement's cancel switch (a cancel request pulls it)
         self._answer_token: str | None = None
         for name, value in (startup or {}).items():
             if name in ("user", "database", "replication"):
@@ -129,6 +131,12 @@ class Session:
                     self.set(m.group(1), m.group(2))
                 continue
             self.set(name, value)
+
+    def new_statement(self) -> None:
+        self.current = Cancel()
+
+    def cancel(self) -> None:
+        self.current.cancel()
 
     # ---- settings ------------------------------------------------------------------------
     def set(self, name: str, value: str) -> None:
@@ -315,17 +323,18 @@ class Session:
         limits = limits_of(self.service)
         limits.check_sql(sql)
         timeout_ms, _ = limits.timeout_ms(timeout_ms)
+        cancel = self.current
         if where == "catalog":
-            table = self.catalog.run(run, parameters, timeout_ms / 1000)
+            table = _canceled(cancel, lambda: self.catalog.run(run, parameters, timeout_ms / 1000, cancel))
             limits.check_rows(table.num_rows, table.nbytes)
             return _rows("SELECT", table)
         req = SqlRequest(run, list(parameters), consistency_token=token, allow_stale=stale, max_lag=lag,
-                         timeout_ms=timeout_ms, dialect="postgres")
+                         timeout_ms=timeout_ms, dialect="postgres", cancel=cancel)
         with admitted(self.service, req):
-            result = self.service.sql(req)
+            result = _canceled(cancel, lambda: self.service.sql(req))
             capped = limits.capped(iter(result.batches))
             try:
-                capped.read_ahead()  # most failures, and an answer over a cap, surface before any row is sent
+                _canceled(cancel, capped.read_ahead)  # most failures, and an answer over a cap, surface before any row is sent
             except BaseException:
                 capped.close()
                 raise
@@ -333,10 +342,28 @@ class Session:
         return Answer("SELECT", result.schema, _until_cancelled(self, capped))
 
 
+_CANCELED = "canceling statement due to user request"  # Postgres's words; psql and drivers show them
+
+
+def _canceled(cancel: Cancel, run: Callable[[], T]) -> T:
+    """``run()``; a statement interrupted by a cancel request says so, not that it timed out."""
+    try:
+        return run()
+    except SqlError as e:
+        if cancel.cancelled and e.code == "TIMEOUT":
+            raise SqlError("TIMEOUT", _CANCELED) from None
+        raise
+
+
 def _until_cancelled(session: Session, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    for batch in batches:
-        if session.cancelled:
-            raise SqlError("TIMEOUT", "canceling statement due to user request")
+    cancel = session.current
+    iterator = iter(batches)
+    while True:
+        if cancel.cancelled:
+            raise SqlError("TIMEOUT", _CANCELED)
+        batch = _canceled(cancel, lambda: next(iterator, None))
+        if batch is None:
+            return
         yield batch
 
 

@@ -261,6 +261,8 @@ class SqlEngine:
         if any(ref.joined is not None for ref in plan.refs):
             stats["joined_on_owners"] = True  # no rows of either store crossed the network before the join
         _check_deadline(deadline, "reading the partitions")
+        if req.cancel is not None and req.cancel.cancelled:
+            raise SqlError("TIMEOUT", "canceling statement due to user request")
         read_at = position.merge(seen["position"])
         if plan.columns_only is not None:  # nothing left to compute: the rows as the owners sent them
             (rows,) = (relations[r.relation] for r in plan.refs)
@@ -279,7 +281,7 @@ class SqlEngine:
             if kept is not None:
                 stats["answer_reused"] = True
                 return (kept[2], iter(kept[3])), read_at, stats
-        schema, batches = self.duck.stream(plan.sql, relations, deadline)
+        schema, batches = self.duck.stream(plan.sql, relations, deadline, cancel=req.cancel)
         if key is not None:
             batches = self._kept(key, plan, schema, batches)
         return (schema, batches), read_at, stats

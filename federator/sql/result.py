@@ -7,6 +7,8 @@ from typing import Any, Iterator
 
 import pyarrow as pa
 
+from federator.cancel import Cancel
+
 
 @dataclass
 class SqlRequest:
@@ -17,6 +19,7 @@ class SqlRequest:
     max_lag: int | None = None
     timeout_ms: int = 10_000
     dialect: str | None = None  # the SQL's dialect (sqlglot's names); None: DuckDB's
+    cancel: Cancel | None = None  # the client's cancel switch (the Postgres protocol's cancel request)
 
 
 @dataclass

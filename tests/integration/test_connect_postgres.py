@@ -235,3 +235,21 @@ def test_pgjdbc_metadata_and_a_paged_prepared_statement(bi_cluster, tmp_path) ->
     assert [x for x in lines if x.startswith("row ")] == [
         f"row {p} {g} {'null' if s is None else s} {'null' if t is None else int(t.timestamp() * 1000)}" for p, g, s, t in expected]
     assert f"rows {len(expected)}" in lines and len(expected) > 3  # more rows than one page of 3
+
+
+def test_a_cancel_request_stops_the_running_statement(bi_cluster) -> None:
+    import threading
+
+    c = bi_cluster
+    with psycopg.connect(dsn(c), autocommit=True) as conn:
+        conn.execute("SET statement_timeout = 600000")  # ten minutes: only the cancel can end it sooner
+        # a join the receiver's DuckDB would take many minutes over
+        long = "SELECT count(*) FROM players a, range(5000000000) r WHERE r.range % 7 = length(a.player)"
+        timer = threading.Timer(2.0, conn.cancel_safe)
+        timer.start()
+        try:
+            with pytest.raises(psycopg.errors.QueryCanceled, match="canceling statement due to user request"):
+                conn.execute(long)
+        finally:
+            timer.cancel()
+        assert conn.execute("SELECT count(*) FROM players").fetchone() == (len(c.players),)

@@ -30,7 +30,8 @@ ROOT = Path(__file__).resolve().parents[2]
 # longest entry that matches a module decides its layer, and every module must match one.
 LAYERS: list[tuple[str, list[str]]] = [
     ("foundation", ["federator", "federator.partitioner", "federator.kafka", "federator.broker",
-                    "federator.formats", "federator.errors", "federator.metrics", "federator.auth", "federator.tls"]),
+                    "federator.formats", "federator.errors", "federator.metrics", "federator.auth", "federator.tls",
+                    "federator.cancel"]),
     ("query model (IQv2)", ["federator.query"]),
     ("catalog", ["federator.catalog"]),
     ("stores", ["federator.store"]),
