@@ -171,7 +171,7 @@ class PgCatalog:
         timer.start()
         forget = cancel.on_cancel(cur.interrupt) if cancel is not None else (lambda: None)
         try:
-            return cur.execute(sql, parameters or None).to_arrow_table()
+            return cur.sql(sql, params=parameters or None).to_arrow_table()
         except duckdb.Error as e:
             raise sql_error(e) from None
         finally:

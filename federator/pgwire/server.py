@@ -28,6 +28,7 @@ from typing import Any
 
 import pyarrow as pa
 from pygwire.codec import FrontendMessageDecoder
+from pygwire.exceptions import PygwireError
 from pygwire.constants import ConnectionPhase, TransactionStatus
 from pygwire import messages as m
 
@@ -176,7 +177,12 @@ class _Connection:
 
     def receive(self) -> m.PGMessage:
         while True:
-            msg = next(self.decoder, None)
+            try:
+                msg = next(self.decoder, None)
+            except PygwireError as e:
+                self._refuse("08P01", f"cannot read the client's message ({e}); this node speaks the Postgres "
+                                      "protocol version 3")
+                raise _Closed() from None
             if msg is not None:
                 return msg
             data = self.sock.recv(65536)

@@ -204,11 +204,13 @@ def _numeric_from_binary(b: bytes) -> decimal.Decimal:
     if sign == 0xC000:
         return decimal.Decimal("NaN")
     digits = struct.unpack_from(f"!{ndigits}H", b, 8)
-    value = decimal.Decimal(0)
-    for i, d in enumerate(digits):
-        value += decimal.Decimal(d).scaleb(4 * (weight - i))
-    value = value.quantize(decimal.Decimal(1).scaleb(-dscale)) if dscale else value.to_integral_value()
-    return -value if sign == 0x4000 else value
+    whole = 0
+    for d in digits:
+        whole = whole * 10000 + d
+    exact = decimal.Context(prec=4 * (abs(weight) + ndigits + 2) + dscale)  # every digit, never rounded
+    value = decimal.Decimal(whole).scaleb(4 * (weight - ndigits + 1), context=exact)
+    value = value.quantize(decimal.Decimal(1).scaleb(-dscale), context=exact)
+    return value.copy_negate() if sign == 0x4000 else value  # unary minus would round to 28 digits
 
 
 _PARAM_BINARY: dict[int, Callable[[bytes], Any]] = {
