@@ -102,6 +102,9 @@ _MACROS = {  # name -> (parameters, body): Postgres catalog functions DuckDB lac
     "pg_get_expr": ("expr, rel, pretty := false", "expr"),
     "pg_relation_is_publishable": ("rel", "false"),
     "array_upper": ("arr, dim", "len(arr)"),
+    "array_lower": ("arr, dim", "1"),
+    "quote_ident": ("name", """CASE WHEN regexp_full_match(name, '[a-z_][a-z0-9_$]*') THEN name """
+                            """ELSE '"' || replace(name, '"', '""') || '"' END"""),
     "pg_get_function_result": ("oid", "NULL"),
     "pg_get_function_arguments": ("oid", "NULL"),
     "pg_get_triggerdef": ("oid, pretty := false", "NULL"),
@@ -228,6 +231,13 @@ def _build(stores: dict[str, StoreDefinition]) -> duckdb.DuckDBPyConnection:
         db.execute(f"CREATE VIEW {FIX}.{name} AS SELECT *{added} FROM pg_catalog.{name}{where}")
     for name, columns in _EMPTY.items():
         db.execute(f"CREATE TABLE {FIX}.{name} ({columns})")
+    db.execute(f"""CREATE VIEW {FIX}.information_schema_columns AS
+        SELECT c.* REPLACE (coalesce(regexp_replace({FIX}.format_type(t.oid, -1), '\\(.*', ''), lower(c.data_type))
+                                AS data_type,
+                            coalesce((SELECT typname FROM {FIX}.pg_type p WHERE p.oid = t.oid), lower(c.data_type))
+                                AS udt_name)
+        FROM information_schema.columns c
+        LEFT JOIN {FIX}.column_types t ON t.relname = c.table_name AND t.attname = c.column_name""")
     for name, (params, body) in _MACROS.items():
         db.execute(f"CREATE MACRO {FIX}.{name}({params}) AS {body}")
     db.execute("SET lock_configuration = true")
@@ -310,7 +320,12 @@ def _parameter_types(tree: exp.Expression, stores: dict[str, StoreDefinition], c
 def reads_catalog_only(tree: exp.Expression, stores: dict[str, StoreDefinition]) -> bool:
     """True when the statement reads no store: the catalog database answers it."""
     names = {n.lower() for n in stores}
+    ctes = {cte.alias_or_name.lower() for cte in tree.find_all(exp.CTE)}
     for table in tree.find_all(exp.Table):
+        if not isinstance(table.this, exp.Identifier):
+            continue  # a table function: generate_series(...), string_to_array(...)
+        if not table.db and table.name.lower() in ctes - names:
+            continue
         db = (table.db or "").lower()
         if db in CATALOG_SCHEMAS:
             continue
@@ -325,6 +340,10 @@ def reads_catalog_only(tree: exp.Expression, stores: dict[str, StoreDefinition])
 def rewrite(tree: exp.Expression, session: dict[str, str], user: str, pid: int) -> exp.Expression:
     """``tree`` with the session's catalog functions answered and fixed catalog views named."""
     def fix(node: exp.Expression) -> exp.Expression:
+        if isinstance(node, exp.Table) and (node.db or "").lower() == "information_schema" \
+                and node.name.lower() == "columns":  # with Postgres's type names
+            return exp.Table(this=exp.to_identifier("information_schema_columns"), db=exp.to_identifier(FIX),
+                             alias=node.args.get("alias") or exp.TableAlias(this=exp.to_identifier("columns")))
         if isinstance(node, exp.Table) and node.name.lower() in _TABLES and (node.db or "").lower() in ("", "pg_catalog"):
             return exp.Table(this=exp.to_identifier(node.name.lower()), db=exp.to_identifier(FIX),
                              alias=node.args.get("alias"))
@@ -334,6 +353,12 @@ def rewrite(tree: exp.Expression, session: dict[str, str], user: str, pid: int) 
         if isinstance(node, exp.Table) and not isinstance(node.this, exp.Identifier) \
                 and (node.db or "").lower() == "pg_catalog":
             node.set("db", None)  # pg_catalog.generate_series(...): DuckDB's own table function
+        if isinstance(node, exp.Table) and isinstance(node.this, exp.Func) and not _sets_of_rows(node.this):
+            # a scalar function in FROM is one row with one column, named by the alias (Postgres);
+            # DuckDB reads it as a table function
+            alias = node.alias or "value"
+            row = exp.select(exp.alias_(node.this.copy().transform(fix), alias, quoted=True))
+            return exp.Subquery(this=row, alias=exp.TableAlias(this=exp.to_identifier(alias)))
         if isinstance(node, exp.Dot) and isinstance(node.expression, exp.Anonymous):
             inner = node.expression  # pg_catalog.f(...): the call itself
             if isinstance(node.this, exp.Identifier) and node.this.name.lower() == "pg_catalog":
@@ -400,6 +425,13 @@ def _object_cast(value: exp.Expression, target: str) -> exp.Expression:
         return exp.Dot(this=exp.to_identifier(FIX), expression=exp.Anonymous(
             this="format_type", expressions=[exp.cast(value, "INTEGER"), exp.Literal.number(-1)]))
     return exp.cast(value, "INTEGER")
+
+
+def _sets_of_rows(func: exp.Func) -> bool:
+    """A function that gives rows (generate_series, unnest, ...), not one value."""
+    name = func.sql_name().lower() if not isinstance(func, exp.Anonymous) else str(func.this).lower()
+    return isinstance(func, (exp.ExplodingGenerateSeries, exp.GenerateSeries, exp.Unnest, exp.Explode)) or \
+        name in ("generate_series", "unnest", "range", "json_each", "json_array_elements", "regexp_split_to_table")
 
 
 # sqlglot's own expressions for some of the session's functions

@@ -20,6 +20,7 @@ import pytest
 psycopg = pytest.importorskip("psycopg")
 
 from tests.integration.bi_cluster import BiCluster, bi_cluster  # noqa: F401,E402 - bi_cluster is a fixture
+from tests.integration.pg_tool_queries import QUERIES  # noqa: E402
 
 PSQL = shutil.which("psql")
 PGJDBC = next((p for p in ("/usr/share/java/postgresql.jar", "/usr/share/java/postgresql-jdbc4.jar") if Path(p).exists()), None)
@@ -253,3 +254,10 @@ def test_a_cancel_request_stops_the_running_statement(bi_cluster) -> None:
         finally:
             timer.cancel()
         assert conn.execute("SELECT count(*) FROM players").fetchone() == (len(c.players),)
+
+
+@pytest.mark.parametrize("tool,where,sql,params,check", QUERIES, ids=[f"{q[0]}: {q[1]}" for q in QUERIES])
+def test_catalog_queries_of_bi_tools(bi_cluster, tool, where, sql, params, check) -> None:
+    with psycopg.connect(dsn(bi_cluster), autocommit=True) as conn:
+        rows = conn.execute(sql, params or None).fetchall()
+    assert check(rows), rows[:10]

@@ -168,8 +168,8 @@ def test_catalog_queries_never_reach_the_engine(session) -> None:
     assert rows(session.execute("SELECT relname FROM pg_catalog.pg_class WHERE relkind = 'r'")) == [("players",)]
     assert rows(session.execute(
         "SELECT column_name, data_type FROM information_schema.columns WHERE table_name = 'players' "
-        "ORDER BY ordinal_position")) == [("player", "VARCHAR"), ("games", "BIGINT"),
-                                           ("rowtime", "TIMESTAMP WITH TIME ZONE")]
+        "ORDER BY ordinal_position")) == [("player", "character varying"), ("games", "bigint"),
+                                           ("rowtime", "timestamp with time zone")]  # Postgres's names
     assert session.service.requests == []
     assert session.describe("SELECT player FROM players WHERE games > $1 LIMIT $2") == \
            ([pgt.INT8, pgt.INT8], pa.schema([pa.field("player", pa.string())]))
