@@ -71,7 +71,8 @@ def _pipeline(bootstrap: str, state: Path, args: argparse.Namespace) -> int:
     if foreign is not None:
         print(f"error: {foreign}", file=sys.stderr)
         return 1
-    nodes = _start_nodes(bootstrap, state)
+    pg_port = _free_port()
+    nodes = _start_nodes(bootstrap, state, pg_port)
     try:
         step("asking the nodes in SQL over HTTP (POST /v1/sql)")
         url = f"http://{nodes[0][1]}"
@@ -81,6 +82,7 @@ def _pipeline(bootstrap: str, state: Path, args: argparse.Namespace) -> int:
             print("    " + format_table(columns, rows, stats).replace("\n", "\n    "))
         print(f"\n  try: federator sql --url {url} \"SELECT * FROM word_counts ORDER BY count DESC LIMIT 5\"")
         print(f"  or open the console in a browser: {url}/")
+        print(f"  or connect a Postgres client (psql, DBeaver, Grafana): psql postgresql://127.0.0.1:{pg_port}/federator")
         return _serve_or_exit(args, nodes, url, bootstrap, state)
     finally:
         for proc, _ in nodes:
@@ -119,7 +121,8 @@ def foreign_nodes_message(bootstrap: str, app: str) -> str | None:
             "They would mix with the demo's own nodes; stop them (an earlier demo's?) and run the demo again")
 
 
-def _start_nodes(bootstrap: str, state: Path) -> list[tuple[subprocess.Popen, str]]:
+def _start_nodes(bootstrap: str, state: Path, pg_port: int) -> list[tuple[subprocess.Popen, str]]:
+    """Three nodes; the first also serves the Postgres protocol on ``pg_port``."""
     nodes = []
     for i in range(3):
         port = _free_port()
@@ -127,7 +130,7 @@ def _start_nodes(bootstrap: str, state: Path) -> list[tuple[subprocess.Popen, st
         log = open(state / f"node{i}.log", "w")
         cmd = [sys.executable, "-m", "federator.cli", "node", "--bootstrap-servers", bootstrap, "--application-id", APP,
                "--listen", endpoint, "--state-dir", str(state / f"node{i}"), "--node-id", f"node{i}",
-               "--standby-replicas", "1"]
+               "--standby-replicas", "1"] + (["--pg-port", str(pg_port)] if i == 0 else [])
         # SIGKILL when the demo dies: its broker goes too, so there is nothing to hand over to
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent(signal.SIGKILL))
         nodes.append((proc, endpoint))

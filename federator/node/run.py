@@ -198,7 +198,7 @@ def _users(args: argparse.Namespace, host: str) -> Users | None:
         raise ValueError(f"--listen {host} can be reached from other machines and no --users-file names who may "
                          "query this node: add users (`federator users add NAME --users-file FILE`, then "
                          "--users-file FILE), or pass --allow-anonymous to serve anyone")
-    log.warning("no --users-file: the public API, console and Flight SQL answer anyone who can reach %s%s", host,
+    log.warning("no --users-file: the public API, console, Flight SQL and Postgres answer anyone who can reach %s%s", host,
                 " (loopback only)" if _is_loopback(host) else " (--allow-anonymous)")
     return None
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import collections
 import datetime as dt
 import re
+import shutil
 import signal
 import subprocess
 import threading
@@ -117,6 +118,14 @@ def test_the_demo_runs_the_pipeline_and_answers(demo: Demo) -> None:
     # the leaderboard plugin's store answers the top-k and the rank
     assert ints(printed(out, EXAMPLES[6])[1], 0) == [r[:2] for r in TOP_PLAYERS[:3]]
     assert ints(printed(out, EXAMPLES[7])[1], 0) == [P7_RANK]
+    # the Postgres client the demo names answers the same (psql as printed, when Debian's is installed)
+    m = re.search(r"psql (postgresql://\S+)", out)
+    assert m is not None, out
+    if shutil.which("psql"):
+        done = subprocess.run(["psql", m.group(1), "-X", "-A", "-t", "-c", EXAMPLES[2]], capture_output=True,
+                              text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert ints([line.split("|") for line in done.stdout.split()], 0) == TOP_PLAYERS
 
     # and those known answers are what the demo's events give (DuckDB over the Parquet it wrote)
     import duckdb
