@@ -39,7 +39,6 @@ _EXTRA_COLUMNS: dict[str, dict[str, str]] = {
     "pg_database": {"encoding": "6", "datcollate": "'C'", "datctype": "'C'", "datdba": "10", "datacl": "NULL::VARCHAR",
                     "dattablespace": "0", "datconnlimit": "-1", "datlocprovider": "'c'", "daticulocale": "NULL::VARCHAR"},
     "pg_namespace": {},
-    "pg_index": {},
     "pg_constraint": {"conperiod": "false"},
     "pg_proc": {},
 }
@@ -81,7 +80,7 @@ _EMPTY: dict[str, str] = {
     "pg_seclabel": "objoid INTEGER, classoid INTEGER, objsubid INTEGER, provider VARCHAR, label VARCHAR",
 }
 # catalog relations read from FIX instead of DuckDB's pg_catalog
-_TABLES = {"pg_attribute", "pg_type", *_EXTRA_COLUMNS, *_EMPTY}
+_TABLES = {"pg_attribute", "pg_type", "pg_index", *_EXTRA_COLUMNS, *_EMPTY}
 # Postgres catalog functions of a session: name -> the value given the session's settings
 _SESSION_FUNCTIONS = {"version", "current_setting", "pg_backend_pid", "current_user", "session_user",
                       "current_schema", "current_database", "current_catalog", "user"}
@@ -89,7 +88,6 @@ _SESSION_FUNCTIONS = {"version", "current_setting", "pg_backend_pid", "current_u
 _MACROS = {  # name -> (parameters, body): Postgres catalog functions DuckDB lacks, as tools call them
     "pg_get_userbyid": ("role_oid", "'federator'"),
     "pg_encoding_to_char": ("encoding", "'UTF8'"),
-    "pg_get_indexdef": ("index_oid, col := 0, pretty := false", "NULL"),
     "pg_is_in_recovery": ("", "false"),
     "pg_total_relation_size": ("rel", "0::BIGINT"),
     "pg_relation_size": ("rel, fork := 'main'", "0::BIGINT"),
@@ -103,6 +101,7 @@ _MACROS = {  # name -> (parameters, body): Postgres catalog functions DuckDB lac
     "pg_relation_is_publishable": ("rel", "false"),
     "array_upper": ("arr, dim", "len(arr)"),
     "array_lower": ("arr, dim", "1"),
+    "_pg_expandarray": ("arr", "unnest(list_transform(generate_series(1, len(arr)), lambda i: {'x': arr[i], 'n': i}))"),
     "quote_ident": ("name", """CASE WHEN regexp_full_match(name, '[a-z_][a-z0-9_$]*') THEN name """
                             """ELSE '"' || replace(name, '"', '""') || '"' END"""),
     "pg_get_function_result": ("oid", "NULL"),
@@ -110,6 +109,8 @@ _MACROS = {  # name -> (parameters, body): Postgres catalog functions DuckDB lac
     "pg_get_triggerdef": ("oid, pretty := false", "NULL"),
     "pg_get_ruledef": ("oid, pretty := false", "NULL"),
 }
+# catalog functions answered by looking their first argument up in a table of FIX: name -> (table, key, value)
+_LOOKUPS = {"pg_get_indexdef": ("index_definitions", "indexrelid", "indexdef")}
 _FUNCTIONS = {"format_type", *_MACROS}
 CATALOG_SCHEMAS = {"pg_catalog", "information_schema"}
 
@@ -188,19 +189,20 @@ def _build(stores: dict[str, StoreDefinition]) -> duckdb.DuckDBPyConnection:
     db.execute("ATTACH ':memory:' AS federator")
     db.execute("USE federator")
     db.execute("SET TimeZone = 'UTC'")
-    fixes: list[tuple[str, str, int, int]] = []  # table, column, type OID, typmod
+    fixes: list[tuple[str, str, int, int, bool]] = []  # table, column, type OID, typmod, is the key
     for name, defn in sorted(stores.items()):
         cols = []
         for f in defn.arrow_schema():
             key = " PRIMARY KEY" if f.name == defn.key_name else ""
             cols.append(f'"{_ident(f.name)}" {sql_type_name(f.type)}{key}')
             typmod = (f.type.precision * 65536 + f.type.scale + 4) if pa.types.is_decimal(f.type) else -1
-            fixes.append((name, f.name, _column_oid(f.type), typmod))
+            fixes.append((name, f.name, _column_oid(f.type), typmod, f.name == defn.key_name))
         db.execute(f'CREATE TABLE main."{_ident(name)}" ({", ".join(cols)})')
     db.execute(f"CREATE SCHEMA {FIX}")
-    db.execute(f"CREATE TABLE {FIX}.column_types (relname VARCHAR, attname VARCHAR, oid INTEGER, typmod INTEGER)")
+    db.execute(f"CREATE TABLE {FIX}.column_types (relname VARCHAR, attname VARCHAR, oid INTEGER, typmod INTEGER, "
+               "is_key BOOLEAN)")
     if fixes:
-        db.executemany(f"INSERT INTO {FIX}.column_types VALUES (?, ?, ?, ?)", fixes)
+        db.executemany(f"INSERT INTO {FIX}.column_types VALUES (?, ?, ?, ?, ?)", fixes)
     # Postgres's types as drivers know them: DuckDB's, and the ones it lacks
     db.execute(f"""CREATE TABLE {FIX}.pg_type AS
         SELECT * FROM pg_catalog.pg_type WHERE oid IS NOT NULL
@@ -240,8 +242,41 @@ def _build(stores: dict[str, StoreDefinition]) -> duckdb.DuckDBPyConnection:
         LEFT JOIN {FIX}.column_types t ON t.relname = c.table_name AND t.attname = c.column_name""")
     for name, (params, body) in _MACROS.items():
         db.execute(f"CREATE MACRO {FIX}.{name}({params}) AS {body}")
+    _primary_keys(db)
     db.execute("SET lock_configuration = true")
     return db
+
+
+_INDEX_OID = 1_000_000  # a store's primary-key index is its table's OID plus this (DuckDB lists none)
+
+
+def _primary_keys(db: duckdb.DuckDBPyConnection) -> None:
+    """Each store's key as a primary-key index in pg_index and pg_class, as pgjdbc's
+    getPrimaryKeys and psql's \\d read it (DuckDB's views list no index for a PRIMARY KEY)."""
+    db.execute(f"""CREATE VIEW {FIX}.pg_index AS
+        SELECT c.oid + {_INDEX_OID} AS indexrelid, c.oid AS indrelid, 1::SMALLINT AS indnatts,
+               1::SMALLINT AS indnkeyatts, true AS indisunique, true AS indisprimary, false AS indisexclusion,
+               true AS indimmediate, false AS indisclustered, true AS indisvalid, false AS indcheckxmin,
+               true AS indisready, true AS indislive, false AS indisreplident, [a.attnum] AS indkey,
+               [0] AS indcollation, [0] AS indclass, [0] AS indoption, NULL::VARCHAR AS indexprs,
+               NULL::VARCHAR AS indpred, false AS indnullsnotdistinct
+        FROM pg_catalog.pg_class c
+        JOIN {FIX}.column_types t ON t.relname = c.relname AND t.is_key
+        JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid AND a.attname = t.attname
+        WHERE c.relkind = 'r'""")
+    db.execute(f"""CREATE VIEW {FIX}.index_definitions AS
+        SELECT c.oid + {_INDEX_OID} AS indexrelid, 'CREATE UNIQUE INDEX ' || c.relname || '_pkey ON main.' || c.relname
+               || ' USING btree (' || t.attname || ')' AS indexdef
+        FROM pg_catalog.pg_class c JOIN {FIX}.column_types t ON t.relname = c.relname AND t.is_key
+        WHERE c.relkind = 'r'""")
+    db.execute(f"ALTER VIEW {FIX}.pg_class RENAME TO pg_class_relations")
+    db.execute(f"""CREATE VIEW {FIX}.pg_class AS
+        SELECT * FROM {FIX}.pg_class_relations
+        UNION ALL BY NAME
+        SELECT c.oid + {_INDEX_OID} AS oid, c.relname || '_pkey' AS relname, c.relnamespace, 'i' AS relkind,
+               0 AS relam, 0 AS reltablespace, 1 AS relnatts, 'p' AS relpersistence, false AS relispartition,
+               false AS relhasindex, false AS relforcerowsecurity, false AS relrowsecurity
+        FROM {FIX}.pg_class_relations c WHERE c.relkind = 'r'""")
 
 
 def _ident(name: str) -> str:
@@ -361,7 +396,7 @@ def rewrite(tree: exp.Expression, session: dict[str, str], user: str, pid: int) 
             return exp.Subquery(this=row, alias=exp.TableAlias(this=exp.to_identifier(alias)))
         if isinstance(node, exp.Dot) and isinstance(node.expression, exp.Anonymous):
             inner = node.expression  # pg_catalog.f(...): the call itself
-            if isinstance(node.this, exp.Identifier) and node.this.name.lower() == "pg_catalog":
+            if isinstance(node.this, exp.Identifier) and node.this.name.lower() in CATALOG_SCHEMAS:
                 return fix(inner.copy().transform(fix))  # transform does not walk into what fix returns
         if isinstance(node, exp.Cast):
             target = _object_type(node.to)
@@ -376,6 +411,12 @@ def rewrite(tree: exp.Expression, session: dict[str, str], user: str, pid: int) 
         name = _function_name(node)
         if name is None:
             return node
+        if name in _LOOKUPS:
+            table, key, value = _LOOKUPS[name]
+            arguments = [a.transform(fix) for a in node.args.get("expressions") or []]
+            lookup = exp.select(value).from_(exp.Table(this=exp.to_identifier(table), db=exp.to_identifier(FIX))) \
+                .where(exp.EQ(this=exp.column(key), expression=arguments[0] if arguments else exp.Null()))
+            return exp.Subquery(this=lookup)
         if name in _FUNCTIONS:
             arguments = [a.transform(fix) for a in node.args.get("expressions") or []]  # not walked otherwise
             return exp.Dot(this=exp.to_identifier(FIX), expression=exp.Anonymous(this=name, expressions=arguments))

@@ -208,6 +208,7 @@ def test_psql_queries_and_describe(bi_cluster) -> None:
     assert "players" in listing and "per_minute" in listing and "blobs" in listing
     described = psql("-c", r"\d players")
     assert "last_seen" in described and "timestamp with time zone" in described and "bigint" in described
+    assert '"players_pkey" PRIMARY KEY, btree (player)' in described
 
 
 JAVA = Path(__file__).parent / "java" / "PgjdbcCheck.java"
@@ -231,6 +232,7 @@ def test_pgjdbc_metadata_and_a_paged_prepared_statement(bi_cluster, tmp_path) ->
         "column player varchar 12 NO", "column team varchar 12 YES", "column games int8 -5 YES",
         "column score float8 8 YES", "column active bool -7 YES", "column last_seen timestamptz 93 YES",
         "column rowtime timestamptz 93 YES"]
+    assert [x for x in lines if x.startswith("pk ")] == ["pk player 1 players_pkey"]
     expected = duck(c, "SELECT player, games, score, last_seen FROM players WHERE games > 20 AND team = 'red' "
                        "ORDER BY player")
     assert [x for x in lines if x.startswith("row ")] == [

@@ -17,6 +17,10 @@ public class PgjdbcCheck {
                 while (rs.next()) System.out.println("column " + rs.getString("COLUMN_NAME") + " " + rs.getString("TYPE_NAME")
                         + " " + rs.getInt("DATA_TYPE") + " " + rs.getString("IS_NULLABLE"));
             }
+            try (ResultSet rs = md.getPrimaryKeys(null, "main", "players")) {
+                while (rs.next()) System.out.println("pk " + rs.getString("COLUMN_NAME") + " " + rs.getInt("KEY_SEQ")
+                        + " " + rs.getString("PK_NAME"));
+            }
             if (args.length > 3) return;  // metadata only
             c.setAutoCommit(false);  // a fetch size pages only inside a transaction
             try (PreparedStatement ps = c.prepareStatement(
