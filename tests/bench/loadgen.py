@@ -23,7 +23,9 @@ from typing import Callable, Sequence
 
 Addr = tuple[str, int]
 # (client index, that client's Random) -> (server address, request bytes)
-RequestMaker = Callable[[int, random.Random], tuple[Addr, bytes]]
+# (client index, its random) -> (server, request bytes) or (server, request bytes, check): a check
+# reads the answer's body and says what is wrong with it (None: right); a wrong answer is an error
+RequestMaker = Callable[[int, random.Random], "tuple[Addr, bytes] | tuple[Addr, bytes, Callable[[bytes], str | None]]"]
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -125,7 +127,8 @@ class LoadResult:
     clients: int
     seconds: float
     latencies: list[float] = field(default_factory=list)  # seconds, sorted
-    errors: int = 0
+    errors: int = 0  # every answer that was not a right one: other statuses, failed calls, wrong answers
+    wrong: int = 0  # of them, answers with the expected status but the wrong value
     first_error: str | None = None
     server_cpu_s: float = 0.0
     client_cpu_s: float = 0.0
@@ -171,18 +174,20 @@ def run_load(label: str, clients: int, make: RequestMaker, duration: float, warm
     """``clients`` closed-loop clients for warmup + duration seconds; measures the last ``duration``."""
     window: list[float] = []
     barrier = threading.Barrier(clients + 1)
-    per_thread: list[tuple[list[float], int, str | None]] = [([], 0, None)] * clients
+    per_thread: list[tuple[list[float], int, int, str | None]] = [([], 0, 0, None)] * clients
 
     def client(i: int) -> None:
         rnd = random.Random(1000 + i)
         conns: dict[Addr, Conn] = {}
         lat: list[float] = []
-        errors, first_error = 0, None
+        errors, wrong_answers, first_error = 0, 0, None
         barrier.wait()
         start, end = window
         try:
             while True:
-                addr, req = make(i, rnd)
+                made = make(i, rnd)
+                addr, req = made[0], made[1]
+                check = made[2] if len(made) > 2 else None  # type: ignore[misc]
                 conn = conns.get(addr) or conns.setdefault(addr, Conn(addr))
                 t0 = time.perf_counter()
                 if t0 >= end:
@@ -194,15 +199,20 @@ def run_load(label: str, clients: int, make: RequestMaker, duration: float, warm
                 t1 = time.perf_counter()
                 if t0 < start or t1 > end:
                     continue
-                if status == expect_status:
+                wrong = check(body) if check is not None and status == expect_status else None
+                if status == expect_status and wrong is None:
                     lat.append(t1 - t0)
+                elif wrong is not None:
+                    errors += 1
+                    wrong_answers += 1
+                    first_error = first_error or f"wrong answer: {wrong}"
                 else:
                     errors += 1
                     first_error = first_error or f"HTTP {status}: {body[:200].decode('utf-8', 'replace')}"
         finally:
             for c in conns.values():
                 c.close()
-            per_thread[i] = (lat, errors, first_error)
+            per_thread[i] = (lat, errors, wrong_answers, first_error)
 
     threads = [threading.Thread(target=client, args=(i,), daemon=True, name=f"load-{i}") for i in range(clients)]
     for t in threads:
@@ -217,9 +227,10 @@ def run_load(label: str, clients: int, make: RequestMaker, duration: float, warm
     for t in threads:
         t.join(60)
     out = LoadResult(label, clients, duration, server_cpu_s=cpu1 - cpu0, client_cpu_s=c1 - c0)
-    for lat, errors, first_error in per_thread:
+    for lat, errors, wrong_answers, first_error in per_thread:
         out.latencies.extend(lat)
         out.errors += errors
+        out.wrong += wrong_answers
         out.first_error = out.first_error or first_error
     out.latencies.sort()
     return out

@@ -145,18 +145,41 @@ def sql_body(key: str) -> bytes:
     return json.dumps({"sql": POINT_SQL, "parameters": [key]}).encode()
 
 
+def value_of(key: str) -> int:
+    """What the benchmark's data holds for ``key`` (see the producer above)."""
+    return int(key[4:]) * 7
+
+
+def sql_answer_check(key: str):
+    def check(body: bytes) -> str | None:
+        rows = json.loads(body)["rows"]
+        ok = len(rows) == 1 and rows[0][0] == key and rows[0][1] == value_of(key)
+        return None if ok else f"{key}: {rows!r:.200}"
+    return check
+
+
+def rest_answer_check(key: str):
+    def check(body: bytes) -> str | None:
+        row = json.loads(body)
+        return None if row.get("key") == key and row.get("value") == value_of(key) else f"{key}: {row!r:.200}"
+    return check
+
+
 def sql_maker(plan: list[tuple[Addr, list[str]]]) -> RequestMaker:
-    """Client i sends to plan[i % len(plan)]: (server, the keys it picks from at random)."""
-    def make(i: int, rnd: random.Random) -> tuple[Addr, bytes]:
+    """Client i sends to plan[i % len(plan)]: (server, the keys it picks from at random); every
+    answer's row is checked against the data."""
+    def make(i: int, rnd: random.Random):
         addr, keys = plan[i % len(plan)]
-        return addr, http_request("POST", addr, "/v1/sql", sql_body(keys[rnd.randrange(len(keys))]))
+        key = keys[rnd.randrange(len(keys))]
+        return addr, http_request("POST", addr, "/v1/sql", sql_body(key)), sql_answer_check(key)
     return make
 
 
 def rest_maker(plan: list[tuple[Addr, list[str]]]) -> RequestMaker:
-    def make(i: int, rnd: random.Random) -> tuple[Addr, bytes]:
+    def make(i: int, rnd: random.Random):
         addr, keys = plan[i % len(plan)]
-        return addr, http_request("GET", addr, f"/v1/stores/kv/keys/{keys[rnd.randrange(len(keys))]}")
+        key = keys[rnd.randrange(len(keys))]
+        return addr, http_request("GET", addr, f"/v1/stores/kv/keys/{key}"), rest_answer_check(key)
     return make
 
 
@@ -250,9 +273,9 @@ def test_point_queries_vs_bare_server(broker, report: Report, tmp_path_factory) 
         for n in nodes:
             for k in rnd.sample(list(partition_of), 10):
                 rows = json.loads(post_sql(n, POINT_SQL, [k]).data)["rows"]
-                assert len(rows) == 1 and rows[0][0] == k and rows[0][1] == int(k[4:]) * 7, (n.node_id, k, rows)
+                assert len(rows) == 1 and rows[0][0] == k and rows[0][1] == value_of(k), (n.node_id, k, rows)
                 row = json.loads(HTTP.request("GET", f"http://{n.endpoint}/v1/stores/kv/keys/{k}").data)
-                assert row["key"] == k and row["value"] == int(k[4:]) * 7, row
+                assert row["key"] == k and row["value"] == value_of(k), row
 
         node_pids = [n.proc.pid for n in nodes]  # type: ignore[union-attr]
         c0 = sum(cpu_seconds(p) for p in node_pids)
@@ -289,6 +312,7 @@ def test_point_queries_vs_bare_server(broker, report: Report, tmp_path_factory) 
         for i, (key, clients, make, pids) in enumerate(scenarios, 1):
             label = key.split("|")[0]
             r = run_load(label, clients, make, SECONDS, WARMUP_S, pids)
+            assert r.wrong == 0, f"{label}: {r.wrong} wrong answers under load ({r.first_error})"
             results[key] = r
             progress(f"[{i}/{len(scenarios)}] {r.line()}")
 
