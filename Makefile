@@ -4,7 +4,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: install demo test test-debs bench bench-debs chaos fuzz clean
+.PHONY: install demo test test-debs docs bench bench-debs chaos fuzz clean
 
 $(BIN)/.installed: setup.cfg pyproject.toml
 	@echo "==> creating $(VENV) and installing federator with its test dependencies (about a minute)"
@@ -35,6 +35,10 @@ test-debs:
 
 test: install test-debs
 	$(BIN)/python -m pytest
+
+# The documentation site (sources in docs/, mkdocs.yml) into site/, offline; `make test` builds it too.
+docs: install
+	$(BIN)/mkdocs build --strict
 
 # The benchmarks also run a Faust worker and wrk (tests/bench/test_bench_faust.py). Faust comes from
 # setup.cfg's `bench` extra, installed into a venv of its own so that its pins never change .venv;

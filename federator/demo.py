@@ -71,7 +71,7 @@ def _pipeline(bootstrap: str, state: Path, args: argparse.Namespace) -> int:
     if foreign is not None:
         print(f"error: {foreign}", file=sys.stderr)
         return 1
-    pg_port = _free_port()
+    pg_port = _port_or_free(5432)
     nodes = _start_nodes(bootstrap, state, pg_port)
     try:
         step("asking the nodes in SQL over HTTP (POST /v1/sql)")
@@ -125,7 +125,7 @@ def _start_nodes(bootstrap: str, state: Path, pg_port: int) -> list[tuple[subpro
     """Three nodes; the first also serves the Postgres protocol on ``pg_port``."""
     nodes = []
     for i in range(3):
-        port = _free_port()
+        port = _port_or_free(8080) if i == 0 else _free_port()
         endpoint = f"127.0.0.1:{port}"
         log = open(state / f"node{i}.log", "w")
         cmd = [sys.executable, "-m", "federator.cli", "node", "--bootstrap-servers", bootstrap, "--application-id", APP,
@@ -146,6 +146,17 @@ def _start_nodes(bootstrap: str, state: Path, pg_port: int) -> list[tuple[subpro
                 raise RuntimeError(f"the node at {ep} exited with code {proc.returncode}; see its log in {state}")
         time.sleep(0.5)
     raise RuntimeError(f"the nodes were not ready within 90s; see their logs in {state}")
+
+
+def _port_or_free(preferred: int) -> int:
+    """``preferred`` when nothing listens there (the docs' examples name 8080 and 5432), else any free port."""
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", preferred))
+            return preferred
+        except OSError:
+            pass
+    return _free_port()
 
 
 def _free_port() -> int:

@@ -13,7 +13,7 @@ Two kinds of series:
   records they applied, the scan cache, the store queries the metering layer counts, DuckDB's
   memory.
 
-README's "Metrics" section lists every series; docs/grafana-dashboard.json charts them.
+docs/reference/metrics.md lists every series; docs/grafana-dashboard.json charts them.
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ from federator.query.result import QueryResult
 from federator.auth import Users
 from federator.http.bearer_auth import BearerAuth
 from federator.http.console import register_console
+from federator.http.openapi import document as openapi_document
 from federator.http.sql_routes import SqlNode, register_sql_routes
 from federator.query.wire import MEDIA_TYPE, SECRET_HEADER
 
@@ -101,6 +102,10 @@ def create_app(node: Node, registry: Registry, sql: SqlNode | None = None, users
             _check_secret(secret)
 
     register_console(app)
+
+    @app.get("/openapi.json")
+    def openapi() -> Response:
+        return jsonify(openapi_document())
 
     @app.get("/healthz")
     def healthz() -> Response:

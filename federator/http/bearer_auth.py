@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterable
 
 from federator.auth import Users, bearer
 
-_OPEN = frozenset({"/", "/healthz", "/readyz", "/metrics"})
+_OPEN = frozenset({"/", "/healthz", "/readyz", "/metrics", "/openapi.json"})
 _OPEN_PREFIXES = ("/console/", "/internal/")
 USER_KEY = "federator.user"  # the WSGI environ key the authenticated user's name is put under
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import collections
 import datetime as dt
+import os
 import re
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -153,6 +155,46 @@ def test_the_demo_runs_the_pipeline_and_answers(demo: Demo) -> None:
     assert [list(r) for r in sessions] == P7_SESSIONS
 
 
+def test_the_docs_examples_run_against_the_demo(demo: Demo) -> None:
+    """Every block README.md and docs/ mark <!-- run --> runs against this demo (its first node
+    plays 127.0.0.1:8080, its second 127.0.0.1:8081, its Postgres port 127.0.0.1:5432); a
+    block's <!-- output --> is its exact output. A renamed flag or a changed answer fails here."""
+    from tests.docs_blocks import all_blocks
+
+    out = demo.stdout
+    nodes = re.findall(r"started node\d at http://(\S+),", out)
+    pg = re.search(r"psql postgresql://(\S+?)/federator", out)
+    assert len(nodes) == 3 and pg is not None, out
+    places = {"127.0.0.1:8080": nodes[0], "127.0.0.1:8081": nodes[1], "127.0.0.1:5432": pg.group(1)}
+
+    def placed(code: str) -> str:
+        for doc, real in places.items():
+            code = code.replace(doc, real)
+        return code
+
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
+    ran = []
+    for block in (b for b in all_blocks() if b.marker == "run"):
+        code = placed(block.code)
+        if block.lang == "sh":
+            done = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", code], env=env, capture_output=True,
+                                  text=True, timeout=120)
+        elif block.lang == "python":
+            done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+        elif block.lang == "sql":
+            if not shutil.which("psql"):
+                continue
+            done = subprocess.run(["psql", f"postgresql://{places['127.0.0.1:5432']}/federator", "-X", "-v",
+                                   "ON_ERROR_STOP=1"], input=code, env=env, capture_output=True, text=True, timeout=120)
+        else:
+            raise AssertionError(f"{block.where}: no way to run a {block.lang!r} block")
+        assert done.returncode == 0, f"{block.where} failed:\n{code}\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+        if block.output is not None:
+            assert done.stdout.rstrip() == block.output.rstrip(), f"{block.where}: its output changed:\n{done.stdout}"
+        ran.append(block.where)
+    assert len(ran) >= 8, ran
+
+
 def _children(pid: int) -> dict[int, str]:
     """Live (not zombie) processes whose parent is ``pid``: pid -> command line."""
     out = {}
@@ -201,3 +243,4 @@ def test_the_demo_names_live_nodes_it_did_not_start(broker, app_id, tmp_path) ->
         node.stop()
     # a node that stopped (or died a few heartbeats ago) is not live
     assert foreign_nodes_message(broker.bootstrap_servers, app_id) is None
+

@@ -285,7 +285,7 @@ def test_the_dashboard_and_the_readme_name_only_metrics_a_node_exposes() -> None
     dashboard = json.loads((root / "docs" / "grafana-dashboard.json").read_text())
     used = set(re.findall(r"federator_[a-z_]+", json.dumps(dashboard)))
     assert used and used <= exposed, used - exposed
-    readme = (root / "README.md").read_text()
+    readme = (root / "docs" / "reference" / "metrics.md").read_text()
     families = {f.name + ("_total" if f.type == "counter" else "")
                 for f in text_string_to_metric_families(text) if not f.name.endswith("_created")}
     assert {name for name in families if f"`{name}`" not in readme} == set()

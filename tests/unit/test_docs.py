@@ -1,0 +1,52 @@
+"""The docs site builds with warnings as errors, offline; every code block in README and docs/ is
+run by the tests, is an excerpt of a tested file, or says why not; the error reference lists
+every code as the code maps it."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from federator.errors import STATUS
+from federator.pgwire.server import SQLSTATE
+from tests.docs_blocks import ROOT, all_blocks
+
+MKDOCS = Path(sys.executable).with_name("mkdocs")
+
+
+@pytest.mark.skipif(not MKDOCS.exists(), reason="mkdocs is in setup.cfg's test extra: make test installs it")
+def test_the_site_builds_strict_and_offline(tmp_path) -> None:
+    done = subprocess.run([str(MKDOCS), "build", "--strict", "--site-dir", str(tmp_path / "site")], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300, env={"PATH": str(MKDOCS.parent), "HOME": str(tmp_path),
+                                                                            "NO_MKDOCS_2_WARNING": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    cli = (tmp_path / "site" / "reference" / "cli" / "index.html").read_text()
+    assert "--pg-port" in cli and "federator store create" in cli  # generated from the parsers
+    pages = [p.read_text() for p in (tmp_path / "site").rglob("*.html")]
+    assert not any("fonts.googleapis.com" in p for p in pages)  # nothing loaded from the network
+
+
+def test_every_code_block_is_run_excerpted_or_says_why_not() -> None:
+    unmarked = [b.where for b in all_blocks() if b.marker is None and b.lang != "text"]
+    assert unmarked == [], "mark each block <!-- run -->, <!-- excerpt of: FILE --> or <!-- not run: why -->"
+    assert all(b.argument for b in all_blocks() if b.marker == "not run"), "say why a block is not run"
+    run = [b for b in all_blocks() if b.marker == "run"]
+    assert len(run) >= 8 and {b.lang for b in run} == {"sh", "python", "sql"}
+
+
+def test_excerpts_are_in_the_files_they_name() -> None:
+    for block in (b for b in all_blocks() if b.marker == "excerpt of"):
+        lines = iter((ROOT / block.argument).read_text().splitlines())
+        for wanted in (line for line in block.code.splitlines() if line.strip()):
+            assert any(line == wanted for line in lines), f"{block.where}: {wanted!r} is not in {block.argument} (in order)"
+
+
+def test_the_error_reference_lists_every_code_as_it_maps() -> None:
+    page = (ROOT / "docs" / "reference" / "errors.md").read_text()
+    rows = {m.group(1): (int(m.group(2)), m.group(3)) for m in
+            re.finditer(r"^\| `([A-Z_]+)` \| (\d{3}) \| [A-Z_]+ \| (\w{5}) \|", page, re.M)}
+    assert rows == {code: (status, SQLSTATE[code]) for code, status in STATUS.items()}
