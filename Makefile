@@ -4,7 +4,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: install demo test test-debs docs bench bench-debs chaos fuzz clean
+.PHONY: install demo test test-debs docs spark-cluster bench bench-debs chaos fuzz clean
 
 $(BIN)/.installed: setup.cfg pyproject.toml
 	@echo "==> creating $(VENV) and installing federator with its test dependencies (about a minute)"
@@ -35,6 +35,11 @@ test-debs:
 
 test: install test-debs
 	$(BIN)/python -m pytest
+
+# A Spark standalone cluster (master and worker from the installed PySpark) running the word_counts
+# job submitted with spark-submit, the repository shipped as --py-files (tests/spark/test_cluster.py)
+spark-cluster: install
+	FEDERATOR_SPARK_CLUSTER=1 $(BIN)/python -m pytest tests/spark/test_cluster.py
 
 # The documentation site (sources in docs/, mkdocs.yml) into site/, offline; `make test` builds it too.
 docs: install
