@@ -98,12 +98,51 @@ def changelog_layout(registry: Registry, type: str) -> str:
                         f"no installed plugin provides {type!r} (`federator plugins` lists them)") from None
 
 
-def plan(
+@dataclass
+class Shape:
+    """What a write's schema and arguments make: the store definition and which columns hold
+    the key, the value and the window/session times. Needs no Spark session (the data source's
+    writer plans in a Python worker that has none)."""
+
+    defn: StoreDefinition
+    layout: str
+    key: str
+    value: str | list[str]  # one column, or the JSON record's columns
+    window_start: str | None
+    session_start: str | None
+    session_end: str | None
+
+    @property
+    def times(self) -> list[str]:
+        return [c for c in (self.window_start, self.session_start, self.session_end) if c is not None]
+
+
+class Columns:
+    """A schema as field() reads a DataFrame (its fields and column names)."""
+
+    def __init__(self, schema: Any) -> None:
+        self.schema = schema
+        self.columns = [f.name for f in schema.fields]
+
+
+def time_type(df: Any, name: Any, role: str) -> str:
+    """A window/session time column's Spark type: a timestamp or a long of epoch milliseconds."""
+    f = field(df, name, role)
+    t = type_name(f.dataType)
+    if t not in ("TimestampType", "LongType"):
+        raise SinkError(
+            f"column {name!r} ({role}) has Spark type {f.dataType.simpleString()}; it must be a timestamp or a long "
+            f"of epoch milliseconds: convert it first, e.g. F.col({name!r}).cast('timestamp') or F.unix_millis(...)"
+        )
+    return t
+
+
+def shape(
     df: Any, store: str, *, key: Any, value: Any, type: str, partitions: int, topic: str,
     window_start: Any, window_size_ms: Any, session_start: Any, session_end: Any, registry: Registry,
-) -> Plan:
-    from pyspark.sql import functions as F
-
+) -> Shape:
+    """The store a write of ``df``'s columns (a DataFrame, or ``Columns(schema)``) makes; raises
+    SinkError naming what does not fit."""
     layout = changelog_layout(registry, type)
     if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
         raise SinkError(f"partitions={partitions!r}: pass a positive integer (the changelog topic's partition count)")
@@ -131,6 +170,11 @@ def plan(
             f"key column {key!r} has Spark type {kf.dataType.simpleString()}, which no key format fits; "
             + _cast_hint(key, kf.dataType, "string, long, int, double, binary")
         )
+    if layout == "window":
+        time_type(df, window_start, "the window start")
+    elif layout == "session":
+        time_type(df, session_start, "the session start")
+        time_type(df, session_end, "the session end")
     time_cols = [c for c in (window_start, session_start, session_end) if c is not None]
     if value is None:  # every other column
         value = [c for c in df.columns
@@ -140,11 +184,6 @@ def plan(
                             "pass value=COLUMN or value=[COLUMNS]")
         if len(value) == 1:
             value = value[0]
-    col = lambda name: F.col(f"`{name}`")  # noqa: E731  (names may hold dots)
-    checks: list[tuple[str, Any]] = []
-    extra: list[Any] = []  # projected only for the checks
-    checks.append((f"key column {key!r} has {{n}} null values; a store key cannot be null: "
-                   f"filter them out (df.where(F.col({key!r}).isNotNull())) or fill them", F.col("k").isNull()))
     if isinstance(value, str):
         vf = field(df, value, "the value")
         value_format = SIMPLE_FORMAT_OF.get(type_name(vf.dataType))
@@ -152,15 +191,12 @@ def plan(
             allowed = "string, long, int, double, binary (or pass value=[columns] for a JSON record)"
             raise SinkError(f"value column {value!r} has Spark type {vf.dataType.simpleString()}, which no value "
                             f"format fits; " + _cast_hint(value, vf.dataType, allowed))
-        value_expr = col(value)
         value_fields: tuple[tuple[str, str], ...] = ()
         value_name = value
-        checks.append((f"value column {value!r} has {{n}} null values; a null value would delete its key: "
-                       f"filter them out or fill them (df.fillna)", F.col("v").isNull()))
     elif isinstance(value, (list, tuple)) and value:
         if len(set(value)) != len(value):
             raise SinkError(f"value lists a column twice: {list(value)!r}")
-        fields, parts = [], []
+        fields = []
         for name in value:
             vf = field(df, name, "a value field")
             ftype = JSON_FIELD_OF.get(type_name(vf.dataType))
@@ -170,6 +206,44 @@ def plan(
                     f"fits; " + _cast_hint(name, vf.dataType, "string, long, int, double, boolean, timestamp")
                 )
             fields.append((name, ftype))
+        value = list(value)
+        value_format, value_fields, value_name = "json", tuple(fields), "value"
+    else:
+        raise SinkError(f"value must be a column name, a non-empty list of column names, or None; got {value!r}")
+    try:
+        defn = StoreDefinition(
+            name=store, type=type, topic=topic, partitions=partitions, key_format=key_format, key_name=key,
+            value_format=value_format, value_name=value_name, value_fields=value_fields,
+            window_size_ms=window_size_ms if layout == "window" else None, types=registry,
+        )
+    except DefinitionError as e:
+        raise SinkError(f"{e}; rename the column in the DataFrame (withColumnRenamed) "
+                        "or pick another store name") from None
+    return Shape(defn, layout, key, value, window_start, session_start, session_end)
+
+
+def plan(
+    df: Any, store: str, *, key: Any, value: Any, type: str, partitions: int, topic: str,
+    window_start: Any, window_size_ms: Any, session_start: Any, session_end: Any, registry: Registry,
+) -> Plan:
+    from pyspark.sql import functions as F
+
+    s = shape(df, store, key=key, value=value, type=type, partitions=partitions, topic=topic,
+              window_start=window_start, window_size_ms=window_size_ms, session_start=session_start,
+              session_end=session_end, registry=registry)
+    defn, layout, value = s.defn, s.layout, s.value
+    col = lambda name: F.col(f"`{name}`")  # noqa: E731  (names may hold dots)
+    checks: list[tuple[str, Any]] = []
+    extra: list[Any] = []  # projected only for the checks
+    checks.append((f"key column {key!r} has {{n}} null values; a store key cannot be null: "
+                   f"filter them out (df.where(F.col({key!r}).isNotNull())) or fill them", F.col("k").isNull()))
+    if isinstance(value, str):
+        value_expr = col(value)
+        checks.append((f"value column {value!r} has {{n}} null values; a null value would delete its key: "
+                       f"filter them out or fill them (df.fillna)", F.col("v").isNull()))
+    else:
+        parts = []
+        for name, ftype in defn.value_fields:
             parts.append((F.unix_millis(col(name)) if ftype == "timestamp" else col(name)).alias(name))
             if ftype == "double":
                 flag = f"x{len(extra)}"
@@ -181,9 +255,6 @@ def plan(
         # they are. They decode to what the json format's serialize gives, but are not always the
         # same bytes (Spark writes non-ASCII as UTF-8 and doubles as Java prints them).
         value_expr = F.to_json(F.struct(*parts), {"ignoreNullFields": "false"})
-        value_format, value_fields, value_name = "json", tuple(fields), "value"
-    else:
-        raise SinkError(f"value must be a column name, a non-empty list of column names, or None; got {value!r}")
 
     projection = [col(key).alias("k"), value_expr.alias("v")]
     unique_by = ["k"]
@@ -210,15 +281,6 @@ def plan(
         checks.append((f"{{n}} sessions end ({session_end!r}) before they start ({session_start!r}); "
                        f"swap the columns or fix the rows", t2 < t1))
 
-    try:
-        defn = StoreDefinition(
-            name=store, type=type, topic=topic, partitions=partitions, key_format=key_format, key_name=key,
-            value_format=value_format, value_name=value_name, value_fields=value_fields,
-            window_size_ms=window_size_ms if layout == "window" else None, types=registry,
-        )
-    except DefinitionError as e:
-        raise SinkError(f"{e}; rename the column in the DataFrame (withColumnRenamed) "
-                        "or pick another store name") from None
     what = {"kv": "key", "window": "key and window start", "session": "key and session start/end"}[layout]
-    label = f"{what} ({', '.join(repr(c) for c in [key, *time_cols])})"
-    return Plan(defn, projection, extra, checks, unique_by, label, value_encoded=value_format == "json")
+    label = f"{what} ({', '.join(repr(c) for c in [key, *s.times])})"
+    return Plan(defn, projection, extra, checks, unique_by, label, value_encoded=defn.value_format == "json")
