@@ -27,7 +27,10 @@ import time
 import urllib.parse
 from typing import Any, Iterator
 
-from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from dataclasses import dataclass
+
+from pyspark.sql.datasource import (DataSource, DataSourceArrowWriter, DataSourceReader, InputPartition,
+                                    WriterCommitMessage)
 
 NAME = "federator"
 
@@ -107,6 +110,9 @@ class FederatorDataSource(DataSource):
     def reader(self, schema: Any) -> DataSourceReader:
         return FederatorReader(_Options(self.options), schema)
 
+    def writer(self, schema: Any, overwrite: bool) -> DataSourceArrowWriter:
+        return FederatorWriter(self.options, schema, overwrite)
+
 
 class FederatorReader(DataSourceReader):
     def __init__(self, opts: _Options, schema: Any) -> None:
@@ -169,3 +175,204 @@ def _read_partition(opts: _Options, partition: int, scan: Any, schema: Any) -> l
                                f"{opts.timeout_ms} ms: {why}; raise option('timeout_ms') or check the nodes")
         time.sleep(delay)
         delay = min(1.0, delay * 2)
+
+
+# ---- writing: df.write.format("federator") -------------------------------------------------
+
+TOKEN_DIR = "federator-write-tokens"
+
+
+def token_path(application_id: str, store: str) -> str:
+    """Where a format write leaves its consistency token unless option("token_file") names a file."""
+    import os
+    import tempfile
+
+    return os.path.join(tempfile.gettempdir(), TOKEN_DIR, f"{application_id}.{store}.token")
+
+
+def last_write_token(application_id: str, store: str, token_file: str | None = None) -> str:
+    """The consistency token of the last format write of ``store`` on this machine (the driver's)."""
+    with open(token_file or token_path(application_id, store)) as f:
+        return f.read().strip()
+
+
+@dataclass
+class _Written(WriterCommitMessage):
+    rows: list[dict]  # per Kafka partition: its last offset and records; replace mode: the keys seen
+
+
+class FederatorWriter(DataSourceArrowWriter):
+    """Writes as write_store does, but in one pass: each Spark task checks its own rows and
+    produces them. Options as write_store's arguments: store, key, value (a column, or
+    columns separated by commas for a JSON record), type, partitions, bootstrap_servers,
+    application_id, window_start, window_size_ms, session_start, session_end; mode("append")
+    upserts, mode("overwrite") replaces. What write_store checks across all rows before anything
+    is written (duplicate keys) is not checked, and a failed task leaves the rows other tasks
+    wrote: use write_store where that matters."""
+
+    def __init__(self, options: Any, schema: Any, overwrite: bool) -> None:
+        import time as _time
+
+        from federator.catalog import Catalog, changelog_topic
+        from federator.plugin import load_plugins
+        from spark.sink.checks import check_store
+        from spark.sink.deletes import live_keys
+        from spark.sink.errors import SinkError
+        from spark.sink.plan import Columns, shape
+        from spark.sink.producing import PRODUCER_CONFIG, WriteSpec
+
+        get = lambda name: options.get(name) or None  # noqa: E731
+        store, app, bootstrap = get("store"), get("application_id"), get("bootstrap_servers")
+        if not store or not get("key") or not app or not bootstrap:
+            raise SinkError('pass option("store", NAME), option("key", COLUMN), option("bootstrap_servers", '
+                            '"HOST:PORT") and option("application_id", APP)')
+        value = get("value")
+        if value is not None and "," in value:
+            value = [v.strip() for v in value.split(",") if v.strip()]
+
+        def number(name: str, default: int | None) -> int | None:
+            text = get(name)
+            if text is None:
+                return default
+            try:
+                return int(text)
+            except ValueError:
+                raise SinkError(f"option {name!r} must be a whole number, not {text!r}") from None
+
+        registry = load_plugins()
+        self.shape = shape(Columns(schema), store, key=get("key"), value=value, type=get("type") or "kv",
+                           partitions=number("partitions", 8), topic=changelog_topic(app, store),
+                           window_start=get("window_start"), window_size_ms=number("window_size_ms", None),
+                           session_start=get("session_start"), session_end=get("session_end"), registry=registry)
+        catalog = Catalog(bootstrap, app, registry)
+        defn, exists = check_store(catalog, self.shape.defn)
+        # what the tasks need of the shape (the definition holds the registry, which stays here)
+        self.shape = _Columns(self.shape.layout, self.shape.key, self.shape.value, self.shape.window_start,
+                              self.shape.session_start, self.shape.session_end)
+        catalog.register(defn)
+        self.timeout = float(get("timeout_s") or 120)
+        self.existing_keys = sorted(live_keys(bootstrap, defn.topic, defn.partitions, self.timeout)) \
+            if overwrite and exists else []
+        self.bootstrap, self.app, self.store, self.topic = bootstrap, app, store, defn.topic
+        self.token_file = get("token_file")
+        self.now_ms = int(_time.time() * 1000)
+        self.value_fields = list(defn.value_fields)
+        self.spec = WriteSpec(
+            bootstrap_servers=bootstrap, topic=defn.topic, partitions=defn.partitions,
+            layout=defn.store_type.changelog_layout, key=defn.key,
+            value=None if self.value_fields else defn.value, now_ms=self.now_ms, producer_config=PRODUCER_CONFIG,
+            flush_timeout=self.timeout,
+            existing=_Held({k: i for i, k in enumerate(self.existing_keys)}) if self.existing_keys else None)
+        self.defn_dict = defn.to_dict()
+
+    def write(self, iterator: Iterator[Any]) -> _Written:
+        from spark.sink.producing import produce_batches
+
+        result = produce_batches(self.spec, (_encoded(self, b) for b in iterator))
+        return _Written(result.to_pylist())
+
+    def commit(self, messages: list[_Written]) -> None:
+        import os
+
+        from federator.query.position import Position
+        from spark.sink.deletes import tombstones, unmarked
+
+        offsets: dict[int, int] = {}
+        seen = 0
+        for message in messages:
+            for r in message.rows:
+                if r["partition"] < 0:
+                    seen |= int.from_bytes(r["seen"], "little")
+                    continue
+                offsets[r["partition"]] = max(offsets.get(r["partition"], -1), r["offset"])
+        if self.existing_keys:
+            gone = unmarked(self.existing_keys, seen)
+            if gone:
+                from federator.catalog import StoreDefinition
+                from federator.plugin import load_plugins
+
+                defn = StoreDefinition.from_dict(self.defn_dict, load_plugins())
+                for p, o in tombstones(self.bootstrap, defn, gone, self.now_ms, self.timeout).items():
+                    offsets[p] = max(offsets.get(p, -1), o)
+        token = Position({self.topic: offsets}).to_token()
+        path = self.token_file or token_path(self.app, self.store)
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        with open(path + ".tmp", "w") as f:
+            f.write(token + "\n")
+        os.replace(path + ".tmp", path)  # a reader sees the old token or the new, never half
+
+    def abort(self, messages: list[_Written]) -> None:
+        pass  # records the finished tasks produced stay in the changelog (as upserts); nothing to undo
+
+
+@dataclass(frozen=True)
+class _Columns:
+    layout: str
+    key: str
+    value: Any
+    window_start: str | None
+    session_start: str | None
+    session_end: str | None
+
+
+class _Held:
+    """A value as a Spark broadcast offers it (WriteSpec.existing), for the format's writer."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+def _encoded(writer: FederatorWriter, batch: Any) -> Any:
+    """A task's raw rows as the producer takes them (columns k, v[, t1[, t2]], bad), each row
+    checked as write_store checks it; a row that fails stops the task saying why."""
+    import json as _json
+
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    s = writer.shape
+    store = writer.store
+
+    def column(name: str) -> Any:
+        return batch.column(batch.schema.get_field_index(name))
+
+    def no_nulls(name: str, what: str) -> Any:
+        c = column(name)
+        if c.null_count:
+            raise ValueError(f"store {store!r}: {what} column {name!r} has {c.null_count} null values in this task's "
+                             "rows; filter them out or fill them")
+        return c
+
+    def millis(name: str, what: str) -> Any:
+        c = no_nulls(name, what)
+        if pa.types.is_timestamp(c.type):
+            c = pc.cast(pc.cast(c, pa.timestamp("ms", tz=c.type.tz)), pa.int64())
+        if pc.any(pc.less(c, 0)).as_py():
+            raise ValueError(f"store {store!r}: {what} column {name!r} has values before 1970-01-01")
+        return c
+
+    out = {"k": no_nulls(s.key, "key")}
+    if writer.value_fields:
+        columns = {}
+        for name, ftype in writer.value_fields:
+            c = column(name)
+            if ftype == "timestamp":
+                c = pc.cast(pc.cast(c, pa.timestamp("ms", tz=getattr(c.type, "tz", None))), pa.int64())
+            elif ftype == "double" and pc.any(pc.or_(pc.is_nan(c), pc.is_inf(c))).as_py():
+                raise ValueError(f"store {store!r}: value column {name!r} has NaN or infinite values, which JSON "
+                                 "cannot hold")
+            columns[name] = c.to_pylist()
+        docs = [_json.dumps(dict(zip(columns, values)), separators=(",", ":")).encode()
+                for values in zip(*columns.values())]
+        out["v"] = pa.array(docs, pa.binary())
+    else:
+        out["v"] = no_nulls(s.value, "value")
+    if s.layout == "window":
+        out["t1"] = millis(s.window_start, "window start")
+    elif s.layout == "session":
+        out["t1"] = millis(s.session_start, "session start")
+        out["t2"] = millis(s.session_end, "session end")
+        if pc.any(pc.less(out["t2"], out["t1"])).as_py():
+            raise ValueError(f"store {store!r}: sessions end before they start; swap the columns or fix the rows")
+    out["bad"] = pa.array([False] * batch.num_rows)
+    return pa.RecordBatch.from_pydict(out)

@@ -48,3 +48,49 @@ def test_bad_options_say_what_to_pass(read) -> None:
         read().collect()
     with pytest.raises(Exception, match="unknown store"):
         read(store="no_such_store").collect()
+
+
+def test_a_format_write_is_what_the_nodes_answer(spark, world) -> None:
+    from spark.source import last_write_token, register
+
+    register(spark)
+    name = "fmt_players"
+    df = spark.createDataFrame([("a", "red", 3, 1.5), ("b", None, 7, -2.0), ("c", "blue", None, 0.25)],
+                               "player string, team string, games long, ratio double")
+    (df.write.format("federator").mode("append").option("store", name).option("key", "player")
+     .option("value", "team,games,ratio").option("partitions", "4").option("bootstrap_servers", world.bootstrap)
+     .option("application_id", world.app).save())
+    token = last_write_token(world.app, name)
+    answer = sql(world.node, f"SELECT player, team, games, ratio FROM {name}", token)
+    assert rows(answer) == sorted([("a", "red", 3, 1.5), ("b", None, 7, -2.0), ("c", "blue", None, 0.25)])
+
+    # overwrite replaces: a key the new DataFrame lacks is deleted, the others updated
+    df2 = spark.createDataFrame([("a", "green", 4, 1.0), ("d", "red", 1, 2.0)], df.schema)
+    (df2.write.format("federator").mode("overwrite").option("store", name).option("key", "player")
+     .option("value", "team,games,ratio").option("partitions", "4").option("bootstrap_servers", world.bootstrap)
+     .option("application_id", world.app).save())
+    answer = sql(world.node, f"SELECT player, team, games, ratio FROM {name}", last_write_token(world.app, name))
+    assert rows(answer) == [("a", "green", 4, 1.0), ("d", "red", 1, 2.0)]
+
+
+def test_a_format_write_of_windows_and_a_bad_row(spark, world) -> None:
+    from spark.source import last_write_token, register
+    from tests.spark.conftest import T0
+
+    register(spark)
+    name = "fmt_windows"
+    data = [("ann", T0, 5), ("ann", T0 + 60_000, 6), ("bob", T0, 7)]
+    df = spark.createDataFrame(data, "player string, start long, points long")
+
+    def write(frame):
+        (frame.write.format("federator").mode("append").option("store", name).option("key", "player")
+         .option("value", "points").option("type", "window").option("window_start", "start")
+         .option("window_size_ms", "60000").option("partitions", "4").option("bootstrap_servers", world.bootstrap)
+         .option("application_id", world.app).save())
+
+    write(df)
+    answer = sql(world.node, f"SELECT player, window_start, points FROM {name}", last_write_token(world.app, name))
+    assert rows(answer) == sorted(data)
+    bad = spark.createDataFrame([(None, T0, 1)], df.schema)
+    with pytest.raises(Exception, match="key column 'player' has 1 null values"):
+        write(bad)
