@@ -50,3 +50,46 @@ def test_the_error_reference_lists_every_code_as_it_maps() -> None:
     rows = {m.group(1): (int(m.group(2)), m.group(3)) for m in
             re.finditer(r"^\| `([A-Z_]+)` \| (\d{3}) \| [A-Z_]+ \| (\w{5}) \|", page, re.M)}
     assert rows == {code: (status, SQLSTATE[code]) for code, status in STATUS.items()}
+
+
+def _flags_of(parser, path: list[str]) -> tuple[set[str], dict]:
+    import argparse
+
+    flags = {s for a in parser._actions for s in a.option_strings}
+    subs = {}
+    for a in parser._actions:
+        if isinstance(a, argparse._SubParsersAction):
+            subs = dict(a.choices)
+    return flags, subs
+
+
+def test_commands_in_every_block_name_real_commands_and_flags() -> None:
+    """Blocks that do not run (they need a Kafka cluster, a certificate, ...) still may not name
+    a `federator` command or flag the CLI lacks, and their Python must compile."""
+    import shlex
+
+    from federator.cli import build_parser
+
+    checked = 0
+    for block in all_blocks():
+        if block.lang == "python":
+            compile(block.code, block.where, "exec")
+            continue
+        if block.lang != "sh":
+            continue
+        for line in block.code.replace("\\\n", " ").splitlines():
+            line = line.split("#", 1)[0].strip()
+            if not line.startswith("federator "):
+                continue
+            words = shlex.split(line.replace("...", ""))[1:]
+            parser, path = build_parser(), ["federator"]
+            while words and not words[0].startswith("-"):
+                flags, subs = _flags_of(parser, path)
+                if words[0] not in subs:
+                    break
+                parser, path = subs[words[0]], path + [words.pop(0)]
+            flags, _ = _flags_of(parser, path)
+            unknown = [w.split("=")[0] for w in words if w.startswith("--") and w.split("=")[0] not in flags]
+            assert not unknown, f"{block.where}: {' '.join(path)} has no {unknown}"
+            checked += 1
+    assert checked >= 5
