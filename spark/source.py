@@ -29,8 +29,8 @@ from typing import Any, Iterator
 
 from dataclasses import dataclass
 
-from pyspark.sql.datasource import (DataSource, DataSourceArrowWriter, DataSourceReader, InputPartition,
-                                    WriterCommitMessage)
+from pyspark.sql.datasource import (DataSource, DataSourceArrowWriter, DataSourceReader,
+                                    DataSourceStreamArrowWriter, InputPartition, WriterCommitMessage)
 
 NAME = "federator"
 
@@ -112,6 +112,9 @@ class FederatorDataSource(DataSource):
 
     def writer(self, schema: Any, overwrite: bool) -> DataSourceArrowWriter:
         return FederatorWriter(self.options, schema, overwrite)
+
+    def streamWriter(self, schema: Any, overwrite: bool) -> DataSourceStreamArrowWriter:
+        return FederatorStreamWriter(self.options, schema, overwrite)
 
 
 class FederatorReader(DataSourceReader):
@@ -266,14 +269,32 @@ class FederatorWriter(DataSourceArrowWriter):
         self.defn_dict = defn.to_dict()
 
     def write(self, iterator: Iterator[Any]) -> _Written:
+        import dataclasses
+        import time as _time
+
         from spark.sink.producing import produce_batches
 
-        result = produce_batches(self.spec, (_encoded(self, b) for b in iterator))
+        spec = dataclasses.replace(self.spec, now_ms=int(_time.time() * 1000))  # kv records' time: this write's
+        result = produce_batches(spec, (_encoded(self, b) for b in iterator))
         return _Written(result.to_pylist())
 
     def commit(self, messages: list[_Written]) -> None:
+        self._record(self._token(messages))
+
+    def _record(self, token: str, batch_id: int | None = None) -> None:
         import os
 
+        path = self.token_file or token_path(self.app, self.store)
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        with open(path + ".tmp", "w") as f:
+            f.write(token + "\n")
+        os.replace(path + ".tmp", path)  # a reader sees the old token or the new, never half
+        if batch_id is not None:
+            with open(path + ".batch.tmp", "w") as f:
+                f.write(f"{batch_id}\n")
+            os.replace(path + ".batch.tmp", path + ".batch")
+
+    def _token(self, messages: list[_Written]) -> str:
         from federator.query.position import Position
         from spark.sink.deletes import tombstones, unmarked
 
@@ -294,12 +315,7 @@ class FederatorWriter(DataSourceArrowWriter):
                 defn = StoreDefinition.from_dict(self.defn_dict, load_plugins())
                 for p, o in tombstones(self.bootstrap, defn, gone, self.now_ms, self.timeout).items():
                     offsets[p] = max(offsets.get(p, -1), o)
-        token = Position({self.topic: offsets}).to_token()
-        path = self.token_file or token_path(self.app, self.store)
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        with open(path + ".tmp", "w") as f:
-            f.write(token + "\n")
-        os.replace(path + ".tmp", path)  # a reader sees the old token or the new, never half
+        return Position({self.topic: offsets}).to_token()
 
     def abort(self, messages: list[_Written]) -> None:
         pass  # records the finished tasks produced stay in the changelog (as upserts); nothing to undo
@@ -313,6 +329,30 @@ class _Columns:
     window_start: str | None
     session_start: str | None
     session_end: str | None
+
+
+class FederatorStreamWriter(FederatorWriter, DataSourceStreamArrowWriter):
+    """`df.writeStream.format("federator")`: each micro-batch's rows upserted as a format write
+    does. Spark takes Python data sources' streams in append mode only, so a stream of rows
+    whose keys are upserted (the latest value per key); a running aggregate (update mode) goes
+    through foreachBatch and write_store, as the game_events --stream job does.
+
+    Commit records the batch's token (and, beside it in ``<token file>.batch``, the batch id).
+    A micro-batch that Spark runs again after a crash produces its rows again: the store ends
+    the same (the same upserts), and its changelog holds them twice until compaction."""
+
+    def __init__(self, options: Any, schema: Any, overwrite: bool) -> None:
+        from spark.sink.errors import SinkError
+
+        if overwrite:
+            raise SinkError("a streaming write upserts each micro-batch's rows: use outputMode('append')")
+        super().__init__(options, schema, False)
+
+    def commit(self, messages: list[_Written], batchId: int) -> None:  # type: ignore[override]
+        self._record(self._token(messages), batchId)
+
+    def abort(self, messages: list[_Written], batchId: int) -> None:  # type: ignore[override]
+        pass  # what finished tasks produced stays (upserts); Spark runs the batch again
 
 
 class _Held:

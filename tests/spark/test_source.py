@@ -94,3 +94,36 @@ def test_a_format_write_of_windows_and_a_bad_row(spark, world) -> None:
     bad = spark.createDataFrame([(None, T0, 1)], df.schema)
     with pytest.raises(Exception, match="key column 'player' has 1 null values"):
         write(bad)
+
+
+def test_a_streaming_query_upserts_each_micro_batch(spark, world, tmp_path) -> None:
+    """writeStream.format("federator") over a folder of Parquet files (append mode, the only one
+    Spark gives Python data sources): each micro-batch's rows upserted; the token file follows."""
+    from spark.source import last_write_token, register
+
+    register(spark)
+    name, folder = "fmt_stream", tmp_path / "in"
+    folder.mkdir()
+    schema = "player string, points long"
+
+    def add(batch: int, data: list[tuple]) -> None:
+        spark.createDataFrame(data, schema).coalesce(1).write.parquet(str(folder / f"b{batch}"))
+
+    def run() -> None:
+        query = (spark.readStream.schema(schema).parquet(str(folder / "*")).writeStream.format("federator")
+                 .outputMode("append").trigger(availableNow=True)
+                 .option("checkpointLocation", str(tmp_path / "checkpoint")).option("store", name)
+                 .option("key", "player").option("value", "points").option("partitions", "4")
+                 .option("bootstrap_servers", world.bootstrap).option("application_id", world.app).start())
+        query.awaitTermination(180)
+        assert query.exception() is None, query.exception()
+
+    add(0, [("ann", 5), ("bob", 2)])
+    run()
+    token = last_write_token(world.app, name)
+    assert rows(sql(world.node, f"SELECT player, points FROM {name}", token)) == [("ann", 5), ("bob", 2)]
+    add(1, [("bob", 10), ("cy", 1)])
+    run()  # the same checkpoint: only the new file's micro-batch; ann untouched, bob's value replaced
+    later = last_write_token(world.app, name)
+    assert later != token
+    assert rows(sql(world.node, f"SELECT player, points FROM {name}", later)) == [("ann", 5), ("bob", 10), ("cy", 1)]
