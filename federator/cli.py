@@ -293,7 +293,7 @@ def main(argv: Sequence[str] | None = None, hard_exit: bool = False) -> int:
         if args.command == "store":
             return {"create": _store_create, "list": _store_list, "describe": _store_describe}[args.store_command](args)
         if args.command == "node":
-            from federator.node.run import run_node
+            from federator.node_command import run_node
             from federator.plugin import PluginsFailed
 
             try:

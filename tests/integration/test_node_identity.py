@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import signal
 
-from federator.node.run import REFUSED
+from federator.node_command import REFUSED
 from federator.partitioner import partition_for
 from federator.query import KeyQuery, StateQueryRequest
 from tests.integration.changelog_util import produce, register

@@ -44,10 +44,10 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("routing", ["federator.route"]),
     ("dispatch", ["federator.dispatch"]),
     ("sql", ["federator.sql"]),
-    # `federator node` (node/run.py) wires a node to its HTTP, Flight SQL and Postgres servers
+    # `federator node` (federator/node_command.py) wires a node to its HTTP, Flight SQL and Postgres servers
     ("front doors", ["federator.http", "federator.flight", "federator.pgwire", "federator.dbapi", "federator.sqla",
-                     "federator.client", "federator.node.run"]),
-    ("commands", ["federator.cli", "federator.demo"]),
+                     "federator.client"]),
+    ("commands", ["federator.cli", "federator.demo", "federator.node_command"]),
 ]
 
 

@@ -20,7 +20,7 @@ from federator.errors import SqlError
 from federator.flight.errors import flight_error
 from federator.http import create_app
 from federator.http.sql_routes import sql_response
-from federator.node.run import _limits
+from federator.node_command import _limits
 from federator.sql.limits import Admission, Limits, parse_size
 from federator.sql.result import SqlRequest, SqlResult
 from tests.registry import REGISTRY

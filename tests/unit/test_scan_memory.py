@@ -239,7 +239,7 @@ def test_a_large_batch_goes_out_as_several_bounded_messages(monkeypatch) -> None
 
 
 def test_the_node_allocates_arrow_memory_from_jemalloc_unless_told(monkeypatch) -> None:
-    from federator.node.run import arrow_memory_pool
+    from federator.node_command import arrow_memory_pool
 
     before = pa.default_memory_pool()
     try:
