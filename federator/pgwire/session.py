@@ -38,7 +38,7 @@ DEFAULT_SETTINGS: dict[str, str] = {
     "application_name": "", "search_path": "main", "statement_timeout": "0", "lock_timeout": "0",
     "transaction_isolation": "read committed", "default_transaction_isolation": "read committed",
     "transaction_read_only": "on", "default_transaction_read_only": "on", "extra_float_digits": "1",
-    "max_identifier_length": "63", "max_index_keys": "32", "standard_conforming_strings ": "on",
+    "max_identifier_length": "63", "max_index_keys": "32",
     "federator.allow_stale": "off", "federator.max_lag": "", TOKEN: "",
 }
 # the ones sent to the client as ParameterStatus after authentication (as Postgres does)
