@@ -269,6 +269,12 @@ class SqlEngine:
             table = rows.select([c for c, _ in plan.columns_only]).rename_columns([n for _, n in plan.columns_only])
             table = table.cast(plan.schema) if plan.schema is not None else table  # DuckDB's types, as ever
             return (table.schema, iter(table.to_batches())), read_at, stats
+        if plan.finish is not None:  # a merge of states or a top-k cut: in Arrow unless the types need DuckDB
+            (rows,) = (relations[r.relation] for r in plan.refs)
+            table = plan.finish.apply(rows, plan.schema)
+            if table is not None:
+                stats["finished_in_arrow"] = True
+                return (table.schema, iter(table.to_batches())), read_at, stats
         key = None
         if reuse and self._reuse_seconds > 0 and plan.deterministic and not plan.local and \
                 (plan_key := _plan_key(req)) is not None:

@@ -10,8 +10,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import pyarrow as pa
+import sqlglot
 from sqlglot import exp
-from sqlglot.errors import OptimizeError
+from sqlglot.errors import OptimizeError, ParseError
 from sqlglot.optimizer.scope import traverse_scope
 
 from federator.catalog.definition import StoreDefinition
@@ -21,6 +22,7 @@ from federator.sql.catalog_tables import CATALOG, SCHEMA
 from federator.errors import SqlError
 from federator.sql import pushdown
 from federator.sql.copartition import co_join
+from federator.sql.finish import Finish, MergeStates, top_rows
 from federator.owner.work import ROWS
 from federator.query.owner_work import KeyJoin, OwnerWork
 
@@ -69,6 +71,9 @@ class QueryPlan:
     schema: pa.Schema | None = None  # the answer's schema, as DuckDB gives it
     # no volatile function (random(), now(), ...): the same rows always give the same answer
     deterministic: bool = True
+    # the receiver's last step in Arrow where it can be (a merge of states, a top-k cut) instead
+    # of the DuckDB statement ``sql``, which runs when the finish declines
+    finish: Finish | None = None
 
 
 def bind_parameters(tree: exp.Expression, params: list[Any], expected: int) -> exp.Expression:
@@ -201,8 +206,8 @@ def plan_query(tree: exp.Expression, resolve: Resolver, information_schema: Loca
 
     sql = tree.sql(dialect="duckdb")
     notes: list[str] = []
-    if any(ref.combine is not None for ref in refs):
-        return QueryPlan(sql, refs, local, notes)  # the rule's rows exist only once fetched
+    if any(ref.combine is not None for ref in refs):  # the rule's rows exist only once fetched
+        return _with_top_rows(QueryPlan(sql, refs, local, notes))
     answer = schema_of(sql, empty)  # DuckDB's binder errors, with the user's own names
     names = answer.names
     # One store read by the whole statement: partial aggregates on the owners.
@@ -210,9 +215,27 @@ def plan_query(tree: exp.Expression, resolve: Resolver, information_schema: Loca
         ref, table, _ = planned[0]
         merged = _partial_aggregate(ref, table, tree, names, schema_of, notes)
         if merged is not None:
-            return QueryPlan(merged, refs, local, notes)
-        return QueryPlan(sql, refs, local, notes, _columns_only(tree, ref, table, names), answer)
+            final, merges = merged
+            return QueryPlan(final, refs, local, notes, schema=answer,
+                             finish=MergeStates(tuple(merges)) if merges is not None else None)
+        columns_only = _columns_only(tree, ref, table, names)
+        plan = QueryPlan(sql, refs, local, notes, columns_only, answer)
+        return plan if columns_only is not None else _with_top_rows(plan)
     return QueryPlan(sql, refs, local, notes)
+
+
+def _with_top_rows(plan: QueryPlan) -> QueryPlan:
+    """``plan`` with its receiver's ORDER BY ... LIMIT cut in Arrow, where its statement is only that
+    over one store's rows (the statement as DuckDB will read it: its NULLS order is the
+    dialect's)."""
+    if len(plan.refs) != 1 or plan.local:
+        return plan
+    try:
+        tree = sqlglot.parse_one(plan.sql, read="duckdb")
+    except ParseError:
+        return plan
+    plan.finish = top_rows(tree, plan.refs[0].relation)
+    return plan
 
 
 def _columns_only(select: exp.Select, ref: StoreRef, table: exp.Table, names: list[str]) -> list[tuple[str, str]] | None:
@@ -261,8 +284,10 @@ def _refuse_engine_introspection(tree: exp.Expression) -> None:
 
 
 def _partial_aggregate(ref: StoreRef, table: exp.Table, tree: exp.Select, names: list[str],
-                       schema_of: Callable[[str, dict[str, pa.Table]], pa.Schema], notes: list[str]) -> str | None:
-    """Split ``tree``'s aggregates into the owners' partial states and their merge: the merge's SQL."""
+                       schema_of: Callable[[str, dict[str, pa.Table]], pa.Schema],
+                       notes: list[str]) -> tuple[str, list[tuple[str, str, str]] | None] | None:
+    """Split ``tree``'s aggregates into the owners' partial states and their merge: the merge's
+    SQL, and the merge as plain ops when it is only that (``PartialAggregate.merges``)."""
     columns = {f.name.lower() for f in ref.source}
     split = pushdown.partial_aggregate(tree, table, columns, ref.relation, names)
     if split is None:
@@ -271,7 +296,7 @@ def _partial_aggregate(ref: StoreRef, table: exp.Table, tree: exp.Select, names:
     ref.rows_schema = schema_of(owner_sql, {ROWS: ref.source.empty_table()})
     ref.work = OwnerWork(ref.work.columns, owner_sql, "partial aggregate")
     notes.append("final aggregate over the partitions' states")
-    return split.final.sql(dialect="duckdb")
+    return split.final.sql(dialect="duckdb"), split.merges
 
 
 def _plan_co_join(tree: exp.Select, resolve: Resolver,
@@ -292,8 +317,9 @@ def _plan_co_join(tree: exp.Select, resolve: Resolver,
     original = tree.copy()
     for t in original.find_all(exp.Table):
         _rename(t, (cj.left if t.name.lower() == tree.args["from_"].this.name.lower() else cj.right).name)
-    names = schema_of(original.sql(dialect="duckdb"), {cj.left.name: cj.left.arrow_schema().empty_table(),
-                                                      cj.right.name: cj.right.arrow_schema().empty_table()}).names
+    answer = schema_of(original.sql(dialect="duckdb"), {cj.left.name: cj.left.arrow_schema().empty_table(),
+                                                       cj.right.name: cj.right.arrow_schema().empty_table()})
+    names = answer.names
     select = cj.select
     if len(names) == len(select.expressions):
         select.set("expressions", [exp.alias_(i.this if isinstance(i, exp.Alias) else i, n, quoted=True)
@@ -306,7 +332,8 @@ def _plan_co_join(tree: exp.Select, resolve: Resolver,
     notes = [f"join of co-partitioned {cj.left.name} and {cj.right.name} on the nodes that own both"]
     ref.notes.append(notes[0])
     sql = select.sql(dialect="duckdb")
-    final = _partial_aggregate(ref, cj.table, select, names, schema_of, notes) or sql
+    merged = _partial_aggregate(ref, cj.table, select, names, schema_of, notes)
+    final = merged[0] if merged is not None else sql
     owner = ref.work.sql or exp.select(*[exp.column(c, quoted=True) for c in ref.work.columns]).from_(ROWS).sql(
         dialect="duckdb")
     if cj.lookup is not None:
@@ -316,7 +343,9 @@ def _plan_co_join(tree: exp.Select, resolve: Resolver,
     if ref.rows_schema is None:
         ref.rows_schema = pa.schema([cj.schema.field(c) for c in ref.work.columns])
     schema_of(final, {relation: ref.rows_schema.empty_table()})
-    return QueryPlan(final, [ref], [], notes)
+    merges = merged[1] if merged is not None else None
+    return QueryPlan(final, [ref], [], notes, schema=answer,
+                     finish=MergeStates(tuple(merges)) if merges is not None else None)
 
 
 def _relation(name: str, used: dict[str, int]) -> str:

@@ -182,6 +182,8 @@ QUERIES = [
     "SELECT key, score FROM scores ORDER BY key LIMIT 5",
     "SELECT key FROM scores WHERE key > -30 ORDER BY 1 DESC LIMIT 4",
     "SELECT team, COUNT(*) AS n FROM players GROUP BY team ORDER BY n DESC, team NULLS FIRST",
+    "SELECT * FROM players ORDER BY player DESC LIMIT 5",
+    "SELECT MIN(player) AS a, MAX(team) AS b, COUNT(best) AS c, SUM(games) AS g FROM players WHERE games > 3",
 ]
 
 
@@ -292,6 +294,21 @@ def test_aggregates_are_partial_on_the_owners_and_merged_at_the_receiver(fresh) 
     assert all(r.work.kind == "partial aggregate" for r in world.cluster.requests())
     sent = [n for node in world.cluster.nodes.values() for n in node.rows_sent]
     assert len(sent) == 2 and all(n <= 4 for n in sent)  # a row per team (and NULL) from each owner, not its players
+
+
+@pytest.mark.parametrize("sql, in_arrow", [
+    ("SELECT COUNT(*) AS n, SUM(total_score) AS s, MIN(player) AS lo, MAX(last_seen) AS t FROM players", True),
+    ("SELECT COUNT(*) FROM players WHERE team = 'red'", True),
+    ("SELECT player, total_score FROM players ORDER BY total_score DESC, player LIMIT 3", True),
+    ("SELECT * FROM players ORDER BY last_seen, player LIMIT 4 OFFSET 2", True),
+    # a double's sum depends on the order it is added in, and NaN sorts otherwise: DuckDB does these
+    ("SELECT COUNT(*) AS n, SUM(best) AS b FROM players", False),
+    ("SELECT player, best FROM players ORDER BY best DESC, player LIMIT 3", False),
+])
+def test_a_merge_of_states_or_a_top_k_cut_is_finished_in_arrow_where_the_types_allow(fresh, sql, in_arrow) -> None:
+    world = fresh(("me", "n2"))
+    result = assert_answers_as_duckdb(world, world.cluster.engine(), sql, ordered=" ORDER BY " in sql)
+    assert result.stats.get("finished_in_arrow", False) is in_arrow
 
 
 # ---- EXPLAIN, SHOW, DESCRIBE -------------------------------------------------------------------

@@ -1,0 +1,207 @@
+"""The receiver's last step in Arrow, for the two shapes where a DuckDB statement costs more
+than the work: merging ungrouped partial aggregates (COUNT/SUM/MIN/MAX of the owners'
+states) and cutting the owners' top rows (ORDER BY columns LIMIT n). A DuckDB statement
+over a few registered rows costs about a millisecond whatever it does; these cost tens of
+microseconds.
+
+Each finish answers exactly what DuckDB would, or None, and the receiver then runs the
+statement in DuckDB as usual: only types whose order and arithmetic are the same here
+(integers, decimals, strings, booleans, dates and times; never floats, whose sums depend on
+their order and whose NaN sorts differently) are finished here, and a value out of the
+answer type's range goes to DuckDB, which raises its own error.
+"""
+
+from __future__ import annotations
+
+import decimal
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from sqlglot import exp
+
+# Types compared and added alike in Python/Arrow and DuckDB, with the Arrow type DuckDB
+# answers with for each (None: the same type).
+_EXACT = (pa.types.is_integer, pa.types.is_decimal, pa.types.is_boolean, pa.types.is_date,
+          pa.types.is_timestamp, pa.types.is_time)
+_STRINGS = {pa.large_string(): pa.string(), pa.string(): pa.string(), pa.large_binary(): pa.binary(),
+            pa.binary(): pa.binary()}
+
+
+def _exact(t: pa.DataType) -> bool:
+    return t in _STRINGS or any(test(t) for test in _EXACT)
+
+
+def _as_duckdb(t: pa.DataType) -> pa.DataType | None:
+    """The Arrow type DuckDB answers a column of ``t`` with, where it is sure (times and
+    timestamps come back in other units or zones)."""
+    if t in _STRINGS:
+        return _STRINGS[t]
+    if pa.types.is_integer(t) or pa.types.is_decimal(t) or pa.types.is_boolean(t) or t == pa.date32():
+        return t
+    return None
+
+
+@dataclass(frozen=True)
+class MergeStates:
+    """``SELECT <merge of __aN>, ... FROM <states>``: one row from the partial states.
+    ``items``: (output name, op, state column), op one of count, sum, min, max."""
+
+    items: tuple[tuple[str, str, str], ...]
+
+    def apply(self, states: pa.Table, schema: pa.Schema | None) -> pa.Table | None:
+        if schema is None or len(schema) != len(self.items):
+            return None
+        columns = []
+        for (name, op, state), field in zip(self.items, schema):
+            if state not in states.column_names:
+                return None
+            column = states.column(state)
+            if not _exact(column.type) or not _exact(field.type):
+                return None
+            values = [v for v in column.to_pylist() if v is not None]
+            if op in ("count", "sum") and not all(type(v) is int or isinstance(v, decimal.Decimal) for v in values):
+                return None
+            if op == "count":
+                value: Any = sum(values)
+            elif not values:
+                value = None
+            elif op == "sum":
+                with decimal.localcontext(prec=_DIGITS):  # exact: 38 digits, and more to see an overflow
+                    value = sum(values)
+            elif op == "min":
+                value = min(values)
+            else:
+                value = max(values)
+            try:
+                columns.append(pa.array([value], field.type))
+            except (pa.ArrowInvalid, OverflowError, TypeError):  # out of the type's range: DuckDB says so
+                return None
+        return pa.Table.from_arrays(columns, schema=schema)
+
+
+@dataclass(frozen=True)
+class TopRows:
+    """``SELECT <columns> FROM <rows> [ORDER BY <columns>] [LIMIT n [OFFSET m]]``.
+    ``columns``: (column of the rows, output name); ``order``: (column, descending, nulls
+    first)."""
+
+    columns: tuple[tuple[str, str], ...] | None  # None: every column (SELECT *)
+    order: tuple[tuple[str, bool, bool], ...]
+    limit: int | None
+    offset: int
+
+    def apply(self, rows: pa.Table, schema: pa.Schema | None) -> pa.Table | None:
+        names = rows.column_names
+        columns = self.columns if self.columns is not None else tuple((n, n) for n in names)
+        if any(c not in names for c, _ in columns) or any(c not in names for c, _, _ in self.order):
+            return None
+        if any(not _exact(rows.schema.field(c).type) for c, _, _ in self.order):
+            return None
+        if self.order:
+            indices = _sort_indices(rows, self.order)
+            if indices is None:
+                return None
+            stop = None if self.limit is None else self.offset + self.limit
+            rows = rows.take(indices[self.offset:stop])
+        elif self.offset or self.limit is not None:
+            rows = rows.slice(self.offset, self.limit)
+        table = rows.select([c for c, _ in columns]).rename_columns([n for _, n in columns])
+        if schema is None:  # a rule's rows: no answer schema was planned
+            types = [_as_duckdb(f.type) for f in table.schema]
+            if any(t is None for t in types):
+                return None
+            schema = pa.schema([pa.field(f.name, t) for f, t in zip(table.schema, types)])
+        try:
+            return table.cast(schema)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            return None
+
+
+_DIGITS = 80
+
+
+def _sort_indices(rows: pa.Table, order: tuple[tuple[str, bool, bool], ...]) -> pa.Array | None:
+    """The rows' order (stable), each key's nulls first or last; None where this pyarrow places
+    the nulls of every key alike and the keys differ."""
+    keys = [(c, "descending" if desc else "ascending") for c, desc, _ in order]
+    placements = ["at_start" if first else "at_end" for _, _, first in order]
+    if _PER_KEY_NULLS:
+        return pc.sort_indices(rows, sort_keys=[(c, o, p) for (c, o), p in zip(keys, placements)])
+    if len(set(placements)) > 1:
+        return None
+    return pc.sort_indices(rows, sort_keys=keys, null_placement=placements[0])
+
+
+def _per_key_nulls() -> bool:
+    try:
+        pc.sort_indices(pa.table({"a": [1]}), sort_keys=[("a", "ascending", "at_end")])
+        return True
+    except (TypeError, ValueError, pa.ArrowInvalid):
+        return False
+
+
+_PER_KEY_NULLS = _per_key_nulls()
+
+Finish = MergeStates | TopRows
+
+
+def top_rows(select: exp.Expression, relation: str) -> TopRows | None:
+    """``select`` as a TopRows over ``relation``, or None when it does anything else."""
+    if not isinstance(select, exp.Select):
+        return None
+    if any(select.args.get(k) for k in ("joins", "where", "group", "having", "distinct", "qualify", "with_", "with",
+                                        "windows", "sample", "laterals", "pivots", "prewhere", "settings")):
+        return None
+    source = select.args.get("from_")
+    if source is None or not isinstance(source.this, exp.Table) or source.this.name != relation or \
+            source.this.args.get("db") or source.this.args.get("joins"):
+        return None
+    qualifier = source.this.alias_or_name
+
+    def column(node: exp.Expression) -> str | None:
+        if isinstance(node, exp.Column) and isinstance(node.this, exp.Identifier) and \
+                (not node.table or node.table == qualifier):
+            return node.name
+        return None
+
+    columns: list[tuple[str, str]] = []
+    star = len(select.expressions) == 1 and isinstance(select.expressions[0], exp.Star) and \
+        not any(select.expressions[0].args.values())
+    for item in [] if star else select.expressions:
+        inner = item.this if isinstance(item, exp.Alias) else item
+        name = column(inner)
+        if name is None:
+            return None
+        columns.append((name, item.alias_or_name))
+    outputs = {n for _, n in columns}
+    if len(outputs) != len(columns):
+        return None
+    order: list[tuple[str, bool, bool]] = []
+    ordered = select.args.get("order")
+    for o in ordered.expressions if ordered is not None else []:
+        name = column(o.this)
+        if name is None:
+            return None
+        # an output alias that is not the same column would sort by something else
+        if name in outputs and (name, name) not in columns:
+            return None
+        desc = bool(o.args.get("desc"))
+        nulls_first = o.args.get("nulls_first")
+        order.append((name, desc, bool(nulls_first)))
+    limit = _count(select.args.get("limit"))
+    offset = _count(select.args.get("offset"))
+    if limit is False or offset is False:
+        return None
+    return TopRows(None if star else tuple(columns), tuple(order), limit, offset or 0)
+
+
+def _count(clause: exp.Expression | None) -> int | None | bool:
+    """A LIMIT or OFFSET's row count; None without one; False when it is not a plain count."""
+    if clause is None:
+        return None
+    value = clause.expression if isinstance(clause, (exp.Limit, exp.Offset)) else clause
+    if isinstance(value, exp.Literal) and value.is_int and int(value.this) >= 0:
+        return int(value.this)
+    return False
