@@ -106,7 +106,7 @@ function showStatus(data, took) {
   $("status").replaceChildren(
     `${data.rows.length} rows · ${took.toFixed(0)} ms in the browser, ${s.elapsed_ms ?? "?"} ms on the node · `
     + `${s.partitions_queried ?? 0} partitions on ${s.nodes ?? 0} nodes`
-    + (s.joined_on_owners ? " · joined on the owners" : "") + (s.answer_reused ? " · answer reused" : "") + " · token ",
+    + (s.joined_on_owners ? " · joined on the owners" : "") + (s.answer_reused ? " · answer reused" : "") + (s.finished_in_arrow ? " · finished in Arrow" : "") + " · token ",
     el("span", {class: "token", id: "answer-token"}, token || "none"),
     " ",
     el("button", {id: "use-token", title: "read at least this state in the next query"}, "use token"));
