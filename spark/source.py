@@ -16,8 +16,13 @@ A PySpark Python data source (pyspark.sql.datasource). Register it once per sess
   read-your-writes). ``cluster_secret``: the nodes' ``--cluster-secret``, for the internal
   endpoint. ``auth_token``: a bearer token of the nodes' ``--users-file``.
 
-Spark's filters and column pruning are not pushed into the store reads; use ``sql`` to have
-the node filter, project and aggregate before the rows reach Spark.
+Spark's filters on a store's columns are pushed into the store reads (``pushFilters``): the
+ones on the key read only the partitions that can hold its values, with key lookups where the
+store type has them, and each owner applies the rest in DuckDB before its rows leave it, so
+Spark gets only matching rows. Filters on timestamps, on nested fields and on an ``sql``
+answer stay with Spark. PySpark asks for ``spark.sql.python.filterPushdown.enabled`` to be
+true for a reader that takes filters; ``register`` sets it. Column pruning is not offered to
+Python data sources: every column is read (``sql`` projects on the node).
 """
 
 from __future__ import annotations
@@ -36,7 +41,9 @@ NAME = "federator"
 
 
 def register(spark: Any) -> None:
-    """Make ``format("federator")`` known to ``spark`` (once per session)."""
+    """Make ``format("federator")`` known to ``spark`` (once per session), with Python data
+    sources' filter pushdown on (PySpark refuses a reader that takes filters without it)."""
+    spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
     spark.dataSource.register(FederatorDataSource)
 
 
@@ -124,6 +131,17 @@ class FederatorReader(DataSourceReader):
         self.opts = opts
         # what Spark takes from read(), to the unit (timestamps as UTC instants, as the nodes answer)
         self.arrow_schema = to_arrow_schema(schema, timezone="UTC")
+        self.where: list[str] = []  # the filters Spark pushed here, as DuckDB conjuncts over the store's rows
+
+    def pushFilters(self, filters: list[Any]) -> Iterator[Any]:
+        """Keep the filters a store read can apply (as SQL over its columns); give the rest back."""
+        columns = {n.lower(): n for n in self.arrow_schema.names} if self.opts.store else {}
+        for f in filters:
+            sql = filter_sql(f, columns, self.arrow_schema)
+            if sql is None:
+                yield f
+            else:
+                self.where.append(sql)
 
     def partitions(self) -> list[InputPartition]:
         if self.opts.sql:
@@ -131,28 +149,103 @@ class FederatorReader(DataSourceReader):
         from federator.plugin import load_plugins
 
         info = json.loads(_public(self.opts, "GET", f"/v1/stores/{urllib.parse.quote(self.opts.store)}").data)
-        # every row of a partition, as the store type reads all of it (RangeQuery for kv, a
-        # WindowRangeQuery for window and session stores, a plugin's own)
-        scan = load_plugins().store_type(info["type"]).full_scan_query()
-        return [InputPartition((p["partition"], scan)) for p in info["partition_owners"]]
+        registry = load_plugins()
+        if not self.where:
+            # every row of a partition, as the store type reads all of it (RangeQuery for kv, a
+            # WindowRangeQuery for window and session stores, a plugin's own)
+            scan = registry.store_type(info["type"]).full_scan_query()
+            return [InputPartition((p["partition"], scan, None)) for p in info["partition_owners"]]
+        import sqlglot
+
+        from federator.catalog.definition import StoreDefinition
+        from federator.owner.work import ROWS
+        from federator.plan.keys import plan_store_queries
+        from federator.query.owner_work import OwnerWork
+
+        defn = StoreDefinition.from_dict({k: v for k, v in info.items() if k not in ("columns", "partition_owners")},
+                                         registry)
+        where = sqlglot.parse_one(" AND ".join(f"({c})" for c in self.where), read="duckdb")
+        # the engine's own planning: key filters become key queries on the partitions that hold them
+        subqueries = plan_store_queries(defn, where, [])
+        names = tuple(self.arrow_schema.names)
+        select = ", ".join(f'"{n}"' for n in names)
+        work = OwnerWork(names, f"SELECT {select} FROM {ROWS} WHERE {where.sql(dialect='duckdb')}", "filter")
+        return [InputPartition((p, sq.query, work)) for sq in subqueries
+                for p in (sq.partitions if sq.partitions is not None else range(defn.partitions))]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         if self.opts.sql:
             table = _arrow(_public(self.opts, "POST", "/v1/sql", _sql_body(self.opts, self.opts.sql)).data)
             yield from table.to_batches()
             return
-        number, scan = partition.value
-        yield from _read_partition(self.opts, number, scan, self.arrow_schema)
+        number, query, work = partition.value
+        yield from _read_partition(self.opts, number, query, self.arrow_schema, work)
 
 
-def _read_partition(opts: _Options, partition: int, scan: Any, schema: Any) -> list[Any]:
-    """One store partition's rows from its owner (or a standby at the bound), as Arrow."""
+def filter_sql(f: Any, columns: dict[str, str], schema: Any) -> str | None:
+    """A Spark data source filter as a DuckDB condition over the store's ``columns`` (lower-case
+    name -> name), or None where it cannot go to the owners exactly: a nested or unknown
+    column, a timestamp (its value's zone is Spark's session's) or a value of another type."""
+    import datetime as dt
+    import decimal
+
+    import pyarrow as pa
+    from pyspark.sql import datasource as ds
+    from sqlglot import exp
+
+    from federator.sql.planner import literal
+
+    def column(attribute: tuple[str, ...]) -> str | None:
+        if len(attribute) != 1 or attribute[0].lower() not in columns:
+            return None
+        name = columns[attribute[0].lower()]
+        t = schema.field(name).type
+        if pa.types.is_timestamp(t) or pa.types.is_time(t) or pa.types.is_nested(t):
+            return None
+        return name
+
+    def value(v: Any) -> exp.Expression | None:
+        if isinstance(v, (bool, int, float, str, decimal.Decimal, bytes)) or \
+                (isinstance(v, dt.date) and not isinstance(v, dt.datetime)):
+            return literal(v)
+        return None
+
+    if isinstance(f, ds.Not):
+        inner = filter_sql(f.child, columns, schema)
+        return None if inner is None else f"NOT ({inner})"
+    name = column(f.attribute)
+    if name is None:
+        return None
+    col = exp.column(name, quoted=True)
+    if isinstance(f, ds.IsNull):
+        return exp.Is(this=col, expression=exp.Null()).sql(dialect="duckdb")
+    if isinstance(f, ds.IsNotNull):
+        return exp.Not(this=exp.Is(this=col, expression=exp.Null())).sql(dialect="duckdb")
+    if isinstance(f, ds.In):
+        values = [value(v) for v in f.value]
+        if not values or any(v is None for v in values):
+            return None
+        return exp.In(this=col, expressions=values).sql(dialect="duckdb")
+    compare = {ds.EqualTo: exp.EQ, ds.EqualNullSafe: exp.NullSafeEQ, ds.GreaterThan: exp.GT,
+               ds.GreaterThanOrEqual: exp.GTE, ds.LessThan: exp.LT, ds.LessThanOrEqual: exp.LTE}.get(type(f))
+    if compare is not None:
+        v = value(f.value)
+        return None if v is None else compare(this=col, expression=v).sql(dialect="duckdb")
+    text = {ds.StringStartsWith: "starts_with", ds.StringEndsWith: "ends_with", ds.StringContains: "contains"}.get(type(f))
+    if text is not None and isinstance(f.value, str):
+        return exp.Anonymous(this=text, expressions=[col, exp.Literal.string(f.value)]).sql(dialect="duckdb")
+    return None
+
+
+def _read_partition(opts: _Options, partition: int, scan: Any, schema: Any, work: Any = None) -> list[Any]:
+    """One store partition's rows from its owner (or a standby at the bound), as Arrow; ``work``:
+    the filters the owner applies first (an OwnerWork), or None for every row."""
     from federator.dispatch.client import NodeCallError, NodeClient
     from federator.query.position import Position, PositionBound
     from federator.query.request import StateQueryRequest
 
     bound = PositionBound.at(Position.from_token(opts.token)) if opts.token else PositionBound.unbounded()
-    request = StateQueryRequest(opts.store, scan, (partition,), bound)
+    request = StateQueryRequest(opts.store, scan, (partition,), bound, work=work)
     deadline = time.monotonic() + opts.timeout_ms / 1000
     why = "no owner yet"
     delay = 0.05
@@ -170,6 +263,8 @@ def _read_partition(opts: _Options, partition: int, scan: Any, schema: Any) -> l
             if result.ok:  # the shard's rows as the answer's schema (timestamps in ms there, us here)
                 import pyarrow as pa
 
+                if result.batch is None:
+                    return []
                 table = pa.Table.from_batches([result.batch])
                 return table.select(schema.names).cast(schema).to_batches()
             why = f"{endpoint}: {result.failure} {result.message}"

@@ -43,6 +43,44 @@ def test_an_answer_reads_and_joins_with_the_jobs_own_data(spark, world, read) ->
         rows(answer.toArrow())
 
 
+@pytest.mark.parametrize("store, spark_filter, where, partitions", [
+    # the key: only the partition holding it is read (a key lookup on its owner)
+    ("rt_json", "player = 'p3'", "player = 'p3'", 1),
+    ("rt_json", "player IN ('p1', 'p4', 'nobody')", "player IN ('p1', 'p4', 'nobody')", None),
+    # other columns: every partition, each owner filtering before its rows leave it
+    ("rt_json", "score > 0 AND team IS NOT NULL", "score > 0 AND team IS NOT NULL", 4),
+    ("rt_json", "NOT active OR ratio < 0", "NOT active OR ratio < 0", 4),
+    ("rt_json", "team LIKE 'r%' AND level <= 3", "team LIKE 'r%' AND level <= 3", 4),
+    ("rt_window", "player = 'bob' AND points >= 12", "player = 'bob' AND points >= 12", 1),
+    ("rt_session", "games BETWEEN 2 AND 4", "games BETWEEN 2 AND 4", 4),
+])
+def test_spark_filters_go_to_the_owners_and_the_rows_are_the_nodes_answer(world, read, store, spark_filter, where,
+                                                                           partitions) -> None:
+    df = read(store=store, consistency_token=world.tokens[store]).filter(spark_filter)
+    expected = sql(world.node, f"SELECT * FROM {store} WHERE {where}", world.tokens[store])
+    assert rows(df.toArrow()) == rows(expected)
+    if partitions is not None:  # key filters read fewer partitions; the others all of them
+        assert df.rdd.getNumPartitions() == partitions
+
+
+def test_the_reader_keeps_the_filters_it_can_apply_and_gives_back_the_rest() -> None:
+    import pyarrow as pa
+    from pyspark.sql import datasource as ds
+
+    from spark.source import FederatorReader, _Options
+
+    reader = object.__new__(FederatorReader)  # its filters alone, without a Spark schema or a node
+    reader.opts = _Options({"url": "http://unused:1", "store": "s"})
+    reader.arrow_schema = pa.schema([("k", pa.string()), ("n", pa.int64()), ("seen", pa.timestamp("us", "UTC")),
+                                     ("tags", pa.list_(pa.string()))])
+    reader.where = []
+    kept = [ds.EqualTo(("k",), "a"), ds.In(("N",), (1, 2)), ds.Not(ds.IsNull(("n",))), ds.StringStartsWith(("k",), "x")]
+    given_back = [ds.GreaterThan(("seen",), 0), ds.EqualTo(("tags",), "a"), ds.EqualTo(("k", "inner"), 1),
+                  ds.EqualTo(("unknown",), 1)]
+    assert list(reader.pushFilters(kept + given_back)) == given_back
+    assert reader.where == ['"k" = \'a\'', '"n" IN (1, 2)', 'NOT ("n" IS NULL)', 'STARTS_WITH("k", \'x\')']
+
+
 def test_bad_options_say_what_to_pass(read) -> None:
     with pytest.raises(Exception, match="one of the two"):
         read().collect()
