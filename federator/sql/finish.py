@@ -60,20 +60,9 @@ class MergeStates:
             column = states.column(state)
             if not _exact(column.type) or not _exact(field.type):
                 return None
-            values = [v for v in column.to_pylist() if v is not None]
-            if op in ("count", "sum") and not all(type(v) is int or isinstance(v, decimal.Decimal) for v in values):
+            value = _merge(op, [v for v in column.to_pylist() if v is not None])
+            if value is _DECLINE:
                 return None
-            if op == "count":
-                value: Any = sum(values)
-            elif not values:
-                value = None
-            elif op == "sum":
-                with decimal.localcontext(prec=_DIGITS):  # exact: 38 digits, and more to see an overflow
-                    value = sum(values)
-            elif op == "min":
-                value = min(values)
-            else:
-                value = max(values)
             try:
                 columns.append(pa.array([value], field.type))
             except (pa.ArrowInvalid, OverflowError, TypeError):  # out of the type's range: DuckDB says so
@@ -119,6 +108,156 @@ class TopRows:
             return None
 
 
+@dataclass(frozen=True)
+class MergeGroups:
+    """``SELECT <group keys and merges> FROM <states> GROUP BY __g... [ORDER BY outputs]
+    [LIMIT n [OFFSET m]]``: the owners' per-group states merged per group, in Python (exact).
+    ``items``: (output name, "key" or count|sum|min|max, column of the states); ``keys``: the
+    group columns; ``order``: (output name or group column, descending, nulls first)."""
+
+    items: tuple[tuple[str, str, str], ...]
+    keys: tuple[str, ...]
+    order: tuple[tuple[str, bool, bool], ...]
+    limit: int | None
+    offset: int
+
+    def apply(self, states: pa.Table, schema: pa.Schema | None) -> pa.Table | None:
+        if schema is None or len(schema) != len(self.items):
+            return None
+        needed = set(self.keys) | {c for _, _, c in self.items}
+        if not needed <= set(states.column_names) or \
+                not all(_exact(states.schema.field(c).type) for c in needed) or not all(_exact(t) for t in schema.types):
+            return None  # a float key (NaN, -0.0) or state: DuckDB's equality and sums
+        merged = [(op, c) for _, op, c in self.items if op != "key"]
+        groups: dict[tuple, list[list]] = {}
+        key_columns = [states.column(k).to_pylist() for k in self.keys]
+        state_columns = [states.column(c).to_pylist() for _, c in merged]
+        for i, key in enumerate(zip(*key_columns)):
+            bucket = groups.get(key)
+            if bucket is None:
+                bucket = groups[key] = [[] for _ in merged]
+            for values, column in zip(bucket, state_columns):
+                if column[i] is not None:
+                    values.append(column[i])
+        out: dict[str, list] = {k: [] for k in self.keys}
+        for name, _, _ in self.items:
+            out.setdefault(name, [])
+        for key, bucket in groups.items():
+            for k, v in zip(self.keys, key):
+                out[k].append(v)
+            for (name, op, _), values in zip([i for i in self.items if i[1] != "key"], bucket):
+                value = _merge(op, values)
+                if value is _DECLINE:
+                    return None
+                out[name].append(value)
+        for name, op, column in self.items:
+            if op == "key" and name != column:
+                out[name] = out[column]
+        try:
+            types = dict(zip(schema.names, schema.types))
+            table = pa.table({n: pa.array(v, types.get(n, states.schema.field(n).type if n in states.column_names
+                                                       else None)) for n, v in out.items()})
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError):
+            return None
+        if self.order:
+            indices = _sort_indices(table, self.order)
+            if indices is None:
+                return None
+            table = table.take(indices)
+        if self.offset or self.limit is not None:
+            table = table.slice(self.offset, self.limit)
+        return table.select(schema.names).cast(schema)
+
+
+_DECLINE = object()
+
+
+def _merge(op: str, values: list) -> Any:
+    """One group's (or the whole answer's) merged state; _DECLINE where DuckDB must do it."""
+    if op in ("count", "sum") and not all(type(v) is int or isinstance(v, decimal.Decimal) for v in values):
+        return _DECLINE
+    if op == "count":
+        return sum(values)
+    if not values:
+        return None
+    if op == "sum":
+        with decimal.localcontext(prec=_DIGITS):  # exact: 38 digits, and more to see an overflow
+            return sum(values)
+    return min(values) if op == "min" else max(values)
+
+
+def merge_groups(select: exp.Expression, relation: str) -> MergeGroups | None:
+    """The receiver's statement over grouped partial states as a MergeGroups, or None when it
+    does anything else (HAVING, expressions over the merges, AVG, ...)."""
+    if not isinstance(select, exp.Select) or select.args.get("group") is None:
+        return None
+    if any(select.args.get(k) for k in ("joins", "where", "having", "distinct", "qualify", "with_", "with",
+                                        "windows", "sample", "laterals", "pivots")):
+        return None
+    source = select.args.get("from_")
+    if source is None or not isinstance(source.this, exp.Table) or source.this.name != relation:
+        return None
+    group = select.args["group"]
+    if any(group.args.get(a) for a in ("all", "rollup", "cube", "grouping_sets")):
+        return None
+    keys = []
+    for g in group.expressions:
+        name = _state_column(g, "__g")
+        if name is None:
+            return None
+        keys.append(name)
+    items: list[tuple[str, str, str]] = []
+    for item in select.expressions:
+        if not isinstance(item, exp.Alias):
+            return None
+        merged = _merged_state(item.this)
+        if merged is None:
+            return None
+        items.append((item.alias, *merged))
+    if any(op == "key" and column not in keys for _, op, column in items):
+        return None
+    names = [n for n, _, _ in items]
+    if len(set(names)) != len(names) or set(names) & (set(keys) - {c for n, op, c in items if n == c}):
+        return None
+    order: list[tuple[str, bool, bool]] = []
+    ordered = select.args.get("order")
+    for o in ordered.expressions if ordered is not None else []:
+        col = o.this
+        if not isinstance(col, exp.Column) or col.table or not isinstance(col.this, exp.Identifier):
+            return None
+        if col.name not in names and col.name not in keys:
+            return None
+        order.append((col.name, bool(o.args.get("desc")), bool(o.args.get("nulls_first"))))
+    limit, offset = _count(select.args.get("limit")), _count(select.args.get("offset"))
+    if limit is False or offset is False:
+        return None
+    return MergeGroups(tuple(items), tuple(keys), tuple(order), limit, offset or 0)
+
+
+def _state_column(node: exp.Expression, prefix: str) -> str | None:
+    if isinstance(node, exp.Column) and not node.table and isinstance(node.this, exp.Identifier) and \
+            node.name.startswith(prefix):
+        return node.name
+    return None
+
+
+def _merged_state(node: exp.Expression) -> tuple[str, str] | None:
+    """(op, column) for a group key or the planner's merge of one state (pushdown.partial_aggregate)."""
+    key = _state_column(node, "__g")
+    if key is not None:
+        return "key", key
+    if isinstance(node, exp.Cast) and node.to.this == exp.DataType.Type.BIGINT and isinstance(node.this, exp.Coalesce):
+        inner, rest = node.this.this, node.this.expressions
+        if isinstance(inner, exp.Sum) and len(rest) == 1 and isinstance(rest[0], exp.Literal) and rest[0].this == "0":
+            state = _state_column(inner.this, "__a")
+            return ("count", state) if state is not None else None
+    for cls, op in ((exp.Sum, "sum"), (exp.Min, "min"), (exp.Max, "max")):
+        if type(node) is cls:
+            state = _state_column(node.this, "__a")
+            return (op, state) if state is not None else None
+    return None
+
+
 _DIGITS = 80
 
 
@@ -144,7 +283,7 @@ def _per_key_nulls() -> bool:
 
 _PER_KEY_NULLS = _per_key_nulls()
 
-Finish = MergeStates | TopRows
+Finish = MergeStates | MergeGroups | TopRows
 
 
 def top_rows(select: exp.Expression, relation: str) -> TopRows | None:

@@ -22,7 +22,7 @@ from federator.sql.catalog_tables import CATALOG, SCHEMA
 from federator.errors import SqlError
 from federator.sql import pushdown
 from federator.sql.copartition import co_join
-from federator.sql.finish import Finish, MergeStates, top_rows
+from federator.sql.finish import Finish, MergeStates, merge_groups, top_rows
 from federator.owner.work import ROWS
 from federator.query.owner_work import KeyJoin, OwnerWork
 
@@ -216,12 +216,22 @@ def plan_query(tree: exp.Expression, resolve: Resolver, information_schema: Loca
         merged = _partial_aggregate(ref, table, tree, names, schema_of, notes)
         if merged is not None:
             final, merges = merged
-            return QueryPlan(final, refs, local, notes, schema=answer,
-                             finish=MergeStates(tuple(merges)) if merges is not None else None)
+            return QueryPlan(final, refs, local, notes, schema=answer, finish=_merge_finish(final, merges, ref))
         columns_only = _columns_only(tree, ref, table, names)
         plan = QueryPlan(sql, refs, local, notes, columns_only, answer)
         return plan if columns_only is not None else _with_top_rows(plan)
     return QueryPlan(sql, refs, local, notes)
+
+
+def _merge_finish(final: str, merges: list[tuple[str, str, str]] | None, ref: StoreRef) -> Finish | None:
+    """The receiver's merge of the owners' states in Arrow: ungrouped (``merges``), or grouped
+    as the statement ``final`` reads back."""
+    if merges is not None:
+        return MergeStates(tuple(merges))
+    try:
+        return merge_groups(sqlglot.parse_one(final, read="duckdb"), ref.relation)
+    except ParseError:
+        return None
 
 
 def _with_top_rows(plan: QueryPlan) -> QueryPlan:
@@ -343,9 +353,8 @@ def _plan_co_join(tree: exp.Select, resolve: Resolver,
     if ref.rows_schema is None:
         ref.rows_schema = pa.schema([cj.schema.field(c) for c in ref.work.columns])
     schema_of(final, {relation: ref.rows_schema.empty_table()})
-    merges = merged[1] if merged is not None else None
     return QueryPlan(final, [ref], [], notes, schema=answer,
-                     finish=MergeStates(tuple(merges)) if merges is not None else None)
+                     finish=_merge_finish(final, merged[1], ref) if merged is not None else None)
 
 
 def _relation(name: str, used: dict[str, int]) -> str:

@@ -514,6 +514,25 @@ def test_timeout_ms_bounds_a_statement_that_reads_no_store_from_planning_on(sql_
     assert resp.status == 504 and json.loads(resp.data)["error"]["code"] == "TIMEOUT", resp.data[:300]
 
 
+@pytest.mark.parametrize("statement", [
+    "SELECT COUNT(*) AS n, SUM(key) AS s, MIN(key) AS lo, MAX(key) AS hi FROM scores",
+    "SELECT key % 3 AS g, COUNT(*) AS n, SUM(key) AS s FROM scores GROUP BY g ORDER BY g DESC",
+    "SELECT key, score FROM scores ORDER BY key DESC LIMIT 7",
+])
+def test_merges_of_states_and_top_k_cuts_are_finished_in_arrow_as_duckdb_answers(sql_cluster, statement) -> None:
+    """Over two real nodes: the receiver merges the owners' states (or cuts their top rows) in
+    Arrow, and the answer is DuckDB's over the same rows."""
+    cluster, _ = sql_cluster
+    node = cluster.nodes[1]
+    got = sql_json(node, statement)
+    assert got["stats"].get("finished_in_arrow") is True, got["stats"]
+    rows = sql_json(node, "SELECT key, score FROM scores", consistency_token=got["consistency_token"])["rows"]
+    table = pa.table({"key": pa.array([k for k, _ in rows], pa.int64()), "score": pa.array([v for _, v in rows])})
+    con = duckdb.connect()
+    con.register("scores", table)
+    assert got["rows"] == [list(r) for r in con.execute(statement).fetchall()]
+
+
 def test_a_repeated_statement_reuses_its_answer_until_a_store_changes(sql_cluster, broker) -> None:
     """The receiver keeps a deterministic statement's answer with the positions of the rows it
     read: the same statement over partitions at the same positions is answered from it; a
@@ -523,7 +542,9 @@ def test_a_repeated_statement_reuses_its_answer_until_a_store_changes(sql_cluste
 
     cluster, _ = sql_cluster
     node = cluster.nodes[1]
-    agg = "SELECT key % 5 AS g, COUNT(*) AS n, SUM(key) AS s FROM scores WHERE key > -250 GROUP BY g ORDER BY g"
+    # HAVING keeps it in DuckDB (a plain merge of the owners' states is finished in Arrow, never kept)
+    agg = ("SELECT key % 5 AS g, COUNT(*) AS n, SUM(key) AS s FROM scores WHERE key > -250 GROUP BY g "
+           "HAVING COUNT(*) > 0 ORDER BY g")
     first, second = sql_json(node, agg), sql_json(node, agg)
     assert not first["stats"].get("answer_reused") and second["stats"].get("answer_reused")
     assert second["rows"] == first["rows"] and second["consistency_token"] == first["consistency_token"]

@@ -12,7 +12,7 @@ import pyarrow as pa
 import sqlglot
 from hypothesis import given, strategies as st
 
-from federator.sql.finish import MergeStates, TopRows, top_rows
+from federator.sql.finish import MergeStates, TopRows, merge_groups, top_rows
 
 COLUMNS = {
     "i": (pa.int64(), st.integers(-5, 5)),
@@ -79,6 +79,22 @@ def test_a_merge_of_states_equals_duckdb(states, column) -> None:
     want = duckdb_answer(sql, states)
     got = MergeStates(tuple(items)).apply(states, want.schema)
     assert got is not None and got.equals(want), sql
+
+
+@given(tables(), st.lists(st.sampled_from(["i", "s", "b"]), min_size=1, max_size=2, unique=True),
+       st.sampled_from(["", " DESC"]), st.sampled_from(["", " NULLS FIRST"]), st.one_of(st.none(), st.integers(0, 6)))
+def test_a_merge_of_grouped_states_equals_duckdb(states, keys, desc, nulls, limit) -> None:
+    states = states.rename_columns([f"__g{c}" if c in keys else f"__a{c}" for c in states.column_names])
+    group = ", ".join(f'"__g{k}"' for k in keys)
+    sql = (f'SELECT {", ".join(f"{chr(34)}__g{k}{chr(34)} AS {chr(34)}{k}{chr(34)}" for k in keys)}, '
+           'CAST(COALESCE(SUM("__aid"), 0) AS BIGINT) AS "n", SUM("__ad") AS "total", MIN("__at") AS "first" '
+           f'FROM r0 GROUP BY {group} ORDER BY {", ".join(f"{chr(34)}{k}{chr(34)}{desc}{nulls}" for k in keys)}'
+           + (f" LIMIT {limit}" if limit is not None else ""))
+    finish = merge_groups(sqlglot.parse_one(sql, read="duckdb"), "r0")
+    assert finish is not None, sql
+    want = duckdb_answer(sql, states)
+    got = finish.apply(states, want.schema)
+    assert got is not None and got.schema == want.schema and got.to_pylist() == want.to_pylist(), sql
 
 
 def test_statements_that_do_more_than_a_cut_are_left_to_duckdb() -> None:
