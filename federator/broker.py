@@ -52,14 +52,17 @@ def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None]:
     thread that started the child ends, so start children from a thread that lives as long as
     the process (the main thread). Elsewhere than Linux it does nothing."""
     parent = os.getpid()
+    try:  # looked up here, not in the child: a forked child of a threaded process must not dlopen
+        import ctypes
+
+        prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl
+    except (OSError, AttributeError):
+        prctl = None
 
     def in_child() -> None:
-        try:
-            import ctypes
-
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, sig)  # PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
+        if prctl is None:
             return
+        prctl(1, sig)  # PR_SET_PDEATHSIG
         if os.getppid() != parent:  # the parent died before the prctl: nobody will signal us
             os.kill(os.getpid(), sig)
 

@@ -7,14 +7,17 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pytest
 from hypothesis import settings as hypothesis_settings
 from hypothesis.database import DirectoryBasedExampleDatabase
+
+from federator.broker import die_with_parent
 
 # Hypothesis, for every test in the suite (a test's own @settings only adds example counts).
 # "federator" (the default): derandomized, so the examples are a function of the test's code:
@@ -52,6 +55,17 @@ def federator_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "federator.cli", *args]
 
 
+def dies_with_tests(sig: int = signal.SIGKILL) -> Callable[[], None] | None:
+    """A ``preexec_fn`` for a test's child process: Linux sends it ``sig`` when the test run dies,
+    even by SIGKILL, so no node or broker outlives a killed pytest. Only for children started
+    from the main thread: the signal fires when the starting thread ends, and a helper
+    thread (a test's restart loop) ends long before the run does; those are stopped by the
+    test that started them."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return die_with_parent(sig)
+
+
 class RunningBroker:
     def __init__(self, port: int) -> None:
         self.port = port
@@ -59,6 +73,7 @@ class RunningBroker:
         self.proc = subprocess.Popen(
             federator_cmd("broker", "--port", str(port)),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            preexec_fn=dies_with_tests(signal.SIGTERM),  # it stops its tansu child on SIGTERM
         )
         assert self.proc.stdout is not None
         self.ready_line = self.proc.stdout.readline()  # our stdout carries only this line

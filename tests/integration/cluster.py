@@ -13,7 +13,7 @@ import urllib3
 
 from federator.dispatch import NodeCallError, NodeClient
 from federator.query.position import Position
-from tests.conftest import federator_cmd, free_port
+from tests.conftest import dies_with_tests, federator_cmd, free_port
 
 T = TypeVar("T")
 _HTTP = urllib3.PoolManager(maxsize=32, retries=False)
@@ -64,7 +64,8 @@ class NodeProcess:
             args += ["--pg-port", str(self.pg_port)]
         args += self.extra_args
         self.state_dir.parent.mkdir(parents=True, exist_ok=True)
-        self.proc = subprocess.Popen(federator_cmd(*args), stdout=open(self.log, "a"), stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(federator_cmd(*args), stdout=open(self.log, "a"), stderr=subprocess.STDOUT,
+                                     preexec_fn=dies_with_tests())
         if wait:
             wait_for(lambda: self.client.get_json("/healthz", timeout=1)[0] == 200, 30,
                      f"{self.node_id} to answer /healthz")
