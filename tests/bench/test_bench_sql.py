@@ -359,7 +359,7 @@ def test_point_queries_vs_bare_server(broker, report: Report, tmp_path_factory) 
             prof.stop()
             st = pstats.Stats(str(out))
             requests = sum(v[1] for k, v in st.stats.items()  # type: ignore[attr-defined]
-                           if k[2] == "sql" and k[0].endswith("sql_routes.py"))
+                           if k[2] == "sql_response" and k[0].endswith("sql_routes.py"))  # POST /v1/sql, fast path or not
             lines = summarize_profile(
                 out, requests, f"cProfile of the request threads of the owner node over {requests:,} SQL point queries "
                 "at 1 client, after warm-up (profiling inflates Python call costs, so read proportions):")
