@@ -1,6 +1,6 @@
 """The receiver's last step in Arrow, for the two shapes where a DuckDB statement costs more
-than the work: merging ungrouped partial aggregates (COUNT/SUM/MIN/MAX of the owners'
-states) and cutting the owners' top rows (ORDER BY columns LIMIT n). A DuckDB statement
+than the work: merging the owners' partial aggregates (COUNT/SUM/MIN/MAX states, grouped or
+not) and cutting the owners' top rows (ORDER BY columns LIMIT n). A DuckDB statement
 over a few registered rows costs about a millisecond whatever it does; these cost tens of
 microseconds.
 
@@ -44,33 +44,6 @@ def _as_duckdb(t: pa.DataType) -> pa.DataType | None:
 
 
 @dataclass(frozen=True)
-class MergeStates:
-    """``SELECT <merge of __aN>, ... FROM <states>``: one row from the partial states.
-    ``items``: (output name, op, state column), op one of count, sum, min, max."""
-
-    items: tuple[tuple[str, str, str], ...]
-
-    def apply(self, states: pa.Table, schema: pa.Schema | None) -> pa.Table | None:
-        if schema is None or len(schema) != len(self.items):
-            return None
-        columns = []
-        for (name, op, state), field in zip(self.items, schema):
-            if state not in states.column_names:
-                return None
-            column = states.column(state)
-            if not _exact(column.type) or not _exact(field.type):
-                return None
-            value = _merge(op, [v for v in column.to_pylist() if v is not None])
-            if value is _DECLINE:
-                return None
-            try:
-                columns.append(pa.array([value], field.type))
-            except (pa.ArrowInvalid, OverflowError, TypeError):  # out of the type's range: DuckDB says so
-                return None
-        return pa.Table.from_arrays(columns, schema=schema)
-
-
-@dataclass(frozen=True)
 class TopRows:
     """``SELECT <columns> FROM <rows> [ORDER BY <columns>] [LIMIT n [OFFSET m]]``.
     ``columns``: (column of the rows, output name); ``order``: (column, descending, nulls
@@ -109,17 +82,18 @@ class TopRows:
 
 
 @dataclass(frozen=True)
-class MergeGroups:
-    """``SELECT <group keys and merges> FROM <states> GROUP BY __g... [ORDER BY outputs]
-    [LIMIT n [OFFSET m]]``: the owners' per-group states merged per group, in Python (exact).
-    ``items``: (output name, "key" or count|sum|min|max, column of the states); ``keys``: the
-    group columns; ``order``: (output name or group column, descending, nulls first)."""
+class MergeStates:
+    """``SELECT <group keys and merges> FROM <states> [GROUP BY __g...] [ORDER BY outputs]
+    [LIMIT n [OFFSET m]]``: the owners' states merged per group (one group without GROUP BY),
+    in Python (exact). ``items``: (output name, "key" or count|sum|min|max, column of the
+    states); ``keys``: the group columns; ``order``: (output name or group column, descending,
+    nulls first)."""
 
     items: tuple[tuple[str, str, str], ...]
-    keys: tuple[str, ...]
-    order: tuple[tuple[str, bool, bool], ...]
-    limit: int | None
-    offset: int
+    keys: tuple[str, ...] = ()
+    order: tuple[tuple[str, bool, bool], ...] = ()
+    limit: int | None = None
+    offset: int = 0
 
     def apply(self, states: pa.Table, schema: pa.Schema | None) -> pa.Table | None:
         if schema is None or len(schema) != len(self.items):
@@ -128,11 +102,12 @@ class MergeGroups:
         if not needed <= set(states.column_names) or \
                 not all(_exact(states.schema.field(c).type) for c in needed) or not all(_exact(t) for t in schema.types):
             return None  # a float key (NaN, -0.0) or state: DuckDB's equality and sums
-        merged = [(op, c) for _, op, c in self.items if op != "key"]
-        groups: dict[tuple, list[list]] = {}
+        merged = [item for item in self.items if item[1] != "key"]  # (output, op, state column)
+        # without GROUP BY there is one answer row, even over no states (COUNT 0, SUM NULL)
+        groups: dict[tuple, list[list]] = {} if self.keys else {(): [[] for _ in merged]}
         key_columns = [states.column(k).to_pylist() for k in self.keys]
-        state_columns = [states.column(c).to_pylist() for _, c in merged]
-        for i, key in enumerate(zip(*key_columns)):
+        state_columns = [states.column(c).to_pylist() for _, _, c in merged]
+        for i, key in enumerate(zip(*key_columns) if self.keys else [()] * states.num_rows):
             bucket = groups.get(key)
             if bucket is None:
                 bucket = groups[key] = [[] for _ in merged]
@@ -145,7 +120,7 @@ class MergeGroups:
         for key, bucket in groups.items():
             for k, v in zip(self.keys, key):
                 out[k].append(v)
-            for (name, op, _), values in zip([i for i in self.items if i[1] != "key"], bucket):
+            for (name, op, _), values in zip(merged, bucket):
                 value = _merge(op, values)
                 if value is _DECLINE:
                     return None
@@ -153,10 +128,9 @@ class MergeGroups:
         for name, op, column in self.items:
             if op == "key" and name != column:
                 out[name] = out[column]
-        try:
-            types = dict(zip(schema.names, schema.types))
-            table = pa.table({n: pa.array(v, types.get(n, states.schema.field(n).type if n in states.column_names
-                                                       else None)) for n, v in out.items()})
+        types = {**{k: states.schema.field(k).type for k in self.keys}, **dict(zip(schema.names, schema.types))}
+        try:  # a value out of its type's range (a sum past 38 digits): DuckDB says so
+            table = pa.table({n: pa.array(v, types[n]) for n, v in out.items()})
         except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError):
             return None
         if self.order:
@@ -186,10 +160,11 @@ def _merge(op: str, values: list) -> Any:
     return min(values) if op == "min" else max(values)
 
 
-def merge_groups(select: exp.Expression, relation: str) -> MergeGroups | None:
-    """The receiver's statement over grouped partial states as a MergeGroups, or None when it
-    does anything else (HAVING, expressions over the merges, AVG, ...)."""
-    if not isinstance(select, exp.Select) or select.args.get("group") is None:
+def merge_states(select: exp.Expression, relation: str) -> MergeStates | None:
+    """The receiver's statement over the owners' partial states (pushdown.partial_aggregate's
+    ``final``) as a MergeStates, or None when it does anything else (HAVING, expressions over
+    the merges, AVG, ...)."""
+    if not isinstance(select, exp.Select):
         return None
     if any(select.args.get(k) for k in ("joins", "where", "having", "distinct", "qualify", "with_", "with",
                                         "windows", "sample", "laterals", "pivots")):
@@ -197,11 +172,11 @@ def merge_groups(select: exp.Expression, relation: str) -> MergeGroups | None:
     source = select.args.get("from_")
     if source is None or not isinstance(source.this, exp.Table) or source.this.name != relation:
         return None
-    group = select.args["group"]
-    if any(group.args.get(a) for a in ("all", "rollup", "cube", "grouping_sets")):
+    group = select.args.get("group")
+    if group is not None and any(group.args.get(a) for a in ("all", "rollup", "cube", "grouping_sets")):
         return None
     keys = []
-    for g in group.expressions:
+    for g in group.expressions if group is not None else []:
         name = _state_column(g, "__g")
         if name is None:
             return None
@@ -231,7 +206,7 @@ def merge_groups(select: exp.Expression, relation: str) -> MergeGroups | None:
     limit, offset = _count(select.args.get("limit")), _count(select.args.get("offset"))
     if limit is False or offset is False:
         return None
-    return MergeGroups(tuple(items), tuple(keys), tuple(order), limit, offset or 0)
+    return MergeStates(tuple(items), tuple(keys), tuple(order), limit, offset or 0)
 
 
 def _state_column(node: exp.Expression, prefix: str) -> str | None:
@@ -283,7 +258,7 @@ def _per_key_nulls() -> bool:
 
 _PER_KEY_NULLS = _per_key_nulls()
 
-Finish = MergeStates | MergeGroups | TopRows
+Finish = MergeStates | TopRows
 
 
 def top_rows(select: exp.Expression, relation: str) -> TopRows | None:

@@ -22,7 +22,7 @@ from federator.sql.catalog_tables import CATALOG, SCHEMA
 from federator.errors import SqlError
 from federator.sql import pushdown
 from federator.sql.copartition import co_join
-from federator.sql.finish import Finish, MergeStates, merge_groups, top_rows
+from federator.sql.finish import Finish, merge_states, top_rows
 from federator.owner.work import ROWS
 from federator.query.owner_work import KeyJoin, OwnerWork
 
@@ -215,21 +215,18 @@ def plan_query(tree: exp.Expression, resolve: Resolver, information_schema: Loca
         ref, table, _ = planned[0]
         merged = _partial_aggregate(ref, table, tree, names, schema_of, notes)
         if merged is not None:
-            final, merges = merged
-            return QueryPlan(final, refs, local, notes, schema=answer, finish=_merge_finish(final, merges, ref))
+            return QueryPlan(merged, refs, local, notes, schema=answer, finish=_merge_finish(merged, ref))
         columns_only = _columns_only(tree, ref, table, names)
         plan = QueryPlan(sql, refs, local, notes, columns_only, answer)
         return plan if columns_only is not None else _with_top_rows(plan)
     return QueryPlan(sql, refs, local, notes)
 
 
-def _merge_finish(final: str, merges: list[tuple[str, str, str]] | None, ref: StoreRef) -> Finish | None:
-    """The receiver's merge of the owners' states in Arrow: ungrouped (``merges``), or grouped
-    as the statement ``final`` reads back."""
-    if merges is not None:
-        return MergeStates(tuple(merges))
+def _merge_finish(final: str, ref: StoreRef) -> Finish | None:
+    """The receiver's merge of the owners' states in Arrow, read from its statement ``final``
+    as DuckDB reads it."""
     try:
-        return merge_groups(sqlglot.parse_one(final, read="duckdb"), ref.relation)
+        return merge_states(sqlglot.parse_one(final, read="duckdb"), ref.relation)
     except ParseError:
         return None
 
@@ -294,10 +291,8 @@ def _refuse_engine_introspection(tree: exp.Expression) -> None:
 
 
 def _partial_aggregate(ref: StoreRef, table: exp.Table, tree: exp.Select, names: list[str],
-                       schema_of: Callable[[str, dict[str, pa.Table]], pa.Schema],
-                       notes: list[str]) -> tuple[str, list[tuple[str, str, str]] | None] | None:
-    """Split ``tree``'s aggregates into the owners' partial states and their merge: the merge's
-    SQL, and the merge as plain ops when it is only that (``PartialAggregate.merges``)."""
+                       schema_of: Callable[[str, dict[str, pa.Table]], pa.Schema], notes: list[str]) -> str | None:
+    """Split ``tree``'s aggregates into the owners' partial states and their merge: the merge's SQL."""
     columns = {f.name.lower() for f in ref.source}
     split = pushdown.partial_aggregate(tree, table, columns, ref.relation, names)
     if split is None:
@@ -306,7 +301,7 @@ def _partial_aggregate(ref: StoreRef, table: exp.Table, tree: exp.Select, names:
     ref.rows_schema = schema_of(owner_sql, {ROWS: ref.source.empty_table()})
     ref.work = OwnerWork(ref.work.columns, owner_sql, "partial aggregate")
     notes.append("final aggregate over the partitions' states")
-    return split.final.sql(dialect="duckdb"), split.merges
+    return split.final.sql(dialect="duckdb")
 
 
 def _plan_co_join(tree: exp.Select, resolve: Resolver,
@@ -343,7 +338,7 @@ def _plan_co_join(tree: exp.Select, resolve: Resolver,
     ref.notes.append(notes[0])
     sql = select.sql(dialect="duckdb")
     merged = _partial_aggregate(ref, cj.table, select, names, schema_of, notes)
-    final = merged[0] if merged is not None else sql
+    final = merged or sql
     owner = ref.work.sql or exp.select(*[exp.column(c, quoted=True) for c in ref.work.columns]).from_(ROWS).sql(
         dialect="duckdb")
     if cj.lookup is not None:
@@ -354,7 +349,7 @@ def _plan_co_join(tree: exp.Select, resolve: Resolver,
         ref.rows_schema = pa.schema([cj.schema.field(c) for c in ref.work.columns])
     schema_of(final, {relation: ref.rows_schema.empty_table()})
     return QueryPlan(final, [ref], [], notes, schema=answer,
-                     finish=_merge_finish(final, merged[1], ref) if merged is not None else None)
+                     finish=_merge_finish(merged, ref) if merged is not None else None)
 
 
 def _relation(name: str, used: dict[str, int]) -> str:

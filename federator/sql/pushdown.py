@@ -195,8 +195,6 @@ def top_k(select: exp.Select, table: exp.Table, columns: set[str]) -> tuple[list
 class PartialAggregate:
     owner_select: exp.Select  # per partition: group keys __g*, states __a*
     final: exp.Select  # the statement over the states
-    # when ``final`` only merges states into one row: (output name, count|sum|min|max, state)
-    merges: list[tuple[str, str, str]] | None = None
 
 
 def partial_aggregate(select: exp.Select, table: exp.Table, columns: set[str], relation: str,
@@ -226,7 +224,6 @@ def partial_aggregate(select: exp.Select, table: exp.Table, columns: set[str], r
     key_sql = [unqualified(k).sql(dialect="duckdb") for k in keys]
     owner_items: list[exp.Expression] = [exp.alias_(unqualified(k), f"__g{i}", quoted=True) for i, k in enumerate(keys)]
     merges: dict[str, exp.Expression] = {}
-    ops: dict[str, tuple[str, str]] = {}  # merge text -> (op, state) where a plain op merges it
     for a in aggs:
         if not isinstance(a, _MERGEABLE) or isinstance(a.parent, exp.Filter) or isinstance(a.this, exp.Distinct):
             return None
@@ -246,7 +243,6 @@ def partial_aggregate(select: exp.Select, table: exp.Table, columns: set[str], r
             owner_items.append(exp.alias_(exp.Count(this=exp.Star()) if star else exp.Count(this=value), state, quoted=True))
             merge: exp.Expression = exp.cast(exp.func("COALESCE", exp.Sum(this=exp.column(state, quoted=True)),
                                                        exp.Literal.number(0)), "BIGINT")
-            ops[text] = ("count", state)
         elif isinstance(a, exp.Avg):
             owner_items.append(exp.alias_(exp.Sum(this=value), state + "s", quoted=True))
             owner_items.append(exp.alias_(exp.Count(this=value.copy()), state + "c", quoted=True))
@@ -255,9 +251,6 @@ def partial_aggregate(select: exp.Select, table: exp.Table, columns: set[str], r
         else:
             owner_items.append(exp.alias_(type(a)(this=value), state, quoted=True))
             merge = type(a)(this=exp.column(state, quoted=True))
-            op = {exp.Sum: "sum", exp.Min: "min", exp.Max: "max"}.get(type(a))
-            if op is not None:
-                ops[text] = (op, state)
         merges[text] = merge
 
     owner = exp.select(*owner_items).from_(ROWS)
@@ -281,13 +274,8 @@ def partial_aggregate(select: exp.Select, table: exp.Table, columns: set[str], r
     if len(names) != len(final.expressions):
         return None
     items = []
-    plain: list[tuple[str, str, str]] | None = [] if group is None and not any(
-        select.args.get(k) for k in ("having", "order", "limit", "offset")) else None
     for item, name in zip(final.expressions, names):  # each output keeps the name DuckDB gives it
         inner = item.this if isinstance(item, exp.Alias) else item
-        op = ops.get(unqualified(inner).sql(dialect="duckdb")) if isinstance(inner, exp.AggFunc) else None
-        if plain is not None:
-            plain = plain + [(name, *op)] if op is not None else None
         items.append(exp.alias_(inner.transform(swap), name, quoted=True))
     final.set("expressions", items)
     for part in ("having", "order"):
@@ -303,7 +291,7 @@ def partial_aggregate(select: exp.Select, table: exp.Table, columns: set[str], r
     for col in final.find_all(exp.Column):
         if not col.name.startswith(("__g", "__a")) and not is_output_alias(col, select):
             return None
-    return PartialAggregate(owner, final, plain)
+    return PartialAggregate(owner, final)
 
 
 def _only_count_stars(select: exp.Select) -> bool:

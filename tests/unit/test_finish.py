@@ -12,7 +12,7 @@ import pyarrow as pa
 import sqlglot
 from hypothesis import given, strategies as st
 
-from federator.sql.finish import MergeStates, TopRows, merge_groups, top_rows
+from federator.sql.finish import MergeStates, TopRows, merge_states, top_rows
 
 COLUMNS = {
     "i": (pa.int64(), st.integers(-5, 5)),
@@ -90,7 +90,7 @@ def test_a_merge_of_grouped_states_equals_duckdb(states, keys, desc, nulls, limi
            'CAST(COALESCE(SUM("__aid"), 0) AS BIGINT) AS "n", SUM("__ad") AS "total", MIN("__at") AS "first" '
            f'FROM r0 GROUP BY {group} ORDER BY {", ".join(f"{chr(34)}{k}{chr(34)}{desc}{nulls}" for k in keys)}'
            + (f" LIMIT {limit}" if limit is not None else ""))
-    finish = merge_groups(sqlglot.parse_one(sql, read="duckdb"), "r0")
+    finish = merge_states(sqlglot.parse_one(sql, read="duckdb"), "r0")
     assert finish is not None, sql
     want = duckdb_answer(sql, states)
     got = finish.apply(states, want.schema)
