@@ -59,6 +59,7 @@ class Shard(StoreLayer):
         # flight; a read that saw the same even number before and after saw one consistent
         # state, the one ``_position`` names. (rocksdict snapshots do not cover iterators.)
         self._seq = 0
+        self._kept: dict[str, tuple[int, Any]] = {}  # name -> (seq, what a handler derived then)
         self._closed = False
         self._open()
 
@@ -93,7 +94,21 @@ class Shard(StoreLayer):
         self._open()
 
     def _view(self) -> ShardView:
-        return ShardView(self.definition, self.schema, self.partition, self.db, self._families)
+        return ShardView(self.definition, self.schema, self.partition, self.db, self._families, self.kept)
+
+    def kept(self, name: str, build: Callable[[], T]) -> T:
+        """``build()``, a handler's derivation of this shard's data (the leaderboard's sorted
+        scores), kept under ``name`` until the next write. Exact inside ``consistent``'s read:
+        a value kept at the sequence that read started at describes what it reads, and a
+        write during the read makes ``consistent`` read again."""
+        seq = self._seq
+        hit = self._kept.get(name)
+        if hit is not None and hit[0] == seq and not seq & 1:
+            return hit[1]
+        value = build()
+        if not seq & 1 and self._seq == seq:  # no write before or during the build
+            self._kept[name] = (seq, value)
+        return value
 
     # ---- writing -------------------------------------------------------------------------
     @property

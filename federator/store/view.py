@@ -5,27 +5,31 @@ which imports them."""
 from __future__ import annotations
 
 import itertools
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 import pyarrow as pa
 from rocksdict import Rdict, ReadOptions
 
 from federator.catalog.definition import StoreDefinition
 
+T = TypeVar("T")
+
 
 class ShardView:
     """What store types read and write through: point gets and bounded scans of one shard,
     in its default column family or one the store type declared."""
 
-    __slots__ = ("definition", "schema", "partition", "_db", "_families", "_bounds")
+    __slots__ = ("definition", "schema", "partition", "_db", "_families", "_bounds", "_keep")
 
     def __init__(self, definition: StoreDefinition, schema: pa.Schema, partition: int, db: Rdict,
-                 families: dict[str, tuple[Rdict, Any]] | None = None) -> None:
+                 families: dict[str, tuple[Rdict, Any]] | None = None,
+                 keep: Callable[[str, Callable[[], Any]], Any] | None = None) -> None:
         self.definition = definition
         self.schema = schema
         self.partition = partition
         self._db = db
         self._families = families or {}
+        self._keep = keep
         # RocksDB keeps a pointer to an iterator's upper bound, not a copy: the bytes (and the
         # options) must outlive the scan, or a caller's temporary bound turns into garbage
         # mid-scan. A view lives for one query, so it keeps them for that long.
@@ -46,6 +50,12 @@ class ShardView:
     def handle(self, family: str) -> Any:
         """What to pass as ``column_family`` to ``WriteBatch.put/delete`` for a declared family."""
         return self._declared(family)[1]
+
+    def kept(self, name: str, build: Callable[[], T]) -> T:
+        """``build()``, kept by the shard under ``name`` until its next write (Shard.kept), so
+        a handler can answer from what it derived of unchanged data; without a shard to keep
+        it (a view over a bare database), built each time."""
+        return build() if self._keep is None else self._keep(name, build)
 
     def get(self, key: bytes, family: str | None = None) -> bytes | None:
         return self._family(family).get(key)

@@ -127,6 +127,10 @@ def test_random_writes_match_a_dict(tmp_path) -> None:
             else:
                 truth[p] = s
         offset = write(shard, batch, offset)
+        # ranks follow every write (the sorted scores a rank searches are kept until the next)
+        probes = sorted(set(truth.values()) | {-51, 0, 51})
+        assert better(shard, probes) == [sum(1 for v in truth.values() if v > s) for s in probes]
+        assert better(shard, probes, descending=False) == [sum(1 for v in truth.values() if v < s) for s in probes]
     expected = sorted(truth.items(), key=lambda kv: -kv[1])
     got = top(shard, len(truth))
     assert sorted(got, key=lambda kv: (-kv[1], kv[0])) == sorted(expected, key=lambda kv: (-kv[1], kv[0]))

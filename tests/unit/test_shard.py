@@ -845,3 +845,26 @@ def test_a_scan_with_a_temporary_upper_bound_reads_the_whole_range(tmp_path) -> 
         got = [k for k, _ in view.scan(b"pa", bytes(bytearray(b"pb")))]  # the bound is a temporary
         _ = [bytes(64) for _ in range(1000)]  # churn, to reuse freed memory
         assert got == [b"pa", b"paple", b"paricot", b"pax"]
+
+
+def test_what_a_handler_keeps_lasts_until_the_next_write_and_is_not_kept_across_one(open_shard, rec) -> None:
+    shard = open_shard(definition())
+    shard.apply([rec(b"a", b"one")])
+    view = shard._view()
+    built: list[int] = []
+
+    def count() -> int:
+        built.append(1)
+        return sum(1 for _ in view.scan())
+
+    assert view.kept("count", count) == 1 and view.kept("count", count) == 1 and len(built) == 1
+    shard.apply([rec(b"b", b"two")])
+    assert view.kept("count", count) == 2 and len(built) == 2
+
+    def count_while_written() -> int:  # a write lands while the value is derived
+        n = count()
+        shard.apply([rec(b"c", b"three")])
+        return n
+
+    assert view.kept("racing", count_while_written) == 2  # what it read, for consistent() to discard
+    assert view.kept("racing", count) == 3 and len(built) == 4  # not kept: derived again
