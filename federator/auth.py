@@ -115,12 +115,6 @@ class Users:
                                  f"`federator users add NAME --users-file {path}`")
         return cls(verifiers, str(path))
 
-    def remembers(self, token: str) -> bool:
-        """Whether ``check`` answers ``token`` from what it remembers, without deriving keys."""
-        digest = hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
-        with self._lock:
-            return digest in self._seen
-
     def check(self, token: str) -> str | None:
         """The user whose token this is, or None."""
         digest = hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()

@@ -1,15 +1,12 @@
 """Serving the app with granian (a Rust HTTP server) inside the node's own process.
 
-A node keeps its shards, changelog tails and routing view in memory, so its app must run
-in the node process. granian's usual server forks worker processes; its thread-based server
-(``MTServer``, made for free-threaded Python) runs the same Rust worker as a thread of this
-process instead. With the GIL a single worker is what we want anyway: Python runs one
-request at a time either way, and the HTTP parsing, keep-alive and writes happen in Rust,
-outside the GIL. That is where the time goes for small requests: a bare WSGI answer costs
-~60 us of CPU here against ~240 us on waitress.
-
-The worker speaks ASGI to federator.http.loop_front, which answers key reads on the event
-loop and hands the rest of the WSGI app to ``threads`` threads (see there for why).
+A node keeps its shards, changelog tails and routing view in memory, so its WSGI app must
+run in the node process. granian's usual server forks worker processes; its thread-based
+server (``MTServer``, made for free-threaded Python) runs the same Rust WSGI worker as a
+thread of this process instead. With the GIL a single worker is what we want anyway: Python
+runs one request at a time either way, and the HTTP parsing, keep-alive and writes happen in
+Rust, outside the GIL. That is where the time goes for small requests: a bare WSGI answer
+costs ~60 us of CPU here against ~240 us on waitress.
 
 ``MTServer`` refuses to start when the GIL is on (``_check_gil``); that check is about
 free-threaded builds and is skipped here. granian is pinned to the version this was tested
@@ -30,7 +27,6 @@ from granian.constants import Interfaces
 from granian.server.mt import MTServer
 
 from federator.broker import port_open
-from federator.http.loop_front import LoopFront
 from federator.tls import Tls
 
 log = logging.getLogger(__name__)
@@ -71,11 +67,11 @@ class GranianServer:
         if port == 0:
             raise ValueError("the granian server needs an explicit port (--listen HOST:PORT with PORT > 0)")
         _refuse_a_taken_port(host, port)
-        self.app, self.host, self.port = LoopFront(app, threads), host, port
+        self.app, self.host, self.port = app, host, port
         self.listening = threading.Event()
         self._server = _InProcessServer(
             "federator.http.app:create_app",  # only a label: the app is handed over below
-            address=host, port=port, interface=Interfaces.ASGI, workers=1, blocking_threads=1,
+            address=host, port=port, interface=Interfaces.WSGI, workers=1, blocking_threads=threads,
             log_enabled=False, log_access=False,
             **({"ssl_cert": tls.cert, "ssl_key": tls.key} if tls is not None else {}),
         )

@@ -19,12 +19,10 @@ from werkzeug.datastructures import MIMEAccept
 from werkzeug.http import parse_accept_header
 from werkzeug.wsgi import get_input_stream
 
-from federator.http.loop_front import INLINE_EXTENSION
 from federator.http.formats import MEDIA_TYPES, body_chunks, choose_format, json_object_body, json_object_from_arrow, json_rows_body, jsonable
 from federator.errors import SqlError
 from federator.sql.limits import (DEFAULT_LIMITS, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_TIMEOUT_MS, CappedBatches, Limits,
                                   Slot, admit, limits_of)
-from federator.sql.inline import refuse_waiting
 from federator.sql.result import SqlRequest, SqlResult
 
 if TYPE_CHECKING:
@@ -355,14 +353,7 @@ class SqlFastPath:
             return sql_response(self.node, environ)(environ, start_response)
         if method == "GET" and path.startswith(_STORES) and _is_lookup(path):
             return _lookup_fast(self.node, environ)(environ, start_response)
-        refuse_waiting("a route of the app")  # Flask's routes are never run on the HTTP front's loop
         return self.app(environ, start_response)
-
-    @staticmethod
-    def answers(method: str, path: str) -> bool:
-        """Whether a request (its method and decoded path) is one this answers."""
-        return (path == "/v1/sql" and method == "POST") or (
-            method == "GET" and path.startswith(_STORES) and _is_lookup(path))
 
 
 def _is_lookup(path: str) -> bool:
@@ -375,7 +366,6 @@ def _is_lookup(path: str) -> bool:
 def register_sql_routes(app: Flask, node: SqlNode, registry: Registry) -> None:
     app.register_error_handler(SqlError, sql_error_response)
     app.wsgi_app = SqlFastPath(app.wsgi_app, node)  # type: ignore[method-assign]
-    app.extensions[INLINE_EXTENSION] = SqlFastPath.answers  # what the HTTP front tries on its loop
 
     @app.post("/v1/sql")
     def sql() -> Response:

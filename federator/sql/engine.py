@@ -28,7 +28,6 @@ from federator.sql.planner import QueryPlan, StoreRef, bind_parameters, plan_que
 from federator.sql.pushdown import is_volatile
 from federator.plugin.registry import Registry
 from federator.sql.dispatch_errors import from_dispatch
-from federator.sql.inline import refuse_waiting
 from federator.sql.point import PointAnswer, PointPlan, point_plan
 from federator.sql.result import SqlRequest, SqlResult
 
@@ -210,16 +209,13 @@ class SqlEngine:
         stats["partitions_queried"] = 1
         # the common case when clients send keys to their owners; then the owner's stored bytes
         # in one lean call; else the general path, which retries and says why it cannot
-        entry = self.node.read_local(defn.name, partition, kb, options.bound)
-        if entry is None:
-            refuse_waiting("a node-to-node key read")
-            entry = self.dispatcher.read_key(defn.name, partition, kb, options)
+        entry = (self.node.read_local(defn.name, partition, kb, options.bound)
+                 or self.dispatcher.read_key(defn.name, partition, kb, options))
         if entry is not None:
             answer = cached.answer(kb, entry.stored)
             if answer is not None:
                 stats["nodes"] = 1
                 return answer, position.merge(entry.position), stats  # type: ignore[return-value]
-        refuse_waiting("the general path's gather")
         gathered = self.dispatcher.gather(
             defn.name, defn.partitions, [SubQuery(KeyQuery(key), (partition,))], OwnerWork(tuple(cached.columns)),
             options)
@@ -237,7 +233,6 @@ class SqlEngine:
             if fast is not None:
                 return fast
             track[0] = "unknown"
-        refuse_waiting("planning and running a statement")
         plan = self._plan(stmt, req, options.deadline)
         if stmt.explain:
             track[0] = "other"

@@ -23,7 +23,6 @@ import pyarrow as pa
 
 from federator.errors import SqlError
 from federator.sql.guard import MAX_SQL_CHARS
-from federator.sql.inline import refuse_waiting
 from federator.sql.result import SqlRequest
 
 MiB = 1024 * 1024
@@ -229,7 +228,6 @@ class Admission:
                 return Slot(self, 0.0)
             if len(self._waiting) >= self.max_queued:
                 raise self._full()
-            refuse_waiting("a query slot")
             ready = threading.Event()
             self._waiting.append(ready)
         if not ready.wait(max(0.0, timeout_s)):

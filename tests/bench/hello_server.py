@@ -18,7 +18,6 @@ import threading
 
 from flask import Flask, Response, request
 
-from federator.http.loop_front import INLINE_EXTENSION
 from federator.http.server import SERVERS, default_server, serve, shutdown
 
 
@@ -34,9 +33,6 @@ def create_app() -> Flask:
         body = json.loads(request.get_data(cache=False))
         return Response(json.dumps({"hello": body.get("parameters")}), mimetype="application/json")
 
-    # On granian the node answers point queries on its event loop (federator.http.loop_front);
-    # the hello never waits, so it is answered there too: the same path, none of the work.
-    app.extensions[INLINE_EXTENSION] = lambda method, path: path == "/hello"
     return app
 
 

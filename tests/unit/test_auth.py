@@ -105,18 +105,3 @@ def test_the_middleware_guards_public_paths_and_leaves_the_open_ones(tmp_path) -
         assert not needs_token(path) and call(path)[0][0] == "200 OK"
     for path in ("/v1/metadata", "/v1/stores", "/v1/plugins", "/console", "/internalx"):
         assert needs_token(path)
-
-
-def test_a_new_token_is_never_checked_on_the_http_front_loop(tmp_path) -> None:
-    """Checking a token not seen before derives a key (milliseconds): on the HTTP front's event
-    loop (federator.sql.inline) the request goes to a thread instead; once known it need not."""
-    from federator.sql.inline import NotInline, inline
-
-    token = add_user(tmp_path / "users", "alice")
-    guarded = BearerAuth(lambda environ, start_response: [b"ok"], Users.load(tmp_path / "users"))
-    env = {"PATH_INFO": "/v1/sql", "HTTP_AUTHORIZATION": f"Bearer {token}"}
-    with inline(), pytest.raises(NotInline):
-        guarded(dict(env), lambda s, h: None)
-    assert guarded(dict(env), lambda s, h: None) == [b"ok"]  # on a thread: checked, remembered
-    with inline():
-        assert guarded(dict(env), lambda s, h: None) == [b"ok"]
