@@ -164,13 +164,7 @@ def merge_states(select: exp.Expression, relation: str) -> MergeStates | None:
     """The receiver's statement over the owners' partial states (pushdown.partial_aggregate's
     ``final``) as a MergeStates, or None when it does anything else (HAVING, expressions over
     the merges, AVG, ...)."""
-    if not isinstance(select, exp.Select):
-        return None
-    if any(select.args.get(k) for k in ("joins", "where", "having", "distinct", "qualify", "with_", "with",
-                                        "windows", "sample", "laterals", "pivots")):
-        return None
-    source = select.args.get("from_")
-    if source is None or not isinstance(source.this, exp.Table) or source.this.name != relation:
+    if _only_from(select, relation, allowed=("group",)) is None:
         return None
     group = select.args.get("group")
     if group is not None and any(group.args.get(a) for a in ("all", "rollup", "cube", "grouping_sets")):
@@ -263,16 +257,10 @@ Finish = MergeStates | TopRows
 
 def top_rows(select: exp.Expression, relation: str) -> TopRows | None:
     """``select`` as a TopRows over ``relation``, or None when it does anything else."""
-    if not isinstance(select, exp.Select):
+    source = _only_from(select, relation)
+    if source is None:
         return None
-    if any(select.args.get(k) for k in ("joins", "where", "group", "having", "distinct", "qualify", "with_", "with",
-                                        "windows", "sample", "laterals", "pivots", "prewhere", "settings")):
-        return None
-    source = select.args.get("from_")
-    if source is None or not isinstance(source.this, exp.Table) or source.this.name != relation or \
-            source.this.args.get("db") or source.this.args.get("joins"):
-        return None
-    qualifier = source.this.alias_or_name
+    qualifier = source.alias_or_name
 
     def column(node: exp.Expression) -> str | None:
         if isinstance(node, exp.Column) and isinstance(node.this, exp.Identifier) and \
@@ -309,6 +297,22 @@ def top_rows(select: exp.Expression, relation: str) -> TopRows | None:
     if limit is False or offset is False:
         return None
     return TopRows(None if star else tuple(columns), tuple(order), limit, offset or 0)
+
+
+_CLAUSES = ("joins", "where", "group", "having", "distinct", "qualify", "with_", "with", "windows", "sample",
+            "laterals", "pivots", "prewhere", "settings")
+
+
+def _only_from(select: exp.Expression, relation: str, allowed: tuple[str, ...] = ()) -> exp.Table | None:
+    """The table ``select`` reads when it is a SELECT from ``relation`` alone, with none of
+    the clauses a finish does not do (but ``allowed``); else None."""
+    if not isinstance(select, exp.Select) or any(select.args.get(k) for k in _CLAUSES if k not in allowed):
+        return None
+    source = select.args.get("from_")
+    if source is None or not isinstance(source.this, exp.Table) or source.this.name != relation or \
+            source.this.args.get("db") or source.this.args.get("joins"):
+        return None
+    return source.this
 
 
 def _count(clause: exp.Expression | None) -> int | None | bool:
