@@ -29,6 +29,7 @@ from urllib.parse import unquote
 
 from federator.query.position import Position
 from spark.jobs.common import merged_token, step
+from spark.sink.tasks import session_conf
 
 MANIFESTS = "federator-files"
 FILE_COLUMN = "_federator_file"
@@ -85,6 +86,11 @@ class MicroBatch:
         self._history.clear()
         self._shared.clear()
 
+
+# Spark settings while a micro-batch is written. Adaptive execution runs each shuffle stage
+# as a Spark job of its own, to re-plan from what it measured: a micro-batch of a few
+# thousand rows has nothing to re-plan for, and its ~30 jobs became ~12 without it.
+MICRO_BATCH_CONF = {"spark.sql.adaptive.enabled": "false"}
 
 # An update writes its stores from one micro-batch: store -> (consistency token, summary).
 Update = Callable[[MicroBatch], Mapping[str, tuple[str, str]]]
@@ -150,33 +156,39 @@ def start(spark: Any, input_path: str, checkpoint: str, schema: str, update: Upd
         tracker.running = True
         batch_df = batch_df.cache()
         try:
-            per_file = dict(batch_df.groupBy(FILE_COLUMN).count().collect())  # one job: the files and rows
-            # _metadata.file_path is a URI (a space is %20); reading it back wants the plain path
-            files, rows = sorted(unquote(f) for f in per_file), sum(per_file.values())
-            earlier = sorted(set(manifests.before(batch_id)) - set(files))
-            gone = [f for f in earlier if (p := _local(f)) is not None and not os.path.exists(p)]
-            if gone:
-                raise RuntimeError(
-                    f"{len(gone)} input file(s) that earlier micro-batches read are gone (e.g. {gone[0]}); "
-                    "files in a streamed folder must stay: restart with a new checkpoint folder")
-            manifests.record(batch_id, files)
-            mb = MicroBatch(spark, batch_id, schema, batch_df.drop(FILE_COLUMN), files, earlier)
-            summaries = []
-            if rows:
-                try:
-                    for store, (token, summary) in update(mb).items():
-                        _merge(tracker.tokens, store, token)
-                        summaries.append(f"{store}: {summary}")
-                finally:
-                    mb.release()
-            tracker.batches += 1
-            tracker.last_batch_id = batch_id
-            progress(f"batch {batch_id}: {rows:,} new rows from {len(files)} file(s)"
-                     + (f"; {', '.join(summaries)}" if summaries else "")
-                     + f" ({time.monotonic() - started:.1f}s); consistency token {merged_token(tracker.tokens)}")
+            # the stream's DataFrames belong to a clone of the session; the stores' reads of
+            # earlier files, to the session itself
+            with session_conf(spark, MICRO_BATCH_CONF), session_conf(batch_df.sparkSession, MICRO_BATCH_CONF):
+                write_batch(batch_df, batch_id, started)
         finally:
             batch_df.unpersist()
             tracker.running = False
+
+    def write_batch(batch_df: Any, batch_id: int, started: float) -> None:
+        per_file = dict(batch_df.groupBy(FILE_COLUMN).count().collect())  # one job: the files and rows
+        # _metadata.file_path is a URI (a space is %20); reading it back wants the plain path
+        files, rows = sorted(unquote(f) for f in per_file), sum(per_file.values())
+        earlier = sorted(set(manifests.before(batch_id)) - set(files))
+        gone = [f for f in earlier if (p := _local(f)) is not None and not os.path.exists(p)]
+        if gone:
+            raise RuntimeError(
+                f"{len(gone)} input file(s) that earlier micro-batches read are gone (e.g. {gone[0]}); "
+                "files in a streamed folder must stay: restart with a new checkpoint folder")
+        manifests.record(batch_id, files)
+        mb = MicroBatch(spark, batch_id, schema, batch_df.drop(FILE_COLUMN), files, earlier)
+        summaries = []
+        if rows:
+            try:
+                for store, (token, summary) in update(mb).items():
+                    _merge(tracker.tokens, store, token)
+                    summaries.append(f"{store}: {summary}")
+            finally:
+                mb.release()
+        tracker.batches += 1
+        tracker.last_batch_id = batch_id
+        progress(f"batch {batch_id}: {rows:,} new rows from {len(files)} file(s)"
+                 + (f"; {', '.join(summaries)}" if summaries else "")
+                 + f" ({time.monotonic() - started:.1f}s); consistency token {merged_token(tracker.tokens)}")
 
     stream = (spark.readStream.schema(schema).parquet(str(input_path))
               .select("*", F.col("_metadata.file_path").alias(FILE_COLUMN)))

@@ -113,19 +113,23 @@ def check_rows(hashes: Any) -> tuple[int, int, bool]:
 
     estimate = estimated_rows(hashes)
     if estimate is not None and estimate <= DRIVER_HASH_ROWS:
-        import numpy as np
-
-        h = hashes.toArrow().column("h")
-        failed = h.null_count
-        if failed:
-            return len(h), failed, False
-        arr = np.sort(h.to_numpy())
-        return len(arr), 0, bool(len(arr) > 1 and (arr[1:] == arr[:-1]).any())
+        return hash_summary(hashes.toArrow().column("h"))
     n = F.col("n")
     per_hash = hashes.groupBy("h").agg(F.count(F.lit(1)).alias("n"))
     r = per_hash.agg(F.sum(n).alias("total"), F.sum(F.when(F.col("h").isNull(), n)).alias("failed"),
                      F.max(F.when(F.col("h").isNotNull(), n)).alias("most")).first()
     return int(r["total"] or 0), int(r["failed"] or 0), bool((r["most"] or 0) > 1)
+
+
+def hash_summary(h: Any) -> tuple[int, int, bool]:
+    """check_rows's answer from the key hashes (an Arrow column) on the driver."""
+    import numpy as np
+
+    failed = h.null_count
+    if failed:
+        return len(h), failed, False
+    arr = np.sort(h.to_numpy())
+    return len(arr), 0, bool(len(arr) > 1 and (arr[1:] == arr[:-1]).any())
 
 
 def raise_check_failures(rows: Any, plan: Plan, store: str) -> None:

@@ -90,9 +90,13 @@ def write_partition(spec: WriteSpec, batches: Iterator[pa.RecordBatch]) -> Itera
         yield produce_batches(spec, batches)
     except BaseException:
         # a producer that failed (e.g. a fatal idempotence error) is not reused by later tasks
-        for role in ("bulk", "last"):
-            _PRODUCERS.pop(_producer_key(spec, role), None)
+        forget_producers(spec)
         raise
+
+
+def forget_producers(spec: WriteSpec) -> None:
+    for role in ("bulk", "last"):
+        _PRODUCERS.pop(_producer_key(spec, role), None)
 
 
 def _flush(producer: Any, spec: WriteSpec) -> None:

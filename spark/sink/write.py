@@ -1,8 +1,8 @@
 """The public write (``write_store``) and delete (``delete_keys``), on the driver: plan, check
 (pass 1), register, produce (pass 2), delete what replace mode leaves behind, and return the
 consistency token. The rows are computed by both passes; they are cached in between only when
-computing them costs a shuffle or may give other rows (a non-deterministic plan). Nothing is
-written before pass 1 has passed."""
+computing them costs a shuffle or may give other rows (a non-deterministic plan). A write of
+few rows is produced by the driver, without Python tasks (spark/sink/small.py). Nothing is written before pass 1 has passed."""
 
 from __future__ import annotations
 
@@ -19,14 +19,15 @@ from federator.catalog import Catalog, CatalogConflict, changelog_topic
 from federator.plugin import Registry, load_plugins
 from federator.query.position import Position
 from federator.store.layout import changelog_keys
-from spark.sink.checks import (check_rows, check_store, costly, failing, hash_unless_failing, raise_check_failures,
-                               raise_duplicates)
+from spark.sink.checks import (check_rows, check_store, costly, failing, hash_summary, hash_unless_failing,
+                               raise_check_failures, raise_duplicates)
 from spark.sink.deletes import live_keys, tombstones, unmarked
 from spark.sink.encoding import encode
 from spark.sink.errors import SinkError
 from spark.sink.plan import SIMPLE_FORMAT_OF, field, plan, time_column, type_name
 from spark.sink.producing import (PRODUCER_CONFIG, RESULT_DDL, WriteSpec, drop_driver_producer, driver_producer,
                                   write_partition)
+from spark.sink.small import Held, fetch_small, is_small, produce_small, with_bad
 from spark.sink.tasks import PASS2_ARROW_CONF, SPARK_FAILURES, map_in_arrow, session_conf, worker_failure
 
 log = logging.getLogger(__name__)
@@ -102,20 +103,25 @@ def write_store(
     # the hash again.
     fails = failing(the_plan)
     key_hash = hash_unless_failing(the_plan, fails)
-    # Pass 2 computes the rows again unless that costs a shuffle or may give other rows
-    # (non-deterministic): then Spark caches them, so both passes see the same rows.
-    cached = costly(rows)
-    if cached:
-        staged = rows.select(*write_columns, key_hash).persist(StorageLevel.MEMORY_AND_DISK)
-        hashes = staged.select("h")
-        to_write = staged.select(*write_columns, F.col("h").isNull().alias("bad"))
-    else:  # one DataFrame (one plan to analyze) fewer
-        hashes = rows.select(key_hash)
-        to_write = rows.select(*write_columns, fails.alias("bad"))
+    staged = None
     try:
         # ---- pass 1: every check, in Spark; only the key hashes come back ----------------
+        # (few rows may come back whole, to be written from the driver: spark/sink/small.py)
         try:
-            total, failed, maybe_duplicates = check_rows(hashes)
+            fetched = fetch_small(rows.select(*write_columns, key_hash))
+            if fetched is not None:
+                total, failed, maybe_duplicates = hash_summary(fetched.column("h"))
+            else:
+                # Pass 2 computes the rows again unless that costs a shuffle or may give other
+                # rows (non-deterministic): then Spark caches them, so both passes see the same rows.
+                if costly(rows):
+                    staged = rows.select(*write_columns, key_hash).persist(StorageLevel.MEMORY_AND_DISK)
+                    hashes = staged.select("h")
+                    to_write = staged.select(*write_columns, F.col("h").isNull().alias("bad"))
+                else:  # one DataFrame (one plan to analyze) fewer
+                    hashes = rows.select(key_hash)
+                    to_write = rows.select(*write_columns, fails.alias("bad"))
+                total, failed, maybe_duplicates = check_rows(hashes)
         except Exception as e:  # a task failed: say why in one line
             store_check.result()
             if e.__class__.__name__ in SPARK_FAILURES:
@@ -147,8 +153,9 @@ def write_store(
             say(f"{store}: {len(existing)} keys in the changelog before the write")
         spark = df.sparkSession
         existing_keys = sorted(existing) if existing else []
-        bc = (spark.sparkContext.broadcast({k: i for i, k in enumerate(existing_keys)})
-              if existing_keys else None)
+        on_driver = is_small(total)
+        index = {k: i for i, k in enumerate(existing_keys)}
+        bc = None if not existing_keys else Held(index) if on_driver else spark.sparkContext.broadcast(index)
         spec = WriteSpec(
             bootstrap_servers=bootstrap_servers, topic=defn.topic, partitions=defn.partitions,
             layout=defn.store_type.changelog_layout, key=defn.key,
@@ -158,15 +165,20 @@ def write_store(
         # ---- pass 2: serialize and produce, one Python pass over the rows ----------------
         write_started = time.monotonic()
         try:
-            writer = functools.partial(write_partition, spec)
-            with session_conf(spark, PASS2_ARROW_CONF):
-                results = map_in_arrow(to_write, writer, RESULT_DDL).collect()
+            if on_driver:
+                results = produce_small(spec, with_bad(fetched) if fetched is not None else to_write.toArrow())
+            else:
+                writer = functools.partial(write_partition, spec)
+                with session_conf(spark, PASS2_ARROW_CONF):
+                    results = map_in_arrow(to_write, writer, RESULT_DDL).collect()
         except Exception as e:  # a task failed: say why in one line
             if e.__class__.__name__ in SPARK_FAILURES:
                 raise kafka.KafkaUnavailable(f"writing store {store!r} failed: {worker_failure(e)}") from e
+            if on_driver and isinstance(e, RuntimeError):  # as a task's failure would say it
+                raise kafka.KafkaUnavailable(f"writing store {store!r} failed: {e}") from e
             raise
         finally:
-            if bc is not None:
+            if bc is not None and not isinstance(bc, Held):
                 bc.unpersist()
         offsets: dict[int, int] = {}
         written = 0
@@ -187,7 +199,7 @@ def write_store(
                     offsets[p] = max(offsets.get(p, -1), o)
             say(f"{store}: deleted {len(gone)} keys that are no longer in the DataFrame")
     finally:
-        if cached:
+        if staged is not None:
             staged.unpersist()
     return Position({defn.topic: offsets}).to_token()
 

@@ -1,6 +1,7 @@
 """The sink's two passes: pass 1 checks in Spark, pass 2 serializes and produces many Arrow
 batches per task; rows that must be computed again are cached between the passes; a key-hash
-match that is not a real duplicate does not stop a write."""
+match that is not a real duplicate does not stop a write. A write of few rows is produced by
+the driver (spark/sink/small.py): the writes here run both ways."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 from federator.catalog import changelog_topic
 from federator.partitioner import partition_for
 from federator.query.position import Position
-from spark.sink import checks, tasks
+from spark.sink import checks, small, tasks
 from spark.sink import SinkError, write_store
 from tests.integration.changelog_util import read_partition
 
@@ -31,48 +32,57 @@ def changelog(broker, app: str, store: str) -> list[tuple[int, int, bytes, bytes
     return [(p, o, k, v, t) for p in range(P) for o, k, v, t in read_partition(broker, topic, p)]
 
 
-def test_many_batches_round_trip(broker, spark, app):
+@pytest.fixture(params=["driver", "tasks"])
+def path(request, monkeypatch) -> str:
+    """Which way the writes of a test go: the driver (their few rows) or Spark's Python tasks."""
+    if request.param == "tasks":
+        monkeypatch.setattr(small, "SMALL_ROWS", 0)
+    return request.param
+
+
+def test_many_batches_round_trip(broker, spark, app, path):
     from pyspark.sql import functions as F
 
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "7")  # many Arrow batches per task
     try:
-        _many_batches_round_trip(broker, spark, app)
+        _many_batches_round_trip(broker, spark, app, path)
     finally:
         spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
 
 
-def _many_batches_round_trip(broker, spark, app):
+def _many_batches_round_trip(broker, spark, app, path):
     from pyspark.sql import functions as F
 
     df = spark.range(500).select(F.format_string("key-%d", F.col("id")).alias("k"), (F.col("id") * 3).alias("v"))
-    token = write_store(df, "sliced", key="k", value="v", partitions=P, bootstrap_servers=broker.bootstrap_servers,
+    store = f"sliced_{path}"
+    token = write_store(df, store, key="k", value="v", partitions=P, bootstrap_servers=broker.bootstrap_servers,
                         application_id=app)
-    records = changelog(broker, app, "sliced")
+    records = changelog(broker, app, store)
     assert sorted((k.decode(), int.from_bytes(v, "big", signed=True)) for _, _, k, v, _ in records) == \
         sorted((f"key-{i}", i * 3) for i in range(500))
     assert all(p == partition_for(k, P) for p, _, k, _, _ in records)
     assert len({t for *_, t in records}) == 1  # kv: one record time, the write's
     last = {p: max(o for q, o, *_ in records if q == p) for p in {p for p, *_ in records}}
-    assert Position.from_token(token).partitions(changelog_topic(app, "sliced")) == last
+    assert Position.from_token(token).partitions(changelog_topic(app, store)) == last
     # a duplicate in another batch is still found
     dup = df.union(spark.createDataFrame([("key-250", 0)], "k string, v long"))
     with pytest.raises(SinkError, match=r"'key-250' x2"):
-        write_store(dup, "sliced", key="k", value="v", partitions=P, bootstrap_servers=broker.bootstrap_servers,
+        write_store(dup, store, key="k", value="v", partitions=P, bootstrap_servers=broker.bootstrap_servers,
                     application_id=app)
-    assert len(changelog(broker, app, "sliced")) == 500
+    assert len(changelog(broker, app, store)) == 500
 
 
-def test_equal_hashes_of_distinct_keys_are_written(broker, spark, app, monkeypatch):
+def test_equal_hashes_of_distinct_keys_are_written(broker, spark, app, monkeypatch, path):
     """Every key hashes alike here: the exact check finds no duplicate, so the write goes on."""
     from pyspark.sql import functions as F
 
     monkeypatch.setattr(checks, "key_hash", lambda columns: F.lit(7).cast("long"))
     df = spark.createDataFrame([("a", 1), ("b", 2), ("c", 3)], "k string, v long")
-    write_store(df, "collide", key="k", value="v", partitions=P, bootstrap_servers=broker.bootstrap_servers,
+    write_store(df, f"collide_{path}", key="k", value="v", partitions=P, bootstrap_servers=broker.bootstrap_servers,
                 application_id=app)
-    assert sorted(k for _, _, k, _, _ in changelog(broker, app, "collide")) == [b"a", b"b", b"c"]
+    assert sorted(k for _, _, k, _, _ in changelog(broker, app, f"collide_{path}")) == [b"a", b"b", b"c"]
     with pytest.raises(SinkError, match=r"'a' x2"):  # and real duplicates still fail
-        write_store(df.union(df.where("k = 'a'")), "collide", key="k", value="v", partitions=P,
+        write_store(df.union(df.where("k = 'a'")), f"collide_{path}", key="k", value="v", partitions=P,
                     bootstrap_servers=broker.bootstrap_servers, application_id=app)
 
 
@@ -114,14 +124,48 @@ def test_pass_2_settings_are_set_for_the_write_only(spark):
         spark.conf.unset(key)
 
 
-def test_a_non_deterministic_frame_is_written(broker, spark, app):
+def test_a_non_deterministic_frame_is_written(broker, spark, app, path):
     """Values drawn at random (a non-deterministic plan, so cached between the passes): one
     record per row."""
     from pyspark.sql import functions as F
 
     df = spark.range(2000).select(F.format_string("r%d", F.col("id")).alias("k"),
                                   (F.rand() * 1e9).cast("long").alias("v"))
-    write_store(df, "drawn", key="k", value="v", partitions=P, bootstrap_servers=broker.bootstrap_servers,
+    write_store(df, f"drawn_{path}", key="k", value="v", partitions=P, bootstrap_servers=broker.bootstrap_servers,
                 application_id=app)
-    records = changelog(broker, app, "drawn")
+    records = changelog(broker, app, f"drawn_{path}")
     assert sorted(k for _, _, k, _, _ in records) == sorted(f"r{i}".encode() for i in range(2000))
+
+
+def test_a_frame_larger_than_spark_estimates_is_written_by_the_tasks(broker, spark, app, monkeypatch):
+    """Spark's estimate may be off: the driver fetches at most one row more than it writes, and
+    a frame with more rows goes the two-pass way, every row written."""
+    from pyspark.sql import functions as F
+
+    monkeypatch.setattr(small, "SMALL_ROWS", 200)  # spark.range(500) is estimated at 500 <= 4 x 200
+    df = spark.range(500).select(F.format_string("m%d", F.col("id")).alias("k"), F.col("id").alias("v"))
+    assert small.fetch_small(df.select("k", "v", F.lit(1).alias("h"))) is None
+    assert small.fetch_small(df.limit(150).select("k", "v", F.lit(1).alias("h"))).num_rows == 150
+    write_store(df, "estimated", key="k", value="v", partitions=P, bootstrap_servers=broker.bootstrap_servers,
+                application_id=app)
+    assert sorted(k for _, _, k, _, _ in changelog(broker, app, "estimated")) == sorted(
+        f"m{i}".encode() for i in range(500))
+
+
+def test_replace_deletes_the_keys_the_frame_lacks(broker, spark, app, path):
+    """Replace mode marks which earlier keys a write holds (a Broadcast to the tasks, held by the
+    driver when it writes): the others get tombstones."""
+    from pyspark.sql import functions as F
+
+    def frame(n: int) -> object:
+        return spark.range(n).select(F.format_string("r%d", F.col("id")).alias("k"), F.col("id").alias("v"))
+
+    store = f"replaced_{path}"
+    for n in (300, 200):
+        write_store(frame(n), store, key="k", value="v", mode="replace", partitions=P,
+                    bootstrap_servers=broker.bootstrap_servers, application_id=app)
+    latest: dict[bytes, bytes | None] = {}
+    for p, o, k, v, _ in sorted(changelog(broker, app, store), key=lambda r: (r[0], r[1])):
+        latest[k] = v
+    assert sorted(k for k, v in latest.items() if v is not None) == sorted(f"r{i}".encode() for i in range(200))
+    assert sum(v is None for v in latest.values()) == 100

@@ -61,7 +61,7 @@ def event_times(spark, file: Path) -> set[tuple[str, int]]:
     return {(r[0], r[1]) for r in spark.read.parquet(str(file)).select("player", F.unix_millis("ts")).collect()}
 
 
-def test_stream_keeps_the_stores_equal_to_the_batch_answer(broker, spark, tmp_path):
+def test_stream_keeps_the_stores_equal_to_the_batch_answer(broker, spark, tmp_path, monkeypatch):
     app = f"st{uuid.uuid4().hex[:8]}"
     inp, checkpoint = tmp_path / "game events", tmp_path / "checkpoint"  # a space: Spark names files by URI
     kw = dict(input_path=str(inp), checkpoint=str(checkpoint), partitions=P)
@@ -83,11 +83,21 @@ def test_stream_keeps_the_stores_equal_to_the_batch_answer(broker, spark, tmp_pa
         # a second file, for 10 of those players over the same hours, dropped while the stream
         # runs with a processing-time trigger (restarted from the checkpoint); micro-batch 1
         # holds only its events, and the stream stops after it
+        # (the sessions before and after compared by Spark, as for a micro-batch whose players
+        # have too many sessions for the driver)
         second = game_events.generate_into(spark, str(inp), 1000, seed=22)
         assert len(second) == 1 and second != first
-        tokens = game_events.stream(spark, broker.bootstrap_servers, app, trigger_seconds=0.5, max_batches=1, **kw)
+        with monkeypatch.context() as m:
+            m.setattr(game_events, "DRIVER_DIFF_ROWS", 0)
+            tokens = game_events.stream(spark, broker.bootstrap_servers, app, trigger_seconds=0.5, max_batches=1,
+                                        **kw)
         after = stores(node, merged_token(tokens))
         assert_same(after, expected(spark, first + second))
+
+        # micro-batch 2: a third file, the sessions compared on the driver
+        third = game_events.generate_into(spark, str(inp), 1000, seed=23)
+        tokens = game_events.stream(spark, broker.bootstrap_servers, app, until_idle=True, **kw)
+        assert_same(stores(node, merged_token(tokens)), expected(spark, first + second + third))
     finally:
         cluster.stop()
 
