@@ -316,13 +316,18 @@ STREAM_UPDATES = {
 }
 
 
+def stream_sink(bootstrap: str, app: str, partitions: int) -> dict[str, Any]:
+    """The write options every micro-batch's updates share; one plugin registry for every
+    write of the run (loading the plugins costs ~25 ms a write)."""
+    return dict(bootstrap_servers=bootstrap, application_id=app, partitions=partitions, registry=load_plugins())
+
+
 def stream(spark: Any, bootstrap: str, app: str, input_path: str = DEFAULT_INPUT, checkpoint: str | None = None,
            partitions: int = 8, trigger_seconds: float = 5.0, max_batches: int | None = None,
            until_idle: bool = False) -> dict[str, str]:
     """Keep the stores equal to ``run``'s answer over every file in ``input_path`` as new files
     arrive, written in upsert mode; returns store -> consistency token."""
-    # one registry for every write of the run: loading the plugins costs ~25 ms a write
-    sink = dict(bootstrap_servers=bootstrap, application_id=app, partitions=partitions, registry=load_plugins())
+    sink = stream_sink(bootstrap, app, partitions)
 
     def update(mb: streaming.MicroBatch) -> dict[str, tuple[str, str]]:
         return {store: fn(mb, sink) for store, fn in STREAM_UPDATES.items()}

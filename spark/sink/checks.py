@@ -84,14 +84,20 @@ def estimated_rows(df: Any) -> int | None:
     """Spark's estimate of ``df``'s row count: exact for ranges and local data, else its size
     estimate over 8 bytes (for files that is their compressed size, so it may be off a few
     times either way: the driver path holds 8 bytes per row)."""
+    rows, size = estimate(df)
+    return rows if rows is not None else size // 8 if size is not None else None
+
+
+def estimate(df: Any) -> tuple[int | None, int | None]:
+    """Spark's plan statistics for ``df``: (row count if known, size in bytes), or Nones."""
     try:
         stats = df._jdf.queryExecution().optimizedPlan().stats()
         count = stats.rowCount()
         # str(): py4j hands Scala BigInts over as Python ints (which have no toString)
-        return int(str(count.get())) if count.isDefined() else int(str(stats.sizeInBytes())) // 8
+        return (int(str(count.get())) if count.isDefined() else None), int(str(stats.sizeInBytes()))
     except Exception:  # an internal API: without it, take the path that fits any size
-        log.debug("no row estimate for the duplicate check", exc_info=True)
-        return None
+        log.debug("no estimate of the rows", exc_info=True)
+        return None, None
 
 
 def costly(df: Any) -> bool:

@@ -1,7 +1,7 @@
 """Small writes from the driver. A Spark pass 2 starts a Python task per partition, ~0.4 s
 however few the rows: most of a small write's time (a streaming micro-batch writes four stores
-of a few hundred rows each). So a write of at most SMALL_ROWS rows produces them from the
-driver, with the code a task runs:
+of a few hundred rows each). So a write that fits (SMALL_ROWS, SMALL_BYTES) produces its rows
+from the driver, with the code a task runs:
 
 - when Spark's estimate says the rows are few, pass 1 brings them back whole with their key
   hashes (one Spark job: the rows checked are the rows written);
@@ -15,13 +15,16 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark.sink.checks import estimated_rows
+from spark.sink.checks import estimate
 from spark.sink.producing import WriteSpec, forget_producers, produce_batches
 
-# Up to this many rows a write runs on the driver. Spark's estimate picks the writes worth
-# trying (it may be off a few times either way); the job reads at most one row more, so a
-# larger DataFrame is found out and written the two-pass way.
+# A write runs on the driver when it has at most SMALL_ROWS rows and Spark estimates them at
+# most SMALL_BYTES (the driver holds them, as Arrow). At 200,000 rows (tests/bench/
+# test_bench_sink.py, 2 cores) the driver and Spark's two Python tasks took about as long,
+# runs varying more than they differed; below that the tasks' start-up dominates.
 SMALL_ROWS = 20_000
+SMALL_BYTES = 64 << 20
+GUESS_BYTES = 4 << 20
 
 
 @dataclass(frozen=True)
@@ -31,17 +34,30 @@ class Held:
     value: Any
 
 
-def is_small(rows: int) -> bool:
-    return rows <= SMALL_ROWS
+def fits(rows: int, df: Any) -> bool:
+    """Whether a write of ``rows`` rows of ``df`` (counted by pass 1) runs on the driver."""
+    size = estimate(df)[1]
+    return rows <= SMALL_ROWS and size is not None and size <= SMALL_BYTES
 
 
 def fetch_small(staged: Any) -> pa.Table | None:
-    """``staged``'s rows (write columns and ``h``) when it has at most SMALL_ROWS, else None."""
-    estimate = estimated_rows(staged)
-    if estimate is None or estimate > 4 * SMALL_ROWS:
+    """``staged``'s rows (write columns and ``h``) when Spark's estimate says they fit, else None.
+
+    Spark knows the row count of cached or local data (a cost-based optimizer may guess one):
+    then the rows are read as they are. Otherwise it knows a size, which may be off a few times
+    either way: a plan estimated at most GUESS_BYTES is read through a limit of one row more
+    than fits (a limit gathers the rows in one task, which costs more than the two passes above
+    a few MB). Either way a DataFrame found larger goes the two-pass way."""
+    rows, size = estimate(staged)
+    if rows is not None:
+        if rows > SMALL_ROWS or size is None or size > SMALL_BYTES:
+            return None
+        table = staged.toArrow()
+    elif size is not None and size <= GUESS_BYTES:
+        table = staged.limit(SMALL_ROWS + 1).toArrow()
+    else:
         return None
-    table = staged.limit(SMALL_ROWS + 1).toArrow()
-    return table if is_small(table.num_rows) else None
+    return table if table.num_rows <= SMALL_ROWS else None
 
 
 def with_bad(table: pa.Table) -> pa.Table:

@@ -27,7 +27,7 @@ from spark.sink.errors import SinkError
 from spark.sink.plan import SIMPLE_FORMAT_OF, field, plan, time_column, type_name
 from spark.sink.producing import (PRODUCER_CONFIG, RESULT_DDL, WriteSpec, drop_driver_producer, driver_producer,
                                   write_partition)
-from spark.sink.small import Held, fetch_small, is_small, produce_small, with_bad
+from spark.sink.small import Held, fetch_small, fits, produce_small, with_bad
 from spark.sink.tasks import PASS2_ARROW_CONF, SPARK_FAILURES, map_in_arrow, session_conf, worker_failure
 
 log = logging.getLogger(__name__)
@@ -153,7 +153,7 @@ def write_store(
             say(f"{store}: {len(existing)} keys in the changelog before the write")
         spark = df.sparkSession
         existing_keys = sorted(existing) if existing else []
-        on_driver = is_small(total)
+        on_driver = fetched is not None or fits(total, rows)
         index = {k: i for i, k in enumerate(existing_keys)}
         bc = None if not existing_keys else Held(index) if on_driver else spark.sparkContext.broadcast(index)
         spec = WriteSpec(

@@ -38,7 +38,7 @@ def test_warm_micro_batch(broker, report: Report, tmp_path) -> None:
 
     app = f"sb{uuid.uuid4().hex[:8]}"
     inp, checkpoint = tmp_path / "events", tmp_path / "checkpoint"
-    sink = dict(bootstrap_servers=broker.bootstrap_servers, application_id=app, partitions=8)
+    sink = game_events.stream_sink(broker.bootstrap_servers, app, 8)
     took: dict[int, tuple[int, float]] = {}  # batch id -> (rows, seconds), as the stream reports them
     per_store: dict[int, dict[str, float]] = {}
 

@@ -138,11 +138,12 @@ def test_a_non_deterministic_frame_is_written(broker, spark, app, path):
 
 
 def test_a_frame_larger_than_spark_estimates_is_written_by_the_tasks(broker, spark, app, monkeypatch):
-    """Spark's estimate may be off: the driver fetches at most one row more than it writes, and
-    a frame with more rows goes the two-pass way, every row written."""
+    """Spark's estimate may be off (here it says 100 rows): the driver fetches at most one row
+    more than fits, and a frame with more rows goes the two-pass way, every row written."""
     from pyspark.sql import functions as F
 
-    monkeypatch.setattr(small, "SMALL_ROWS", 200)  # spark.range(500) is estimated at 500 <= 4 x 200
+    monkeypatch.setattr(small, "SMALL_ROWS", 200)
+    monkeypatch.setattr(small, "estimate", lambda df: (100, 4000))
     df = spark.range(500).select(F.format_string("m%d", F.col("id")).alias("k"), F.col("id").alias("v"))
     assert small.fetch_small(df.select("k", "v", F.lit(1).alias("h"))) is None
     assert small.fetch_small(df.limit(150).select("k", "v", F.lit(1).alias("h"))).num_rows == 150
