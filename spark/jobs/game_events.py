@@ -234,12 +234,12 @@ def _touched_player_stats(mb: streaming.MicroBatch) -> Any:
 
 def stream_player_stats(mb: streaming.MicroBatch, sink: dict[str, Any]) -> tuple[str, str]:
     stats = _touched_player_stats(mb)
-    return write_player_stats(stats, "upsert", sink), f"{stats.count()} players"
+    return write_player_stats(stats, "upsert", sink), f"{streaming.rows_in(stats)} players"
 
 
 def stream_leaderboard(mb: streaming.MicroBatch, sink: dict[str, Any]) -> tuple[str, str]:
     stats = _touched_player_stats(mb)
-    return write_leaderboard(stats, "upsert", sink), f"{stats.count()} players"
+    return write_leaderboard(stats, "upsert", sink), f"{streaming.rows_in(stats)} players"
 
 
 def stream_scores_per_minute(mb: streaming.MicroBatch, sink: dict[str, Any]) -> tuple[str, str]:
@@ -248,7 +248,7 @@ def stream_scores_per_minute(mb: streaming.MicroBatch, sink: dict[str, Any]) -> 
     touched = scores_per_minute(mb.new).select("player", "window_start")  # only these minutes change
     with _cached(scores_per_minute(mb.so_far("player"))
                  .join(F.broadcast(touched), ["player", "window_start"], "left_semi")) as (scores,):
-        return write_scores_per_minute(scores, "upsert", sink), f"{scores.count()} windows"
+        return write_scores_per_minute(scores, "upsert", sink), f"{streaming.rows_in(scores)} windows"
 
 
 def stream_player_sessions(mb: streaming.MicroBatch, sink: dict[str, Any]) -> tuple[str, str]:
@@ -263,7 +263,7 @@ def stream_player_sessions(mb: streaming.MicroBatch, sink: dict[str, Any]) -> tu
 
     if not mb.earlier_files:  # nothing before: every session is new
         with _cached(player_sessions(mb.new)) as (sessions,):
-            return write_player_sessions(sessions, "upsert", sink), f"{sessions.count()} sessions written, 0 merged away"
+            return write_player_sessions(sessions, "upsert", sink), f"{streaming.rows_in(sessions)} sessions written, 0 merged away"
     tagged = (mb.earlier("player").withColumn("after", F.lit(False))
               .unionByName(mb.so_far("player").withColumn("after", F.lit(True))))
     both = player_sessions(tagged, "after")
@@ -296,7 +296,7 @@ def _sessions_diffed_by_spark(both: Any, sink: dict[str, Any]) -> tuple[str, str
         with _cached(after.subtract(before), before.select(*ids).subtract(after.select(*ids))) as (changed, gone):
             token = write_player_sessions(changed, "upsert", sink)
             removed = _delete_sessions(gone, sink)
-            summary = f"{changed.count()} sessions written, {gone.count()} merged away"
+            summary = f"{streaming.rows_in(changed)} sessions written, {streaming.rows_in(gone)} merged away"
     return merged_token({"written": token, "deleted": removed}), summary
 
 

@@ -29,6 +29,7 @@ from urllib.parse import unquote
 
 from federator.query.position import Position
 from spark.jobs.common import merged_token, step
+from spark.sink.checks import estimate
 from spark.sink.tasks import session_conf
 
 MANIFESTS = "federator-files"
@@ -91,6 +92,18 @@ class MicroBatch:
 # as a Spark job of its own, to re-plan from what it measured: a micro-batch of a few
 # thousand rows has nothing to re-plan for, and its ~30 jobs became ~12 without it.
 MICRO_BATCH_CONF = {"spark.sql.adaptive.enabled": "false"}
+
+def rows_in(df: Any) -> int:
+    """``df``'s rows, for a summary: a cached DataFrame that a write has read knows its count
+    (Spark's statistics of the cache, no job); any other is counted."""
+    if df.is_cached:
+        # a new plan over the cache: a DataFrame's own plan keeps the statistics it first
+        # computed, which may predate the cache's being read
+        rows, _ = estimate(df.select("*"))
+        if rows is not None:
+            return rows
+    return df.count()
+
 
 # An update writes its stores from one micro-batch: store -> (consistency token, summary).
 Update = Callable[[MicroBatch], Mapping[str, tuple[str, str]]]

@@ -142,3 +142,23 @@ def test_stream_options_are_checked_before_spark_starts(argv, message, capsys, m
         game_events.main(argv)
     assert e.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_summary_counts_a_read_cache_without_a_job(spark):
+    """A micro-batch's summary says how many rows each store got: a cached frame that has been
+    read knows its count (no Spark job); any other frame is counted."""
+    from spark.jobs import streaming
+
+    sc = spark.sparkContext
+    df = spark.range(1000).where("id % 3 = 0").cache()
+    try:
+        assert streaming.rows_in(df) == 334  # not read yet: counted
+        df.collect()
+        sc.setJobGroup("rows-in", "the summary's count")
+        try:
+            assert streaming.rows_in(df) == 334
+            assert sc.statusTracker().getJobIdsForGroup("rows-in") == []
+        finally:
+            sc.setLocalProperty("spark.jobGroup.id", None)
+    finally:
+        df.unpersist()
