@@ -263,7 +263,8 @@ def stream_player_sessions(mb: streaming.MicroBatch, sink: dict[str, Any]) -> tu
 
     if not mb.earlier_files:  # nothing before: every session is new
         with _cached(player_sessions(mb.new)) as (sessions,):
-            return write_player_sessions(sessions, "upsert", sink), f"{streaming.rows_in(sessions)} sessions written, 0 merged away"
+            token = write_player_sessions(sessions, "upsert", sink)
+            return token, f"{streaming.rows_in(sessions)} sessions written, 0 merged away"
     tagged = (mb.earlier("player").withColumn("after", F.lit(False))
               .unionByName(mb.so_far("player").withColumn("after", F.lit(True))))
     both = player_sessions(tagged, "after")

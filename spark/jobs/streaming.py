@@ -93,6 +93,7 @@ class MicroBatch:
 # thousand rows has nothing to re-plan for, and its ~30 jobs became ~12 without it.
 MICRO_BATCH_CONF = {"spark.sql.adaptive.enabled": "false"}
 
+
 def rows_in(df: Any) -> int:
     """``df``'s rows, for a summary: a cached DataFrame that a write has read knows its count
     (Spark's statistics of the cache, no job); any other is counted."""

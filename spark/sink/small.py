@@ -15,7 +15,6 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark.sink.checks import estimate
 from spark.sink.producing import WriteSpec, forget_producers, produce_batches
 
 # A write runs on the driver when it has at most SMALL_ROWS rows and Spark estimates them at
@@ -34,21 +33,25 @@ class Held:
     value: Any
 
 
-def fits(rows: int, df: Any) -> bool:
-    """Whether a write of ``rows`` rows of ``df`` (counted by pass 1) runs on the driver."""
-    size = estimate(df)[1]
+Estimate = tuple[int | None, int | None]  # spark.sink.checks.estimate: (row count if known, size in bytes)
+
+
+def fits(rows: int, guess: Estimate) -> bool:
+    """Whether a write of ``rows`` rows (counted by pass 1) runs on the driver."""
+    size = guess[1]
     return rows <= SMALL_ROWS and size is not None and size <= SMALL_BYTES
 
 
-def fetch_small(staged: Any) -> pa.Table | None:
-    """``staged``'s rows (write columns and ``h``) when Spark's estimate says they fit, else None.
+def fetch_small(staged: Any, guess: Estimate) -> pa.Table | None:
+    """``staged``'s rows (write columns and ``h``) when ``guess``, Spark's estimate of them,
+    says they fit, else None.
 
     Spark knows the row count of cached or local data (a cost-based optimizer may guess one):
     then the rows are read as they are. Otherwise it knows a size, which may be off a few times
     either way: a plan estimated at most GUESS_BYTES is read through a limit of one row more
     than fits (a limit gathers the rows in one task, which costs more than the two passes above
     a few MB). Either way a DataFrame found larger goes the two-pass way."""
-    rows, size = estimate(staged)
+    rows, size = guess
     if rows is not None:
         if rows > SMALL_ROWS or size is None or size > SMALL_BYTES:
             return None

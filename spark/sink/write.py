@@ -2,7 +2,8 @@
 (pass 1), register, produce (pass 2), delete what replace mode leaves behind, and return the
 consistency token. The rows are computed by both passes; they are cached in between only when
 computing them costs a shuffle or may give other rows (a non-deterministic plan). A write of
-few rows is produced by the driver, without Python tasks (spark/sink/small.py). Nothing is written before pass 1 has passed."""
+few rows is produced by the driver, without Python tasks (spark/sink/small.py). Nothing is
+written before pass 1 has passed."""
 
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ from federator.catalog import Catalog, CatalogConflict, changelog_topic
 from federator.plugin import Registry, load_plugins
 from federator.query.position import Position
 from federator.store.layout import changelog_keys
-from spark.sink.checks import (check_rows, check_store, costly, failing, hash_summary, hash_unless_failing,
-                               raise_check_failures, raise_duplicates)
+from spark.sink.checks import (check_rows, check_store, costly, estimate, failing, hash_summary,
+                               hash_unless_failing, raise_check_failures, raise_duplicates)
 from spark.sink.deletes import live_keys, tombstones, unmarked
 from spark.sink.encoding import encode
 from spark.sink.errors import SinkError
@@ -103,19 +104,21 @@ def write_store(
     # the hash again.
     fails = failing(the_plan)
     key_hash = hash_unless_failing(the_plan, fails)
+    guess = estimate(rows)  # Spark's statistics: whether the driver may write the rows (small.py)
     staged = None
     try:
         # ---- pass 1: every check, in Spark; only the key hashes come back ----------------
         # (few rows may come back whole, to be written from the driver: spark/sink/small.py)
         try:
-            fetched = fetch_small(rows.select(*write_columns, key_hash))
+            with_hash = rows.select(*write_columns, key_hash)
+            fetched = fetch_small(with_hash, guess)
             if fetched is not None:
                 total, failed, maybe_duplicates = hash_summary(fetched.column("h"))
             else:
                 # Pass 2 computes the rows again unless that costs a shuffle or may give other
                 # rows (non-deterministic): then Spark caches them, so both passes see the same rows.
                 if costly(rows):
-                    staged = rows.select(*write_columns, key_hash).persist(StorageLevel.MEMORY_AND_DISK)
+                    staged = with_hash.persist(StorageLevel.MEMORY_AND_DISK)
                     hashes = staged.select("h")
                     to_write = staged.select(*write_columns, F.col("h").isNull().alias("bad"))
                 else:  # one DataFrame (one plan to analyze) fewer
@@ -153,7 +156,7 @@ def write_store(
             say(f"{store}: {len(existing)} keys in the changelog before the write")
         spark = df.sparkSession
         existing_keys = sorted(existing) if existing else []
-        on_driver = fetched is not None or fits(total, rows)
+        on_driver = fetched is not None or fits(total, guess)
         index = {k: i for i, k in enumerate(existing_keys)}
         bc = None if not existing_keys else Held(index) if on_driver else spark.sparkContext.broadcast(index)
         spec = WriteSpec(

@@ -12,7 +12,7 @@ import pytest
 from federator.catalog import changelog_topic
 from federator.partitioner import partition_for
 from federator.query.position import Position
-from spark.sink import checks, small, tasks
+from spark.sink import checks, small, tasks, write
 from spark.sink import SinkError, write_store
 from tests.integration.changelog_util import read_partition
 
@@ -143,10 +143,10 @@ def test_a_frame_larger_than_spark_estimates_is_written_by_the_tasks(broker, spa
     from pyspark.sql import functions as F
 
     monkeypatch.setattr(small, "SMALL_ROWS", 200)
-    monkeypatch.setattr(small, "estimate", lambda df: (100, 4000))
+    monkeypatch.setattr(write, "estimate", lambda df: (100, 4000))
     df = spark.range(500).select(F.format_string("m%d", F.col("id")).alias("k"), F.col("id").alias("v"))
-    assert small.fetch_small(df.select("k", "v", F.lit(1).alias("h"))) is None
-    assert small.fetch_small(df.limit(150).select("k", "v", F.lit(1).alias("h"))).num_rows == 150
+    assert small.fetch_small(df.select("k", "v", F.lit(1).alias("h")), (100, 4000)) is None
+    assert small.fetch_small(df.limit(150).select("k", "v", F.lit(1).alias("h")), (100, 4000)).num_rows == 150
     write_store(df, "estimated", key="k", value="v", partitions=P, bootstrap_servers=broker.bootstrap_servers,
                 application_id=app)
     assert sorted(k for _, _, k, _, _ in changelog(broker, app, "estimated")) == sorted(
