@@ -19,7 +19,10 @@ a write thus moves to the next reader, once, not to every write.
 What the owner's SQL work made of cached scans (a partial aggregate, a filter, a top-k, run
 once over all of a node's partitions of the store) is kept too, keyed by that work and the
 scans it read: it is as deterministic as they are, so a repeated aggregate over unchanged
-shards costs a lookup. It goes when any of its scans goes.
+shards costs a lookup. It goes when any of its scans goes. When a kept scan is brought up to
+date, the rows the writes replaced and added are kept beside it (``steps``, bounded like the
+held records), so a kept count or sum can follow them (``derived_since``) instead of being
+computed again over every row.
 """
 
 from __future__ import annotations
@@ -52,14 +55,34 @@ def _held_bytes(records: Sequence[Any]) -> int:
     return sum(len(r.key) + len(r.value or b"") + RECORD_OVERHEAD for r in records)
 
 
+@dataclass(frozen=True)
+class _Step:
+    """The kept scan went from sequence ``before`` to ``after``: these rows went and came."""
+    before: int
+    after: int
+    removed: pa.RecordBatch
+    added: pa.RecordBatch
+    nbytes: int
+
+
 @dataclass(eq=False)
 class _Entry:
     seq: int  # the shard's write sequence the scan reflects
     batch: pa.RecordBatch
-    size: int
+    size: int  # the scan's and the steps' bytes
     pending: list[Any] = field(default_factory=list)  # records applied since, in order
     pending_seq: int | None = None  # the sequence scan + pending reflect
     pending_bytes: int = 0  # what the held records take, counted against the budget
+    steps: tuple[_Step, ...] = ()  # the latest changes folded in, oldest first
+
+
+@dataclass(frozen=True)
+class Since:
+    """A kept result of some work over scans, and the rows that have changed in those scans
+    since it was made: ``removed`` rows it counted and ``added`` rows it has not."""
+    result: pa.RecordBatch
+    removed: list[pa.RecordBatch]
+    added: list[pa.RecordBatch]
 
 
 class ScanCache:
@@ -67,13 +90,14 @@ class ScanCache:
         self.max_bytes = max_bytes
         self.max_pending = max_pending
         self._entries: OrderedDict[Any, _Entry] = OrderedDict()
-        # (work, owners) -> (the scans it read, its result); checked against _entries on use
-        self._derived: OrderedDict[tuple[Any, ...], tuple[tuple[pa.RecordBatch, ...], pa.RecordBatch]] = OrderedDict()
+        # (work, owners) -> (the sequence of each scan it read, its result); checked against _entries on use
+        self._derived: OrderedDict[tuple[Any, ...], tuple[tuple[int, ...], pa.RecordBatch]] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
         self.followed = 0  # scans brought up to date from pending writes
+        self.maintained = 0  # kept results brought up to date from the rows that changed
 
     def get(self, owner: Any, seq: int) -> pa.RecordBatch | None:
         with self._lock:
@@ -110,42 +134,81 @@ class ScanCache:
             self._bytes += held
             self._evict()  # held writes are memory like the scans: past the budget, the oldest go
 
-    def put(self, owner: Any, seq: int, batch: pa.RecordBatch, followed: bool = False) -> None:
-        """Keep ``batch``, owner's full scan at ``seq``: read from the shard, or (``followed``)
-        the kept scan with the pending records folded in."""
-        size = batch.nbytes
+    def put(self, owner: Any, seq: int, batch: pa.RecordBatch, change: tuple[pa.RecordBatch, pa.RecordBatch] | None = None) -> None:
+        """Keep ``batch``, owner's full scan at ``seq``: read from the shard, or the kept scan
+        with the pending records folded in, which changed it by ``change`` (the rows removed,
+        the rows added). Results kept over a scan read afresh go; over a followed one they stay,
+        to follow the change."""
         with self._lock:
-            self._drop(owner)
-            if size > self.max_bytes:
-                return
-            self._entries[owner] = _Entry(seq, batch, size)
-            if followed:
+            old = self._entries.get(owner)
+            if change is None or old is None:
+                self._drop(owner)
+                steps: tuple[_Step, ...] = ()
+            else:
+                self._entries.pop(owner)
+                self._bytes -= old.size + old.pending_bytes
+                removed, added = change
+                steps = _bounded((*old.steps, _Step(old.seq, seq, removed, added, removed.nbytes + added.nbytes)),
+                                 self.max_pending)
                 self.followed += 1
+            size = batch.nbytes + sum(s.nbytes for s in steps)
+            if size > self.max_bytes:
+                self._drop(owner)
+                return
+            self._entries[owner] = _Entry(seq, batch, size, steps=steps)
             self._bytes += size
             self._evict()
 
     def derived(self, scans: Sequence[tuple[Any, pa.RecordBatch]], key: str) -> pa.RecordBatch | None:
         """The result kept for work ``key`` over ``scans`` ((owner, batch) pairs), if each batch
-        is still its owner's cached scan."""
+        is still its owner's cached scan and the result was made over it."""
         with self._lock:
             dkey = (key, *(owner for owner, _ in scans))
             kept = self._derived.get(dkey)
             if kept is None or not self._current(scans):
                 return None
-            read, result = kept
-            if any(a is not b for a, (_, b) in zip(read, scans)):
+            seqs, result = kept
+            if any(seq != self._entries[owner].seq for seq, (owner, _) in zip(seqs, scans)):
                 return None
             self._derived.move_to_end(dkey)
             return result
 
-    def put_derived(self, scans: Sequence[tuple[Any, pa.RecordBatch]], key: str, result: pa.RecordBatch) -> None:
+    def derived_since(self, scans: Sequence[tuple[Any, pa.RecordBatch]], key: str) -> Since | None:
+        """The result last kept for work ``key`` over these owners' scans, and the rows changed
+        in each since it was made, when each batch is its owner's cached scan and its steps
+        reach back that far."""
+        with self._lock:
+            kept = self._derived.get((key, *(owner for owner, _ in scans)))
+            if kept is None or not self._current(scans):
+                return None
+            seqs, result = kept
+            removed: list[pa.RecordBatch] = []
+            added: list[pa.RecordBatch] = []
+            for seq, (owner, _) in zip(seqs, scans):
+                entry = self._entries[owner]
+                if seq == entry.seq:
+                    continue
+                first = next((i for i, s in enumerate(entry.steps) if s.before == seq), None)
+                if first is None:
+                    return None
+                for s in entry.steps[first:]:
+                    removed.append(s.removed)
+                    added.append(s.added)
+            return Since(result, removed, added)
+
+    def put_derived(self, scans: Sequence[tuple[Any, pa.RecordBatch]], key: str, result: pa.RecordBatch,
+                    maintained: bool = False) -> None:
+        """Keep ``result`` of work ``key`` over ``scans``; ``maintained``: it was brought up to
+        date from the rows that changed (counted in the stats)."""
         with self._lock:
             if not scans or not self._current(scans):
                 return
             dkey = (key, *(owner for owner, _ in scans))
             self._drop_derived(dkey)
-            self._derived[dkey] = (tuple(b for _, b in scans), result)
+            self._derived[dkey] = (tuple(self._entries[owner].seq for owner, _ in scans), result)
             self._bytes += result.nbytes
+            if maintained:
+                self.maintained += 1
             while len(self._derived) > MAX_DERIVED:
                 self._drop_derived(next(iter(self._derived)))
             self._evict()
@@ -182,7 +245,20 @@ class ScanCache:
     def stats(self) -> dict[str, int]:
         with self._lock:
             return {"entries": len(self._entries), "derived": len(self._derived), "bytes": self._bytes, "max_bytes": self.max_bytes,
-                    "hits": self.hits, "misses": self.misses, "followed": self.followed}
+                    "hits": self.hits, "misses": self.misses, "followed": self.followed, "maintained": self.maintained}
+
+
+def _bounded(steps: tuple[_Step, ...], max_rows: int) -> tuple[_Step, ...]:
+    """The latest steps whose rows add up to at most ``max_rows``: a result older than those is
+    made again, which past that many changed rows costs less than following them."""
+    rows, keep = 0, len(steps)
+    while keep > 0:
+        s = steps[keep - 1]
+        rows += s.removed.num_rows + s.added.num_rows
+        if rows > max_rows:
+            break
+        keep -= 1
+    return steps[keep:]
 
 
 class CachingLayer(WrappedLayer):
@@ -228,16 +304,16 @@ class CachingLayer(WrappedLayer):
         if pending is None:
             return None
         try:
-            batch = shard.store_type.follow_scan(shard.definition, shard.schema, *pending)
+            followed = shard.store_type.follow_scan(shard.definition, shard.schema, *pending)
         except Exception:  # noqa: BLE001 - a record that does not decode: the full scan says so properly
             log.warning("store %r partition %s: could not bring the kept scan up to date; reading the shard",
                         shard.definition.name, shard.partition, exc_info=True)
-            batch = None
-        if batch is None:
+            followed = None
+        if followed is None:
             cache.drop(shard)
             return None
-        cache.put(shard, seq, batch, followed=True)
-        return batch
+        cache.put(shard, seq, followed.batch, (followed.removed, followed.added))
+        return followed.batch
 
     def apply(self, records: Sequence[ChangelogRecord]) -> tuple[int, int]:
         before, after = self.inner.apply(records)

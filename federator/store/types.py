@@ -9,7 +9,7 @@ never inferred from its name.
 from __future__ import annotations
 
 import copy as _copy
-from typing import TYPE_CHECKING, Callable, ClassVar, Iterable, Sequence
+from typing import TYPE_CHECKING, Callable, ClassVar, Iterable, NamedTuple, Sequence
 
 import pyarrow as pa
 from rocksdict import WriteBatch
@@ -24,6 +24,15 @@ if TYPE_CHECKING:
     from federator.store.view import ShardView
 
 Handler = Callable[["ShardView", Query], pa.RecordBatch]
+
+
+class Followed(NamedTuple):
+    """A kept full scan brought up to date with some writes, and what they changed: the rows
+    the written keys had before (``removed``) and have now (``added``). Counts and sums over
+    the scan follow from these two alone (federator.owner.maintained)."""
+    batch: pa.RecordBatch
+    removed: pa.RecordBatch
+    added: pa.RecordBatch
 
 
 
@@ -70,9 +79,9 @@ class StoreType:
         return RangeQuery()
 
     def follow_scan(self, defn: StoreDefinition, schema: pa.Schema, scan: pa.RecordBatch,
-                    records: Sequence[ChangelogRecord]) -> pa.RecordBatch | None:
+                    records: Sequence[ChangelogRecord]) -> Followed | None:
         """The full scan after ``records`` were applied to a shard whose full scan was ``scan``,
-        or None to have the shard read again (the default)."""
+        with the rows they replaced and added, or None to have the shard read again (the default)."""
         return None
 
     def decode_row(self, defn: StoreDefinition, key: bytes, stored: bytes) -> tuple | None:
