@@ -44,7 +44,7 @@ from federator.errors import SqlError
 from federator.owner import keyjoin
 from federator.owner.duck import Duck, DuckConfig
 from federator.owner.keyjoin import LEFT, RIGHT
-from federator.owner.work import owners_sql
+from federator.owner.work import followed_answer, owners_sql
 from federator.store.layer import LocalKeyQuery, StoredEntry
 from federator.store.metered import Meter
 from federator.store.scan_cache import DEFAULT_FOLLOW, DEFAULT_MB, ScanCache
@@ -410,6 +410,10 @@ class Node:
         # a co-partitioned join takes: (result, its shard, the other store's rows, their shard)
         joined: list[tuple[int, Any, pa.RecordBatch, Any]] = []
         owned: list[tuple[int, Any]] = []  # (result, its shard) the pushed-down SQL runs over
+        # partitions whose pushed-down SQL may follow a kept result instead of reading scans
+        deferred: list[tuple[int, int, Any]] = []  # (result, partition, its store)
+        followable = (request.work is not None and request.work.sql is not None and request.work.join is None
+                      and self.scan_cache is not None and not request.collect_execution_info)
         for p in partitions:
             if defn is None or not 0 <= p < defn.partitions:
                 what = f"store {request.store!r}" if defn is None else f"partition {p} of store {request.store!r}"
@@ -439,8 +443,12 @@ class Node:
                     p, FailureReason.NOT_ACTIVE,
                     f"node {self.node_id} holds partition {p} of store {request.store!r} as {why}"))
                 continue
-            result = hs.shard.run(request.query, request.bound, request.collect_execution_info)
             work = request.work
+            if followable and hs.shard.base.store_type.is_full_scan(request.query):  # a kept result is of all rows
+                deferred.append((len(results), p, hs.shard))
+                results.append(None)  # type: ignore[arg-type]  # filled below
+                continue
+            result = hs.shard.run(request.query, request.bound, request.collect_execution_info)
             if work is not None and result.ok and work.join is not None:
                 result, other_rows, other_shard = self._join_side(request, work.join, result)
                 if other_rows is not None:
@@ -451,6 +459,16 @@ class Node:
                 else:
                     result = _project(list(work.columns), result)
             results.append(result)
+        if deferred:
+            followed = followed_answer(request.work.sql, [(p, store) for _, p, store in deferred],  # type: ignore[union-attr,arg-type]
+                                       request.bound, self.scan_cache)
+            for n, (i, p, store) in enumerate(deferred):
+                if followed is not None:
+                    results[i] = followed[n]
+                    continue
+                results[i] = store.run(request.query, request.bound)
+                if results[i].ok:
+                    owned.append((i, store.base))
         if joined:
             self._join(request, [(results[i], shard, rows, other) for i, shard, rows, other in joined])
         if owned:

@@ -10,7 +10,9 @@ from federator.errors import SqlError
 from federator.owner.duck import Duck
 from federator.owner.maintained import Maintained, maintained
 from federator.query.result import FailureReason, QueryResult
-from federator.store.scan_cache import ScanCache
+from federator.query.position import PositionBound
+from federator.store.layer import StoreLayer
+from federator.store.scan_cache import ScanCache, Since
 
 ROWS = "rows"  # the relation an owner's SQL reads: its partitions' rows
 
@@ -41,6 +43,41 @@ def owners_sql(duck: Duck, sql: str, parts: list[tuple[QueryResult, Any]], cache
     empty = batch.slice(0, 0)
     for i, (r, _) in enumerate(parts):
         r.batch = batch if i == 0 else empty
+
+
+def followed_answer(sql: str, stores: list[tuple[int, StoreLayer]], bound: PositionBound,
+                    cache: ScanCache | None) -> list[QueryResult] | None:
+    """``sql`` over these partitions (each: the partition, its store) from the result kept at
+    earlier write sequences and the rows written since, neither reading the scans nor bringing
+    them up to date: a count or a sum right after a write costs what the write changed. Each
+    partition's position is the one its changed rows were read at. None when that cannot be
+    told (nothing kept, writes not held, not a followable statement): the caller reads the scans."""
+    follow = maintained(sql) if cache is not None else None
+    if follow is None or cache is None:
+        return None
+    owners = [store.base for _, store in stores]
+    kept = cache.kept_result(follow.sql, owners)
+    if kept is None:
+        return None
+    seqs, result = kept
+    changes, positions, now = [], [], []
+    for seq, (_, store) in zip(seqs, stores):
+        got = store.changes_since(seq, bound)
+        if got is None:
+            return None
+        changes.append(got[0])
+        positions.append(got[1])
+        now.append(got[2])
+    if tuple(now) != seqs:
+        since = Since.of(result, changes)
+        result = follow.follow(result, since.added, since.removed)
+        if result is None:
+            return None
+        cache.put_derived_at(owners, follow.sql, tuple(now), result)
+    batch = follow.visible_part(result)
+    empty = batch.slice(0, 0)
+    return [QueryResult.success(p, batch if i == 0 else empty, position)
+            for i, ((p, _), position) in enumerate(zip(stores, positions))]
 
 
 def _compute(duck: Duck, work: str, follow: Maintained | None, scans: list[tuple[Any, pa.RecordBatch]],

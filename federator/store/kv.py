@@ -17,7 +17,7 @@ from federator.store.layout import ROWTIME
 from federator.store.arrow import build_batch, empty_batch, scan_batch, search_sorted
 from federator.store.view import ShardView
 from federator.store.record import ChangelogRecord
-from federator.store.types import Followed, StoreType, rowtime_field, stored_value
+from federator.store.types import StoreType, rowtime_field, stored_value
 
 
 def key_query(view: ShardView, q: KeyQuery) -> pa.RecordBatch:
@@ -106,7 +106,7 @@ class KeyValueStoreType(StoreType):
         return decode
 
     def follow_scan(self, defn: StoreDefinition, schema: pa.Schema, scan: pa.RecordBatch,
-                    records: Sequence[ChangelogRecord]) -> Followed | None:
+                    records: Sequence[ChangelogRecord]) -> pa.RecordBatch | None:
         """The written keys' rows replaced or dropped in place when they all exist already (the
         common update), else dropped, the live ones added and the batch sorted by key again."""
         if defn.key.name not in _FOLLOWABLE_KEYS:
@@ -116,15 +116,20 @@ class KeyValueStoreType(StoreType):
         rows = _rows_of(scan.column(0), written)
         if (rows >= 0).all():
             return _in_place(defn, schema, scan, rows, last)
-        old = rows[rows >= 0]
-        removed = scan.take(pa.array(old))
-        kept = scan.filter(pc.invert(_bool_mask(len(scan), old)))
+        kept = scan.filter(pc.invert(_bool_mask(len(scan), rows[rows >= 0])))
         live = [r for r in last if r.value is not None]
         if not live:
-            return Followed(kept, removed, scan.slice(0, 0))
+            return kept
         added = build_batch(schema, defn, [r.key for r in live], [stored_value(r) for r in live])
         table = pa.Table.from_batches([kept, added]).sort_by([(schema.names[0], "ascending")])
-        return Followed(table.combine_chunks().to_batches()[0], removed, added)
+        return table.combine_chunks().to_batches()[0]
+
+    def stored_before(self, view: ShardView, records: Sequence[ChangelogRecord]) -> list[bytes | None] | None:
+        return [view.get(r.key) for r in records]
+
+    def stored_rows(self, defn: StoreDefinition, schema: pa.Schema, keys: Sequence[bytes],
+                    stored: Sequence[bytes]) -> pa.RecordBatch:
+        return build_batch(schema, defn, list(keys), list(stored))
 
 
 _BISECT_MAX = 256  # written keys up to which a binary search each beats hashing the whole scan
@@ -143,24 +148,21 @@ def _mask(n: int, rows: np.ndarray) -> np.ndarray:
 
 
 def _in_place(defn: StoreDefinition, schema: pa.Schema, scan: pa.RecordBatch, rows: np.ndarray,
-              last: list[ChangelogRecord]) -> Followed:
+              last: list[ChangelogRecord]) -> pa.RecordBatch:
     """Every written key has a row: the live ones get their new values, the deleted ones go.
     The key column is the same values and is kept as it is (replacing strings copies them all)."""
     order = np.argsort(rows, kind="stable")
     live = [i for i in order if last[i].value is not None]
     gone = [rows[i] for i in order if last[i].value is None]
-    removed = scan.take(pa.array(rows[order]))
     columns = list(scan.columns)
     if live:
         new = build_batch(schema, defn, [last[i].key for i in live], [stored_value(last[i]) for i in live])
         replaced = _bool_mask(len(scan), rows[live])
         columns[1:] = [pc.replace_with_mask(col, replaced, new.column(i + 1)) for i, col in enumerate(columns[1:])]
-    else:
-        new = scan.slice(0, 0)
     batch = pa.RecordBatch.from_arrays(columns, schema=scan.schema)
     if gone:
         batch = batch.filter(pc.invert(_bool_mask(len(scan), np.array(gone, np.int64))))
-    return Followed(batch, removed, new)
+    return batch
 
 
 def _bool_mask(n: int, rows: np.ndarray) -> pa.Array:

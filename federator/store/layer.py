@@ -95,6 +95,11 @@ class StoreLayer:
         """The RocksDB layer at the bottom (federator.store.shard): what caches key a store's entries by."""
         raise NotImplementedError
 
+    def changes_since(self, since: int, bound: PositionBound = UNBOUNDED) -> Any:
+        """The rows written since write sequence ``since``, with the position and sequence they
+        bring the store to, from a layer that holds them (the scan cache); None: no layer does."""
+        return None
+
 
 class WrappedLayer(StoreLayer):
     """A layer over another: what it does not answer goes down, and so do writes, the
@@ -120,6 +125,9 @@ class WrappedLayer(StoreLayer):
 
     def run(self, query: Query, bound: PositionBound = UNBOUNDED, collect_execution_info: bool = False) -> Any:
         return self.inner.run(query, bound, collect_execution_info)
+
+    def changes_since(self, since: int, bound: PositionBound = UNBOUNDED) -> Any:
+        return self.inner.changes_since(since, bound)
 
     def apply(self, records: Sequence[ChangelogRecord]) -> tuple[int, int]:
         return self.inner.apply(records)  # type: ignore[attr-defined]

@@ -18,26 +18,31 @@ a write thus moves to the next reader, once, not to every write.
 
 What the owner's SQL work made of cached scans (a partial aggregate, a filter, a top-k, run
 once over all of a node's partitions of the store) is kept too, keyed by that work and the
-scans it read: it is as deterministic as they are, so a repeated aggregate over unchanged
-shards costs a lookup. It goes when any of its scans goes. When a kept scan is brought up to
-date, the rows the writes replaced and added are kept beside it (``steps``, bounded like the
-held records), so a kept count or sum can follow them (``derived_since``) instead of being
-computed again over every row.
+write sequences of the scans it read: it is as deterministic as they are, so a repeated
+aggregate over unchanged shards costs a lookup. It goes when any of its scans goes.
+
+Each held write also keeps what its keys held before it (``StoreType.stored_before``), and
+stays beside the scan after it is folded in (``history``, bounded like the held records), so
+the rows any kept result has not seen are known: the rows its keys held then and hold now
+(``changes_since``). A count or a sum follows those alone (federator.owner.maintained), with
+or without the scan itself being brought up to date.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import pyarrow as pa
 
 from federator.query.position import PositionBound
 from federator.query.queries import Query
 from federator.store.layer import UNBOUNDED, LocalKeyQuery, StoreLayer, WrappedLayer, answer
+from federator.store.types import stored_value
 
 if TYPE_CHECKING:
     from federator.query.position import Position
@@ -51,17 +56,22 @@ DEFAULT_FOLLOW = 50_000  # writes held for a kept scan; with more, reading the s
 RECORD_OVERHEAD = 120  # bytes a held record costs beyond its key and value (the Python objects)
 
 
-def _held_bytes(records: Sequence[Any]) -> int:
-    return sum(len(r.key) + len(r.value or b"") + RECORD_OVERHEAD for r in records)
+def _held_bytes(records: Sequence[Any], before: Sequence[bytes | None] | None) -> int:
+    held = sum(len(r.key) + len(r.value or b"") + RECORD_OVERHEAD for r in records)
+    return held + (sum(len(v) for v in before if v is not None) if before is not None else 0)
+
+
+RowsOf = Callable[[Sequence[bytes], Sequence[bytes]], pa.RecordBatch]  # stored keys and values -> rows
 
 
 @dataclass(frozen=True)
-class _Step:
-    """The kept scan went from sequence ``before`` to ``after``: these rows went and came."""
+class _Write:
+    """One write applied to a shard after its scan was kept: the sequence it went from and to,
+    its records, and what their keys held before it (None: the store type does not tell)."""
     before: int
     after: int
-    removed: pa.RecordBatch
-    added: pa.RecordBatch
+    records: Sequence[Any]
+    stored_before: Sequence[bytes | None] | None
     nbytes: int
 
 
@@ -69,20 +79,80 @@ class _Step:
 class _Entry:
     seq: int  # the shard's write sequence the scan reflects
     batch: pa.RecordBatch
-    size: int  # the scan's and the steps' bytes
-    pending: list[Any] = field(default_factory=list)  # records applied since, in order
-    pending_seq: int | None = None  # the sequence scan + pending reflect
-    pending_bytes: int = 0  # what the held records take, counted against the budget
-    steps: tuple[_Step, ...] = ()  # the latest changes folded in, oldest first
+    size: int  # the scan's bytes
+    rows_of: RowsOf | None = None  # the rows of stored entries, in the scan's schema
+    pending: list[_Write] = field(default_factory=list)  # applied since the scan, in order
+    history: list[_Write] = field(default_factory=list)  # folded into the scan, kept for older results
+    held: int = 0  # what pending and history take, counted against the budget
+
+    @property
+    def pending_seq(self) -> int | None:
+        """The sequence the scan and the pending writes reflect together."""
+        return self.pending[-1].after if self.pending else None
+
+    @property
+    def current(self) -> int:
+        return self.pending[-1].after if self.pending else self.seq
+
+    def writes(self, since: int, upto: int) -> list[_Write] | None:
+        """The writes that took the shard from ``since`` to ``upto``, when they are all held."""
+        if since == upto:
+            return []
+        writes = self.history + self.pending
+        for i, w in enumerate(writes):
+            if w.before == since:
+                for j in range(i, len(writes)):
+                    if writes[j].after == upto:
+                        return writes[i:j + 1]
+                return None
+        return None
+
+
+@dataclass(frozen=True)
+class Changes:
+    """What some writes changed: the entries their keys held before (``gone``, as stored) and
+    hold now (``live``), and how stored entries become rows."""
+    gone: list[tuple[bytes, bytes]]
+    live: list[tuple[bytes, bytes]]
+    rows_of: RowsOf | None
+
+
+def _changes(writes: list[_Write], rows_of: RowsOf | None) -> Changes | None:
+    if not writes:
+        return Changes([], [], rows_of)
+    if rows_of is None or any(w.stored_before is None for w in writes):
+        return None
+    first: dict[bytes, bytes | None] = {}  # what each key held before the first write to it
+    last: dict[bytes, Any] = {}  # its last record
+    for w in writes:
+        for r, held in zip(w.records, w.stored_before):  # type: ignore[arg-type]
+            first.setdefault(r.key, held)
+            last[r.key] = r
+    return Changes([(k, v) for k, v in first.items() if v is not None],
+                   [(k, stored_value(r)) for k, r in last.items() if r.value is not None], rows_of)
 
 
 @dataclass(frozen=True)
 class Since:
-    """A kept result of some work over scans, and the rows that have changed in those scans
-    since it was made: ``removed`` rows it counted and ``added`` rows it has not."""
+    """A kept result of some work over scans, and the rows that changed in those scans since it
+    was made: ``removed`` rows it counted and ``added`` rows it has not."""
     result: pa.RecordBatch
     removed: list[pa.RecordBatch]
     added: list[pa.RecordBatch]
+
+    @classmethod
+    def of(cls, result: pa.RecordBatch, changes: Sequence[Changes]) -> Since:
+        """With the changes of one store's partitions, made rows together (they share a schema)."""
+        rows_of = next((c.rows_of for c in changes if c.rows_of is not None), None)
+        gone = [e for c in changes for e in c.gone]
+        live = [e for c in changes for e in c.live]
+
+        def rows(entries: list[tuple[bytes, bytes]]) -> list[pa.RecordBatch]:
+            if not entries or rows_of is None:
+                return []
+            return [rows_of([k for k, _ in entries], [v for _, v in entries])]
+
+        return cls(result, rows(gone), rows(live))
 
 
 class ScanCache:
@@ -90,7 +160,7 @@ class ScanCache:
         self.max_bytes = max_bytes
         self.max_pending = max_pending
         self._entries: OrderedDict[Any, _Entry] = OrderedDict()
-        # (work, owners) -> (the sequence of each scan it read, its result); checked against _entries on use
+        # (work, owners) -> (the sequence each owner's scan was at, the result)
         self._derived: OrderedDict[tuple[Any, ...], tuple[tuple[int, ...], pa.RecordBatch]] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
@@ -115,48 +185,52 @@ class ScanCache:
             entry = self._entries.get(owner)
             if entry is None or entry.pending_seq != seq:
                 return None
-            return entry.batch, entry.pending[:]
+            return entry.batch, [r for w in entry.pending for r in w.records]
 
-    def note_writes(self, owner: Any, before: int, after: int, records: Sequence[Any]) -> None:
-        """``owner`` went from sequence ``before`` to ``after`` by applying ``records``."""
+    def follows(self, owner: Any) -> bool:
+        """Whether a scan of ``owner`` is kept (its writes are worth noting, with what they replace)."""
+        return owner in self._entries
+
+    def note_writes(self, owner: Any, before: int, after: int, records: Sequence[Any],
+                    stored_before: Sequence[bytes | None] | None = None) -> None:
+        """``owner`` went from sequence ``before`` to ``after`` by applying ``records``, whose
+        keys held ``stored_before`` until then."""
         with self._lock:
             entry = self._entries.get(owner)
             if entry is None:
                 return
-            last = entry.pending_seq if entry.pending_seq is not None else entry.seq
-            if last != before or len(entry.pending) + len(records) > self.max_pending:
+            if entry.current != before or sum(len(w.records) for w in entry.pending) + len(records) > self.max_pending:
                 self._drop(owner)
                 return
-            entry.pending.extend(records)
-            entry.pending_seq = after
-            held = _held_bytes(records)
-            entry.pending_bytes += held
+            held = _held_bytes(records, stored_before)
+            entry.pending.append(_Write(before, after, records, stored_before, held))
+            entry.held += held
             self._bytes += held
             self._evict()  # held writes are memory like the scans: past the budget, the oldest go
 
-    def put(self, owner: Any, seq: int, batch: pa.RecordBatch, change: tuple[pa.RecordBatch, pa.RecordBatch] | None = None) -> None:
-        """Keep ``batch``, owner's full scan at ``seq``: read from the shard, or the kept scan
-        with the pending records folded in, which changed it by ``change`` (the rows removed,
-        the rows added). Results kept over a scan read afresh go; over a followed one they stay,
-        to follow the change."""
+    def put(self, owner: Any, seq: int, batch: pa.RecordBatch, followed: bool = False,
+            rows_of: RowsOf | None = None) -> None:
+        """Keep ``batch``, owner's full scan at ``seq``: read from the shard (``rows_of`` makes
+        rows of its stored entries), or (``followed``) the kept scan with the pending writes
+        folded in. Results kept over a scan read afresh go; over a followed one they stay, to
+        follow the writes it folded in (kept in its history)."""
+        size = batch.nbytes
         with self._lock:
             old = self._entries.get(owner)
-            if change is None or old is None:
+            if not followed or old is None or old.pending_seq != seq:
                 self._drop(owner)
-                steps: tuple[_Step, ...] = ()
+                entry = _Entry(seq, batch, size, rows_of)
             else:
                 self._entries.pop(owner)
-                self._bytes -= old.size + old.pending_bytes
-                removed, added = change
-                steps = _bounded((*old.steps, _Step(old.seq, seq, removed, added, removed.nbytes + added.nbytes)),
-                                 self.max_pending)
+                self._bytes -= old.size + old.held
+                history = _bounded(old.history + old.pending, self.max_pending)
+                entry = _Entry(seq, batch, size, old.rows_of, history=history, held=sum(w.nbytes for w in history))
                 self.followed += 1
-            size = batch.nbytes + sum(s.nbytes for s in steps)
-            if size > self.max_bytes:
+            if size + entry.held > self.max_bytes:
                 self._drop(owner)
                 return
-            self._entries[owner] = _Entry(seq, batch, size, steps=steps)
-            self._bytes += size
+            self._entries[owner] = entry
+            self._bytes += size + entry.held
             self._evict()
 
     def derived(self, scans: Sequence[tuple[Any, pa.RecordBatch]], key: str) -> pa.RecordBatch | None:
@@ -174,27 +248,40 @@ class ScanCache:
             return result
 
     def derived_since(self, scans: Sequence[tuple[Any, pa.RecordBatch]], key: str) -> Since | None:
-        """The result last kept for work ``key`` over these owners' scans, and the rows changed
-        in each since it was made, when each batch is its owner's cached scan and its steps
-        reach back that far."""
+        """The result last kept for work ``key`` over these owners, and the rows changed in each
+        between the scan it was made over and the one given, when each batch is its owner's
+        cached scan and the writes between are held."""
         with self._lock:
             kept = self._derived.get((key, *(owner for owner, _ in scans)))
             if kept is None or not self._current(scans):
                 return None
             seqs, result = kept
-            removed: list[pa.RecordBatch] = []
-            added: list[pa.RecordBatch] = []
+            spans = []
             for seq, (owner, _) in zip(seqs, scans):
                 entry = self._entries[owner]
-                if seq == entry.seq:
-                    continue
-                first = next((i for i, s in enumerate(entry.steps) if s.before == seq), None)
-                if first is None:
+                writes = entry.writes(seq, entry.seq)
+                if writes is None:
                     return None
-                for s in entry.steps[first:]:
-                    removed.append(s.removed)
-                    added.append(s.added)
-            return Since(result, removed, added)
+                spans.append((writes, entry.rows_of))
+        changes = [_changes(w, rows_of) for w, rows_of in spans]
+        return None if any(c is None for c in changes) else Since.of(result, changes)  # type: ignore[arg-type]
+
+    def kept_result(self, key: str, owners: Sequence[Any]) -> tuple[tuple[int, ...], pa.RecordBatch] | None:
+        """The result last kept for work ``key`` over ``owners``, with the sequences it reflects."""
+        with self._lock:
+            return self._derived.get((key, *owners))
+
+    def changes_since(self, owner: Any, since: int, seq: int) -> Changes | None:
+        """The rows ``owner``'s writes from sequence ``since`` to ``seq`` (its sequence now)
+        replaced and left, when its scan is kept and they are all held: what a result made at
+        ``since`` lacks, without the scan being brought up to date."""
+        with self._lock:
+            entry = self._entries.get(owner)
+            if entry is None or entry.current != seq:
+                return None
+            writes = entry.writes(since, seq)
+            rows_of = entry.rows_of
+        return None if writes is None else _changes(writes, rows_of)
 
     def put_derived(self, scans: Sequence[tuple[Any, pa.RecordBatch]], key: str, result: pa.RecordBatch,
                     maintained: bool = False) -> None:
@@ -203,15 +290,27 @@ class ScanCache:
         with self._lock:
             if not scans or not self._current(scans):
                 return
-            dkey = (key, *(owner for owner, _ in scans))
-            self._drop_derived(dkey)
-            self._derived[dkey] = (tuple(self._entries[owner].seq for owner, _ in scans), result)
-            self._bytes += result.nbytes
-            if maintained:
-                self.maintained += 1
-            while len(self._derived) > MAX_DERIVED:
-                self._drop_derived(next(iter(self._derived)))
-            self._evict()
+            self._keep_derived([o for o, _ in scans], key, tuple(self._entries[o].seq for o, _ in scans), result,
+                               maintained)
+
+    def put_derived_at(self, owners: Sequence[Any], key: str, seqs: tuple[int, ...], result: pa.RecordBatch) -> None:
+        """Keep ``result`` of work ``key``, brought up to date from the rows that changed, as of
+        each owner's sequence ``seqs`` (read with its position, so the result reflects exactly that)."""
+        with self._lock:
+            if all(o in self._entries for o in owners):
+                self._keep_derived(list(owners), key, seqs, result, True)
+
+    def _keep_derived(self, owners: list[Any], key: str, seqs: tuple[int, ...], result: pa.RecordBatch,
+                      maintained: bool) -> None:
+        dkey = (key, *owners)
+        self._drop_derived(dkey)
+        self._derived[dkey] = (seqs, result)
+        self._bytes += result.nbytes
+        if maintained:
+            self.maintained += 1
+        while len(self._derived) > MAX_DERIVED:
+            self._drop_derived(next(iter(self._derived)))
+        self._evict()
 
     def _current(self, scans: Sequence[tuple[Any, pa.RecordBatch]]) -> bool:
         for owner, batch in scans:
@@ -238,7 +337,7 @@ class ScanCache:
     def _drop(self, owner: Any) -> None:
         entry = self._entries.pop(owner, None)
         if entry is not None:
-            self._bytes -= entry.size + entry.pending_bytes
+            self._bytes -= entry.size + entry.held
             for dkey in [k for k in self._derived if owner in k[1:]]:
                 self._drop_derived(dkey)
 
@@ -248,17 +347,16 @@ class ScanCache:
                     "hits": self.hits, "misses": self.misses, "followed": self.followed, "maintained": self.maintained}
 
 
-def _bounded(steps: tuple[_Step, ...], max_rows: int) -> tuple[_Step, ...]:
-    """The latest steps whose rows add up to at most ``max_rows``: a result older than those is
-    made again, which past that many changed rows costs less than following them."""
-    rows, keep = 0, len(steps)
+def _bounded(writes: list[_Write], max_records: int) -> list[_Write]:
+    """The latest writes whose records add up to at most ``max_records``: a result older than
+    those is made again, which past that many changed rows costs less than following them."""
+    records, keep = 0, len(writes)
     while keep > 0:
-        s = steps[keep - 1]
-        rows += s.removed.num_rows + s.added.num_rows
-        if rows > max_rows:
+        records += len(writes[keep - 1].records)
+        if records > max_records:
             break
         keep -= 1
-    return steps[keep:]
+    return writes[keep:]
 
 
 class CachingLayer(WrappedLayer):
@@ -291,7 +389,8 @@ class CachingLayer(WrappedLayer):
 
         (batch, read), position, seq = shard.consistent(scan, query)
         if read:
-            self.cache.put(shard, seq, batch)
+            self.cache.put(shard, seq, batch, rows_of=functools.partial(
+                shard.store_type.stored_rows, shard.definition, shard.schema))
         return batch, position
 
     def _kept_scan(self, seq: int) -> pa.RecordBatch | None:
@@ -304,21 +403,35 @@ class CachingLayer(WrappedLayer):
         if pending is None:
             return None
         try:
-            followed = shard.store_type.follow_scan(shard.definition, shard.schema, *pending)
+            batch = shard.store_type.follow_scan(shard.definition, shard.schema, *pending)
         except Exception:  # noqa: BLE001 - a record that does not decode: the full scan says so properly
             log.warning("store %r partition %s: could not bring the kept scan up to date; reading the shard",
                         shard.definition.name, shard.partition, exc_info=True)
-            followed = None
-        if followed is None:
+            batch = None
+        if batch is None:
             cache.drop(shard)
             return None
-        cache.put(shard, seq, followed.batch, (followed.removed, followed.added))
-        return followed.batch
+        cache.put(shard, seq, batch, followed=True)
+        return batch
+
+    def changes_since(self, since: int, bound: PositionBound = UNBOUNDED) -> tuple[Changes, Position, int] | None:
+        """The rows this store's writes since sequence ``since`` replaced and left, with the
+        position and sequence they brought it to, from the writes held beside its kept scan
+        (the scan is not brought up to date); None when they are not all held or the position
+        is short of ``bound``."""
+        shard, cache = self._shard, self.cache
+        changes, position, seq = shard.consistent(lambda s: cache.changes_since(shard, s, shard.seq), since)
+        if changes is None or not bound.is_satisfied_by(position, shard.topic, shard.partition):
+            return None
+        return changes, position, seq
 
     def apply(self, records: Sequence[ChangelogRecord]) -> tuple[int, int]:
+        shard = self._shard
+        # read before the write by the shard's one writer (this call), so nothing moves between
+        held = shard.stored_before(records) if self.cache.follows(shard) else None
         before, after = self.inner.apply(records)
         if after != before:  # the write landed: a kept scan can follow it
-            self.cache.note_writes(self._shard, before, after, records)
+            self.cache.note_writes(shard, before, after, records, held)
         return before, after
 
     def reset(self, source: str | None = None) -> None:

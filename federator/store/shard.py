@@ -120,6 +120,11 @@ class Shard(StoreLayer):
         """Offset of the last changelog record applied, None before the first."""
         return self._position.get(self.topic, self.partition)
 
+    def stored_before(self, records: Sequence[ChangelogRecord]) -> Sequence[bytes | None] | None:
+        """What the records' keys hold now, before they are applied (the store type's
+        ``stored_before``); for the shard's writer, which nothing else writes under."""
+        return self.store_type.stored_before(self._view(), records)
+
     def apply(self, records: Sequence[ChangelogRecord]) -> tuple[int, int]:
         """Apply records (in offset order) and move the position past them, in one atomic write.
         Returns the write sequence before and after it: a layer that keeps a read of the shard

@@ -9,7 +9,7 @@ never inferred from its name.
 from __future__ import annotations
 
 import copy as _copy
-from typing import TYPE_CHECKING, Callable, ClassVar, Iterable, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Callable, ClassVar, Iterable, Sequence
 
 import pyarrow as pa
 from rocksdict import WriteBatch
@@ -24,15 +24,6 @@ if TYPE_CHECKING:
     from federator.store.view import ShardView
 
 Handler = Callable[["ShardView", Query], pa.RecordBatch]
-
-
-class Followed(NamedTuple):
-    """A kept full scan brought up to date with some writes, and what they changed: the rows
-    the written keys had before (``removed``) and have now (``added``). Counts and sums over
-    the scan follow from these two alone (federator.owner.maintained)."""
-    batch: pa.RecordBatch
-    removed: pa.RecordBatch
-    added: pa.RecordBatch
 
 
 
@@ -79,10 +70,22 @@ class StoreType:
         return RangeQuery()
 
     def follow_scan(self, defn: StoreDefinition, schema: pa.Schema, scan: pa.RecordBatch,
-                    records: Sequence[ChangelogRecord]) -> Followed | None:
+                    records: Sequence[ChangelogRecord]) -> pa.RecordBatch | None:
         """The full scan after ``records`` were applied to a shard whose full scan was ``scan``,
-        with the rows they replaced and added, or None to have the shard read again (the default)."""
+        or None to have the shard read again (the default)."""
         return None
+
+    def stored_before(self, view: ShardView, records: Sequence[ChangelogRecord]) -> list[bytes | None] | None:
+        """What each record's key holds in the shard before ``records`` are applied (None where
+        it holds nothing), for the rows a write replaces; None (the default): this type does not
+        tell, and results kept over its scans are made again after a write."""
+        return None
+
+    def stored_rows(self, defn: StoreDefinition, schema: pa.Schema, keys: Sequence[bytes],
+                    stored: Sequence[bytes]) -> pa.RecordBatch:
+        """The rows, in the full scan's schema, of the given keys holding ``stored`` (as
+        ``stored_before`` returns it and ``apply`` writes it). Needed with ``stored_before``."""
+        raise NotImplementedError
 
     def decode_row(self, defn: StoreDefinition, key: bytes, stored: bytes) -> tuple | None:
         """One stored entry (its key's bytes and what the shard keeps for it) as Python values in

@@ -165,7 +165,7 @@ def scans(defn: StoreDefinition, rows: dict[Any, Any], deleted: dict[Any, Any] |
         if later:
             records = [ChangelogRecord(defn.key.serialize(k), None if v is None else defn.value.serialize(v), i, 5)
                        for i, (k, v) in enumerate(later)]
-            batch = KeyValueStoreType().follow_scan(defn, defn.arrow_schema(), batch, records).batch
+            batch = KeyValueStoreType().follow_scan(defn, defn.arrow_schema(), batch, records)
         out.append(batch)
     return out
 

@@ -15,10 +15,12 @@ from hypothesis import strategies as st
 from federator.catalog import StoreDefinition
 from federator.owner.duck import Duck
 from federator.owner.maintained import maintained
-from federator.owner.work import owners_sql
+from federator.owner.work import followed_answer, owners_sql
+from federator.query.position import Position, PositionBound
 from federator.partitioner import partition_for
 from federator.query.queries import RangeQuery
 from federator.store.record import ChangelogRecord
+from federator.store.layer import UNBOUNDED
 from federator.store.scan_cache import CachingLayer, ScanCache
 from federator.store.shard import Shard
 from tests.registry import REGISTRY
@@ -47,6 +49,15 @@ def _owner_answer(stores: list[CachingLayer], cache: ScanCache, sql: str) -> pa.
     owners_sql(DUCK, sql, [(r, s.base) for r, s in zip(results, stores)], cache)
     assert all(r.ok for r in results), results[0].message
     return results[0].batch
+
+
+def _node_answer(stores: list[CachingLayer], cache: ScanCache, sql: str) -> pa.RecordBatch:
+    """As a node answers: from the kept result and the rows written since, else over the scans."""
+    got = followed_answer(sql, list(enumerate(stores)), UNBOUNDED, cache)
+    if got is None:
+        return _owner_answer(stores, cache, sql)
+    assert [r.position for r in got] == [s.position for s in stores]  # each as of its changed rows
+    return got[0].batch
 
 
 def _sorted(rows: list[dict]) -> list[dict]:
@@ -90,9 +101,10 @@ def test_kept_counts_and_sums_follow_writes(tmp_path_factory, sql: str, data) ->
                 write(data.draw(st.integers(1, 6)))
                 if data.draw(st.booleans()):
                     [s.run(RangeQuery()) for s in stores]  # a scan between: the result follows two steps
-            before = cache.maintained
-            got = _owner_answer(stores, cache, sql)
+            before, folded = cache.maintained, cache.followed
+            got = _node_answer(stores, cache, sql)
             assert _sorted(got.to_pylist()) == _sorted(expected())
+            assert cache.followed == folded  # the scans were neither read nor brought up to date
             assert got.schema == DUCK.over_rows(sql, pa.Table.from_batches(
                 [s.run(RangeQuery()).batch for s in stores])).schema
             assert cache.maintained == before + 1  # from the changed rows, not every row
@@ -139,3 +151,47 @@ def test_groups_whose_rows_all_went_go_and_sums_of_no_values_are_null() -> None:
     got = m.follow(kept, [back], [gone])  # x keeps two NULL rows (the old and the new), y is empty
     assert got.to_pylist() == [{"__g0": "x", "__a0": 0, "__a1": None, "__n": 2, "__n0": 0}]
     assert m.visible_part(got).schema.names == ["__g0", "__a0", "__a1"]
+
+
+def test_a_kept_result_over_scans_it_follows_two_ways_is_the_same(tmp_path) -> None:
+    """Made over the scans, then followed without them, then over scans brought up to date:
+    each answer is the statement's over the rows, and a bound the shard is short of is not
+    answered from the kept result."""
+    defn = _definition()
+    cache = ScanCache(256 << 20)
+    stores = [CachingLayer(Shard(tmp_path / str(p), defn, p), cache) for p in range(P)]
+    sql = FOLLOWED[2]
+    rows: dict[str, dict] = {}
+
+    def write(key: str, value: dict | None, offset: int) -> None:
+        kb = defn.key.serialize(key)
+        p = partition_for(kb, P)
+        stores[p].apply([ChangelogRecord(kb, None if value is None else json.dumps(value).encode(), offset, 0)])
+        rows.pop(key, None) if value is None else rows.__setitem__(key, value)
+
+    def want() -> list[dict]:
+        table = pa.table({"key": list(rows), "a": pa.array([r["a"] for r in rows.values()], pa.int64()),
+                          "g": [r["g"] for r in rows.values()]})
+        return _sorted(DUCK.over_rows(sql, table).to_pylist())
+
+    try:
+        for i, k in enumerate("abcdef"):
+            write(k, {"a": i, "g": "xy"[i % 2]}, i)
+        assert _sorted(_owner_answer(stores, cache, sql).to_pylist()) == want()
+        write("a", {"a": 100, "g": "y"}, 10)
+        write("c", None, 11)
+        write("q", {"a": 7, "g": "z"}, 12)
+        folded = cache.followed
+        got = followed_answer(sql, list(enumerate(stores)), UNBOUNDED, cache)
+        assert got is not None and cache.followed == folded
+        assert _sorted(got[0].batch.to_pylist()) == want()
+        write("b", {"a": 1, "g": "z"}, 13)
+        assert _sorted(_owner_answer(stores, cache, sql).to_pylist()) == want()  # scans folded, result followed
+        assert cache.followed > folded
+        write("d", None, 14)
+        ahead = PositionBound(Position({"t": {p: 1000 for p in range(P)}}))
+        assert followed_answer(sql, list(enumerate(stores)), ahead, cache) is None
+        assert _sorted(_node_answer(stores, cache, sql).to_pylist()) == want()
+    finally:
+        for s in stores:
+            s.close()
