@@ -16,7 +16,7 @@ from __future__ import annotations
 import bisect
 import struct
 from itertools import islice
-from typing import Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -170,13 +170,49 @@ class _Values:
         return self.array[i].as_py()
 
 
+class _Bytes:
+    """A string or binary array's values as bytes, sliced from its buffers: a tenth of the cost
+    of an Arrow scalar per comparison. UTF-8's byte order is the order of the code points,
+    Python's order of the same strings."""
+
+    __slots__ = ("offsets", "data", "n")
+
+    def __init__(self, array: pa.Array) -> None:
+        _, offsets, data = array.buffers()
+        width = 8 if pa.types.is_large_string(array.type) or pa.types.is_large_binary(array.type) else 4
+        self.n = len(array)
+        self.offsets = np.frombuffer(offsets, dtype=np.int64 if width == 8 else np.int32, count=self.n + 1,
+                                     offset=array.offset * width)
+        self.data = memoryview(data) if data is not None else memoryview(b"")
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> bytes:
+        return self.data[self.offsets[i]:self.offsets[i + 1]].tobytes()
+
+
 def search_sorted(needles: pa.Array, ordered: pa.Array) -> pa.Array:
     """For each of ``needles``, its row in ``ordered`` (ascending, unique; null: absent), by
-    binary search, a few Python steps each: cheaper than hashing ``ordered`` for a few needles.
-    A full scan's key order is bytes order for strings and bytes and value order for integers,
-    which is Python's order of the same values (not so for doubles: -0.0 and 0.0)."""
-    values, found = _Values(ordered), []
-    for key in needles.to_pylist():
+    binary search: cheaper than hashing ``ordered`` for a few needles. A full scan's key order
+    is bytes order for strings and bytes and value order for integers, which is Python's and
+    numpy's order of the same values (not so for doubles: -0.0 and 0.0)."""
+    kind = ordered.type
+    if ordered.null_count == 0 and needles.null_count == 0 and pa.types.is_integer(kind) and needles.type == kind:
+        hay, want = ordered.to_numpy(zero_copy_only=True), needles.to_numpy(zero_copy_only=True)
+        at = np.searchsorted(hay, want)
+        hit = at < len(hay)
+        hit[hit] = hay[at[hit]] == want[hit]
+        return pa.array(at, pa.int64(), mask=~hit)
+    if ordered.null_count == 0 and (pa.types.is_string(kind) or pa.types.is_large_string(kind) or
+                                    pa.types.is_binary(kind) or pa.types.is_large_binary(kind)):
+        values: Any = _Bytes(ordered)
+        text = pa.types.is_string(kind) or pa.types.is_large_string(kind)
+        wanted = [k.encode() if text and k is not None else k for k in needles.to_pylist()]
+    else:
+        values, wanted = _Values(ordered), needles.to_pylist()
+    found = []
+    for key in wanted:
         i = len(values) if key is None else bisect.bisect_left(values, key)
         found.append(i if i < len(values) and values[i] == key else None)
     return pa.array(found, pa.int64())
