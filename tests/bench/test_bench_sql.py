@@ -483,7 +483,8 @@ def test_scan_and_aggregates_vs_raw_iteration(broker, report: Report, tmp_path_f
         cache = node.metadata()["local"]["scan_cache"]
         report.notes.append(f"Scan cache of the restarted node after its runs: {cache['entries']} shards, "
                             f"{cache['bytes'] / 1e6:.0f} MB, {cache['hits']} hits, {cache['misses']} misses, "
-                            f"{cache['followed']} scans brought up to date from writes.")
+                            f"{cache['followed']} scans brought up to date from writes, {cache['maintained']} "
+                            "owners' results brought up to date from the written rows.")
     finally:
         cluster.stop()
 
@@ -586,8 +587,9 @@ def test_scan_and_aggregates_vs_raw_iteration(broker, report: Report, tmp_path_f
         "written to every partition, on a node started with --scan-cache-follow 0, so every shard is read from "
         "RocksDB. Warm: the same query again, answered from each shard's scan cache (its last full scan as Arrow, "
         "kept while the shard is unchanged, with the partial aggregates computed over it). Followed: right after "
-        "one record was written to every partition, on the node restarted with its defaults, so each kept scan is "
-        "brought up to date with the write instead of read again, and the aggregate runs in DuckDB over it. "
+        "one record was written to every partition, on the node restarted with its defaults: for SELECT *, each kept "
+        "scan is brought up to date with the write instead of read again; for COUNT and SUM, the owner's kept states "
+        "take in the rows the write replaced and added alone (stats in the note: maintained), the scans not read. "
         "Cold and warm ran with --reuse-answers-seconds 0, so every query computed its answer. Reused: on the "
         "restarted node, the same query again with nothing written since: the owners are asked and answer from "
         "the results kept beside their scans, and the receiver reuses its last answer as the positions are "
