@@ -28,12 +28,13 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import sqlglot
 from sqlglot import exp
 
 ROWS = "rows"
-MAX_GROUPS = 4096  # kept groups up to which following them in Python beats the statement
 _COUNT_ROWS = "__n"
 _DIGITS = 80  # exact for any sum of 38-digit decimals, with room to see one overflow
 _PRECISION = 38  # digits of DuckDB's HUGEINT and DECIMAL(38) sums as Arrow gives them
@@ -61,22 +62,21 @@ class Maintained:
     def follow(self, kept: pa.RecordBatch, added: list[pa.RecordBatch],
                removed: list[pa.RecordBatch]) -> pa.RecordBatch | None:
         """``kept`` (this statement's result over earlier rows) after ``removed`` rows went and
-        ``added`` came; None when that cannot be told exactly (the caller computes afresh)."""
+        ``added`` came; None when that cannot be told exactly (the caller computes afresh).
+        Python touches only the groups the changed rows fall in; the others are copied."""
         schema = kept.schema
-        if kept.num_rows > MAX_GROUPS or any(_unhashable(schema.field(g).type) for g, _ in self.groups) or \
+        if any(_unhashable(schema.field(g).type) for g, _ in self.groups) or \
                 not all(_exact(schema.field(s.name).type) for s in self.states if s.kind == "sum"):
             return None
-        names = [f.name for f in schema]
-        width = len(self.groups)
-        totals: dict[tuple[Any, ...], list[Any]] = {}
-        for row in zip(*(kept.column(i).to_pylist() for i in range(len(names)))):
-            totals[row[:width]] = [0 if v is None else v for v in row[width:]]
+        delta: dict[tuple[Any, ...], list[Any]] = {}
         with decimal.localcontext(prec=_DIGITS):
             for batches, sign in ((added, 1), (removed, -1)):
                 for batch in batches:
-                    if batch.num_rows and not self._add(totals, batch, sign):
+                    if batch.num_rows and not self._add(delta, batch, sign):
                         return None
-            return self._result(totals, schema)
+            if not delta:
+                return kept
+            return self._apply(kept, delta)
 
     def _add(self, totals: dict[tuple[Any, ...], list[Any]], rows: pa.RecordBatch, sign: int) -> bool:
         names = rows.schema.names
@@ -104,30 +104,82 @@ class Maintained:
                             total[j] += sign * v
         return True
 
-    def _result(self, totals: dict[tuple[Any, ...], list[Any]], schema: pa.Schema) -> pa.RecordBatch | None:
+    def _apply(self, kept: pa.RecordBatch, delta: dict[tuple[Any, ...], list[Any]]) -> pa.RecordBatch | None:
+        """``kept`` with each changed group's states moved by its ``delta``: groups left with no
+        rows go, groups it did not have come after its own."""
+        schema, width = kept.schema, len(self.groups)
+        keys = list(delta)
+        found = self._rows_of(kept, keys)
         at = {s.name: j for j, s in enumerate(self.states)}
-        rows_at = at[_COUNT_ROWS]
-        columns: list[list[Any]] = [[] for _ in range(len(schema))]
+        rows_n = at[_COUNT_ROWS]
+        updated = sorted((row, key) for key, row in zip(keys, found) if row is not None)
+        olds = [kept.column(width + j).take(pa.array([r for r, _ in updated], pa.int64())).to_pylist()
+                for j in range(len(self.states))] if updated else []
+        replaced: list[list[Any]] = [[] for _ in self.states]
+        emptied: list[int] = []
+        for i, (row, key) in enumerate(updated):
+            total = [(olds[j][i] or 0) + d for j, d in enumerate(delta[key])]
+            if width and total[rows_n] == 0:
+                emptied.append(row)  # every row of the group went
+            states = self._states(total, schema, at)
+            if states is None:
+                return None
+            for j, v in enumerate(states):
+                replaced[j].append(v)
+        new_rows = []
+        for key, row in zip(keys, found):
+            if row is None:
+                total = delta[key]
+                if width and total[rows_n] == 0:
+                    continue  # came and went between the two results
+                if width and total[rows_n] < 0 or not width:
+                    return None  # a group the result did not have lost rows: not the result of these rows
+                states = self._states(total, schema, at)
+                if states is None:
+                    return None
+                new_rows.append((*key, *states))
+        columns = list(kept.columns)
+        if updated:
+            mask = np.zeros(kept.num_rows, np.bool_)
+            mask[[r for r, _ in updated]] = True
+            where = pa.array(mask)
+            for j, values in enumerate(replaced):
+                columns[width + j] = pc.replace_with_mask(columns[width + j], where, pa.array(values, schema.field(width + j).type))
+        result = pa.RecordBatch.from_arrays(columns, schema=schema)
+        if emptied:
+            keep = np.ones(kept.num_rows, np.bool_)
+            keep[emptied] = False
+            result = result.filter(pa.array(keep))
+        if new_rows:
+            more = pa.RecordBatch.from_arrays([pa.array(list(c), f.type) for c, f in zip(zip(*new_rows), schema)], schema=schema)
+            result = pa.Table.from_batches([result, more]).combine_chunks().to_batches()[0]
+        return result
+
+    def _rows_of(self, kept: pa.RecordBatch, keys: list[tuple[Any, ...]]) -> list[int | None]:
+        """The row of ``kept`` holding each group key, None where it has none."""
         width = len(self.groups)
-        for key, total in totals.items():
-            if width and total[rows_at] == 0:
-                continue  # every row of the group went
-            for i, v in enumerate(key):
-                columns[i].append(v)
-            for j, s in enumerate(self.states):
-                v = total[j]
-                if s.kind == "sum":
-                    if total[at[s.nonnull]] == 0:  # type: ignore[index]
-                        v = None
-                    elif abs(v) >= decimal.Decimal(10) ** (_PRECISION - schema.field(s.name).type.scale):
-                        return None
-                    else:
-                        v = decimal.Decimal(v)
-                columns[width + j].append(v)
-        try:
-            return pa.RecordBatch.from_arrays([pa.array(c, type=f.type) for c, f in zip(columns, schema)], schema=schema)
-        except (pa.ArrowInvalid, pa.ArrowTypeError):
-            return None
+        if not width:
+            return [0 for _ in keys] if kept.num_rows == 1 else [None for _ in keys]
+        if width == 1:  # Arrow's hash lookup; NULL finds NULL, as DuckDB groups them
+            column = kept.column(0)
+            return pc.index_in(pa.array([k[0] for k in keys], column.type), value_set=column).to_pylist()
+        rows = {key: i for i, key in enumerate(zip(*(kept.column(i).to_pylist() for i in range(width))))}
+        return [rows.get(k) for k in keys]
+
+    def _states(self, total: list[Any], schema: pa.Schema, at: dict[str, int]) -> list[Any] | None:
+        """The output values of a group's totals; None when a sum leaves its type's range."""
+        width, out = len(self.groups), []
+        for j, s in enumerate(self.states):
+            v = total[j]
+            if s.kind == "sum":
+                if total[at[s.nonnull]] == 0:  # type: ignore[index]
+                    v = None
+                elif abs(v) >= decimal.Decimal(10) ** (_PRECISION - schema.field(width + j).type.scale):
+                    return None
+                else:
+                    v = decimal.Decimal(v)
+            out.append(v)
+        return out
 
 
 def _exact(t: pa.DataType) -> bool:
