@@ -192,8 +192,8 @@ class NodeCollector(Collector):
                                   value=s["misses"])
         yield CounterMetricFamily("federator_scan_cache_followed", "Kept scans brought up to date from the "
                                   "writes since", value=s["followed"])
-        yield CounterMetricFamily("federator_scan_cache_maintained", "Owners' kept counts and sums brought up to "
-                                  "date from the rows written since", value=s["maintained"])
+        yield CounterMetricFamily("federator_scan_cache_maintained", "Owners' kept partial aggregates brought up "
+                                  "to date from the rows written since", value=s["maintained"])
 
     def _store_queries(self) -> Iterator[Metric]:
         meter = getattr(self.node, "meter", None)
