@@ -216,7 +216,8 @@ def test_a_min_or_max_follows_until_its_extreme_goes() -> None:
         {"g": ["x", "x", "x", "y", "y"], "a": [1, 7, 9, None, 3]})).to_pylist(), key=str)
     assert m.follow(kept, [batch(g=["x"], a=[2])], [batch(g=["x"], a=[9])]) is None  # the max went: run again
     assert m.follow(kept, [], [batch(g=["x"], a=[1])]) is None  # and the min
-    assert m.follow(kept, [batch(g=["x"], a=[0])], [batch(g=["x"], a=[5])]).to_pylist()[0]["__a0"] == 0
+    moved = m.follow(kept, [batch(g=["x"], a=[0])], [batch(g=["x"], a=[5])]).to_pylist()
+    assert [r["__a0"] for r in moved if r["__g0"] == "x"] == [0]  # DuckDB's groups come in any order
     doubles = maintained('SELECT MAX("d") AS "__a0" FROM rows')
     kept = DUCK.over_rows(doubles.sql, pa.table({"d": [1.0, float("nan")]}))  # DuckDB puts NaN last
     assert doubles.follow(kept, [pa.record_batch({"d": [2.0]})], []) is None
