@@ -371,3 +371,21 @@ def test_a_chunked_request_body_is_read_whole(server_url: str, node: FakeSqlNode
     assert resp.status == 200, answer
     assert json.loads(answer)["rows"][0][0] == "alice"
     assert node.requests[-1].parameters == ["alice"]
+
+
+def test_a_refused_body_is_read_before_the_413_so_the_client_hears_it() -> None:
+    """A server that answers a too-large body and closes while the client still sends makes the
+    client see a reset instead of the 413: the body is read and dropped first, up to a bound."""
+    from federator.http import sql_routes
+    from federator.sql.limits import Limits
+
+    body = io.BytesIO(b"x" * (70 * 1024))
+    environ = {"CONTENT_LENGTH": str(70 * 1024), "wsgi.input": body}
+    with pytest.raises(SqlError) as e:
+        sql_routes._read_body(environ, Limits(max_body_bytes=64 * 1024))
+    assert e.value.code == "REQUEST_TOO_LARGE" and body.tell() == 70 * 1024
+    huge = io.BytesIO(b"x" * (sql_routes._DRAIN_MAX + 10))  # past the bound: not read to the end
+    environ = {"CONTENT_LENGTH": str(sql_routes._DRAIN_MAX + 10), "wsgi.input": huge}
+    with pytest.raises(SqlError):
+        sql_routes._read_body(environ, Limits(max_body_bytes=64 * 1024))
+    assert huge.tell() == sql_routes._DRAIN_MAX
