@@ -150,14 +150,16 @@ def _kept_sides(spec: KeyJoin, part: Part, cache: ScanCache | None) -> bool:
     return True
 
 
-def _hashed(spec: KeyJoin, pair: tuple[pa.RecordBatch, pa.RecordBatch], in_order: tuple[bool, bool]) -> bool:
-    """Whether joining this partition's sides probes a hash table (Arrow's work, worth a thread)."""
+def _how(spec: KeyJoin, pair: tuple[pa.RecordBatch, pa.RecordBatch], in_order: tuple[bool, bool]) -> str:
+    """How a partition's sides are joined: "same" keys row by row, "duckdb" (a lookup does not
+    pay), a binary "search" of the few keys, or a "hash" probe (Arrow's work, worth a thread)."""
     lk, rk = pair[0].column(spec.left.key), pair[1].column(spec.right.key)
-    if not pays(len(lk), len(rk)) or same_keys(lk, rk):
-        return False
-    if len(rk) <= len(lk):
-        return not (in_order[0] and _few(rk, lk))
-    return not (in_order[1] and _few(lk, rk))
+    if same_keys(lk, rk):
+        return "same"
+    if not pays(len(lk), len(rk)):
+        return "duckdb"
+    few = in_order[0] and _few(rk, lk) if len(rk) <= len(lk) else in_order[1] and _few(lk, rk)
+    return "search" if few else "hash"
 
 
 def run(spec: KeyJoin, duck: Duck, parts: list[Part], pool: Executor | None = None,
@@ -167,8 +169,9 @@ def run(spec: KeyJoin, duck: Duck, parts: list[Part], pool: Executor | None = No
     its pair pays() for it, the others by DuckDB's join, then the owner's SQL once over all
     the joined rows. A key lives in one partition of each store, so the pairs of all
     partitions at once are the pairs partition by partition. The per-partition filters and
-    hash probes run on ``pool``'s threads when given: Arrow and DuckDB release the GIL. ``in_key_order``: the
-    rows given are in key order (a RangeQuery's), so an unfiltered side may be searched.
+    hash probes run on ``pool``'s threads when given: Arrow and DuckDB release the GIL.
+    ``in_key_order``: the rows given are in key order (a RangeQuery's), so an unfiltered side
+    may be searched.
     ``cache``: the node's scan cache, where a side's filtered rows are kept beside its scan."""
     in_order = (in_key_order and spec.left.filter is None, in_key_order and spec.right.filter is None)
     threads = pool if pool is not None and len(parts) > 1 else None
@@ -184,24 +187,24 @@ def run(spec: KeyJoin, duck: Duck, parts: list[Part], pool: Executor | None = No
     else:
         both = [sides(part) for part in parts]
 
-    def one(pair: tuple[pa.RecordBatch, pa.RecordBatch]) -> pa.RecordBatch | tuple[pa.RecordBatch, pa.RecordBatch]:
+    def one(pair: tuple[pa.RecordBatch, pa.RecordBatch], how: str) -> pa.RecordBatch | tuple[pa.RecordBatch, pa.RecordBatch]:
         """A partition's joined rows, or its two sides where DuckDB's join costs less."""
         left, right = pair
-        lk, rk = left.column(spec.left.key), right.column(spec.right.key)
-        if same_keys(lk, rk):
+        if how == "same":
             return _joined(left, right, spec, None)
-        if not pays(len(lk), len(rk)):
+        if how == "duckdb":
             return left, right
-        return _joined(left, right, spec, pairs(lk, rk, in_order))
+        return _joined(left, right, spec, pairs(left.column(spec.left.key), right.column(spec.right.key), in_order))
 
-    hashed = [threads is not None and _hashed(spec, pair, in_order) for pair in both]
+    hows = [_how(spec, pair, in_order) for pair in both]
+    hashed = [i for i, how in enumerate(hows) if how == "hash"]
     done: list[pa.RecordBatch | tuple[pa.RecordBatch, pa.RecordBatch]] = [None] * len(both)  # type: ignore[list-item]
-    if sum(hashed) > 1:
-        for i, d in zip([i for i, h in enumerate(hashed) if h], threads.map(one, [p for p, h in zip(both, hashed) if h])):  # type: ignore[union-attr]
+    if threads is not None and len(hashed) > 1:
+        for i, d in zip(hashed, threads.map(lambda i: one(both[i], "hash"), hashed)):
             done[i] = d
     for i, pair in enumerate(both):
         if done[i] is None:
-            done[i] = one(pair)
+            done[i] = one(pair, hows[i])
     looked_up = [d for d in done if isinstance(d, pa.RecordBatch)]
     rest = [d for d in done if not isinstance(d, pa.RecordBatch)]
     if not rest:

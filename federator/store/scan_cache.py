@@ -84,6 +84,7 @@ class _Entry:
     pending: list[_Write] = field(default_factory=list)  # applied since the scan, in order
     history: list[_Write] = field(default_factory=list)  # folded into the scan, kept for older results
     held: int = 0  # what pending and history take, counted against the budget
+    pending_records: int = 0  # records in pending, checked against max_pending on every write
 
     @property
     def pending_seq(self) -> int | None:
@@ -199,11 +200,12 @@ class ScanCache:
             entry = self._entries.get(owner)
             if entry is None:
                 return
-            if entry.current != before or sum(len(w.records) for w in entry.pending) + len(records) > self.max_pending:
+            if entry.current != before or entry.pending_records + len(records) > self.max_pending:
                 self._drop(owner)
                 return
             held = _held_bytes(records, stored_before)
             entry.pending.append(_Write(before, after, records, stored_before, held))
+            entry.pending_records += len(records)
             entry.held += held
             self._bytes += held
             self._evict()  # held writes are memory like the scans: past the budget, the oldest go
@@ -247,25 +249,6 @@ class ScanCache:
             self._derived.move_to_end(dkey)
             return result
 
-    def derived_since(self, scans: Sequence[tuple[Any, pa.RecordBatch]], key: str) -> Since | None:
-        """The result last kept for work ``key`` over these owners, and the rows changed in each
-        between the scan it was made over and the one given, when each batch is its owner's
-        cached scan and the writes between are held."""
-        with self._lock:
-            kept = self._derived.get((key, *(owner for owner, _ in scans)))
-            if kept is None or not self._current(scans):
-                return None
-            seqs, result = kept
-            spans = []
-            for seq, (owner, _) in zip(seqs, scans):
-                entry = self._entries[owner]
-                writes = entry.writes(seq, entry.seq)
-                if writes is None:
-                    return None
-                spans.append((writes, entry.rows_of))
-        changes = [_changes(w, rows_of) for w, rows_of in spans]
-        return None if any(c is None for c in changes) else Since.of(result, changes)  # type: ignore[arg-type]
-
     def kept_result(self, key: str, owners: Sequence[Any]) -> tuple[tuple[int, ...], pa.RecordBatch] | None:
         """The result last kept for work ``key`` over ``owners``, with the sequences it reflects."""
         with self._lock:
@@ -283,15 +266,13 @@ class ScanCache:
             rows_of = entry.rows_of
         return None if writes is None else _changes(writes, rows_of)
 
-    def put_derived(self, scans: Sequence[tuple[Any, pa.RecordBatch]], key: str, result: pa.RecordBatch,
-                    maintained: bool = False) -> None:
-        """Keep ``result`` of work ``key`` over ``scans``; ``maintained``: it was brought up to
-        date from the rows that changed (counted in the stats)."""
+    def put_derived(self, scans: Sequence[tuple[Any, pa.RecordBatch]], key: str, result: pa.RecordBatch) -> None:
+        """Keep ``result`` of work ``key`` over ``scans``."""
         with self._lock:
             if not scans or not self._current(scans):
                 return
             self._keep_derived([o for o, _ in scans], key, tuple(self._entries[o].seq for o, _ in scans), result,
-                               maintained)
+                               False)
 
     def put_derived_at(self, owners: Sequence[Any], key: str, seqs: tuple[int, ...], result: pa.RecordBatch) -> None:
         """Keep ``result`` of work ``key``, brought up to date from the rows that changed, as of
