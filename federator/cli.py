@@ -105,6 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--scan-cache-follow", type=int, default=50_000, metavar="N",
                    help="writes a kept scan is brought up to date with, per shard, before it is read "
                         "again from RocksDB instead (default 50000, 0 = drop it on any write)")
+    n.add_argument("--kept-answers", type=int, default=16, metavar="N",
+                   help="answers of small queries (top-k, rank, key sets) each store partition keeps and gives "
+                        "again while nothing is written to it (default 16, 0 = off)")
     n.add_argument("--duckdb-memory-limit", default="2GB", metavar="SIZE",
                    help="memory DuckDB may use for this node's SQL before it spills to --state-dir/spill "
                         "(DuckDB's memory_limit, e.g. 512MB, 4GB; default 2GB)")

@@ -18,6 +18,7 @@ from federator.auth import Users
 from federator.tls import from_flags
 from federator.node.node import Node, NodeConfig
 from federator.plugin import load_plugins
+from federator.store.kept_answers import DEFAULT_PER_SHARD
 from federator.store.scan_cache import DEFAULT_FOLLOW
 from federator.sql.limits import Limits, parse_size
 from federator.sql.service import SqlService
@@ -71,6 +72,8 @@ def run_node(args: argparse.Namespace) -> int:
         raise ValueError("--scan-cache-mb must be 0 or more")
     if getattr(args, "scan_cache_follow", 0) < 0:
         raise ValueError("--scan-cache-follow must be 0 or more")
+    if getattr(args, "kept_answers", 0) < 0:
+        raise ValueError("--kept-answers must be 0 or more")
     limits = _limits(args)  # checked before the node joins anything
     users = _users(args, host)
     tls = from_flags(getattr(args, "tls_cert", None), getattr(args, "tls_key", None), getattr(args, "tls_ca", None))
@@ -94,6 +97,7 @@ def run_node(args: argparse.Namespace) -> int:
         plugin_errors=getattr(args, "plugin_errors", "fatal"),
         scan_cache_mb=args.scan_cache_mb,  # the node makes its one scan cache from these
         scan_cache_follow=getattr(args, "scan_cache_follow", DEFAULT_FOLLOW),
+        kept_answers=getattr(args, "kept_answers", DEFAULT_PER_SHARD),
         max_body_bytes=limits.max_body_bytes, max_sql_chars=limits.max_sql_chars,
         max_answer_rows=limits.max_answer_rows, max_answer_bytes=limits.max_answer_bytes,
         max_timeout_ms=limits.max_timeout_ms, max_running_queries=limits.max_running,

@@ -16,7 +16,7 @@ from time import perf_counter  # the metrics' clock (tests replace ``time``)
 from collections import defaultdict
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import pyarrow as pa
 
@@ -62,18 +62,46 @@ class Dispatcher:
         ``endpoints``: its HTTP address and its key port's (None: it has none)."""
         if self.metrics is None:
             return self._call(endpoints, req, timeout)
-        started = perf_counter()
+        return self._counted(node_id, perf_counter(), lambda: self._call(endpoints, req, timeout))
+
+    def _counted(self, node_id: str, started: float, call: Callable[[], list[QueryResult]]) -> list[QueryResult]:
+        """``call()``, told to the metrics as a call to ``node_id`` begun at ``started``."""
         outcome = "ok"
         try:
-            return self._call(endpoints, req, timeout)
+            return call()
         except NodeCallError as e:
-            outcome = e.code or (f"HTTP_{e.status}" if e.status else "NO_ANSWER")
+            outcome = _outcome(e)
             raise
         except Exception:
             outcome = "INTERNAL"
             raise
         finally:
-            self.metrics.internal_call(node_id, "query", outcome, perf_counter() - started)
+            if self.metrics is not None:
+                self.metrics.internal_call(node_id, "query", outcome, perf_counter() - started)
+
+    def _send(self, node_id: str, endpoints: tuple[str, str | None], req: StateQueryRequest,
+              timeout: float) -> tuple[Callable[[], list[QueryResult]], Callable[[], None]] | None:
+        """``req`` sent over the node's key port now: what reads its answer (counted as
+        ``_query`` counts a call) and what abandons it unread, or None when the node has no
+        port or it cannot take the call (the caller makes the call through the pool)."""
+        if endpoints[1] is None:
+            return None
+        started = perf_counter()
+        try:
+            pending = self._call_client(endpoints[1]).send(req, timeout)
+        except CallUnavailable:
+            return None
+        except NodeCallError as e:
+            if self.metrics is not None:
+                self.metrics.internal_call(node_id, "query", _outcome(e), perf_counter() - started)
+            raise
+
+        def read() -> list[QueryResult]:
+            try:
+                return pending()
+            except CallUnavailable:  # the port went away under the call: over HTTP, as _call does
+                return self._client(endpoints[0]).query(req, max(0.05, timeout - (perf_counter() - started)))
+        return (lambda: self._counted(node_id, started, read)), pending.abandon
 
     def _call(self, endpoints: tuple[str, str | None], req: StateQueryRequest, timeout: float) -> list[QueryResult]:
         """Over the node's key port, a connection this thread keeps (no HTTP server or client on
@@ -147,6 +175,7 @@ class Dispatcher:
                     require_active=require_active, work=work,
                 )
                 (local if node_id == self.node.node_id else remote).append((node_id, endpoint, i, req))
+            sent: list[tuple[Any, Any, tuple]] = []  # (read the answer, abandon it, the call)
             if len(remote) == 1 and not local:
                 # one call and nothing to do meanwhile: make it here, not through a pool thread
                 f: Future = Future()
@@ -157,11 +186,38 @@ class Dispatcher:
                     f.set_exception(e)
                 futures = {f: remote[0]}
             else:
-                futures = {self.pool.submit(self._query, nid, ep, req, max(0.05, deadline - time.monotonic())):
-                           (nid, ep, i, req) for nid, ep, i, req in remote}
+                # each node's call sent from here before this node's own part runs, its answer
+                # read after: no pool thread is woken for it (one call per node and round; a
+                # second one to the same node, or one over HTTP, goes to the pool)
+                futures, used = {}, set()
+                for call in remote:
+                    nid, ep, i, req = call
+                    timeout = max(0.05, deadline - time.monotonic())
+                    try:
+                        answer = self._send(nid, ep, req, timeout) if ep[1] not in used else None
+                    except NodeCallError as e:
+                        futures[_failed(e)] = call
+                        continue
+                    if answer is not None:
+                        used.add(ep[1])
+                        sent.append((*answer, call))
+                    else:  # over HTTP unless the port is busy with this node's other call
+                        via = ep if ep[1] in used else (ep[0], None)
+                        futures[self.pool.submit(self._query, nid, via, req, timeout)] = call
             answered: list[tuple[str, int, list[QueryResult]]] = []
-            for nid, _, i, req in local:
-                answered.append((nid, i, self.node.execute(req)))
+            try:
+                for nid, _, i, req in local:
+                    answered.append((nid, i, self.node.execute(req)))
+                for read, _, call in sent:
+                    f = Future()
+                    try:
+                        f.set_result(read())
+                    except Exception as e:  # noqa: BLE001 - read back below exactly as a pooled call's
+                        f.set_exception(e)
+                    futures[f] = call
+            finally:  # a call whose answer is not read leaves its connection (the thread's) unusable
+                for _, abandon, _ in sent:
+                    abandon()
             done, not_done = wait(futures, timeout=max(0.0, deadline - time.monotonic()))
             if not_done:
                 names = sorted({futures[f][0] for f in not_done})
@@ -252,3 +308,13 @@ def _token_offsets(bound: PositionBound, defn: Any) -> dict[int, int]:
     if bound.position is None or defn is None:
         return {}
     return bound.position.partitions(defn.topic)
+
+
+def _failed(e: BaseException) -> Future:
+    f: Future = Future()
+    f.set_exception(e)
+    return f
+
+
+def _outcome(e: NodeCallError) -> str:
+    return e.code or (f"HTTP_{e.status}" if e.status else "NO_ANSWER")

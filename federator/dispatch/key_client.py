@@ -4,9 +4,11 @@ connection per calling thread and kind, kept open."""
 
 from __future__ import annotations
 
+import functools
 import json
 import socket
 import threading
+import time
 from typing import IO, Callable
 
 from federator.query.position import Position
@@ -107,27 +109,68 @@ class CallClient(_PortClient):
         """The node's per-partition results for ``request``, as ``POST /internal/v1/query``
         gives them. NodeCallError for an error answer or a call that ran past ``timeout``;
         CallUnavailable when the port cannot take the call."""
-        body = call_request(json.dumps(request.to_dict()).encode())
-        for attempt in (0, 1):  # a kept connection the node closed fails once: open another
+        return self.send(request, timeout)()
+
+    def send(self, request: StateQueryRequest, timeout: float) -> _Pending:
+        """Send ``request`` now and return what reads its answer (as ``query`` gives it), so
+        a caller with calls to several nodes sends them all, does its own part, then reads:
+        the owners work meanwhile, and no thread is handed the call. One call at a time per
+        node and thread: read the answer (or ``abandon`` it) before this thread sends this
+        client another request."""
+        return self._send(call_request(json.dumps(request.to_dict()).encode()), timeout)
+
+    def _send(self, body: bytes, timeout: float) -> _Pending:
+        deadline = time.monotonic() + timeout
+        fresh = getattr(self._local, "held", None) is None
+        try:
+            sock, read = self._connection(timeout)
+            sock.settimeout(timeout)
+            sock.sendall(body)
+        except (OSError, EOFError, ValueError) as e:
+            return self._failed(e, body, deadline, timeout, fresh)
+        return _Pending(self, functools.partial(self._answer, sock, read, body, deadline, timeout, fresh))
+
+    def _failed(self, e: Exception, body: bytes, deadline: float, timeout: float, fresh: bool) -> _Pending:
+        """After a call failed on this thread's connection: the call sent again on a new one
+        when the failed one was kept from before (the node may have closed it meanwhile;
+        reads may be asked twice), else the error that says why."""
+        self._drop()
+        if isinstance(e, TimeoutError):  # not again: the time is spent
+            raise NodeCallError(self.endpoint, f"no answer within {timeout:.2f}s") from None
+        if fresh:
+            raise CallUnavailable(f"{self.endpoint}: {type(e).__name__}: {e}") from None
+        return self._send(body, max(0.001, deadline - time.monotonic()))
+
+    def _answer(self, sock: socket.socket, read: Callable[[int], bytes], body: bytes, deadline: float,
+                timeout: float, fresh: bool) -> list[QueryResult]:
+        try:
+            sock.settimeout(max(0.001, deadline - time.monotonic()))
+            status, payload = read_call_answer(read)
+        except (OSError, EOFError, ValueError) as e:
+            return self._failed(e, body, deadline, timeout, fresh)()
+        if status != 200:
             try:
-                sock, read = self._connection(timeout)
-                sock.settimeout(timeout)
-                sock.sendall(body)
-                status, payload = read_call_answer(read)
-            except TimeoutError:  # not again: the time is spent
-                self._drop()
-                raise NodeCallError(self.endpoint, f"no answer within {timeout:.2f}s") from None
-            except (OSError, EOFError, ValueError) as e:
-                self._drop()
-                if attempt:
-                    raise CallUnavailable(f"{self.endpoint}: {type(e).__name__}: {e}") from None
-                continue
-            if status != 200:
-                try:
-                    err = json.loads(payload)["error"]
-                    code, message = err["code"], err["message"]
-                except (ValueError, KeyError, TypeError):
-                    code, message = None, payload[:200].decode("utf-8", "replace")
-                raise NodeCallError(self.endpoint, f"status {status} {code}: {message}", status, code)
-            return decode_results(payload)
-        raise AssertionError("unreachable")
+                err = json.loads(payload)["error"]
+                code, message = err["code"], err["message"]
+            except (ValueError, KeyError, TypeError):
+                code, message = None, payload[:200].decode("utf-8", "replace")
+            raise NodeCallError(self.endpoint, f"status {status} {code}: {message}", status, code)
+        return decode_results(payload)
+
+
+class _Pending:
+    """A call sent on this thread's connection: calling it reads the answer; ``abandon``
+    closes the connection instead (its answer would otherwise be read as the next call's)."""
+
+    def __init__(self, client: CallClient, read: Callable[[], list[QueryResult]]) -> None:
+        self._client, self._read = client, read
+        self._done = False
+
+    def __call__(self) -> list[QueryResult]:
+        self._done = True
+        return self._read()
+
+    def abandon(self) -> None:
+        if not self._done:
+            self._done = True
+            self._client._drop()

@@ -47,6 +47,7 @@ from federator.owner.keyjoin import LEFT, RIGHT
 from federator.owner.work import followed_answer, owners_sql
 from federator.store.layer import LocalKeyQuery, StoredEntry
 from federator.store.metered import Meter
+from federator.store.kept_answers import DEFAULT_PER_SHARD, KeptAnswers
 from federator.store.scan_cache import DEFAULT_FOLLOW, DEFAULT_MB, ScanCache
 from federator.store.stack import open_store
 from federator.tls import Tls
@@ -75,6 +76,7 @@ class NodeConfig:
     plugin_errors: str = "fatal"
     scan_cache_mb: int = DEFAULT_MB  # the scan cache's budget (0: off); see federator.store.scan_cache
     scan_cache_follow: int = DEFAULT_FOLLOW  # writes a kept scan follows before it is read again (0: never)
+    kept_answers: int = DEFAULT_PER_SHARD  # small answers each shard keeps until its next write (0: off)
     # The public query entries' limits (federator.sql.limits has the defaults and their use);
     # None: that default.
     max_body_bytes: int | None = None
@@ -156,6 +158,7 @@ class Node:
         # One scan cache and one meter for all of this node's stores: each store's stack is
         # Metered(Caching(Shard)) over them, and the owner's work keeps its results in the cache.
         self.scan_cache = ScanCache(config.scan_cache_mb << 20, config.scan_cache_follow)
+        self.kept_answers = KeptAnswers(config.kept_answers)
         self.meter = Meter()
         # this node's Prometheus registry: its state read at each scrape, and the counters the
         # SQL front and the dispatcher keep as they answer (GET /metrics)
@@ -163,7 +166,8 @@ class Node:
         self.metrics.watch(self)
         self.materializer = Materializer(
             bootstrap, self.state_dir, on_change=self._wake.set,
-            open_store=functools.partial(open_store, cache=self.scan_cache, meter=self.meter))
+            open_store=functools.partial(open_store, cache=self.scan_cache, meter=self.meter,
+                                         kept=self.kept_answers if config.kept_answers > 0 else None))
         # Both topics are created again if they vanish (a broker restarted empty).
         self.catalog_tail = TopicTail(
             bootstrap, catalog_topic(app), self._on_catalog, self._on_catalog_reset, "catalog", COMPACTED
@@ -556,6 +560,7 @@ class Node:
                 f"{store}/{p}": hs.applied for (store, p), hs in sorted(self.materializer.snapshot().items())
             },
             "scan_cache": self.scan_cache.stats(),
+            "kept_answers": self.kept_answers.stats(),
             "store_queries": self.meter.stats(),
         }
         return view

@@ -153,8 +153,20 @@ def test_other_sql_on_a_leaderboard_store_uses_the_kv_paths(plugin_cluster) -> N
     assert sql(c.nodes[0], "SELECT * FROM lb WHERE player = 'player_042'")["stats"]["partitions_queried"] == 1
 
 
+def kept_hits(c) -> int:
+    """Store queries the nodes answered from an answer kept at the same write sequence."""
+    return sum(json.loads(HTTP.request("GET", f"http://{n.endpoint}/v1/metadata").data)["local"]["kept_answers"]["hits"]
+               for n in c.nodes)
+
+
 def test_the_index_follows_live_updates(plugin_cluster) -> None:
     c, db, scores, broker, lb, _ = plugin_cluster
+    # a repeated top-k over unchanged partitions is answered from what each partition kept
+    text = "SELECT player, score FROM lb ORDER BY score DESC, player LIMIT 4"
+    assert sql(c.nodes[0], text)["rows"] == duck(db, text)
+    before = kept_hits(c)
+    assert sql(c.nodes[1], text)["rows"] == duck(db, text)
+    assert kept_hits(c) >= before + P  # every partition's TopKQuery
     produce(broker, lb.topic, P, [(b"player_050", b"player_050", lb.value.serialize(1_000_000), TS + 10_000)])
     wait_for(lambda: sql(c.nodes[0], "SELECT player FROM lb ORDER BY score DESC LIMIT 1")["rows"] == [["player_050"]],
              30, "the new top score")

@@ -120,6 +120,22 @@ class FakeClient:
         assert timeout > 0
         return self.world.answer(self.node, req)
 
+    def send(self, req: StateQueryRequest, timeout: float) -> FakePending:
+        """As the key port's client: the call goes now, the answer is read later."""
+        assert timeout > 0
+        return FakePending(lambda: self.world.answer(self.node, req))
+
+
+class FakePending:
+    def __init__(self, read) -> None:
+        self.read, self.abandoned = read, False
+
+    def __call__(self) -> list[QueryResult]:
+        return self.read()
+
+    def abandon(self) -> None:
+        self.abandoned = True
+
 
 @pytest.fixture
 def clock(monkeypatch) -> Clock:
@@ -321,6 +337,8 @@ def test_a_node_whose_key_port_cannot_take_calls_is_asked_over_http(clock, make,
             over.append("port")
             raise CallUnavailable("n1:2: ConnectionRefusedError")
 
+        send = query  # refused as it is sent
+
     class Http(FakeClient):
         def query(self, req, timeout):
             over.append(f"http {self.node}")
@@ -374,3 +392,34 @@ def test_a_key_read_is_left_to_the_general_path_when_there_is_no_one_call(clock,
     assert d.read_key("nosuch", 0, b"k", options) is None
     assert d.read_key("s", 0, b"k", ReadOptions(deadline=clock.now)) is None  # no time left
     assert world.calls == []
+
+
+def test_calls_to_other_nodes_go_out_before_the_local_part_and_are_abandoned_if_it_fails(clock, make,
+                                                                                          monkeypatch) -> None:
+    world = World(info("me", active=[0]), info("n1", active=[1]), info("n2", active=[2, 3]))
+    d = make(world)
+    pending: list[FakePending] = []
+    order: list[str] = []
+
+    class Sending(FakeClient):
+        def send(self, req, timeout):
+            order.append(f"sent {self.node}")
+            p = super().send(req, timeout)
+            pending.append(p)
+            return p
+
+    monkeypatch.setattr(d, "_call_client", lambda endpoint: Sending(world, endpoint))
+    local = d.node.execute
+    monkeypatch.setattr(d.node, "execute", lambda req: order.append("local") or local(req))
+    out = gather(d, clock, (0, 1, 2, 3))
+    assert served(out) == {0: "me", 1: "n1", 2: "n2", 3: "n2"}
+    assert order == ["sent n1", "sent n2", "local"] and d.pool._threads == set()  # no pool thread was needed
+
+    def failing(req):
+        raise RuntimeError("the local part failed")
+
+    pending.clear()
+    monkeypatch.setattr(d.node, "execute", failing)
+    with pytest.raises(RuntimeError):
+        gather(d, clock, (0, 1, 2, 3))
+    assert len(pending) == 2 and all(p.abandoned for p in pending)

@@ -185,3 +185,32 @@ def test_a_query_call_error_and_a_refused_port_are_told_apart() -> None:
             CallClient(f"127.0.0.1:{no_calls.port}").query(req, timeout=5)
     finally:
         no_calls.stop()
+
+
+def test_calls_sent_to_several_nodes_are_read_after_and_an_abandoned_one_is_not_read_as_the_next() -> None:
+    """A caller sends its calls to every node, does its own part, then reads the answers; an
+    answer it gives up on (its own part failed) must not be read as its next call's."""
+    def answering(name: str):
+        def answer(raw: bytes) -> tuple[int, bytes]:
+            body = json.loads(raw)
+            results = [QueryResult.success(p, pa.record_batch({"node": [name]}), Position.of(TOPIC, p, 1))
+                       for p in body["partitions"]]
+            return 200, wire.encode_results(results, pa.schema([("node", pa.string())]))
+        return answer
+
+    servers = [call_server(answering("n1")), call_server(answering("n2"))]
+    try:
+        n1, n2 = (CallClient(f"127.0.0.1:{s.port}") for s in servers)
+        first, second = n1.send(StateQueryRequest("s", RangeQuery(), (0,)), 5), \
+            n2.send(StateQueryRequest("s", RangeQuery(), (1,)), 5)
+        assert [r.batch.to_pylist() for r in second()] == [[{"node": "n2"}]]
+        assert [(r.partition, r.batch.to_pylist()) for r in first()] == [(0, [{"node": "n1"}])]
+        abandoned = n1.send(StateQueryRequest("s", RangeQuery(), (5,)), 5)
+        abandoned.abandon()
+        got = n1.query(StateQueryRequest("s", RangeQuery(), (6,)), 5)
+        assert [r.partition for r in got] == [6]  # not partition 5's answer
+        first.abandon()  # already read: nothing to drop, the connection stays
+        assert [r.partition for r in n1.query(StateQueryRequest("s", RangeQuery(), (7,)), 5)] == [7]
+    finally:
+        for s in servers:
+            s.stop()

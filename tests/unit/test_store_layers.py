@@ -15,9 +15,10 @@ import sqlglot
 
 from federator.catalog import StoreDefinition
 from federator.query import KeyQuery, Position, PositionBound, RangeQuery
-from federator.query.result import QueryResult
+from federator.query.result import FailureReason, QueryResult
 from federator.sql.point import point_plan
 from federator.store import ChangelogRecord, LocalKeyQuery, Shard, StoredEntry, StoreLayer, StoreType
+from federator.store.kept_answers import KeptAnswers
 from federator.store.layer import UNBOUNDED, WrappedLayer
 from federator.store.metered import Meter, MeteredLayer
 from federator.store.scan_cache import CachingLayer, ScanCache
@@ -175,3 +176,37 @@ def test_a_failed_key_read_is_logged_not_swallowed(tmp_path: Path, caplog: pytes
     finally:
         shard.db = db
         shard.close()
+
+
+# ---- kept answers: a repeated query answered from what the shard computed at the same write ---
+def test_a_repeated_query_is_answered_from_its_kept_answer_until_the_next_write(tmp_path: Path) -> None:
+    kept = KeptAnswers(per_shard=2)
+    store = open_store(tmp_path / "p", _definition(), 0, ScanCache(1 << 20), Meter(), kept=kept)
+    try:
+        store.apply([ChangelogRecord(k, _long(n), n, 5) for n, k in enumerate((b"a", b"b", b"c"))])
+        some = RangeQuery("a", "b")
+        first = store.run(some)
+        again = store.run(some)
+        assert again.batch is first.batch and again.position == first.position and kept.hits == 1
+        store.apply([ChangelogRecord(b"a", _long(10), 3, 6)])
+        after = store.run(some)  # the write moved the shard: computed again, with the write in it
+        assert after.batch.column(1).to_pylist() == [10, 1] and after.position.get("t", 0) == 3
+        assert kept.hits == 1 and store.run(some).batch is after.batch and kept.hits == 2
+        # a bound the kept answer does not meet is the shard's to refuse, as ever
+        short = store.run(some, PositionBound.at(Position.of("t", 0, 9)))
+        assert short.failure is FailureReason.NOT_UP_TO_BOUND
+        # full scans are the scan cache's, and execution info reports a read: neither is kept here
+        computed = kept.computed
+        store.run(RangeQuery())
+        store.run(RangeQuery())
+        assert kept.computed == computed
+        info = store.run(some, collect_execution_info=True)
+        assert info.execution_info and kept.computed == computed
+        # two answers kept per shard: the one asked longest ago goes first
+        store.run(RangeQuery("b", "c"))
+        store.run(RangeQuery("c", "c"))
+        hits = kept.hits
+        store.run(some)
+        assert kept.hits == hits and kept.computed == computed + 3
+    finally:
+        store.close()
