@@ -122,8 +122,10 @@ class Catalog:
         """Create the changelog topic and record the definition. False if it was already there.
 
         The same definition again succeeds; a different one raises CatalogConflict naming the differences.
-        ``producer``: an idempotent producer to record it with (a caller's warm one skips a new
-        producer's ~0.5 s wait for its producer id); by default a new one.
+        ``producer``: the producer to record it with (a caller's warm one); by default a new one
+        that is not idempotent: a new idempotent producer waits ~0.5 s for its producer id before
+        its first delivery, and one record under the store's name, sent again on a retry, is the
+        same entry of a compacted topic.
         """
         existing = self.load().get(defn.name)  # ``defn`` was validated as it was built
         if existing is not None:
@@ -137,7 +139,7 @@ class Catalog:
             )
         kafka.ensure_topic(self.admin(), defn.topic, defn.partitions, COMPACTED, self.timeout)
         if producer is None:
-            producer = kafka.producer(self.bootstrap_servers)
+            producer = kafka.producer(self.bootstrap_servers, **{"enable.idempotence": False, "linger.ms": 0})
         errors: list[str] = []
         producer.produce(
             self.topic, key=defn.name.encode(), value=defn.to_json(),
