@@ -42,6 +42,11 @@ class Query:
     """Base of all query types. Subclasses are frozen dataclasses with a unique ``type_name``."""
 
     type_name: ClassVar[str] = "Query"
+    # Whether its answer depends on nothing but the partition's data and the query itself, so
+    # a partition may give the answer again while nothing is written to it (the kept-answer
+    # layer, federator.store.kept_answers). A query type whose handler reads anything else
+    # (the clock, another system) sets it False.
+    reusable: ClassVar[bool] = True
 
     def to_dict(self) -> dict[str, Any]:
         d = {f.name: encode_value(getattr(self, f.name)) for f in dataclasses.fields(self)}

@@ -11,8 +11,9 @@ one. Then no write has begun since, so the shard holds what it held when the ans
 (had a write landed before that read, the sequence would have moved), and the position kept
 with it is the shard's. A write moves the sequence, and the next ask computes again.
 Full scans are the scan cache's (federator.store.scan_cache), point lookups cost less than
-keeping them; both pass down, as does a query asked with execution info (which reports the
-read it made)."""
+keeping them; both pass down, as do a query asked with execution info (which reports the
+read it made) and a query type that says its answer depends on more than the data
+(``Query.reusable``)."""
 
 from __future__ import annotations
 
@@ -57,8 +58,8 @@ class KeptAnswersLayer(WrappedLayer):
 
     def run(self, query: Query, bound: PositionBound = UNBOUNDED, collect_execution_info: bool = False) -> Any:
         shard = self._shard
-        if (collect_execution_info or type(query) is LocalKeyQuery or shard.store_type.is_full_scan(query)
-                or not _hashable(query)):
+        if (collect_execution_info or type(query) is LocalKeyQuery or not getattr(query, "reusable", False)
+                or shard.store_type.is_full_scan(query) or not _hashable(query)):
             return self.inner.run(query, bound, collect_execution_info)
         seq = shard.seq
         with self._lock:

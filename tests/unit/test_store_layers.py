@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import logging
 import struct
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pyarrow as pa
 import pytest
@@ -208,5 +209,26 @@ def test_a_repeated_query_is_answered_from_its_kept_answer_until_the_next_write(
         hits = kept.hits
         store.run(some)
         assert kept.hits == hits and kept.computed == computed + 3
+    finally:
+        store.close()
+
+
+def test_a_query_type_whose_answer_depends_on_more_than_the_data_is_computed_each_time(tmp_path: Path) -> None:
+    @dataclass(frozen=True)
+    class Clocked(RangeQuery):  # a plugin query whose handler would read the clock
+        type_name: ClassVar[str] = "Clocked"
+        reusable: ClassVar[bool] = False
+
+    kept = KeptAnswers()
+    store = open_store(tmp_path / "p", _definition(), 0, ScanCache(1 << 20), Meter(), kept=kept)
+    try:
+        store.apply([ChangelogRecord(b"a", _long(1), 0, 5)])
+        inner = store.inner.inner  # below the kept-answer layer
+        seen: list[Any] = []
+        run = inner.run
+        inner.run = lambda q, *a: seen.append(q) or run(RangeQuery("a", "b"), *a)  # type: ignore[method-assign]
+        for _ in range(2):
+            store.run(Clocked("a", "b"))
+        assert len(seen) == 2 and kept.hits == 0
     finally:
         store.close()
