@@ -96,15 +96,24 @@ class _Entry:
         return self.pending[-1].after if self.pending else self.seq
 
     def writes(self, since: int, upto: int) -> list[_Write] | None:
-        """The writes that took the shard from ``since`` to ``upto``, when they are all held."""
+        """The writes that took the shard from ``since`` to ``upto``, when they are all held
+        (one after another, each from the sequence the one before left)."""
         if since == upto:
             return []
-        writes = self.history + self.pending
-        for i, w in enumerate(writes):
+        # searched from the newest: a result is usually followed from a recent write, and the
+        # history may hold thousands of small ones (sequences only grow along the list)
+        held = len(self.history)
+        for i in range(held + len(self.pending) - 1, -1, -1):
+            w = self.pending[i - held] if i >= held else self.history[i]
+            if w.before < since:
+                return None
             if w.before == since:
-                for j in range(i, len(writes)):
-                    if writes[j].after == upto:
-                        return writes[i:j + 1]
+                writes = self.history[i:] + self.pending if i < held else self.pending[i - held:]
+                for j, later in enumerate(writes):
+                    if j and later.before != writes[j - 1].after:
+                        return None  # a write between them is not held
+                    if later.after == upto:
+                        return writes[:j + 1]
                 return None
         return None
 

@@ -112,3 +112,35 @@ def test_too_many_writes_since_the_scan_drop_it(tmp_path: Path, monkeypatch: pyt
     got, _ = _scan(shard)
     assert got.column(0).to_pylist() == ["a", "k0", "k1", "k2", "k3"]
     shard.close()
+
+
+@given(st.lists(st.integers(1, 3), min_size=0, max_size=12), st.integers(0, 12), st.data())
+def test_the_held_writes_between_two_sequences_are_found_from_either_end(steps, folded, data) -> None:
+    """Writes held beside a kept scan (folded ones in history, then pending): those from
+    ``since`` to ``upto`` are exactly the run of consecutive held writes between them, and
+    none when a write between them is not held (a gap) or either end is not a write's."""
+    from federator.store.scan_cache import _Entry, _Write
+
+    writes, seq = [], 0
+    for step in steps:  # a step of 3 leaves a gap: a write that was not held
+        if step == 3:
+            seq += 2
+            continue
+        writes.append(_Write(seq, seq + 2, [], None, 0))
+        seq += 2
+    folded = min(folded, len(writes))
+    entry = _Entry(0, pa.record_batch({"k": [1]}), 0, history=writes[:folded], pending=writes[folded:])
+    since = data.draw(st.integers(0, seq + 2).map(lambda n: n - n % 2))
+    upto = data.draw(st.integers(since, seq + 2).map(lambda n: n - n % 2))
+    want = None
+    if since == upto:
+        want = []
+    else:
+        for i, w in enumerate(writes):
+            if w.before == since:
+                for j in range(i, len(writes)):
+                    if writes[j].after == upto:
+                        want = writes[i:j + 1] if all(a.after == b.before for a, b in zip(writes[i:j], writes[i + 1:j + 1])) else None
+                        break
+                break
+    assert entry.writes(since, upto) == want
