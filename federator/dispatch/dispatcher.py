@@ -176,36 +176,36 @@ class Dispatcher:
                 )
                 (local if node_id == self.node.node_id else remote).append((node_id, endpoint, i, req))
             sent: list[tuple[Any, Any, tuple]] = []  # (read the answer, abandon it, the call)
-            if len(remote) == 1 and not local:
-                # one call and nothing to do meanwhile: make it here, not through a pool thread
-                f: Future = Future()
-                nid, ep, i, req = remote[0]
-                try:
-                    f.set_result(self._query(nid, ep, req, max(0.05, deadline - time.monotonic())))
-                except Exception as e:  # noqa: BLE001 - read back below exactly as a pooled call's
-                    f.set_exception(e)
-                futures = {f: remote[0]}
-            else:
-                # each node's call sent from here before this node's own part runs, its answer
-                # read after: no pool thread is woken for it (one call per node and round; a
-                # second one to the same node, or one over HTTP, goes to the pool)
-                futures, used = {}, set()
-                for call in remote:
-                    nid, ep, i, req = call
-                    timeout = max(0.05, deadline - time.monotonic())
-                    try:
-                        answer = self._send(nid, ep, req, timeout) if ep[1] not in used else None
-                    except NodeCallError as e:
-                        futures[_failed(e)] = call
-                        continue
-                    if answer is not None:
-                        used.add(ep[1])
-                        sent.append((*answer, call))
-                    else:  # over HTTP unless the port is busy with this node's other call
-                        via = ep if ep[1] in used else (ep[0], None)
-                        futures[self.pool.submit(self._query, nid, via, req, timeout)] = call
-            answered: list[tuple[str, int, list[QueryResult]]] = []
             try:
+                if len(remote) == 1 and not local:
+                    # one call and nothing to do meanwhile: make it here, not through a pool thread
+                    f: Future = Future()
+                    nid, ep, i, req = remote[0]
+                    try:
+                        f.set_result(self._query(nid, ep, req, max(0.05, deadline - time.monotonic())))
+                    except Exception as e:  # noqa: BLE001 - read back below exactly as a pooled call's
+                        f.set_exception(e)
+                    futures = {f: remote[0]}
+                else:
+                    # each node's call sent from here before this node's own part runs, its answer
+                    # read after: no pool thread is woken for it (one call per node and round; a
+                    # second one to the same node, or one over HTTP, goes to the pool)
+                    futures, used = {}, set()
+                    for call in remote:
+                        nid, ep, i, req = call
+                        timeout = max(0.05, deadline - time.monotonic())
+                        try:
+                            answer = self._send(nid, ep, req, timeout) if ep[1] not in used else None
+                        except NodeCallError as e:
+                            futures[_failed(e)] = call
+                            continue
+                        if answer is not None:
+                            used.add(ep[1])
+                            sent.append((*answer, call))
+                        else:  # over HTTP unless the port is busy with this node's other call
+                            via = ep if ep[1] in used else (ep[0], None)
+                            futures[self.pool.submit(self._query, nid, via, req, timeout)] = call
+                answered: list[tuple[str, int, list[QueryResult]]] = []
                 for nid, _, i, req in local:
                     answered.append((nid, i, self.node.execute(req)))
                 for read, _, call in sent:

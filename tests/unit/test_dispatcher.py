@@ -423,3 +423,15 @@ def test_calls_to_other_nodes_go_out_before_the_local_part_and_are_abandoned_if_
     with pytest.raises(RuntimeError):
         gather(d, clock, (0, 1, 2, 3))
     assert len(pending) == 2 and all(p.abandoned for p in pending)
+
+    class FailsForN2(Sending):  # a call that cannot even be made, after another was sent
+        def send(self, req, timeout):
+            if self.node == "n2":
+                raise RuntimeError("the request does not encode")
+            return super().send(req, timeout)
+
+    pending.clear()
+    monkeypatch.setattr(d, "_call_client", lambda endpoint: FailsForN2(world, endpoint))
+    with pytest.raises(RuntimeError):
+        gather(d, clock, (0, 1, 2, 3))
+    assert len(pending) == 1 and pending[0].abandoned
