@@ -59,8 +59,12 @@ class KeptAnswersLayer(WrappedLayer):
     def run(self, query: Query, bound: PositionBound = UNBOUNDED, collect_execution_info: bool = False) -> Any:
         shard = self._shard
         if (collect_execution_info or type(query) is LocalKeyQuery or not getattr(query, "reusable", False)
-                or shard.store_type.is_full_scan(query) or not _hashable(query)):
+                or shard.store_type.is_full_scan(query)):
             return self.inner.run(query, bound, collect_execution_info)
+        try:
+            hash(query)
+        except TypeError:  # a plugin's query with a list field: computed each time
+            return self.inner.run(query, bound, False)
         seq = shard.seq
         with self._lock:
             hit = self._answers.get(query)
@@ -86,10 +90,3 @@ class KeptAnswersLayer(WrappedLayer):
         with self._lock:
             self._answers.clear()
 
-
-def _hashable(query: Query) -> bool:
-    try:
-        hash(query)
-    except TypeError:  # a plugin's query with a list field: computed each time
-        return False
-    return True
