@@ -22,9 +22,10 @@ import os
 import signal
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence, TypeVar
 from urllib.parse import unquote
 
 from federator.query.position import Position
@@ -48,21 +49,25 @@ class MicroBatch:
     earlier_files: list[str]  # files of earlier micro-batches
     _history: dict[tuple[str, ...], Any] = field(default_factory=dict)
     _shared: dict[str, Any] = field(default_factory=dict)
+    # the stores' updates run on threads of their own (in_parallel): one defines a frame they
+    # share; reentrant, as a shared frame may be built from an earlier one
+    _lock: threading.RLock = field(default_factory=threading.RLock)
 
     def earlier(self, *keys: str) -> Any:
         """Rows of earlier micro-batches whose ``keys`` columns match a row of this one
         (cached for the micro-batch: every store that updates by the same keys shares it)."""
         from pyspark.sql import functions as F
 
-        if keys not in self._history:
-            if self.earlier_files:
-                touched = self.new.select(*keys).distinct()
-                df = (self.spark.read.schema(self.schema).parquet(*self.earlier_files)
-                      .join(F.broadcast(touched), list(keys), "left_semi"))
-            else:
-                df = self.spark.createDataFrame([], self.schema)
-            self._history[keys] = df.cache()
-        return self._history[keys]
+        with self._lock:
+            if keys not in self._history:
+                if self.earlier_files:
+                    touched = self.new.select(*keys).distinct()
+                    df = (self.spark.read.schema(self.schema).parquet(*self.earlier_files)
+                          .join(F.broadcast(touched), list(keys), "left_semi"))
+                else:
+                    df = self.spark.createDataFrame([], self.schema)
+                self._history[keys] = df.cache()
+            return self._history[keys]
 
     def so_far(self, *keys: str) -> Any:
         """Every row seen so far (earlier and new) whose ``keys`` match a row of this micro-batch."""
@@ -77,15 +82,32 @@ class MicroBatch:
     def shared(self, name: str, build: Callable[[], Any]) -> Any:
         """``build()`` cached for the micro-batch under ``name``: stores that derive from the
         same frame (say, two stores of one aggregation) compute it once."""
-        if name not in self._shared:
-            self._shared[name] = build().cache()
-        return self._shared[name]
+        with self._lock:
+            if name not in self._shared:
+                self._shared[name] = build().cache()
+            return self._shared[name]
 
     def release(self) -> None:
         for df in [*self._history.values(), *self._shared.values()]:
             df.unpersist()
         self._history.clear()
         self._shared.clear()
+
+
+T = TypeVar("T")
+
+
+def in_parallel(groups: Sequence[Sequence[tuple[str, Callable[[], T]]]]) -> dict[str, T]:
+    """name -> what its call returned: each group's calls in order, the groups at once, on
+    threads of their own. A micro-batch's few rows make each store's update a chain of small
+    Spark jobs, most of whose time is the driver's (planning, scheduling, the writes'
+    round trips); side by side, one store's jobs run while another's are being planned.
+    Returns when every call has ended; raises the first failure, by group order."""
+    if len(groups) <= 1:
+        return {name: call() for group in groups for name, call in group}
+    with ThreadPoolExecutor(max_workers=len(groups), thread_name_prefix="store-update") as pool:
+        futures = [pool.submit(lambda g=group: [(name, call()) for name, call in g]) for group in groups]
+    return {name: value for future in futures for name, value in future.result()}
 
 
 # Spark settings while a micro-batch is written. Adaptive execution runs each shuffle stage
