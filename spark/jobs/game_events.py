@@ -327,7 +327,7 @@ def update_stores(mb: streaming.MicroBatch, sink: dict[str, Any],
                   updates: Mapping[str, Callable[..., tuple[str, str]]] = STREAM_UPDATES) -> dict[str, tuple[str, str]]:
     """Every store's update from one micro-batch: store -> (consistency token, summary)."""
     return streaming.in_parallel([[(store, functools.partial(updates[store], mb, sink)) for store in group]
-                                  for group in STREAM_GROUPS])
+                                  for group in STREAM_GROUPS], spark=mb.spark)
 
 
 def stream_sink(bootstrap: str, app: str, partitions: int) -> dict[str, Any]:

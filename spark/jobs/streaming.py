@@ -97,17 +97,29 @@ class MicroBatch:
 T = TypeVar("T")
 
 
-def in_parallel(groups: Sequence[Sequence[tuple[str, Callable[[], T]]]]) -> dict[str, T]:
+def in_parallel(groups: Sequence[Sequence[tuple[str, Callable[[], T]]]], spark: Any = None) -> dict[str, T]:
     """name -> what its call returned: each group's calls in order, the groups at once, on
     threads of their own. A micro-batch's few rows make each store's update a chain of small
     Spark jobs, most of whose time is the driver's (planning, scheduling, the writes'
     round trips); side by side, one store's jobs run while another's are being planned.
-    Returns when every call has ended; raises the first failure, by group order."""
+    Returns when every call has ended; raises the first failure, by group order. With
+    ``spark`` (the session) the threads take the caller's Spark local properties."""
     if len(groups) <= 1:
         return {name: call() for group in groups for name, call in group}
     with ThreadPoolExecutor(max_workers=len(groups), thread_name_prefix="store-update") as pool:
-        futures = [pool.submit(lambda g=group: [(name, call()) for name, call in g]) for group in groups]
+        futures = [pool.submit(_inheriting(lambda g=group: [(name, call()) for name, call in g], spark)) for group in groups]
     return {name: value for future in futures for name, value in future.result()}
+
+
+def _inheriting(target: Callable[[], T], spark: Any) -> Callable[[], T]:
+    """``target`` run with the calling thread's Spark local properties (its job group and tags
+    among them), as Spark's own threads would inherit them: stopping the stream cancels the
+    stream's jobs by those, the ones started from these threads included."""
+    if spark is None:
+        return target
+    from pyspark.util import inheritable_thread_target
+
+    return inheritable_thread_target(spark)(target)
 
 
 # Spark settings while a micro-batch is written. Adaptive execution runs each shuffle stage

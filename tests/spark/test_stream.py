@@ -162,3 +162,18 @@ def test_a_summary_counts_a_read_cache_without_a_job(spark):
             sc.setLocalProperty("spark.jobGroup.id", None)
     finally:
         df.unpersist()
+
+
+def test_store_updates_side_by_side_keep_the_streams_job_group(spark):
+    """Stopping a stream cancels its jobs by their group: the jobs the stores' updates start
+    from their own threads must be in it too."""
+    from spark.jobs.streaming import in_parallel
+
+    sc = spark.sparkContext
+    sc.setJobGroup("federator-stream-test", "a micro-batch")
+    try:
+        group = lambda: sc.getLocalProperty("spark.jobGroup.id")  # noqa: E731
+        assert in_parallel([[("a", group)], [("b", group)]], spark=spark) == {
+            "a": "federator-stream-test", "b": "federator-stream-test"}
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)
