@@ -126,6 +126,18 @@ def _inheriting(target: Callable[[], T], spark: Any) -> Callable[[], T]:
 # as a Spark job of its own, to re-plan from what it measured: a micro-batch of a few
 # thousand rows has nothing to re-plan for, and its ~30 jobs became ~12 without it.
 MICRO_BATCH_CONF = {"spark.sql.adaptive.enabled": "false"}
+SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
+
+
+def micro_batch_conf(spark: Any) -> dict[str, str]:
+    """MICRO_BATCH_CONF, and no more shuffle partitions than Spark has cores for tasks (never
+    more than the session's own setting). Each shuffle partition is a task, and with adaptive
+    execution off nothing merges the small ones: a micro-batch's few rows in 8 partitions on
+    local[2] paid for 4x the tasks (warm micro-batch medians 4.8 s against 3.6-3.7 s with 2,
+    alternated runs on 2026-11-27)."""
+    configured = int(spark.conf.get(SHUFFLE_PARTITIONS, "200"))
+    cores = max(1, int(spark.sparkContext.defaultParallelism))
+    return {**MICRO_BATCH_CONF, SHUFFLE_PARTITIONS: str(min(configured, cores))}
 
 
 def rows_in(df: Any) -> int:
@@ -206,7 +218,9 @@ def start(spark: Any, input_path: str, checkpoint: str, schema: str, update: Upd
         try:
             # the stream's DataFrames belong to a clone of the session; the stores' reads of
             # earlier files, to the session itself
-            with session_conf(spark, MICRO_BATCH_CONF), session_conf(batch_df.sparkSession, MICRO_BATCH_CONF):
+            conf = micro_batch_conf(spark)
+            with session_conf(spark, conf, overriding=(SHUFFLE_PARTITIONS,)), \
+                    session_conf(batch_df.sparkSession, conf, overriding=(SHUFFLE_PARTITIONS,)):
                 write_batch(batch_df, batch_id, started)
         finally:
             batch_df.unpersist()

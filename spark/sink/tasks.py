@@ -18,17 +18,21 @@ SPARK_FAILURES = ("PythonException", "Py4JJavaError", "SparkRuntimeException")
 
 
 @contextlib.contextmanager
-def session_conf(spark: Any, conf: dict[str, str]) -> Iterator[None]:
-    """Set ``conf`` on the session for the block (keys the session sets itself are left alone),
-    then take it back."""
-    ours = {k: v for k, v in conf.items() if spark.conf.get(k, None) is None}
+def session_conf(spark: Any, conf: dict[str, str], overriding: tuple[str, ...] = ()) -> Iterator[None]:
+    """Set ``conf`` on the session for the block (keys the session sets itself are left alone,
+    but those in ``overriding``), then take it back."""
+    before = {k: spark.conf.get(k, None) for k in conf}
+    ours = {k: v for k, v in conf.items() if before[k] is None or k in overriding}
     for k, v in ours.items():
         spark.conf.set(k, v)
     try:
         yield
     finally:
         for k in ours:
-            spark.conf.unset(k)
+            if before[k] is None:
+                spark.conf.unset(k)
+            else:
+                spark.conf.set(k, before[k])
 
 
 def map_in_arrow(df: Any, func: Callable, ddl: str) -> Any:
