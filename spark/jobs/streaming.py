@@ -107,7 +107,8 @@ def in_parallel(groups: Sequence[Sequence[tuple[str, Callable[[], T]]]], spark: 
     if len(groups) <= 1:
         return {name: call() for group in groups for name, call in group}
     with ThreadPoolExecutor(max_workers=len(groups), thread_name_prefix="store-update") as pool:
-        futures = [pool.submit(_inheriting(lambda g=group: [(name, call()) for name, call in g], spark)) for group in groups]
+        futures = [pool.submit(_inheriting(lambda g=group: [(name, call()) for name, call in g], spark))
+                   for group in groups]
     return {name: value for future in futures for name, value in future.result()}
 
 
@@ -133,8 +134,8 @@ def micro_batch_conf(spark: Any) -> dict[str, str]:
     """MICRO_BATCH_CONF, and no more shuffle partitions than Spark has cores for tasks (never
     more than the session's own setting). Each shuffle partition is a task, and with adaptive
     execution off nothing merges the small ones: a micro-batch's few rows in 8 partitions on
-    local[2] paid for 4x the tasks (warm micro-batch medians 4.8 s against 3.6-3.7 s with 2,
-    alternated runs on 2026-11-27)."""
+    local[2] paid for 4x the tasks (warm micro-batch medians 4.6 and 4.2 s against 3.8 and
+    3.6 s with 2: the alternated runs of 2026-11-27 07:26-07:30 in tests/bench/results.md)."""
     configured = int(spark.conf.get(SHUFFLE_PARTITIONS, "200"))
     cores = max(1, int(spark.sparkContext.defaultParallelism))
     return {**MICRO_BATCH_CONF, SHUFFLE_PARTITIONS: str(min(configured, cores))}
