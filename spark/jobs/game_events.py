@@ -149,12 +149,13 @@ def player_stats(events: Any) -> Any:
     )
 
 
-def scores_per_minute(events: Any) -> Any:
+def scores_per_minute(events: Any, **also: Any) -> Any:
+    """``also``: name -> aggregate, more columns per window (the stream's "has new events")."""
     from pyspark.sql import functions as F
 
     return (events.groupBy("player", F.window("ts", "1 minute").alias("w"))
-            .agg(F.sum("score").cast("long").alias("total_score"))
-            .select("player", F.col("w.start").alias("window_start"), "total_score"))
+            .agg(F.sum("score").cast("long").alias("total_score"), *(c.alias(n) for n, c in also.items()))
+            .select("player", F.col("w.start").alias("window_start"), "total_score", *also))
 
 
 def player_sessions(events: Any, *by: str) -> Any:
@@ -246,9 +247,9 @@ def stream_leaderboard(mb: streaming.MicroBatch, sink: dict[str, Any]) -> tuple[
 def stream_scores_per_minute(mb: streaming.MicroBatch, sink: dict[str, Any]) -> tuple[str, str]:
     from pyspark.sql import functions as F
 
-    touched = scores_per_minute(mb.new).select("player", "window_start")  # only these minutes change
-    with _cached(scores_per_minute(mb.so_far("player"))
-                 .join(F.broadcast(touched), ["player", "window_start"], "left_semi")) as (scores,):
+    # only the minutes that have new events change
+    windows = scores_per_minute(mb.marked("player"), touched=F.max(streaming.NEW_ROW))
+    with _cached(windows.where("touched").drop("touched")) as (scores,):
         return write_scores_per_minute(scores, "upsert", sink), f"{streaming.rows_in(scores)} windows"
 
 

@@ -35,6 +35,10 @@ from spark.sink.tasks import session_conf
 
 MANIFESTS = "federator-files"
 FILE_COLUMN = "_federator_file"
+NEW_ROW = "_federator_new"  # MicroBatch.marked: the row is one of this micro-batch's
+# A micro-batch touching at most this many values of a key reads the earlier files' rows
+# with those values by a filter on the values (MicroBatch._earlier_rows)
+TOUCHED_BY_VALUE = 10_000
 
 
 @dataclass
@@ -47,31 +51,54 @@ class MicroBatch:
     new: Any  # this micro-batch's rows (the new files), cached
     files: list[str]  # the new files
     earlier_files: list[str]  # files of earlier micro-batches
-    _history: dict[tuple[str, ...], Any] = field(default_factory=dict)
+    _history: dict[tuple[str, ...], Any] = field(default_factory=dict)  # keys -> marked rows
     _shared: dict[str, Any] = field(default_factory=dict)
     # the stores' updates run on threads of their own (in_parallel): one defines a frame they
     # share; reentrant, as a shared frame may be built from an earlier one
     _lock: threading.RLock = field(default_factory=threading.RLock)
 
-    def earlier(self, *keys: str) -> Any:
-        """Rows of earlier micro-batches whose ``keys`` columns match a row of this one
-        (cached for the micro-batch: every store that updates by the same keys shares it)."""
+    def marked(self, *keys: str) -> Any:
+        """Every row seen so far (earlier and new) whose ``keys`` columns match a row of this
+        micro-batch, with NEW_ROW true for the micro-batch's own rows. Computed once for the
+        micro-batch (every store that updates by the same keys shares it) and held in memory:
+        the earlier files are read once, the stores' frames read memory, and Spark knows their
+        size (so their writes fetch them from the driver in one job: spark/sink/small.py)."""
         from pyspark.sql import functions as F
 
         with self._lock:
             if keys not in self._history:
-                if self.earlier_files:
-                    touched = self.new.select(*keys).distinct()
-                    df = (self.spark.read.schema(self.schema).parquet(*self.earlier_files)
-                          .join(F.broadcast(touched), list(keys), "left_semi"))
+                new = self.new.withColumn(NEW_ROW, F.lit(True))
+                if not self.earlier_files:  # the new rows are cached already
+                    self._history[keys] = new
                 else:
-                    df = self.spark.createDataFrame([], self.schema)
-                self._history[keys] = df.cache()
+                    df = (self._earlier_rows(keys).withColumn(NEW_ROW, F.lit(False))
+                          .unionByName(new).cache())
+                    df.count()  # one job now, rather than one per thread that would wait on it
+                    self._history[keys] = df
             return self._history[keys]
+
+    def _earlier_rows(self, keys: tuple[str, ...]) -> Any:
+        """The earlier files' rows whose ``keys`` match a row of this micro-batch. Few values of
+        one key filter the scan by value (no job to broadcast them: Spark filters each file's
+        rows as it reads them); else by a semi-join on the distinct keys."""
+        from pyspark.sql import functions as F
+
+        scan = self.spark.read.schema(self.schema).parquet(*self.earlier_files)
+        if len(keys) == 1:
+            values = [r[0] for r in self.new.select(*keys).distinct().limit(TOUCHED_BY_VALUE + 1).collect()]
+            if len(values) <= TOUCHED_BY_VALUE:
+                return scan.where(F.col(keys[0]).isin(values))  # a null key matches nothing, as in a join
+        return scan.join(F.broadcast(self.new.select(*keys).distinct()), list(keys), "left_semi")
+
+    def earlier(self, *keys: str) -> Any:
+        """Rows of earlier micro-batches whose ``keys`` columns match a row of this one."""
+        from pyspark.sql import functions as F
+
+        return self.marked(*keys).where(~F.col(NEW_ROW)).drop(NEW_ROW)
 
     def so_far(self, *keys: str) -> Any:
         """Every row seen so far (earlier and new) whose ``keys`` match a row of this micro-batch."""
-        return self.earlier(*keys).unionByName(self.new)
+        return self.marked(*keys).drop(NEW_ROW)
 
     def everything(self) -> Any:
         """Every row seen so far, for a store that cannot be updated key by key."""

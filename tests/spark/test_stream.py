@@ -177,3 +177,33 @@ def test_store_updates_side_by_side_keep_the_streams_job_group(spark):
             "a": "federator-stream-test", "b": "federator-stream-test"}
     finally:
         sc.setLocalProperty("spark.jobGroup.id", None)
+
+
+@pytest.mark.parametrize("by_value", [True, False], ids=["keys filtered by value", "keys semi-joined"])
+def test_a_micro_batch_reads_the_earlier_rows_of_its_keys_once(spark, tmp_path, monkeypatch, by_value):
+    """Every store's update reads the earlier rows of the micro-batch's keys from one copy in
+    memory: the earlier files are read once (gone afterwards, the rows are still there). Both
+    ways of picking the rows (by the few keys' values, or a semi-join on many) give the same
+    rows, and a null key matches nothing."""
+    import shutil
+
+    from spark.jobs import streaming
+
+    if not by_value:
+        monkeypatch.setattr(streaming, "TOUCHED_BY_VALUE", 0)
+    schema = "k string, v long"
+    earlier = tmp_path / "earlier"
+    spark.createDataFrame([("a", 1), ("b", 2), (None, 3), ("c", 4), ("a", 5)], schema).write.parquet(str(earlier))
+    new = spark.createDataFrame([("a", 10), (None, 11), ("d", 12)], schema).cache()
+    mb = streaming.MicroBatch(spark, 1, schema, new, ["new"], [str(earlier)])
+    by = lambda r: (r[0] or "", r[1])  # noqa: E731
+    try:
+        mb.marked("k")
+        shutil.rmtree(earlier)
+        assert sorted(map(tuple, mb.earlier("k").collect()), key=by) == [("a", 1), ("a", 5)]
+        assert sorted(map(tuple, mb.so_far("k").collect()), key=by) == [
+            (None, 11), ("a", 1), ("a", 5), ("a", 10), ("d", 12)]
+        assert mb.so_far("k").columns == ["k", "v"]
+    finally:
+        mb.release()
+        new.unpersist()
