@@ -7,7 +7,7 @@ import datetime as dt
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from federator.query.position import Position
 
@@ -32,8 +32,11 @@ def parser(prog: str, description: str, require_app: bool = True) -> argparse.Ar
     return p
 
 
-def spark_session(master: str = "local[*]", app_name: str = "federator-job", **conf: Any) -> Any:
-    """A SparkSession whose Python workers run this interpreter and can import this repository."""
+def spark_session(master: str = "local[*]", app_name: str = "federator-job", java_options: Sequence[str] = (),
+                  **conf: Any) -> Any:
+    """A SparkSession whose Python workers run this interpreter and can import this repository.
+    ``java_options``: more options for the driver's JVM (taken only where this starts it, as
+    for a local master; spark-submit starts it itself)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     path = os.environ.get("PYTHONPATH", "")
@@ -47,7 +50,7 @@ def spark_session(master: str = "local[*]", app_name: str = "federator-job", **c
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.shuffle.partitions", "8")
-        .config("spark.driver.extraJavaOptions", "-Duser.timezone=UTC")
+        .config("spark.driver.extraJavaOptions", " ".join(["-Duser.timezone=UTC", *java_options]))
         .config("spark.executor.extraJavaOptions", "-Duser.timezone=UTC")
     )
     for k, v in conf.items():
@@ -72,10 +75,11 @@ def finish(tokens: Mapping[str, str]) -> None:
     print(f"consistency token: {merged_token(tokens)}", flush=True)
 
 
-def run_job(master: str, app_name: str, job: Callable[[Any], Mapping[str, str] | None]) -> int:
+def run_job(master: str, app_name: str, job: Callable[[Any], Mapping[str, str] | None],
+            java_options: Sequence[str] = ()) -> int:
     """A job's main: start Spark, run ``job(spark)``, stop Spark, print the tokens it returns."""
     step(f"starting Spark ({master})")
-    spark = spark_session(master, app_name)
+    spark = spark_session(master, app_name, java_options)
     try:
         tokens = job(spark)
     finally:

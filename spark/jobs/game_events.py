@@ -263,10 +263,6 @@ def stream_player_sessions(mb: streaming.MicroBatch, sink: dict[str, Any]) -> tu
     the driver tells which changed; else Spark does, in jobs of its own."""
     from pyspark.sql import functions as F
 
-    if not mb.earlier_files:  # nothing before: every session is new
-        with _cached(player_sessions(mb.new)) as (sessions,):
-            token = write_player_sessions(sessions, "upsert", sink)
-            return token, f"{streaming.rows_in(sessions)} sessions written, 0 merged away"
     tagged = (mb.earlier("player").withColumn("after", F.lit(False))
               .unionByName(mb.so_far("player").withColumn("after", F.lit(True))))
     both = player_sessions(tagged, "after")
@@ -396,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
         return run(spark, args.bootstrap_servers, args.application_id, args.input, args.events, args.seed,
                    args.partitions, generate_input=not args.no_generate)
 
-    return run_job(args.master, "game_events", job)
+    return run_job(args.master, "game_events", job, streaming.JAVA_OPTIONS if args.stream else ())
 
 
 if __name__ == "__main__":

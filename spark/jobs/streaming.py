@@ -62,19 +62,17 @@ class MicroBatch:
         micro-batch, with NEW_ROW true for the micro-batch's own rows. Computed once for the
         micro-batch (every store that updates by the same keys shares it) and held in memory:
         the earlier files are read once, the stores' frames read memory, and Spark knows their
-        size (so their writes fetch them from the driver in one job: spark/sink/small.py)."""
+        size (so their writes fetch them from the driver in one job: spark/sink/small.py).
+        Micro-batch 0 takes the same path, with no earlier rows: Spark has then planned and
+        compiled the queries every later micro-batch runs."""
         from pyspark.sql import functions as F
 
         with self._lock:
             if keys not in self._history:
                 new = self.new.withColumn(NEW_ROW, F.lit(True))
-                if not self.earlier_files:  # the new rows are cached already
-                    self._history[keys] = new
-                else:
-                    df = (self._earlier_rows(keys).withColumn(NEW_ROW, F.lit(False))
-                          .unionByName(new).cache())
-                    df.count()  # one job now, rather than one per thread that would wait on it
-                    self._history[keys] = df
+                df = self._earlier_rows(keys).withColumn(NEW_ROW, F.lit(False)).unionByName(new).cache()
+                df.count()  # one job now, rather than one per thread that would wait on it
+                self._history[keys] = df
             return self._history[keys]
 
     def _earlier_rows(self, keys: tuple[str, ...]) -> Any:
@@ -83,6 +81,8 @@ class MicroBatch:
         rows as it reads them); else by a semi-join on the distinct keys."""
         from pyspark.sql import functions as F
 
+        if not self.earlier_files:
+            return self.spark.createDataFrame([], self.schema)
         scan = self.spark.read.schema(self.schema).parquet(*self.earlier_files)
         if len(keys) == 1:
             values = [r[0] for r in self.new.select(*keys).distinct().limit(TOUCHED_BY_VALUE + 1).collect()]
@@ -155,6 +155,15 @@ def _inheriting(target: Callable[[], T], spark: Any) -> Callable[[], T]:
 # thousand rows has nothing to re-plan for, and its ~30 jobs became ~12 without it.
 MICRO_BATCH_CONF = {"spark.sql.adaptive.enabled": "false"}
 SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
+
+
+# The stream's driver JVM compiles with C1 only (the quick JIT). With the default tiered JIT,
+# C2 compiling the micro-batches' code competed with them for a small machine's cores: on
+# local[2] the first micro-batches after micro-batch 0 were the slowest (alternated runs of
+# 2026-11-27 09:18-09:26 in tests/bench/results.md: the first 10,000-event micro-batch
+# 3.4-3.9 s with the default, 2.5-2.8 s with this). The price: a large micro-batch runs
+# slower (1,000,000 events: 37-44 s against 32-37 s).
+JAVA_OPTIONS = ("-XX:TieredStopAtLevel=1",)
 
 
 def micro_batch_conf(spark: Any) -> dict[str, str]:

@@ -66,8 +66,11 @@ def test_warm_micro_batch(broker, report: Report, tmp_path) -> None:
         streaming.run(spark, str(inp), str(checkpoint), game_events.EVENTS_SCHEMA, update,
                       trigger_seconds=trigger_s, max_batches=1, progress=seen)
 
-    spark = spark_session("local[2]", "federator-bench-stream")
+    spark = spark_session("local[2]", "federator-bench-stream", streaming.JAVA_OPTIONS)  # as the stream job's
     try:
+        jvm = spark.sparkContext._jvm  # the options the driver's JVM really runs with
+        xx = [a for a in jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments()
+              if a.startswith("-XX:")]
         game_events.generate_into(spark, str(inp), BASE_EVENTS, seed=1)
         one_batch(0.5)
         for i in range(MICRO_BATCHES):
@@ -81,7 +84,8 @@ def test_warm_micro_batch(broker, report: Report, tmp_path) -> None:
     warm = [took[b][1] for b in ids[1:]]
     stores = list(game_events.STREAM_UPDATES)
     lines = [
-        f"One SparkSession on local[2] (spark.sql.shuffle.partitions 8, the jobs' default), the stream's own code "
+        f"One SparkSession on local[2] (spark.sql.shuffle.partitions 8, the jobs' default; driver JVM "
+        f"{' '.join(xx) or 'with no -XX options'}), the stream's own code "
         f"writing to the run's broker (no nodes). Micro-batch 0: a file of {BASE_EVENTS:,} events "
         f"({game_events.players_for(BASE_EVENTS):,} players); then {MICRO_BATCHES} files of {BATCH_EVENTS:,} events "
         f"({game_events.players_for(BATCH_EVENTS):,} of those players each), one micro-batch each. Seconds as the "
