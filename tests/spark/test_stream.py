@@ -207,3 +207,15 @@ def test_a_micro_batch_reads_the_earlier_rows_of_its_keys_once(spark, tmp_path, 
     finally:
         mb.release()
         new.unpersist()
+
+
+def test_only_the_stream_job_starts_spark_with_the_quick_jit(monkeypatch):
+    """The stream's driver JVM compiles with C1 only (streaming.JAVA_OPTIONS); a batch run
+    keeps the default JIT, which is faster over large data."""
+    from spark.jobs import streaming
+
+    asked = []
+    monkeypatch.setattr(game_events, "run_job", lambda master, name, job, java_options=(): asked.append(java_options))
+    game_events.main(["--application-id", "a", "--stream"])
+    game_events.main(["--application-id", "a", "--no-generate"])
+    assert asked == [streaming.JAVA_OPTIONS, ()] and "-XX:TieredStopAtLevel=1" in streaming.JAVA_OPTIONS
