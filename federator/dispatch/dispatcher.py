@@ -11,6 +11,7 @@ answers: every partition answers, or the query fails naming the ones that did no
 
 from __future__ import annotations
 
+import threading
 import time
 from time import perf_counter  # the metrics' clock (tests replace ``time``)
 from collections import defaultdict
@@ -22,6 +23,7 @@ import pyarrow as pa
 
 from federator.dispatch.client import NodeCallError, NodeClient
 from federator.dispatch.key_client import CallClient, CallUnavailable, KeyClient
+from federator.dispatch.position_watch import PositionWatch
 from federator.dispatch.errors import NotColocated, NotUpToBound, OwnerFailed, Timeout, Unavailable, UnknownQueryType
 from federator.plan.keys import SubQuery
 from federator.query.owner_work import OwnerWork
@@ -55,6 +57,8 @@ class Dispatcher:
         self._clients: dict[str, NodeClient] = {}
         self._key_clients: dict[str, KeyClient] = {}
         self._call_clients: dict[str, CallClient] = {}
+        self._watches: dict[str, PositionWatch] = {}  # key port -> its node's positions, as it says them
+        self._watches_lock = threading.Lock()
 
     def _query(self, node_id: str, endpoints: tuple[str, str | None], req: StateQueryRequest,
                timeout: float) -> list[QueryResult]:
@@ -265,6 +269,58 @@ class Dispatcher:
                 if len(avoid[item]) > 2:
                     avoid[item].clear()
         return out
+
+    def known_positions(self, stores: list[Any]) -> tuple[tuple, Position] | None:
+        """Where every partition of ``stores`` (definitions) is now, as far as this node knows
+        without asking: its own partitions from its shards, the others' from their owners'
+        positions watches. (a key naming each partition's state: its owner's epoch and offset;
+        the offsets as a Position), or None when any partition's is not known so (no active
+        owner in the view, one without a key port, not heard from lately, not answering it
+        as its current active copy). The first ask for a node opens its watch."""
+        live = self.node.view.live()
+        key: list[tuple] = []
+        offsets: dict[str, dict[int, int]] = {}
+        for defn in stores:
+            owners: dict[int, Any] = {}
+            for n in live:
+                for p in n.active.get(defn.name, ()):
+                    owners.setdefault(p, n)
+            parts = offsets.setdefault(defn.topic, {})
+            for p in range(defn.partitions):
+                owner = owners.get(p)
+                if owner is None:
+                    return None
+                if owner.node_id == self.node.node_id:
+                    known = self.node.answerable_offset(defn.name, p)
+                    source: Any = None
+                elif owner.key_endpoint is not None:
+                    source = self._watch(owner.key_endpoint)
+                    known = source.offset(defn.name, p)
+                else:
+                    return None
+                if known is None:
+                    return None
+                key.append((defn.name, p, None if source is None else source.endpoint, known))
+                if known[1] >= 0:
+                    parts[p] = known[1]
+        return tuple(key), Position(offsets)
+
+    def _watch(self, key_endpoint: str) -> PositionWatch:
+        w = self._watches.get(key_endpoint)
+        if w is None:
+            with self._watches_lock:
+                w = self._watches.get(key_endpoint)
+                if w is None:
+                    w = self._watches[key_endpoint] = PositionWatch(key_endpoint, self.node.cluster_secret,
+                                                                    getattr(self.node, "tls", None))
+        return w
+
+    def close(self) -> None:
+        """Stop the positions watches (the calls' connections close with their threads)."""
+        with self._watches_lock:
+            watches, self._watches = list(self._watches.values()), {}
+        for w in watches:
+            w.close()
 
     def read_key(self, store: str, partition: int, key: bytes, options: ReadOptions) -> StoredEntry | None:
         """The point lookup's one call: ``key``'s stored entry from the partition's active

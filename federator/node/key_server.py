@@ -15,8 +15,9 @@ import threading
 from typing import Any, Callable
 
 from federator.query.position import Position, PositionBound
-from federator.query.wire import (CALL_HELLO, KEY_ABSENT, KEY_CANNOT, KEY_FOUND, KEY_WELCOME, call_answer,
-                                  exact_reader, key_answer, read_call_request, read_hello, read_key_request)
+from federator.query.wire import (CALL_HELLO, KEY_ABSENT, KEY_CANNOT, KEY_FOUND, KEY_WELCOME, WATCH_BEAT_SECONDS,
+                                  WATCH_HELLO, call_answer, exact_reader, key_answer, read_call_request, read_hello,
+                                  read_key_request, watch_frame)
 from federator.store.layer import StoredEntry
 from federator.tls import Tls
 
@@ -26,6 +27,9 @@ _UNBOUNDED = PositionBound.unbounded()
 ReadLocal = Callable[[str, int, bytes, PositionBound], "StoredEntry | None"]
 # a StateQueryRequest's JSON -> (status, payload): the result stream, or the error body (Node.answer_call)
 AnswerCall = Callable[[bytes], "tuple[int, bytes]"]
+# what a positions watch reads: (epoch, (store, partition) -> offset) now (Node.answerable_offsets),
+# and a wait for the next change (Materializer.wait_moved)
+Watch = tuple[Callable[[], "tuple[int, dict[tuple[str, int], int]]"], Callable[[int, float], int]]
 
 
 class KeyServer:
@@ -33,9 +37,11 @@ class KeyServer:
     open with ``secret`` (or anyone, when it is None); ``topic_of`` names a store's changelog."""
 
     def __init__(self, read_local: ReadLocal, topic_of: Callable[[str], str | None], secret: str | None,
-                 host: str, port: int, tls: Tls | None = None, answer_call: AnswerCall | None = None) -> None:
+                 host: str, port: int, tls: Tls | None = None, answer_call: AnswerCall | None = None,
+                 watch: Watch | None = None) -> None:
         self._read_local, self._topic_of = read_local, topic_of
         self._answer_call = answer_call  # None: callers that open with CALL_HELLO are refused
+        self._watch = watch  # None: callers that open with WATCH_HELLO are refused
         self._tls = tls  # callers then speak TLS (the node's certificate), as its HTTP callers do
         self._secret = (secret or "").encode()
         self._listener = socket.create_server((host, port), reuse_port=False)
@@ -92,6 +98,12 @@ class KeyServer:
             if opened is None or not hmac.compare_digest(opened[1].encode(), self._secret):
                 log.warning("a key call without this node's cluster secret (or not a Federator node) was refused")
                 return
+            if opened[0] == WATCH_HELLO:
+                if self._watch is None:
+                    return
+                conn.sendall(KEY_WELCOME)
+                self._send_positions(conn, *self._watch)
+                return
             if opened[0] == CALL_HELLO:
                 if self._answer_call is None:
                     return
@@ -108,6 +120,20 @@ class KeyServer:
             with self._lock:
                 self._connections.discard(conn)
             _close(conn)
+
+    def _send_positions(self, conn: socket.socket, current: Callable[[], tuple[int, dict[tuple[str, int], int]]],
+                        wait_moved: Callable[[int, float], int]) -> None:
+        """A positions watch (federator.query.wire, WATCH_HELLO): every change the moment it is
+        made, and a beat when there is none. Until the caller goes away (or stop())."""
+        sent: dict[tuple[str, int], int] = {}
+        moves = wait_moved(-1, 0)
+        while not self._closed:
+            epoch, now = current()
+            changes: list[tuple[str, int, int | None]] = [(s, p, o) for (s, p), o in now.items() if sent.get((s, p)) != o]
+            changes += [(s, p, None) for (s, p) in sent if (s, p) not in now]
+            conn.sendall(watch_frame(epoch, changes))
+            sent = now
+            moves = wait_moved(moves, WATCH_BEAT_SECONDS)
 
     def _answer(self, store: str, partition: int, key: bytes, at: int | None) -> bytes:
         topic = self._topic_of(store)

@@ -72,6 +72,13 @@ class Materializer:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="materializer", daemon=True)
         self._topic_ids: dict[str, str | None] = {}
+        # Counts every change to what the shards would answer (records applied, a role, a
+        # copy current or not): a watcher waits on it (wait_moved) rather than polling.
+        self._moved = threading.Condition()
+        self._moves = 0
+        # Counts the changes other than records applied: a copy opened, closed, reset, rebuilt,
+        # current or not, its role. An offset names a shard's state only within one epoch.
+        self.epoch = 0
         # Set when the broker connection broke: until the changelogs are checked again, no shard
         # counts as current (the broker may come back empty, with new topics).
         self._unverified = False
@@ -98,6 +105,24 @@ class Materializer:
     def snapshot(self) -> dict[Key, HostedShard]:
         with self._lock:
             return dict(self._hosted)
+
+    def wait_moved(self, seen: int, timeout: float) -> int:
+        """The change count once it is past ``seen`` (at once if it already is), or after
+        ``timeout`` seconds; -1 to read it without waiting."""
+        with self._moved:
+            if seen >= 0 and self._moves == seen:
+                self._moved.wait(timeout)
+            return self._moves
+
+    def _changed(self) -> None:
+        self.epoch += 1
+        self._moves_on()
+        self.on_change()
+
+    def _moves_on(self) -> None:
+        with self._moved:
+            self._moves += 1
+            self._moved.notify_all()
 
     # ---- the materializer thread -----------------------------------------------------------
     def _run(self) -> None:
@@ -164,7 +189,7 @@ class Materializer:
                     hs.role = role
                     if role == ACTIVE:
                         hs.restored = hs.lag == 0 and hs.end_offset is not None
-                    self.on_change()
+                    self._changed()
                 continue
             store, partition = key
             defn = desired.definitions[store]
@@ -181,7 +206,7 @@ class Materializer:
                 self._hosted[key] = hs
             changed = True
         if changed:
-            self.on_change()
+            self._changed()
         return changed
 
     def _check_topics(self, admin) -> bool:
@@ -206,7 +231,7 @@ class Materializer:
                     hs.gone, hs.restored, hs.caught_up, hs.end_offset = False, False, False, None
                     changed = True
         if changed:
-            self.on_change()
+            self._changed()
         return changed
 
     def _assign(self, consumer) -> None:
@@ -237,13 +262,14 @@ class Materializer:
             else:
                 log.warning("reading %s[%s]: %s", m.topic(), m.partition(), err.str())
         index = {(hs.shard.topic, hs.shard.partition): hs for hs in self._hosted.values()}
-        changed = False
+        changed = moved = False
         for tp, msgs in by_tp.items():
             hs = index.get(tp)
             if hs is None or hs.gone:
                 continue
             hs.shard.apply(to_records(msgs))
             hs.applied += len(msgs)
+            moved = True
             _, high = consumer.get_watermark_offsets(TopicPartition(*tp), cached=True)
             if high is not None and high >= 0:
                 hs.end_offset = high
@@ -256,7 +282,9 @@ class Materializer:
                 hs.restored = hs.caught_up = True
                 changed = True
         if changed:
-            self.on_change()
+            self._changed()
+        elif moved:
+            self._moves_on()
 
     def _on_client_error(self, err: KafkaError) -> None:
         """Connection trouble (runs inside consume): the broker may come back empty, so no shard
@@ -267,7 +295,7 @@ class Materializer:
         self._unverified = True
         for hs in self._hosted.values():
             hs.restored = False
-        self.on_change()
+        self._changed()
 
     def _rebuild(self, topic: str, partition: int, consumer) -> None:
         """The recorded offset is out of the log's range (truncated, reset): start over."""
@@ -276,4 +304,5 @@ class Materializer:
                 log.warning("%s[%d]: offset out of range; rebuilding the shard", topic, partition)
                 hs.shard.reset()
                 hs.restored, hs.caught_up, hs.end_offset = False, False, None
+        self._changed()
         self._assign(consumer)

@@ -105,6 +105,15 @@ def _node_id(state_dir: Path) -> str:
     return node_id
 
 
+def _answerable(hs: Any) -> bool:
+    return hs.role == ACTIVE and hs.restored and hs.caught_up and not hs.gone
+
+
+def _offset(hs: Any) -> int:
+    offset = hs.shard.offset
+    return -1 if offset is None else offset
+
+
 def _project(columns: list[str], result: QueryResult) -> QueryResult:
     """The columns a query reads of a partition's rows, and nothing else to do with them."""
     try:
@@ -184,7 +193,8 @@ class Node:
         if self.config.key_port is not None:  # bound now: a taken port stops the start here
             host = self.config.listen.rpartition(":")[0]
             self.key_server = KeyServer(self.read_local, self._topic_of, self.cluster_secret, host,
-                                        self.config.key_port, self.tls, self.answer_call)
+                                        self.config.key_port, self.tls, self.answer_call,
+                                        watch=(self.answerable_offsets, self.materializer.wait_moved))
             self.key_endpoint = f"{self.endpoint.rpartition(':')[0]}:{self.key_server.port}"
             self.key_server.start()
         kafka.check_reachable(self.config.bootstrap_servers)
@@ -379,6 +389,28 @@ class Node:
             if hs.role == ACTIVE and not hs.restored:
                 info.restoring.setdefault(store, []).append(p)
         return info
+
+    def answerable_offsets(self) -> tuple[int, dict[tuple[str, int], int]]:
+        """(the materializer's epoch, (store, partition) -> offset applied, -1 for none) for
+        every partition this node would answer now as the current active copy (as ``execute``
+        decides for a caller that requires it); read again if the epoch moved meanwhile."""
+        m = self.materializer
+        while True:
+            epoch = m.epoch
+            out = {key: _offset(hs) for key, hs in m.snapshot().items() if _answerable(hs)}
+            if m.epoch == epoch:
+                return epoch, out
+
+    def answerable_offset(self, store: str, partition: int) -> tuple[int, int] | None:
+        """(epoch, offset) of one partition, as ``answerable_offsets`` gives it; None when this
+        node would not answer it as the current active copy."""
+        m = self.materializer
+        epoch = m.epoch
+        hs = m.hosted(store, partition)
+        if hs is None or not _answerable(hs):
+            return None
+        offset = _offset(hs)
+        return (epoch, offset) if m.epoch == epoch else None
 
     def _publish(self, info: NodeInfo | None = None) -> None:
         if self.refused is not None or not self._identity_checked.is_set():

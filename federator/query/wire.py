@@ -62,10 +62,41 @@ _LENGTH = struct.Struct("!I")
 _CALL_ANSWER = struct.Struct("!HI")  # status, payload length
 
 
+# The positions watch on the same port: a node that answers statements over another node's
+# partitions keeps the answers it computed and gives one again while every partition it read
+# is still at the offset it was read at. It learns the offsets here rather than by asking: it
+# opens with WATCH_HELLO and the secret, as above; the node answers KEY_WELCOME, then sends
+# frames, each a length-prefixed JSON list of [store, partition, offset] for every partition
+# it would answer as the current active copy (offset -1: nothing applied yet) whose offset
+# changed since the last frame, or [store, partition, null] for one it no longer would, after
+# the node's epoch: [epoch, changes]. An offset names a state only within one epoch (a shard
+# reset or rebuilt starts its offsets over; the epoch moves with every change but records
+# applied). The first frame has them all; a frame follows every change, and an empty one at
+# least every WATCH_BEAT_SECONDS, so a caller that hears nothing for longer stops trusting it.
+WATCH_HELLO = b"FEDERATOR-POS/1\n"
+WATCH_BEAT_SECONDS = 1.0
+
+
+def watch_hello(secret: str | None) -> bytes:
+    raw = (secret or "").encode()
+    return WATCH_HELLO + _SHORT.pack(len(raw)) + raw
+
+
+def watch_frame(epoch: int, changes: list[tuple[str, int, int | None]]) -> bytes:
+    body = json.dumps([epoch, changes], separators=(",", ":")).encode()
+    return _LENGTH.pack(len(body)) + body
+
+
+def read_watch_frame(read: Callable[[int], bytes]) -> tuple[int, list[tuple[str, int, int | None]]]:
+    (n,) = _LENGTH.unpack(read(_LENGTH.size))
+    epoch, changes = json.loads(read(n))
+    return int(epoch), [(str(s), int(p), None if o is None else int(o)) for s, p, o in changes]
+
+
 def read_hello(read: Callable[[int], bytes]) -> tuple[bytes, str] | None:
     """(the hello, the secret) a caller opened with; None when it did not open as a node."""
     hello = read(len(KEY_HELLO))
-    if hello not in (KEY_HELLO, CALL_HELLO):
+    if hello not in (KEY_HELLO, CALL_HELLO, WATCH_HELLO):
         return None
     (n,) = _SHORT.unpack(read(_SHORT.size))
     return hello, read(n).decode("utf-8", "replace")

@@ -248,6 +248,21 @@ class SqlEngine:
              stats: dict[str, Any], reuse: bool = True) -> tuple:
         deadline = options.deadline
         _check_deadline(deadline, "planning")
+        watched = known = None
+        if reuse and self._reuse_seconds > 0 and plan.deterministic and not plan.local and not options.allow_stale \
+                and (plan_key := _plan_key(req)) is not None:
+            # every partition of its stores still where this node last computed the statement
+            # (its owners' watches say so): that answer is this one, and no owner is asked
+            stores = list({ref.store.name: ref.store for ref in plan.refs}.values())
+            known = self.dispatcher.known_positions(stores)
+            if known is not None and _reaches(known[1], options.bound):
+                watched = (plan_key, "watched", known[0])
+                kept = self._kept_answer(watched, plan)
+                if kept is not None:
+                    stats.update(answer_reused=True, partitions_queried=0, nodes=0)
+                    if any(ref.joined is not None for ref in plan.refs):
+                        stats["joined_on_owners"] = True  # as the kept answer was
+                    return (kept[0], iter(kept[1])), position.merge(known[1]), stats
         relations: dict[str, pa.Table] = {r.relation: r.table for r in plan.local}
         seen: dict[str, Any] = {"position": Position(), "partitions": set(), "nodes": set()}
         if len(plan.refs) == 1:
@@ -264,33 +279,46 @@ class SqlEngine:
         if req.cancel is not None and req.cancel.cancelled:
             raise SqlError("TIMEOUT", "canceling statement due to user request")
         read_at = position.merge(seen["position"])
+        if watched is not None and not _read_at_known(seen, known[1], plan):  # type: ignore[index]
+            watched = None  # an owner moved on meanwhile: this answer is not the one at ``known``
         if plan.columns_only is not None:  # nothing left to compute: the rows as the owners sent them
             (rows,) = (relations[r.relation] for r in plan.refs)
             table = rows.select([c for c, _ in plan.columns_only]).rename_columns([n for _, n in plan.columns_only])
             table = table.cast(plan.schema) if plan.schema is not None else table  # DuckDB's types, as ever
-            return (table.schema, iter(table.to_batches())), read_at, stats
+            return self._keeping(watched, plan, table.schema, iter(table.to_batches())), read_at, stats
         if plan.finish is not None:  # a merge of states or a top-k cut: in Arrow unless the types need DuckDB
             (rows,) = (relations[r.relation] for r in plan.refs)
             table = plan.finish.apply(rows, plan.schema)
             if table is not None:
                 stats["finished_in_arrow"] = True
-                return (table.schema, iter(table.to_batches())), read_at, stats
+                return self._keeping(watched, plan, table.schema, iter(table.to_batches())), read_at, stats
         key = None
         if reuse and self._reuse_seconds > 0 and plan.deterministic and not plan.local and \
                 (plan_key := _plan_key(req)) is not None:
             key = (plan_key, seen["position"].to_token(), frozenset(seen["partitions"]))
-            with self._answers_lock:
-                kept = self._answers.get(key)
-                if kept is not None and (kept[1] is not plan or time.monotonic() - kept[0] > self._reuse_seconds):
-                    del self._answers[key]
-                    kept = None
+            kept = self._kept_answer(key, plan)
             if kept is not None:
                 stats["answer_reused"] = True
-                return (kept[2], iter(kept[3])), read_at, stats
+                return self._keeping(watched, plan, kept[0], iter(kept[1])), read_at, stats
         schema, batches = self.duck.stream(plan.sql, relations, deadline, cancel=req.cancel)
         if key is not None:
             batches = self._kept(key, plan, schema, batches)
-        return (schema, batches), read_at, stats
+        return self._keeping(watched, plan, schema, batches), read_at, stats
+
+    def _kept_answer(self, key: tuple, plan: QueryPlan) -> tuple[pa.Schema, list[pa.RecordBatch]] | None:
+        """The answer kept for ``key`` (schema, batches), while it is ``plan``'s and young enough."""
+        with self._answers_lock:
+            kept = self._answers.get(key)
+            if kept is None:
+                return None
+            if kept[1] is not plan or time.monotonic() - kept[0] > self._reuse_seconds:
+                del self._answers[key]
+                return None
+            return kept[2], kept[3]
+
+    def _keeping(self, key: tuple | None, plan: QueryPlan, schema: pa.Schema,
+                 batches: Iterator[pa.RecordBatch]) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
+        return schema, (batches if key is None else self._kept(key, plan, schema, batches))
 
     def _kept(self, key: tuple, plan: QueryPlan, schema: pa.Schema,
               batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -388,6 +416,21 @@ class SqlEngine:
             for k, v in zip(_EXPLAIN_COLUMNS, ["(none)", "", "", self.node.node_id + " (local)", "nothing", at_receiver]):
                 rows[k].append(v)
         return pa.table({k: pa.array(v, pa.string()) for k, v in rows.items()})
+
+
+def _reaches(known: Position, bound: PositionBound) -> bool:
+    """Whether partitions at ``known`` satisfy ``bound`` (a consistency token's offsets)."""
+    if bound.position is None:
+        return True
+    return all((-1 if (k := known.get(t, p)) is None else k) >= o for t, p, o in bound.position)
+
+
+def _read_at_known(seen: dict[str, Any], known: Position, plan: QueryPlan) -> bool:
+    """Whether every partition the owners answered was at its offset in ``known`` (an empty
+    shard has none in either)."""
+    topics = {ref.store.name: ref.store.topic for ref in plan.refs}
+    read: Position = seen["position"]
+    return all(read.get(topics[store], p) == known.get(topics[store], p) for store, p in seen["partitions"])
 
 
 _ANSWERS_KEPT = 256  # repeated statements' answers kept at the receiver

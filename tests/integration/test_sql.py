@@ -19,7 +19,7 @@ import urllib3
 from federator.partitioner import partition_for
 from federator.store.layout import window_key
 from tests.integration.changelog_util import produce, register
-from tests.integration.cluster import Cluster
+from tests.integration.cluster import Cluster, wait_for
 
 P = 8
 HTTP = urllib3.PoolManager()
@@ -573,6 +573,47 @@ def test_a_repeated_statement_reuses_its_answer_until_a_store_changes(sql_cluste
                                                              consistency_token=token)["rows"]], pa.int64())})
     assert third["rows"] == [list(r) for r in duckdb.connect().execute(agg.replace("FROM scores", "FROM rows")).fetchall()]
     assert [g for g in third["rows"] if g[0] == 8_000_003 % 5][0][1] == [g for g in first["rows"] if g[0] == 8_000_003 % 5][0][1] + 1
+
+
+def test_a_statement_over_unchanged_partitions_is_answered_without_asking_their_owners(sql_cluster, broker) -> None:
+    """The receiver learns where the other nodes' partitions are from their positions watches:
+    while none has moved, a statement it computed is answered again without a call to any
+    owner; a write to a partition another node owns reaches the next answers, with no token,
+    once that owner has applied it."""
+    from federator import kafka
+
+    cluster, _ = sql_cluster
+    node = cluster.nodes[1]
+    top = "SELECT key, score FROM scores WHERE score > -1000 ORDER BY score DESC, key LIMIT 3"  # a top-k cut in Arrow
+    count = "SELECT COUNT(*) AS n, SUM(score) AS s FROM scores WHERE score > -1000"  # a merge of states in Arrow
+    first = {sql: sql_json(node, sql) for sql in (top, count)}
+    assert all(not a["stats"].get("answer_reused") for a in first.values())
+    # the watches open with the first statements: the answers are reused once they report
+    wait_for(lambda: sql_json(node, top)["stats"].get("answer_reused"), timeout=10, what="a reused top-k")
+    before = scrape(node)
+    again = {sql: sql_json(node, sql) for sql in (top, count) for _ in range(3)}
+    after = scrape(node)
+    assert total(after, "federator_internal_calls_total") == total(before, "federator_internal_calls_total")
+    for sql, answer in again.items():
+        assert answer["stats"]["answer_reused"] and answer["stats"]["partitions_queried"] == 0
+        assert answer["rows"] == first[sql]["rows"] and answer["consistency_token"] == first[sql]["consistency_token"]
+
+    owners = cluster.active_map("scores", via=node)
+    key = next(k for k in range(9_000_001, 9_100_000)
+               if owners[partition_for(k.to_bytes(8, "big", signed=True), P)] != node.node_id)
+    kb = key.to_bytes(8, "big", signed=True)
+    producer = kafka.producer(broker.bootstrap_servers)
+    producer.produce(f"{cluster.nodes[0].app_id}-scores-changelog", key=kb, value=struct.pack(">d", 1e9),
+                     partition=partition_for(kb, P))
+    assert producer.flush(10) == 0
+    got = wait_for(lambda: (a := sql_json(node, top))["rows"][0] == [key, 1e9] and a, timeout=10,
+                   what="the new top score in the answer")
+    assert not got["stats"].get("answer_reused")
+    rows = sql_json(node, "SELECT key, score FROM scores ORDER BY score DESC, key LIMIT 3",
+                    consistency_token=got["consistency_token"])["rows"]
+    assert got["rows"] == rows
+    n, s = sql_json(node, count)["rows"][0]
+    assert n == first[count]["rows"][0][0] + 1 and s == pytest.approx(first[count]["rows"][0][1] + 1e9)
 
 
 def test_a_query_racing_a_node_stop_is_right_or_unavailable(sql_cluster) -> None:

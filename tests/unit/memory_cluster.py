@@ -104,6 +104,8 @@ class Hosted:
 
 
 class Materializer:
+    epoch = 0  # no copy here is ever reset or handed over
+
     def __init__(self, shards: dict[tuple[str, int], MemoryShard]) -> None:
         self.shards = shards
 

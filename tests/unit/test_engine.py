@@ -458,6 +458,48 @@ def test_a_repeated_statement_reuses_its_answer_until_a_position_moves(fresh) ->
     assert assert_answers_as_duckdb(world, engine, sql, ordered=True).stats.get("answer_reused") is True
 
 
+@pytest.mark.parametrize("sql", [
+    "SELECT key, score FROM scores ORDER BY score DESC LIMIT 3",  # a top-k cut, finished in Arrow
+    "SELECT COUNT(*) AS n, SUM(score) AS s FROM scores",  # a merge of states, finished in Arrow
+    "SELECT key, score FROM scores WHERE key BETWEEN -9 AND 9",  # the owners' rows as they sent them
+])
+def test_a_statement_over_partitions_still_where_it_read_them_asks_no_owner(fresh, sql) -> None:
+    """The node knows its own partitions' offsets without asking (another node's, from its
+    positions watch): while none of the statement's stores moved, its answer is given again
+    without a call; a write, or a copy reset or handed over (the epoch), makes it ask."""
+    world = fresh()
+    engine = world.cluster.engine()
+    ordered = "ORDER BY" in sql
+    first = assert_answers_as_duckdb(world, engine, sql, ordered=ordered)
+    world.cluster.forget()
+    second = assert_answers_as_duckdb(world, engine, sql, ordered=ordered)
+    assert not first.stats.get("answer_reused") and second.stats.get("answer_reused") is True
+    assert second.stats["partitions_queried"] == 0 and not world.cluster.requests()
+    assert second.consistency_token == first.consistency_token
+    world.put("scores", 3, 1e6)  # one partition moves on
+    third = assert_answers_as_duckdb(world, engine, sql, ordered=ordered)
+    assert not third.stats.get("answer_reused") and world.cluster.requests()
+    assert third.consistency_token != first.consistency_token
+    world.cluster.nodes["me"].materializer.epoch = 1  # a copy was reset: its offsets may name other rows
+    world.cluster.forget()
+    assert assert_answers_as_duckdb(world, engine, sql, ordered=ordered).stats["partitions_queried"] > 0
+    assert world.cluster.requests()
+    world.cluster.forget()
+    assert assert_answers_as_duckdb(world, engine, sql, ordered=ordered).stats["partitions_queried"] == 0
+    assert not world.cluster.requests()
+
+
+def test_a_partition_another_node_owns_is_asked_while_its_position_is_not_known(fresh) -> None:
+    """n2 has no positions watch here (no key port): its partitions are asked every time."""
+    world = fresh(("me", "n2"))
+    engine = world.cluster.engine()
+    sql = "SELECT key, score FROM scores ORDER BY score DESC LIMIT 3"
+    for _ in range(2):
+        world.cluster.forget()
+        assert assert_answers_as_duckdb(world, engine, sql, ordered=True).stats["partitions_queried"] > 0
+        assert world.cluster.nodes["n2"].requests
+
+
 def test_a_statement_with_a_volatile_function_is_never_reused(world) -> None:
     engine = world.cluster.engine()
     sql = "SELECT COUNT(*) + CAST(random() * 0 AS BIGINT) AS n FROM scores"

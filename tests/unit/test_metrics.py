@@ -79,6 +79,9 @@ class FakeNode:
     def read_local(self, *args: Any) -> None:
         return None
 
+    def answerable_offset(self, store: str, partition: int) -> None:
+        return None  # its answers carry no positions: every statement asks it again
+
     def execute(self, req: Any) -> list[QueryResult]:
         if self.fail:
             return [QueryResult.failed(p, FailureReason.STORE_EXCEPTION, "disk on fire") for p in req.partitions]

@@ -1,0 +1,103 @@
+"""The caller's end of a node's positions watch (federator.query.wire, WATCH_HELLO): the offsets
+another node's partitions are at, as it says them, kept current by one thread per node.
+
+A statement's answer over partitions still at the offsets it was computed at is that answer
+again, so the node that computed it may give it without asking the owners (see
+``federator.sql.engine``). Only what the owner said on a connection that is still open and heard
+from within a few beats counts: anything else is unknown, and unknown means ask."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from typing import IO
+
+from federator.query.wire import (KEY_WELCOME, WATCH_BEAT_SECONDS, exact_reader, read_watch_frame,
+                                  watch_hello)
+from federator.tls import Tls
+
+log = logging.getLogger(__name__)
+_TRUSTED_FOR = 3 * WATCH_BEAT_SECONDS  # silent longer than this: the node may be stopped or cut off
+_RETRY_SECONDS = 0.5
+
+
+class PositionWatch:
+    """The positions of the partitions ``endpoint`` (a key port) answers as their active copy."""
+
+    def __init__(self, endpoint: str, secret: str | None = None, tls: Tls | None = None) -> None:
+        host, _, port = endpoint.rpartition(":")
+        self.endpoint = endpoint
+        self._address = (host.strip("[]") or "127.0.0.1", int(port))
+        self._hello = watch_hello(secret)
+        self._tls = tls
+        # ((this watch's connection count, the node's epoch), offsets), replaced whole per frame
+        # so a reader holds one frame's: an offset names one state only under both (a node
+        # restarted, or a shard reset, starts offsets over)
+        self._state: tuple[tuple[int, int], dict[tuple[str, int], int]] | None = None
+        self._heard = 0.0
+        self._connections = 0
+        self._closed = threading.Event()
+        self._sock: socket.socket | None = None
+        self._thread = threading.Thread(target=self._run, name=f"watch-{endpoint}", daemon=True)
+        self._thread.start()
+
+    def offset(self, store: str, partition: int) -> tuple[tuple[int, int], int] | None:
+        """(epoch, offset) the node last said the partition is at (offset -1: nothing applied);
+        None when it does not answer it as the active copy, or has not been heard from lately."""
+        state = self._state
+        if state is None or time.monotonic() - self._heard > _TRUSTED_FOR:
+            return None
+        offset = state[1].get((store, partition))
+        return None if offset is None else (state[0], offset)
+
+    def close(self) -> None:
+        self._closed.set()
+        sock = self._sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def _run(self) -> None:
+        while not self._closed.is_set():
+            try:
+                self._follow()
+            except (OSError, EOFError, ValueError) as e:
+                log.debug("positions watch of %s ended: %s", self.endpoint, e)
+            self._forget()
+            self._closed.wait(_RETRY_SECONDS)
+
+    def _forget(self) -> None:
+        self._state = None
+
+    def _follow(self) -> None:
+        sock = socket.create_connection(self._address, timeout=10)
+        try:
+            if self._tls is not None:
+                sock = self._tls.client.wrap_socket(sock, server_hostname=self._address[0])
+            self._sock = sock
+            if self._closed.is_set():
+                return
+            stream: IO[bytes] = sock.makefile("rb")
+            read = exact_reader(stream)
+            sock.sendall(self._hello)
+            if read(len(KEY_WELCOME)) != KEY_WELCOME:
+                raise EOFError("refused")
+            sock.settimeout(_TRUSTED_FOR)  # a node that stops beating is left
+            self._connections += 1
+            offsets: dict[tuple[str, int], int] = {}
+            while not self._closed.is_set():
+                epoch, changes = read_watch_frame(read)
+                for store, partition, offset in changes:
+                    if offset is None:
+                        offsets.pop((store, partition), None)
+                    else:
+                        offsets[(store, partition)] = offset
+                self._heard = time.monotonic()
+                self._state = ((self._connections, epoch), dict(offsets))
+        finally:
+            self._sock = None
+            sock.close()
