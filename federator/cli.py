@@ -37,9 +37,12 @@ _LIMIT_FLAGS: list[tuple[str, type, object, str, str]] = [
     ("--max-timeout-ms", int, 600_000, "MS",
      "most a request's timeout_ms may be; one asking more runs with this, and its answer's stats say so "
      "(default 600000, 10 minutes)"),
-    ("--max-running-queries", int, 8, "N", "queries (HTTP and Flight SQL) running at once on this node (default 8)"),
-    ("--max-queued-queries", int, 6, "N",
-     "queries waiting for a running slot, each at most its timeout_ms; more get 429 with Retry-After (default 6)"),
+    ("--max-running-queries", int, 2, "N",
+     "queries (HTTP and Flight SQL) running at once on this node; more wait in arrival order (default 2: the "
+     "node's Python runs one thread at a time, so more running together only lengthen each other's tail; "
+     "raise it when long statements would hold both slots)"),
+    ("--max-queued-queries", int, 12, "N",
+     "queries waiting for a running slot, each at most its timeout_ms; more get 429 with Retry-After (default 12)"),
 ]
 
 

@@ -41,6 +41,8 @@ import io
 import json
 import logging
 import math
+import threading
+from collections import OrderedDict
 from functools import lru_cache
 from decimal import Decimal
 from typing import Any, Callable, Iterable, Iterator, Mapping
@@ -333,6 +335,31 @@ def _columns(batch: pa.RecordBatch, converters: list[Converter]) -> list[list]:
     return [conv(col) for conv, col in zip(converters, batch.columns)]
 
 
+# The JSON rows of kept answers' batches (the engine gives the same batch objects again while
+# the answer is unchanged): a repeated leaderboard or dashboard statement then costs no encoding.
+# Each entry holds its batch, so the id names it while remembered.
+_ROWS_JSON: OrderedDict[int, tuple[pa.RecordBatch, str]] = OrderedDict()
+_ROWS_JSON_LOCK = threading.Lock()
+_ROWS_JSON_KEPT = 64
+_ROWS_JSON_MAX_CHARS = 64 * 1024
+
+
+def _rows_json(batch: pa.RecordBatch, converters: list[Converter], remember: bool) -> str:
+    """``batch``'s rows as a JSON list: one encode call, the C encoder doing every row tuple."""
+    if remember:
+        with _ROWS_JSON_LOCK:
+            hit = _ROWS_JSON.get(id(batch))
+        if hit is not None and hit[0] is batch:
+            return hit[1]
+    rows = _encode(list(zip(*_columns(batch, converters))))
+    if remember and len(rows) <= _ROWS_JSON_MAX_CHARS:
+        with _ROWS_JSON_LOCK:
+            _ROWS_JSON[id(batch)] = (batch, rows)
+            while len(_ROWS_JSON) > _ROWS_JSON_KEPT:
+                _ROWS_JSON.popitem(last=False)
+    return rows
+
+
 def error_body(e: BaseException) -> dict:
     """The ``{"error": ...}`` object for an exception raised while streaming."""
     if isinstance(e, SqlError):
@@ -343,11 +370,13 @@ def error_body(e: BaseException) -> dict:
 # --- the four formats -----------------------------------------------------------------------
 
 
-def json_chunks(schema: pa.Schema, batches: Iterable[pa.RecordBatch], trailer: Callable[[], Mapping[str, Any]]) -> Iterator[bytes]:
+def json_chunks(schema: pa.Schema, batches: Iterable[pa.RecordBatch], trailer: Callable[[], Mapping[str, Any]],
+                kept: bool = False) -> Iterator[bytes]:
     """``{"columns": [...], "rows": [...], <trailer>}``; the trailer is read after the last row.
 
     The trailer comes last because the engine fills in the row count and elapsed time
-    only as the batches are consumed.
+    only as the batches are consumed. ``kept``: the batches are a kept answer's, given again
+    while unchanged: their rows' JSON is remembered (``_rows_json``).
     """
     converters, columns = _layout(schema)
     yield ('{"columns":' + columns + ',"rows":[').encode()
@@ -355,8 +384,7 @@ def json_chunks(schema: pa.Schema, batches: Iterable[pa.RecordBatch], trailer: C
     try:
         for batch in batches:
             if batch.num_rows:
-                # One encode call per batch: the C encoder does the whole list of row tuples.
-                rows = _encode(list(zip(*_columns(batch, converters))))
+                rows = _rows_json(batch, converters, kept)
                 yield (sep + rows[1:-1]).encode()
                 sep = ","
         tail = _encode(dict(trailer()))
@@ -493,10 +521,11 @@ def _drain(sink: io.BytesIO) -> bytes:
 
 
 def body_chunks(fmt: str, schema: pa.Schema, batches: Iterable[pa.RecordBatch],
-                trailer: Callable[[], Mapping[str, Any]]) -> Iterator[bytes]:
-    """The response body in format ``fmt`` (a key of MEDIA_TYPES)."""
+                trailer: Callable[[], Mapping[str, Any]], kept: bool = False) -> Iterator[bytes]:
+    """The response body in format ``fmt`` (a key of MEDIA_TYPES). ``kept``: the batches are
+    an answer the engine keeps and gives again (its JSON rows are then kept too)."""
     if fmt == "json":
-        return json_chunks(schema, batches, trailer)
+        return json_chunks(schema, batches, trailer, kept)
     if fmt == "ndjson":
         return ndjson_chunks(schema, batches)
     if fmt == "csv":

@@ -272,8 +272,11 @@ def sql_response(node: SqlNode, environ: dict[str, Any]) -> Response | _JsonBody
         def trailer() -> dict[str, Any]:
             return {"consistency_token": result.consistency_token, "stats": result.stats}
 
-        chunks = _closing(body_chunks(fmt, result.schema, batches, trailer), batches)
+        kept = bool(result.stats.get("answer_reused"))
+        chunks = _closing(body_chunks(fmt, result.schema, batches, trailer, kept), batches)
         whole = _whole_if_small(chunks)
+        if fmt == "json" and isinstance(whole, bytes):
+            return _JsonBody(whole)  # as a Response would send it, without building one
         resp = Response(whole, mimetype=MEDIA_TYPES[fmt], headers=headers)
         if slot is not None and not isinstance(whole, bytes):  # held until the body has been sent
             resp.call_on_close(slot.release)

@@ -112,7 +112,8 @@ class SqlEngine:
         # unchanged stores (a dashboard's refresh) skips DuckDB's fixed cost at the receiver.
         # Kept with the plan it answers: a store defined again over the same changelog (the
         # same positions) is planned again, and its kept answers are not that plan's.
-        self._answers: OrderedDict[tuple, tuple[float, QueryPlan, pa.Schema, list[pa.RecordBatch]]] = OrderedDict()
+        self._answers: OrderedDict[tuple, tuple[float, QueryPlan, pa.Schema, list[pa.RecordBatch], Position | None]] = \
+            OrderedDict()
         self._answers_lock = threading.Lock()
         config = getattr(node, "config", None)
         self._reuse_seconds: float = getattr(config, "reuse_answers_seconds", _ANSWER_SECONDS)
@@ -262,7 +263,8 @@ class SqlEngine:
                     stats.update(answer_reused=True, partitions_queried=0, nodes=0)
                     if any(ref.joined is not None for ref in plan.refs):
                         stats["joined_on_owners"] = True  # as the kept answer was
-                    return (kept[0], iter(kept[1])), position.merge(known[1]), stats
+                    # the Position kept with it: equal to ``known``, and its token made once
+                    return (kept[0], iter(kept[1])), position.merge(kept[2] or known[1]), stats
         relations: dict[str, pa.Table] = {r.relation: r.table for r in plan.local}
         seen: dict[str, Any] = {"position": Position(), "partitions": set(), "nodes": set()}
         if len(plan.refs) == 1:
@@ -285,13 +287,13 @@ class SqlEngine:
             (rows,) = (relations[r.relation] for r in plan.refs)
             table = rows.select([c for c, _ in plan.columns_only]).rename_columns([n for _, n in plan.columns_only])
             table = table.cast(plan.schema) if plan.schema is not None else table  # DuckDB's types, as ever
-            return self._keeping(watched, plan, table.schema, iter(table.to_batches())), read_at, stats
+            return self._keeping(watched, plan, table.schema, iter(table.to_batches()), known), read_at, stats
         if plan.finish is not None:  # a merge of states or a top-k cut: in Arrow unless the types need DuckDB
             (rows,) = (relations[r.relation] for r in plan.refs)
             table = plan.finish.apply(rows, plan.schema)
             if table is not None:
                 stats["finished_in_arrow"] = True
-                return self._keeping(watched, plan, table.schema, iter(table.to_batches())), read_at, stats
+                return self._keeping(watched, plan, table.schema, iter(table.to_batches()), known), read_at, stats
         key = None
         if reuse and self._reuse_seconds > 0 and plan.deterministic and not plan.local and \
                 (plan_key := _plan_key(req)) is not None:
@@ -299,14 +301,15 @@ class SqlEngine:
             kept = self._kept_answer(key, plan)
             if kept is not None:
                 stats["answer_reused"] = True
-                return self._keeping(watched, plan, kept[0], iter(kept[1])), read_at, stats
+                return self._keeping(watched, plan, kept[0], iter(kept[1]), known), read_at, stats
         schema, batches = self.duck.stream(plan.sql, relations, deadline, cancel=req.cancel)
         if key is not None:
             batches = self._kept(key, plan, schema, batches)
-        return self._keeping(watched, plan, schema, batches), read_at, stats
+        return self._keeping(watched, plan, schema, batches, known), read_at, stats
 
-    def _kept_answer(self, key: tuple, plan: QueryPlan) -> tuple[pa.Schema, list[pa.RecordBatch]] | None:
-        """The answer kept for ``key`` (schema, batches), while it is ``plan``'s and young enough."""
+    def _kept_answer(self, key: tuple, plan: QueryPlan) -> tuple[pa.Schema, list[pa.RecordBatch], Position | None] | None:
+        """The answer kept for ``key`` (schema, batches, the positions it was kept at when
+        known), while it is ``plan``'s and young enough."""
         with self._answers_lock:
             kept = self._answers.get(key)
             if kept is None:
@@ -314,14 +317,16 @@ class SqlEngine:
             if kept[1] is not plan or time.monotonic() - kept[0] > self._reuse_seconds:
                 del self._answers[key]
                 return None
-            return kept[2], kept[3]
+            return kept[2], kept[3], kept[4]
 
-    def _keeping(self, key: tuple | None, plan: QueryPlan, schema: pa.Schema,
-                 batches: Iterator[pa.RecordBatch]) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
-        return schema, (batches if key is None else self._kept(key, plan, schema, batches))
+    def _keeping(self, key: tuple | None, plan: QueryPlan, schema: pa.Schema, batches: Iterator[pa.RecordBatch],
+                 known: tuple[tuple, Position] | None) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
+        if key is None or known is None:
+            return schema, batches
+        return schema, self._kept(key, plan, schema, batches, known[1])
 
     def _kept(self, key: tuple, plan: QueryPlan, schema: pa.Schema,
-              batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+              batches: Iterator[pa.RecordBatch], at: Position | None = None) -> Iterator[pa.RecordBatch]:
         """The batches as they stream out, kept as the answer for ``key`` if it is small and whole."""
         kept: list[pa.RecordBatch] | None = []
         size = 0
@@ -335,7 +340,7 @@ class SqlEngine:
             yield batch
         if kept is not None:
             with self._answers_lock:
-                self._answers[key] = (time.monotonic(), plan, schema, kept)
+                self._answers[key] = (time.monotonic(), plan, schema, kept, at)
                 while len(self._answers) > _ANSWERS_KEPT:
                     self._answers.popitem(last=False)
 

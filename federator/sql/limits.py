@@ -30,8 +30,12 @@ DEFAULT_MAX_BODY_BYTES = 16 * MiB
 DEFAULT_MAX_TIMEOUT_MS = 10 * 60 * 1000
 DEFAULT_MAX_ANSWER_ROWS = 10_000_000
 DEFAULT_MAX_ANSWER_BYTES = 1024 * MiB
-DEFAULT_MAX_RUNNING = 8
-DEFAULT_MAX_QUEUED = 6
+# Two at once: a node's Python runs one thread at a time, so more queries running together only
+# take the GIL from each other, and the tail of every quick query grows (top-10 at 10 clients:
+# p99 about 8-16 ms with 8 running, 5-7 ms with 2; tests/bench/results.md, 2026-11-27). The rest
+# wait in arrival order. DuckDB still spreads each statement over the cores.
+DEFAULT_MAX_RUNNING = 2
+DEFAULT_MAX_QUEUED = 12
 # HTTP threads that public queries may never take: node-to-node calls, health and metadata
 RESERVED_THREADS = 2
 # How much of an answer (as Arrow) is read before the first byte is sent: an answer over a cap

@@ -57,7 +57,7 @@ class WrkResult:
 
 def run_wrk(label: str, url: str, mode: str, keys_file: Path, clients: int, seconds: float,
             server_pids: Sequence[int] = ()) -> WrkResult:
-    """``wrk -t1 -c<clients> -d<seconds>`` against ``url`` with wrk_point.lua's ``mode`` (faust, rest, sql)."""
+    """``wrk -t1 -c<clients> -d<seconds>`` against ``url`` with wrk_point.lua's ``mode`` (faust, rest, sql, body)."""
     cmd = ["wrk", "-t1", f"-c{clients}", f"-d{seconds:g}s", "--timeout", "10s", "-s", str(LUA), url,
            "--", mode, str(keys_file)]
     cpu0 = sum(cpu_seconds(p) for p in server_pids)

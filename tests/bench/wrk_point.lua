@@ -6,6 +6,7 @@
 --   faust  GET  /kv/<key>/                      the Faust worker's table_route view
 --   rest   GET  /v1/stores/kv/keys/<key>        Federator's REST lookup
 --   sql    POST /v1/sql  {"sql": "SELECT * FROM kv WHERE key = ?", "parameters": ["<key>"]}
+--   body   POST /v1/sql  with the line itself as the JSON body (any statement; the leaderboard's)
 -- Requests are built once per thread (POOL of them, keys drawn with a per-thread seed), so
 -- wrk spends no time formatting while it measures. At the end one line is printed:
 --   WRK_JSON {"requests": ..., "seconds": ..., "errors": ..., "p50_us": ..., "p99_us": ..., ...}
@@ -25,6 +26,7 @@ local builders = {
     local body = '{"sql": "SELECT * FROM kv WHERE key = ?", "parameters": [' .. json_string(key) .. ']}'
     return wrk.format("POST", "/v1/sql", {["Content-Type"] = "application/json"}, body)
   end,
+  body = function(line) return wrk.format("POST", "/v1/sql", {["Content-Type"] = "application/json"}, line) end,
 }
 
 function setup(thread)
@@ -36,7 +38,7 @@ function init(args)
   local mode, keys_file = args[1], args[2]
   local build = builders[mode]
   if build == nil or keys_file == nil then
-    error("usage: wrk ... -s wrk_point.lua URL -- faust|rest|sql KEYS_FILE")
+    error("usage: wrk ... -s wrk_point.lua URL -- faust|rest|sql|body KEYS_FILE")
   end
   local keys = {}
   for line in io.lines(keys_file) do
