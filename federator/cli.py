@@ -116,8 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "(DuckDB's memory_limit, e.g. 512MB, 4GB; default 2GB)")
     n.add_argument("--reuse-answers-seconds", type=float, default=5.0, metavar="S",
                    help="answer a repeated deterministic statement from its last answer while every partition "
-                        "it read is at the same position, for up to S seconds after it was computed "
-                        "(default 5, 0 = always run the statement)")
+                        "it read is at the same position, for up to S seconds after it was computed; other "
+                        "nodes' positions come from their positions watch on the key port, so such an answer "
+                        "asks no owner (default 5, 0 = always run the statement)")
     limits = n.add_argument_group("limits and admission (each refusal is a JSON error saying what to change)")
     for flag, kind, default, metavar, what in _LIMIT_FLAGS:
         limits.add_argument(flag, type=kind, default=default, metavar=metavar, help=what)
