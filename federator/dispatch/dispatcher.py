@@ -307,10 +307,10 @@ class Dispatcher:
 
     def _watch(self, key_endpoint: str) -> PositionWatch:
         w = self._watches.get(key_endpoint)
-        if w is None:
+        if w is None or w.closed:
             with self._watches_lock:
                 w = self._watches.get(key_endpoint)
-                if w is None:
+                if w is None or w.closed:
                     w = self._watches[key_endpoint] = PositionWatch(key_endpoint, self.node.cluster_secret,
                                                                     getattr(self.node, "tls", None))
         return w

@@ -21,6 +21,7 @@ from federator.tls import Tls
 log = logging.getLogger(__name__)
 _TRUSTED_FOR = 3 * WATCH_BEAT_SECONDS  # silent longer than this: the node may be stopped or cut off
 _RETRY_SECONDS = 0.5
+_UNASKED_SECONDS = 60.0  # a watch nobody asked for this long stops at its next failure (a node gone)
 
 
 class PositionWatch:
@@ -37,6 +38,7 @@ class PositionWatch:
         # restarted, or a shard reset, starts offsets over)
         self._state: tuple[tuple[int, int], dict[tuple[str, int], int]] | None = None
         self._heard = 0.0
+        self._asked = time.monotonic()
         self._connections = 0
         self._closed = threading.Event()
         self._sock: socket.socket | None = None
@@ -46,11 +48,16 @@ class PositionWatch:
     def offset(self, store: str, partition: int) -> tuple[tuple[int, int], int] | None:
         """(epoch, offset) the node last said the partition is at (offset -1: nothing applied);
         None when it does not answer it as the active copy, or has not been heard from lately."""
+        self._asked = now = time.monotonic()
         state = self._state
-        if state is None or time.monotonic() - self._heard > _TRUSTED_FOR:
+        if state is None or now - self._heard > _TRUSTED_FOR:
             return None
         offset = state[1].get((store, partition))
         return None if offset is None else (state[0], offset)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed.is_set()
 
     def close(self) -> None:
         self._closed.set()
@@ -68,6 +75,8 @@ class PositionWatch:
             except (OSError, EOFError, ValueError) as e:
                 log.debug("positions watch of %s ended: %s", self.endpoint, e)
             self._forget()
+            if time.monotonic() - self._asked > _UNASKED_SECONDS:
+                self._closed.set()  # its node moved or left: the next ask opens a new watch
             self._closed.wait(_RETRY_SECONDS)
 
     def _forget(self) -> None:

@@ -249,13 +249,13 @@ class SqlEngine:
              stats: dict[str, Any], reuse: bool = True) -> tuple:
         deadline = options.deadline
         _check_deadline(deadline, "planning")
-        watched = known = None
+        watched = known = stores = None
         if reuse and self._reuse_seconds > 0 and plan.deterministic and not plan.local and not options.allow_stale \
                 and (plan_key := _plan_key(req)) is not None:
             # every partition of its stores still where this node last computed the statement
             # (its owners' watches say so): that answer is this one, and no owner is asked
-            stores = list({ref.store.name: ref.store for ref in plan.refs}.values())
-            known = self.dispatcher.known_positions(stores)
+            stores = _stores_read(plan, self._stores())
+            known = self.dispatcher.known_positions(stores) if stores is not None else None
             if known is not None and _reaches(known[1], options.bound):
                 watched = (plan_key, "watched", known[0])
                 kept = self._kept_answer(watched, plan)
@@ -281,7 +281,7 @@ class SqlEngine:
         if req.cancel is not None and req.cancel.cancelled:
             raise SqlError("TIMEOUT", "canceling statement due to user request")
         read_at = position.merge(seen["position"])
-        if watched is not None and not _read_at_known(seen, known[1], plan):  # type: ignore[index]
+        if watched is not None and not _read_at_known(seen, known[1], plan, stores):  # type: ignore[index,arg-type]
             watched = None  # an owner moved on meanwhile: this answer is not the one at ``known``
         if plan.columns_only is not None:  # nothing left to compute: the rows as the owners sent them
             (rows,) = (relations[r.relation] for r in plan.refs)
@@ -430,12 +430,30 @@ def _reaches(known: Position, bound: PositionBound) -> bool:
     return all((-1 if (k := known.get(t, p)) is None else k) >= o for t, p, o in bound.position)
 
 
-def _read_at_known(seen: dict[str, Any], known: Position, plan: QueryPlan) -> bool:
-    """Whether every partition the owners answered was at its offset in ``known`` (an empty
-    shard has none in either)."""
-    topics = {ref.store.name: ref.store.topic for ref in plan.refs}
+def _stores_read(plan: QueryPlan, stores: dict[str, StoreDefinition]) -> list[StoreDefinition] | None:
+    """Every store ``plan`` reads: its references' and the stores their owners join them with
+    (read beside them, named only by ``joined``); None when one of those is not defined now."""
+    out = {ref.store.name: ref.store for ref in plan.refs}
+    for ref in plan.refs:
+        if ref.joined is not None:
+            other = stores.get(ref.joined)
+            if other is None:
+                return None
+            out[other.name] = other
+    return list(out.values())
+
+
+def _read_at_known(seen: dict[str, Any], known: Position, plan: QueryPlan, stores: list[StoreDefinition]) -> bool:
+    """Whether every partition the owners answered was at its offset in ``known``, with the
+    same partition of the store joined beside it (an empty shard has none in either)."""
+    topic_of = {d.name: d.topic for d in stores}
+    topics: dict[str, set[str]] = {}
+    for ref in plan.refs:
+        topics.setdefault(ref.store.name, set()).add(ref.store.topic)
+        if ref.joined is not None:
+            topics[ref.store.name].add(topic_of[ref.joined])
     read: Position = seen["position"]
-    return all(read.get(topics[store], p) == known.get(topics[store], p) for store, p in seen["partitions"])
+    return all(read.get(t, p) == known.get(t, p) for store, p in seen["partitions"] for t in topics[store])
 
 
 _ANSWERS_KEPT = 256  # repeated statements' answers kept at the receiver

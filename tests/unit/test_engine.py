@@ -489,6 +489,25 @@ def test_a_statement_over_partitions_still_where_it_read_them_asks_no_owner(fres
     assert not world.cluster.requests()
 
 
+@pytest.mark.parametrize("sql", [
+    "SELECT p.team, SUM(b.bonus) AS s, COUNT(*) AS n FROM players p JOIN bonus b ON p.player = b.player GROUP BY p.team",
+    "SELECT p.player, b.bonus FROM players p JOIN bonus b ON p.player = b.player WHERE b.bonus > 2",
+])
+def test_a_join_on_the_owners_is_run_again_after_a_write_to_either_store(fresh, sql) -> None:
+    """The joined store is read by the owners beside the other: a write to it moves the answer."""
+    world = fresh()
+    engine = world.cluster.engine()
+    assert_answers_as_duckdb(world, engine, sql)
+    assert assert_answers_as_duckdb(world, engine, sql).stats.get("answer_reused") is True
+    world.put("bonus", "p0004", 12)  # the joined store only
+    world.cluster.forget()
+    assert assert_answers_as_duckdb(world, engine, sql).stats["partitions_queried"] > 0
+    world.put("players", "p0004", {"team": "red", "games": 3, "total_score": 7, "best": None, "active": True,
+                                   "last_seen": BASE})
+    world.cluster.forget()
+    assert assert_answers_as_duckdb(world, engine, sql).stats["partitions_queried"] > 0
+
+
 def test_a_partition_another_node_owns_is_asked_while_its_position_is_not_known(fresh) -> None:
     """n2 has no positions watch here (no key port): its partitions are asked every time."""
     world = fresh(("me", "n2"))

@@ -118,3 +118,14 @@ def test_a_node_that_goes_silent_is_not_trusted(monkeypatch) -> None:
         done.set()
         watch.close()
         listener.close()
+
+
+def test_a_watch_nobody_asks_stops_once_its_node_is_gone(served, monkeypatch) -> None:
+    """A node that moved to another port, or left, leaves no thread retrying it for ever."""
+    monkeypatch.setattr(position_watch, "_UNASKED_SECONDS", 0.2)
+    _, server = served
+    watch = PositionWatch(f"127.0.0.1:{server.port}", "s3cret")
+    assert until(lambda: watch.offset("scores", 0))
+    server.stop()
+    time.sleep(0.3)  # unasked meanwhile
+    until(lambda: watch.closed, timeout=3)
