@@ -129,3 +129,24 @@ def test_a_watch_nobody_asks_stops_once_its_node_is_gone(served, monkeypatch) ->
     server.stop()
     time.sleep(0.3)  # unasked meanwhile
     until(lambda: watch.closed, timeout=3)
+
+
+def test_a_watch_speaks_tls_to_a_node_that_does(tmp_path) -> None:
+    """With --tls-cert the key port speaks TLS, the watch too; a watch without TLS learns nothing."""
+    from federator.tls import Tls
+    from tests.certificates import make_certificate
+
+    tls = Tls(*make_certificate(tmp_path))
+    positions = Positions()
+    positions.offsets = {("scores", 3): 5}
+    server = KeyServer(lambda *a: None, lambda store: None, None, "127.0.0.1", 0, tls,
+                       watch=(positions.current, positions.wait_moved))
+    server.start()
+    secure, plain = PositionWatch(f"127.0.0.1:{server.port}", None, tls), PositionWatch(f"127.0.0.1:{server.port}")
+    try:
+        assert until(lambda: secure.offset("scores", 3))[1] == 5
+        assert plain.offset("scores", 3) is None
+    finally:
+        secure.close()
+        plain.close()
+        server.stop()
