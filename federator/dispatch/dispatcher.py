@@ -315,13 +315,6 @@ class Dispatcher:
                                                                     getattr(self.node, "tls", None))
         return w
 
-    def close(self) -> None:
-        """Stop the positions watches (the calls' connections close with their threads)."""
-        with self._watches_lock:
-            watches, self._watches = list(self._watches.values()), {}
-        for w in watches:
-            w.close()
-
     def read_key(self, store: str, partition: int, key: bytes, options: ReadOptions) -> StoredEntry | None:
         """The point lookup's one call: ``key``'s stored entry from the partition's active
         owner elsewhere, as that node's ``read_local`` gives it; None when it is not to be had

@@ -249,9 +249,10 @@ class SqlEngine:
              stats: dict[str, Any], reuse: bool = True) -> tuple:
         deadline = options.deadline
         _check_deadline(deadline, "planning")
+        plan_key = _plan_key(req) if reuse and self._reuse_seconds > 0 and plan.deterministic and not plan.local \
+            else None  # None: this answer is neither taken from nor kept for another
         watched = known = stores = None
-        if reuse and self._reuse_seconds > 0 and plan.deterministic and not plan.local and not options.allow_stale \
-                and (plan_key := _plan_key(req)) is not None:
+        if plan_key is not None and not options.allow_stale:
             # every partition of its stores still where this node last computed the statement
             # (its owners' watches say so): that answer is this one, and no owner is asked
             stores = _stores_read(plan, self._stores())
@@ -283,29 +284,29 @@ class SqlEngine:
         read_at = position.merge(seen["position"])
         if watched is not None and not _read_at_known(seen, known[1], plan, stores):  # type: ignore[index,arg-type]
             watched = None  # an owner moved on meanwhile: this answer is not the one at ``known``
+        at = known[1] if watched is not None else None  # type: ignore[index]
         if plan.columns_only is not None:  # nothing left to compute: the rows as the owners sent them
             (rows,) = (relations[r.relation] for r in plan.refs)
             table = rows.select([c for c, _ in plan.columns_only]).rename_columns([n for _, n in plan.columns_only])
             table = table.cast(plan.schema) if plan.schema is not None else table  # DuckDB's types, as ever
-            return self._keeping(watched, plan, table.schema, iter(table.to_batches()), known), read_at, stats
+            return self._keeping(watched, plan, table.schema, iter(table.to_batches()), at), read_at, stats
         if plan.finish is not None:  # a merge of states or a top-k cut: in Arrow unless the types need DuckDB
             (rows,) = (relations[r.relation] for r in plan.refs)
             table = plan.finish.apply(rows, plan.schema)
             if table is not None:
                 stats["finished_in_arrow"] = True
-                return self._keeping(watched, plan, table.schema, iter(table.to_batches()), known), read_at, stats
+                return self._keeping(watched, plan, table.schema, iter(table.to_batches()), at), read_at, stats
         key = None
-        if reuse and self._reuse_seconds > 0 and plan.deterministic and not plan.local and \
-                (plan_key := _plan_key(req)) is not None:
+        if plan_key is not None:
             key = (plan_key, seen["position"].to_token(), frozenset(seen["partitions"]))
             kept = self._kept_answer(key, plan)
             if kept is not None:
                 stats["answer_reused"] = True
-                return self._keeping(watched, plan, kept[0], iter(kept[1]), known), read_at, stats
+                return self._keeping(watched, plan, kept[0], iter(kept[1]), at), read_at, stats
         schema, batches = self.duck.stream(plan.sql, relations, deadline, cancel=req.cancel)
         if key is not None:
             batches = self._kept(key, plan, schema, batches)
-        return self._keeping(watched, plan, schema, batches, known), read_at, stats
+        return self._keeping(watched, plan, schema, batches, at), read_at, stats
 
     def _kept_answer(self, key: tuple, plan: QueryPlan) -> tuple[pa.Schema, list[pa.RecordBatch], Position | None] | None:
         """The answer kept for ``key`` (schema, batches, the positions it was kept at when
@@ -320,10 +321,10 @@ class SqlEngine:
             return kept[2], kept[3], kept[4]
 
     def _keeping(self, key: tuple | None, plan: QueryPlan, schema: pa.Schema, batches: Iterator[pa.RecordBatch],
-                 known: tuple[tuple, Position] | None) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
-        if key is None or known is None:
-            return schema, batches
-        return schema, self._kept(key, plan, schema, batches, known[1])
+                 at: Position | None) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
+        """(schema, batches), the batches kept as ``key``'s answer at ``at`` as they stream out
+        (as they are when ``key`` is None)."""
+        return schema, (batches if key is None else self._kept(key, plan, schema, batches, at))
 
     def _kept(self, key: tuple, plan: QueryPlan, schema: pa.Schema,
               batches: Iterator[pa.RecordBatch], at: Position | None = None) -> Iterator[pa.RecordBatch]:
