@@ -23,6 +23,7 @@ import pyarrow as pa
 
 from federator.dispatch.client import NodeCallError, NodeClient
 from federator.dispatch.key_client import CallClient, CallUnavailable, KeyClient
+from federator.dispatch.kept_partitions import KeptPartitionAnswers
 from federator.dispatch.position_watch import PositionWatch
 from federator.dispatch.errors import NotColocated, NotUpToBound, OwnerFailed, Timeout, Unavailable, UnknownQueryType
 from federator.plan.keys import SubQuery
@@ -46,6 +47,7 @@ class Gathered:
     partitions: set[tuple[int, int]] = field(default_factory=set)  # (subquery, partition)
     nodes: set[str] = field(default_factory=set)
     calls: list[dict[str, Any]] = field(default_factory=list)
+    reused: int = 0  # partitions answered from kept answers, without a call
 
 
 class Dispatcher:
@@ -59,6 +61,7 @@ class Dispatcher:
         self._call_clients: dict[str, CallClient] = {}
         self._watches: dict[str, PositionWatch] = {}  # key port -> its node's positions, as it says them
         self._watches_lock = threading.Lock()
+        self.kept = KeptPartitionAnswers()
 
     def _query(self, node_id: str, endpoints: tuple[str, str | None], req: StateQueryRequest,
                timeout: float) -> list[QueryResult]:
@@ -144,7 +147,12 @@ class Dispatcher:
         subqueries: list[SubQuery],
         work: OwnerWork | None,
         options: ReadOptions,
+        keep_for: float = 0.0,
     ) -> Gathered:
+        """Every partition's answer to its subquery. ``keep_for`` > 0: answers are kept, and
+        given again for up to that many seconds without a call while the partition stays
+        where it was (``KeptPartitionAnswers``); for queries whose answer depends on nothing
+        but the partition's state."""
         out = Gathered()
         pending: set[tuple[int, int]] = {
             (i, p) for i, sq in enumerate(subqueries) for p in (sq.partitions if sq.partitions is not None else range(partitions_total))
@@ -154,7 +162,11 @@ class Dispatcher:
         delay = 0.02
         view = self.node.view
         bound, allow_stale, deadline = options.bound, options.allow_stale, options.deadline
-        token = _token_offsets(bound, self.node.stores.get(store))
+        defn = self.node.stores.get(store)
+        token = _token_offsets(bound, defn)
+        # (subquery, partition) -> its state before the call, for answers that may be kept
+        states = self._reuse_kept(out, defn, subqueries, work, pending, token, keep_for) \
+            if keep_for > 0 and not allow_stale and defn is not None else {}
         while pending:
             # route every pending partition; group into one request per (node, subquery, whether
             # it must be the active copy: not for a standby that a token sent us to)
@@ -248,6 +260,8 @@ class Dispatcher:
                                 out.batches.append(r.batch)
                             if r.position is not None:
                                 out.position = out.position.merge(r.position)
+                            if item in states:
+                                self._keep(defn, subqueries[i], work, r, states[item])
                         continue
                     if r.failure is FailureReason.UNKNOWN_QUERY_TYPE:
                         raise UnknownQueryType(subqueries[i].query.type_name, nid, r.message)
@@ -281,29 +295,62 @@ class Dispatcher:
         key: list[tuple] = []
         offsets: dict[str, dict[int, int]] = {}
         for defn in stores:
-            owners: dict[int, Any] = {}
-            for n in live:
-                for p in n.active.get(defn.name, ()):
-                    owners.setdefault(p, n)
+            owners = _active_owners(live, defn.name)
             parts = offsets.setdefault(defn.topic, {})
             for p in range(defn.partitions):
-                owner = owners.get(p)
-                if owner is None:
+                state = self._state(defn.name, p, owners.get(p))
+                if state is None:
                     return None
-                if owner.node_id == self.node.node_id:
-                    known = self.node.answerable_offset(defn.name, p)
-                    source: Any = None
-                elif owner.key_endpoint is not None:
-                    source = self._watch(owner.key_endpoint)
-                    known = source.offset(defn.name, p)
-                else:
-                    return None
-                if known is None:
-                    return None
-                key.append((defn.name, p, None if source is None else source.endpoint, known))
-                if known[1] >= 0:
-                    parts[p] = known[1]
+                key.append((defn.name, p, *state))
+                if state[1][1] >= 0:
+                    parts[p] = state[1][1]
         return tuple(key), Position(offsets)
+
+    def _state(self, store: str, partition: int, owner: Any) -> tuple[str | None, tuple[Any, int]] | None:
+        """(whose watch says it: None for this node's own shards, (epoch, offset)) of a partition
+        whose active owner is ``owner``, or None when that is not known without asking."""
+        if owner is None:
+            return None
+        if owner.node_id == self.node.node_id:
+            known = self.node.answerable_offset(store, partition)
+            return None if known is None else (None, known)
+        if owner.key_endpoint is None:
+            return None
+        watch = self._watch(owner.key_endpoint)
+        known = watch.offset(store, partition)
+        return None if known is None else (watch.endpoint, known)
+
+    def _reuse_kept(self, out: Gathered, defn: Any, subqueries: list[SubQuery], work: OwnerWork | None,
+                    pending: set[tuple[int, int]], token: dict[int, int],
+                    keep_for: float) -> dict[tuple[int, int], tuple]:
+        """Answer from kept answers the pending partitions still where they were (taking them
+        out of ``pending``); the others' states now, to keep their answers by."""
+        owners = _active_owners(self.node.view.live(), defn.name)
+        states: dict[tuple[int, int], tuple] = {}
+        for item in sorted(pending):
+            i, p = item
+            state = self._state(defn.name, p, owners.get(p))
+            if state is None:
+                continue
+            kept = self.kept.get((defn.name, p, subqueries[i].query, work), state, keep_for)
+            wanted = token.get(p)
+            if kept is None or (wanted is not None and (kept[0] is None or kept[0] < wanted)):
+                states[item] = state  # asked: its answer is kept if the owner was still there
+                continue
+            pending.discard(item)
+            out.partitions.add(item)
+            out.reused += 1
+            if kept[1] is not None:
+                out.batches.append(kept[1])
+            if kept[0] is not None:
+                out.position = out.position.merge(Position.of(defn.topic, p, kept[0]))
+        return states
+
+    def _keep(self, defn: Any, sq: SubQuery, work: OwnerWork | None, r: QueryResult, state: tuple) -> None:
+        """Keep an owner's answer if it was computed at the state known before the call."""
+        offset = r.position.get(defn.topic, r.partition) if r.position is not None else None
+        if offset == (state[1][1] if state[1][1] >= 0 else None):
+            self.kept.put((defn.name, r.partition, sq.query, work), state, offset, r.batch)
 
     def _watch(self, key_endpoint: str) -> PositionWatch:
         w = self._watches.get(key_endpoint)
@@ -350,6 +397,15 @@ class Dispatcher:
                                "retry, or raise timeout_ms", parts)
         raise Unavailable(f"partitions {parts} are unavailable: {why}; retry shortly, or pass "
                           "allow_stale to read a standby", parts)
+
+
+def _active_owners(live: list[Any], store: str) -> dict[int, Any]:
+    """partition -> the node the view says answers it as its active copy."""
+    owners: dict[int, Any] = {}
+    for n in live:
+        for p in n.active.get(store, ()):
+            owners.setdefault(p, n)
+    return owners
 
 
 def _token_offsets(bound: PositionBound, defn: Any) -> dict[int, int]:

@@ -10,12 +10,15 @@ reads, and either declines (returns None) or returns a RulePlan:
 - ``combine`` too: the receiver builds the rows itself, calling ``fetch`` as many
   times as it needs (a rank needs a score before it can count higher ones), and then
   runs ``remaining`` over them (or returns them as the answer when it is None).
+  ``fetch(subqueries, keep=True)`` is for queries whose answer depends on nothing but the
+  partition's state (a partition's whole index): the receiver keeps each partition's
+  answer and gives it again, without a call, while the partition has not moved.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, ClassVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Protocol
 
 import pyarrow as pa
 from sqlglot import exp
@@ -24,8 +27,14 @@ if TYPE_CHECKING:
     from federator.catalog.definition import StoreDefinition
     from federator.plan.keys import SubQuery
 
-# fetch(subqueries) -> the successful per-partition batches; it raises the usual typed errors
-Fetch = Callable[[list["SubQuery"]], list[pa.RecordBatch]]
+class Fetch(Protocol):
+    """fetch(subqueries) -> the successful per-partition batches; it raises the usual typed
+    errors. keep=True: answers may come from, and go to, the receiver's kept answers, which
+    ``keeps`` says it has (not where answers are never reused, nor for allow_stale reads)."""
+
+    keeps: bool
+
+    def __call__(self, subqueries: list[SubQuery], keep: bool = False) -> list[pa.RecordBatch]: ...
 
 
 @dataclass
@@ -38,6 +47,10 @@ class RulePlan:
     # (ties at the cut included): owners send them as they are, without a top-k of their own,
     # and the receiver cuts once (an owner's DuckDB statement costs more than the rows it saves)
     rows_are_top_k: bool = False
+    # the plan for the same statement with other values of its parameters, given as the literals
+    # they bind to (index: ``parameter_of``); None when more than subqueries and combine would
+    # change. The receiver then plans a statement's text once, not once per value.
+    rebind: Callable[[list[exp.Expression]], RulePlan | None] | None = None
 
 
 class SqlRule:
@@ -74,3 +87,11 @@ def literal(node: exp.Expression) -> Any:
         return literal_value(node, [])
     except NotALiteral:
         raise ValueError(f"{node.sql()} is not a literal") from None
+
+
+def parameter_of(node: exp.Expression) -> int | None:
+    """Which of the statement's parameters ``node`` was bound from (0-based), or None."""
+    return node.meta.get(BOUND_PARAMETER) if node.meta else None
+
+
+BOUND_PARAMETER = "bound_parameter"  # meta of a literal bound from a parameter: its index

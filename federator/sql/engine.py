@@ -102,6 +102,7 @@ class SqlEngine:
         # (SQL text, parameters) -> a store query's plan and its pipeline as sent: planning costs
         # more than answering a repeated aggregate over kept scans
         self._plans: dict[tuple, QueryPlan] = {}
+        self._templates: dict[tuple, QueryPlan] = {}  # (text, dialect, parameter types) -> a plan to rebind
         self.duck: Duck = node.duck
         # store references of one statement are fetched side by side (the dispatcher's own pool
         # makes the node calls; a separate pool cannot wait on itself)
@@ -276,6 +277,8 @@ class SqlEngine:
                 relations[ref.relation] = future.result()
         stats["partitions_queried"] = len(seen["partitions"])
         stats["nodes"] = len(seen["nodes"])
+        if seen.get("reused"):
+            stats["partition_answers_reused"] = seen["reused"]  # given again without a call
         if any(ref.joined is not None for ref in plan.refs):
             stats["joined_on_owners"] = True  # no rows of either store crossed the network before the join
         _check_deadline(deadline, "reading the partitions")
@@ -351,6 +354,16 @@ class SqlEngine:
         kept = self._plans.get(plan_key) if plan_key is not None else None
         if kept is not None and all(stores.get(r.store.name) is r.store for r in kept.refs):
             return kept
+        # the same text with other values: its plan rebound, where only a rule's calls read them
+        text_key = (req.sql, req.dialect, tuple(map(type, req.parameters))) if plan_key is not None \
+            and req.parameters else None
+        template = self._templates.get(text_key) if text_key is not None else None
+        if template is not None and template.rebind is not None \
+                and all(stores.get(r.store.name) is r.store for r in template.refs):
+            rebound = template.rebind(list(req.parameters))
+            if rebound is not None:
+                self._keep_plan(plan_key, rebound)  # type: ignore[arg-type]
+                return rebound
         tree = bind_parameters(stmt.select, list(req.parameters), stmt.param_count)  # type: ignore[arg-type]
         deterministic = not is_volatile(tree)
         plan = plan_query(tree, self.resolve_store, lambda name: information_schema(name, self._stores()),
@@ -358,10 +371,17 @@ class SqlEngine:
                           copartitioned)
         plan.deterministic = deterministic
         if plan_key is not None:
-            if len(self._plans) >= 1024:  # one entry per distinct SQL text and parameters; keep it bounded
-                self._plans.clear()
-            self._plans[plan_key] = plan
+            self._keep_plan(plan_key, plan)
+            if text_key is not None and plan.rebind is not None:
+                if len(self._templates) >= 256:
+                    self._templates.clear()
+                self._templates[text_key] = plan
         return plan
+
+    def _keep_plan(self, plan_key: tuple, plan: QueryPlan) -> None:
+        if len(self._plans) >= 1024:  # one entry per distinct SQL text and parameters; keep it bounded
+            self._plans.clear()
+        self._plans[plan_key] = plan
 
     def _schema_of(self, sql: str, relations: dict[str, pa.Table], deadline: float) -> pa.Schema:
         """The schema of ``sql``'s answer over ``relations`` (DuckDB binds it: its errors are the
@@ -376,16 +396,18 @@ class SqlEngine:
         """What the owners return for one store reference, as one table."""
         defn = ref.store
 
-        def fetch(subqueries: list[SubQuery], work: OwnerWork | None = None) -> list[pa.RecordBatch]:
-            gathered = self.dispatcher.gather(defn.name, defn.partitions, subqueries, work, options)
+        def fetch(subqueries: list[SubQuery], work: OwnerWork | None = None, keep: bool = False) -> list[pa.RecordBatch]:
+            gathered = self.dispatcher.gather(defn.name, defn.partitions, subqueries, work, options,
+                                              keep_for=self._reuse_seconds if keep else 0.0)
             with self._seen_lock:
                 seen["position"] = seen["position"].merge(gathered.position)
                 seen["partitions"] |= {(defn.name, p) for _, p in gathered.partitions}
                 seen["nodes"] |= set(gathered.nodes)
+                seen["reused"] = seen.get("reused", 0) + gathered.reused
             return gathered.batches
 
         if ref.combine is not None:
-            return ref.combine(lambda subqueries: fetch(subqueries))
+            return ref.combine(_RuleFetch(fetch, keeps=self._reuse_seconds > 0 and not options.allow_stale))
         # with a key join, a node that does not know it runs work's join in DuckDB
         batches = fetch(ref.subqueries, replace(ref.work, join=ref.joined, key_join=ref.key_join))
         schema = ref.rows_schema or defn.arrow_schema()
@@ -442,6 +464,16 @@ def _stores_read(plan: QueryPlan, stores: dict[str, StoreDefinition]) -> list[St
                 return None
             out[other.name] = other
     return list(out.values())
+
+
+class _RuleFetch:
+    """A rule's ``fetch`` (federator.plugin.rules.Fetch)."""
+
+    def __init__(self, fetch: Callable[..., list[pa.RecordBatch]], keeps: bool) -> None:
+        self._fetch, self.keeps = fetch, keeps
+
+    def __call__(self, subqueries: list[SubQuery], keep: bool = False) -> list[pa.RecordBatch]:
+        return self._fetch(subqueries, keep=keep and self.keeps)
 
 
 def _read_at_known(seen: dict[str, Any], known: Position, plan: QueryPlan, stores: list[StoreDefinition]) -> bool:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import pyarrow as pa
@@ -17,7 +17,7 @@ from sqlglot.optimizer.scope import traverse_scope
 
 from federator.catalog.definition import StoreDefinition
 from federator.plan.keys import SubQuery, plan_store_queries
-from federator.plugin.rules import RulePlan, SqlRule, first_plan
+from federator.plugin.rules import BOUND_PARAMETER, RulePlan, SqlRule, first_plan
 from federator.sql.catalog_tables import CATALOG, SCHEMA
 from federator.errors import SqlError
 from federator.sql import pushdown
@@ -45,6 +45,7 @@ class StoreRef:
     joined: str | None = None  # a co-partitioned join: the other store, read by the same owners
     key_join: KeyJoin | None = None  # with joined: the join as a lookup in Arrow, in place of work's join
     source_schema: pa.Schema | None = None  # the rows the owner's SQL reads (None: the store's)
+    rebind: Callable[[list[exp.Expression]], RulePlan | None] | None = None  # with combine: RulePlan.rebind
 
     @property
     def source(self) -> pa.Schema:
@@ -74,6 +75,9 @@ class QueryPlan:
     # the receiver's last step in Arrow where it can be (a merge of states, a top-k cut) instead
     # of the DuckDB statement ``sql``, which runs when the finish declines
     finish: Finish | None = None
+    # this plan for other values of the statement's parameters (one planning per SQL text),
+    # where only a rule's calls depend on them; None where more does
+    rebind: Callable[[list[Any]], "QueryPlan | None"] | None = None
 
 
 def bind_parameters(tree: exp.Expression, params: list[Any], expected: int) -> exp.Expression:
@@ -89,7 +93,9 @@ def bind_parameters(tree: exp.Expression, params: list[Any], expected: int) -> e
 
     def value(node: exp.Expression) -> exp.Expression:
         if isinstance(node, exp.Placeholder):
-            return literal(params[node.meta["param_index"]], node.meta["param_index"])
+            bound = literal(params[node.meta["param_index"]], node.meta["param_index"])
+            bound.meta[BOUND_PARAMETER] = node.meta["param_index"]  # what a rule's rebind reads
+            return bound
         return node
 
     bound = tree.copy()
@@ -207,7 +213,11 @@ def plan_query(tree: exp.Expression, resolve: Resolver, information_schema: Loca
     sql = tree.sql(dialect="duckdb")
     notes: list[str] = []
     if any(ref.combine is not None for ref in refs):  # the rule's rows exist only once fetched
-        return _with_top_rows(QueryPlan(sql, refs, local, notes))
+        plan = _with_top_rows(QueryPlan(sql, refs, local, notes))
+        if len(refs) == 1 and not local and refs[0].rebind is not None and not any(
+                BOUND_PARAMETER in (node.meta or {}) for node in tree.walk() if node._meta):
+            plan.rebind = _rebinder(plan)  # the parameters reach the rule's calls alone
+        return plan
     answer = schema_of(sql, empty)  # DuckDB's binder errors, with the user's own names
     names = answer.names
     # One store read by the whole statement: partial aggregates on the owners.
@@ -220,6 +230,19 @@ def plan_query(tree: exp.Expression, resolve: Resolver, information_schema: Loca
         plan = QueryPlan(sql, refs, local, notes, columns_only, answer)
         return plan if columns_only is not None else _with_top_rows(plan)
     return QueryPlan(sql, refs, local, notes)
+
+
+def _rebinder(plan: QueryPlan) -> Callable[[list[Any]], QueryPlan | None]:
+    (ref,) = plan.refs
+    rebind = ref.rebind
+    assert rebind is not None
+
+    def rebound(params: list[Any]) -> QueryPlan | None:
+        ruled = rebind([literal(p, i) for i, p in enumerate(params)])
+        if ruled is None or ruled.combine is None:
+            return None
+        return replace(plan, refs=[replace(ref, subqueries=ruled.subqueries, combine=ruled.combine)])
+    return rebound
 
 
 def _merge_finish(final: str, ref: StoreRef) -> Finish | None:
@@ -389,7 +412,7 @@ def _plan_ref(defn: StoreDefinition, table: exp.Table, query: exp.Expression, me
             notes.append(f"rule {ruled[0].name}: {rule.note}")
     if rule is not None and rule.combine is not None:
         return StoreRef(defn, relation, rule.subqueries, OwnerWork(tuple(f.name for f in schema)), notes,
-                        combine=rule.combine, remaining=rule.remaining)
+                        combine=rule.combine, remaining=rule.remaining, rebind=rule.rebind)
     subqueries = rule.subqueries if rule is not None else plan_store_queries(defn, where, [])
     sql_parts = []
     kind = "columns"

@@ -1,5 +1,5 @@
 """Leaderboard plugin: a ``leaderboard`` store type (player → score with a score index),
-TopKQuery and RankQuery, and the SQL rules that use them. See docs/plugins.md."""
+TopKQuery, RankQuery and ScoreIndexQuery, and the SQL rules that use them. See docs/plugins.md."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ def register_store_types():
 
 @hookimpl
 def register_query_types():
-    from plugins.leaderboard.queries import RankQuery, TopKQuery
+    from plugins.leaderboard.queries import RankQuery, ScoreIndexQuery, TopKQuery
 
-    return [TopKQuery, RankQuery]
+    return [TopKQuery, RankQuery, ScoreIndexQuery]
 
 
 @hookimpl

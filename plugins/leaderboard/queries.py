@@ -1,4 +1,5 @@
-"""The leaderboard's queries: top k of a partition, and how many scores beat given ones."""
+"""The leaderboard's queries: top k of a partition, how many scores beat given ones, and a
+partition's whole index."""
 
 from __future__ import annotations
 
@@ -35,3 +36,16 @@ class RankQuery(Query):
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RankQuery:
         return cls(tuple(d.get("scores") or ()), bool(d.get("descending", True)))
+
+
+@dataclass(frozen=True)
+class ScoreIndexQuery(Query):
+    """Every row of the partition in its index's order (score ascending), with each score's
+    sortable form as the uint64 column ``__sortable``; no rows when there are more than
+    ``max_rows`` (the schema's metadata then says how many, as ``too_many``).
+
+    The answer depends on the partition's state alone, so a receiver keeps it while the
+    partition does not move, and ranks any player from it without asking again."""
+
+    type_name: ClassVar[str] = "ScoreIndexQuery"
+    max_rows: int = 50_000

@@ -4,24 +4,35 @@
   per partition, and the usual ORDER BY + LIMIT over what comes back.
 - A player's rank, asked the standard way (DuckDB and others run it as is):
   ``SELECT player, score, RANK() OVER (ORDER BY score DESC) AS rank FROM lb QUALIFY player = ?``
-  (``IN (...)`` for several). The receiver reads the players' scores, asks every
+  (``IN (...)`` for several). Where the receiver keeps partition answers, it reads every
+  partition's whole index (ScoreIndexQuery) and ranks from it: while no partition moves
+  it is read once, and every player's rank after that costs no call. Otherwise (answers
+  not kept, or a partition too large to hold) it reads the players' scores, asks every
   partition how many scores are better (RankQuery), and adds them up.
 """
 
 from __future__ import annotations
 
+import threading
+import time
+from collections import OrderedDict
+
+import numpy as np
 import pyarrow as pa
 from sqlglot import exp
 
 from federator.catalog.definition import StoreDefinition
 from federator.partitioner import partition_for
 from federator.plan.keys import SubQuery
-from federator.plugin.rules import Fetch, RulePlan, SqlRule, is_plain_column, literal
+from federator.plugin.rules import Fetch, RulePlan, SqlRule, is_plain_column, literal, parameter_of
 from federator.query.queries import KeysQuery
 
-from plugins.leaderboard.queries import RankQuery, TopKQuery
+from plugins.leaderboard.queries import RankQuery, ScoreIndexQuery, TopKQuery
+from plugins.leaderboard.store import SORTABLE, TOO_MANY
 
 RANK_COLUMN = "__rank"
+INDEX_ROWS = 50_000  # a partition with more rows is ranked by RankQuery: its index costs more to hold
+TOO_LARGE_SECONDS = 60.0  # how long a store found too large is ranked by RankQuery before trying again
 
 
 def _score_column(store: StoreDefinition) -> str:
@@ -62,6 +73,12 @@ class RankRule(SqlRule):
     name = "leaderboard.rank"
     store_types = ("leaderboard",)
 
+    def __init__(self) -> None:
+        self._too_large: dict[str, float] = {}  # store -> when a partition's index was too large
+        # id of a kept index batch -> (the batch, key -> row), while the receiver gives it again
+        self._rows_of: OrderedDict[int, tuple[pa.RecordBatch, dict]] = OrderedDict()
+        self._lock = threading.Lock()
+
     def plan(self, select: exp.Select, store: StoreDefinition) -> RulePlan | None:
         windows = list(select.find_all(exp.Window))
         if len(windows) != 1 or any(select.args.get(a) for a in ("where", "group", "having", "distinct", "joins")):
@@ -75,14 +92,36 @@ class RankRule(SqlRule):
                                                                      for item in select.expressions):
             return None  # RANK() inside a larger expression: leave it to the general path (which refuses it)
         qualify = select.args.get("qualify")
-        players = _players(qualify.this if qualify is not None else None, store)
-        if players is None:
+        named = _players(qualify.this if qualify is not None else None, store)
+        if named is None:
             return None
         descending = bool(order.expressions[0].args.get("desc"))
+        remaining = select.copy()
+        remaining.set("qualify", None)
+        for node in list(remaining.find_all(exp.Window)):
+            replacement = exp.column(RANK_COLUMN)
+            if not isinstance(node.parent, exp.Alias):
+                replacement = exp.alias_(replacement, window.sql(dialect="duckdb"), quoted=True)
+            node.replace(replacement)
+        return self._plan_for(named, descending, store, remaining)
+
+    def _plan_for(self, named: list[exp.Expression], descending: bool, store: StoreDefinition,
+                  remaining: exp.Select | None) -> RulePlan | None:
+        """The plan that ranks the players ``named`` (literals): for the statement as bound, and
+        again for other values of its parameters (``rebind``), which change nothing else."""
+        try:
+            players = list(dict.fromkeys(store.key.coerce(literal(node)) for node in named))
+        except (ValueError, TypeError):
+            return None
         by_partition = sorted({partition_for(store.key.serialize(k), store.partitions) for k in players})
         lookups = [SubQuery(KeysQuery(tuple(players)), tuple(by_partition))]
 
         def combine(fetch: Fetch) -> pa.Table:
+            if fetch.keeps and time.monotonic() - self._too_large.get(store.name, -1e9) > TOO_LARGE_SECONDS:
+                indexes = fetch([SubQuery(ScoreIndexQuery(INDEX_ROWS), None)], keep=True)
+                if not any(TOO_MANY in (b.schema.metadata or {}) for b in indexes):
+                    return self._ranked(indexes, players, descending, store)
+                self._too_large[store.name] = time.monotonic()
             rows = _concat(fetch(lookups), store)
             scores = rows.column(_score_column(store)).to_pylist()
             better = [0] * len(scores)
@@ -92,36 +131,77 @@ class RankRule(SqlRule):
                         better[i] += n
             return rows.append_column(RANK_COLUMN, pa.array([b + 1 for b in better], pa.int64()))
 
-        remaining = select.copy()
-        remaining.set("qualify", None)
-        for node in list(remaining.find_all(exp.Window)):
-            replacement = exp.column(RANK_COLUMN)
-            if not isinstance(node.parent, exp.Alias):
-                replacement = exp.alias_(replacement, window.sql(dialect="duckdb"), quoted=True)
-            node.replace(replacement)
+        def rebind(parameters: list[exp.Expression]) -> RulePlan | None:
+            return self._plan_for([_rebound(node, parameters) for node in named], descending, store, None)
+
         direction = "better" if descending else "lower"
         return RulePlan(
-            [*lookups, SubQuery(RankQuery((), descending), None)],
-            f"read the players' scores, then count the {direction} scores in every partition's index and sum",
+            [SubQuery(ScoreIndexQuery(INDEX_ROWS), None), *lookups, SubQuery(RankQuery((), descending), None)],
+            "read every partition's whole index, kept while it does not move, and rank from it; where "
+            f"answers are not kept: read the players' scores, then count the {direction} scores in every "
+            "partition's index and sum",
             combine=combine,
             remaining=remaining,
+            rebind=rebind,
         )
 
+    def _ranked(self, indexes: list[pa.RecordBatch], players: list, descending: bool,
+                store: StoreDefinition) -> pa.Table:
+        """The players' rows with their ranks, from every partition's whole index."""
+        found: list[pa.RecordBatch] = []
+        for player in players:
+            for batch in indexes:
+                row = self._rows(batch, store).get(player)
+                if row is not None:
+                    found.append(batch.slice(row, 1))
+                    break
+        if not found:
+            return _concat([], store).append_column(RANK_COLUMN, pa.array([], pa.int64()))
+        rows = pa.Table.from_batches(found).combine_chunks()
+        wanted = rows.column(SORTABLE).to_numpy()
+        better = np.zeros(len(wanted), dtype=np.int64)
+        for batch in indexes:
+            scores = batch.column(SORTABLE).to_numpy()  # ascending: the index's order
+            if descending:  # rows with a higher score
+                better += len(scores) - np.searchsorted(scores, wanted, side="right")
+            else:  # rows with a lower one
+                better += np.searchsorted(scores, wanted, side="left")
+        rows = rows.drop_columns([SORTABLE]).cast(store.arrow_schema())
+        return rows.append_column(RANK_COLUMN, pa.array(better + 1, pa.int64()))
 
-def _players(node: exp.Expression | None, store: StoreDefinition) -> list | None:
-    """The keys a QUALIFY clause names (key = v, or key IN (...)); None for any other filter."""
-    try:
-        if isinstance(node, exp.Paren):
-            return _players(node.this, store)
-        if isinstance(node, exp.EQ):
-            for a, b in ((node.this, node.expression), (node.expression, node.this)):
-                if is_plain_column(a, store.key_name):
-                    return [store.key.coerce(literal(b))]
-        if isinstance(node, exp.In) and is_plain_column(node.this, store.key_name) and not node.args.get("query"):
-            return list(dict.fromkeys(store.key.coerce(literal(e)) for e in node.expressions))
-    except ValueError:
-        return None
+    def _rows(self, batch: pa.RecordBatch, store: StoreDefinition) -> dict:
+        """key -> row of one partition's index, made once per batch the receiver keeps."""
+        with self._lock:
+            kept = self._rows_of.get(id(batch))
+            if kept is not None and kept[0] is batch:
+                self._rows_of.move_to_end(id(batch))
+                return kept[1]
+        rows = {k: i for i, k in enumerate(batch.column(store.key_name).to_pylist())}
+        with self._lock:
+            self._rows_of[id(batch)] = (batch, rows)
+            while len(self._rows_of) > 1024:
+                self._rows_of.popitem(last=False)
+        return rows
+
+
+def _players(node: exp.Expression | None, store: StoreDefinition) -> list[exp.Expression] | None:
+    """The values a QUALIFY clause names for the key (key = v, or key IN (...)); None for any
+    other filter."""
+    if isinstance(node, exp.Paren):
+        return _players(node.this, store)
+    if isinstance(node, exp.EQ):
+        for a, b in ((node.this, node.expression), (node.expression, node.this)):
+            if is_plain_column(a, store.key_name):
+                return [b]
+    if isinstance(node, exp.In) and is_plain_column(node.this, store.key_name) and not node.args.get("query"):
+        return list(node.expressions)
     return None
+
+
+def _rebound(node: exp.Expression, parameters: list[exp.Expression]) -> exp.Expression:
+    """``node``, or the parameter it was bound from, as the statement's other values bind it."""
+    index = parameter_of(node)
+    return node if index is None else parameters[index]
 
 
 def _concat(batches: list[pa.RecordBatch], store: StoreDefinition) -> pa.Table:

@@ -22,9 +22,11 @@ from federator.store.record import ChangelogRecord
 from federator.store.view import ShardView
 from federator.store.types import stored_value
 
-from plugins.leaderboard.queries import RankQuery, TopKQuery
+from plugins.leaderboard.queries import RankQuery, ScoreIndexQuery, TopKQuery
 
 INDEX = "by_score"
+SORTABLE = "__sortable"  # ScoreIndexQuery's column: each row's score as the index orders it
+TOO_MANY = b"too_many"  # ScoreIndexQuery's schema metadata when the partition has more rows than asked
 SCORE_FORMATS = ("long", "int", "double")
 _U64 = struct.Struct(">Q")
 _SIGN = 1 << 63
@@ -88,11 +90,33 @@ def rank(view: ShardView, q: RankQuery) -> pa.RecordBatch:
     )
 
 
+def score_index(view: ShardView, q: ScoreIndexQuery) -> pa.RecordBatch:
+    count = len(sorted_scores(view))
+    if count > q.max_rows:
+        schema = view.schema.append(pa.field(SORTABLE, pa.uint64())).with_metadata({TOO_MANY: str(count).encode()})
+        return pa.RecordBatch.from_pylist([], schema=schema)
+
+    def build() -> pa.RecordBatch:
+        keys: list[bytes] = []
+        stored: list[bytes] = []
+        prefixes: list[bytes] = []
+        for entry, _ in view.scan(family=INDEX, fill_cache=False):
+            value = view.get(entry[8:])
+            if value is None:  # cannot happen while data and index are written together
+                continue
+            prefixes.append(entry[:8])
+            keys.append(entry[8:])
+            stored.append(value)
+        rows = build_batch(view.schema, view.definition, keys, stored) if keys else empty_batch(view.schema)
+        sortables = np.frombuffer(b"".join(prefixes), dtype=">u8").astype(np.uint64)
+        return rows.append_column(SORTABLE, pa.array(sortables, pa.uint64()))
+    return view.kept("leaderboard.score_index", build)
+
 
 class LeaderboardStoreType(KeyValueStoreType):
     name = "leaderboard"
     column_families = (INDEX,)
-    handlers = {**KeyValueStoreType.handlers, TopKQuery: top_k, RankQuery: rank}
+    handlers = {**KeyValueStoreType.handlers, TopKQuery: top_k, RankQuery: rank, ScoreIndexQuery: score_index}
 
     def validate(self, defn: StoreDefinition) -> None:
         if defn.value_format not in SCORE_FORMATS:

@@ -26,8 +26,9 @@ P = 4
 TS = 1_700_000_000_000
 
 
-def sql(node, text: str, params: list | None = None, status: int = 200) -> dict:
-    resp = HTTP.request("POST", f"http://{node.endpoint}/v1/sql", body=json.dumps({"sql": text, "parameters": params or []}),
+def sql(node, text: str, params: list | None = None, status: int = 200, **options) -> dict:
+    resp = HTTP.request("POST", f"http://{node.endpoint}/v1/sql",
+                        body=json.dumps({"sql": text, "parameters": params or [], **options}),
                         headers={"Content-Type": "application/json"})
     body = json.loads(resp.data)
     assert resp.status == status, body
@@ -137,11 +138,38 @@ def test_rank_of_one_player_and_its_plan(plugin_cluster) -> None:
     tied = next(p for p, s in scores.items() if list(scores.values()).count(s) > 1)
     text = "SELECT RANK() OVER (ORDER BY score DESC) AS r, player FROM lb QUALIFY player = ?"
     assert sql(c.nodes[2], text, [tied])["rows"] == duck(db, text, [tied])
-    plan = sql(c.nodes[2], "EXPLAIN " + text, [tied])
-    queries = [r[1] for r in plan["rows"]]
-    assert queries[0].startswith("KeysQuery(keys=('%s',))" % tied)
-    assert all("RankQuery" in q for q in queries[1:]) and len(queries) == 1 + len({r[3] for r in plan["rows"][1:]})
-    assert plan["rows"][0][2] == str(partition_for(tied.encode(), P))
+    rows = sql(c.nodes[2], "EXPLAIN " + text, [tied])["rows"]
+    nodes = len({r[3] for r in rows})
+    index, keys, ranks = ([r for r in rows if r[1].startswith(q)] for q in ("ScoreIndexQuery", "KeysQuery", "RankQuery"))
+    assert len(index) == len(ranks) == nodes and len(keys) == 1 and len(rows) == 2 * nodes + 1
+    assert keys[0][1].startswith("KeysQuery(keys=('%s',))" % tied)
+    assert keys[0][2] == str(partition_for(tied.encode(), P))
+
+
+def test_ranks_come_from_indexes_kept_while_nothing_moves(plugin_cluster) -> None:
+    """One statement text, many players: planned once, and after the first rank every
+    partition's index is given again by the receiver without a call; allow_stale (answers
+    never kept) counts better scores with RankQuery, and answers the same."""
+    c, db, scores, *_ = plugin_cluster
+    text = "SELECT player, score, RANK() OVER (ORDER BY score DESC) AS rank FROM lb QUALIFY player = ?"
+    node = c.nodes[0]
+    # the first asks open the positions watches of the other nodes; then every index is kept
+    wait_for(lambda: sql(node, text, [f"player_{random.randrange(300):03d}"])["stats"].get(
+        "partition_answers_reused") == P, 10, "every partition's index kept")
+    players = ["player_002", "player_150", "player_299", "nobody"]
+    for player in players:
+        got = sql(node, text, [player])
+        assert got["rows"] == duck(db, text, [player])
+        assert got["stats"]["partition_answers_reused"] == P and got["stats"]["nodes"] == 0
+        stale = sql(node, text, [player], allow_stale=True)
+        assert stale["rows"] == got["rows"] and "partition_answers_reused" not in stale["stats"]
+        # the players' scores, then every node's RankQuery (none for a player not there)
+        assert stale["stats"]["nodes"] > (1 if got["rows"] else 0)
+    assert sql(node, text, [players[0]])["stats"]["answer_reused"]  # the same statement: its answer again
+    # a parameter read outside the rule's calls: planned for each value, not rebound
+    labelled = "SELECT ? AS label, player, RANK() OVER (ORDER BY score DESC) AS r FROM lb QUALIFY player = ?"
+    for params in (["a", "player_010"], ["b", "player_011"], [7, "player_010"]):
+        assert sql(node, labelled, params)["rows"] == duck(db, labelled, params)
 
 
 def test_other_sql_on_a_leaderboard_store_uses_the_kv_paths(plugin_cluster) -> None:

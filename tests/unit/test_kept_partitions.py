@@ -1,0 +1,83 @@
+"""Partition answers kept at the receiver (federator.dispatch.kept_partitions, and
+``Dispatcher.gather(keep_for=...)``): given again without a call while their partition is
+where they were computed, asked again once it moves, its copy is reset, the caller reads
+stale, or a consistency token asks for more."""
+
+from __future__ import annotations
+
+import time
+
+import pyarrow as pa
+
+from federator.dispatch.kept_partitions import KeptPartitionAnswers
+from federator.plan.keys import SubQuery
+from federator.query.position import PositionBound
+from federator.query.queries import RangeQuery
+from federator.route.read_options import ReadOptions
+from tests.unit.test_engine import P, World, duck  # noqa: F401 - the fixture
+
+ALL = [SubQuery(RangeQuery(), None)]
+
+
+def keys(gathered) -> list:
+    return sorted(k for b in gathered.batches for k in b.column("key").to_pylist())
+
+
+def asked(world: World) -> list[int]:
+    return sorted(p for r in world.cluster.requests() for p in r.partitions)
+
+
+def test_an_answer_is_given_again_until_its_partition_moves(duck) -> None:
+    world = World(duck)
+    try:
+        dispatcher = world.cluster.engine().dispatcher
+        first = dispatcher.gather("scores", P, ALL, None, ReadOptions(), keep_for=5)
+        assert first.reused == 0 and asked(world) == list(range(P))
+        world.cluster.forget()
+        second = dispatcher.gather("scores", P, ALL, None, ReadOptions(), keep_for=5)
+        assert second.reused == P and not world.cluster.requests()
+        assert keys(second) == keys(first) and second.position == first.position
+        moved = world.put("scores", 1_000_001, 7.0)
+        world.cluster.forget()
+        third = dispatcher.gather("scores", P, ALL, None, ReadOptions(), keep_for=5)
+        assert asked(world) == [moved] and third.reused == P - 1
+        assert keys(third) == sorted(keys(first) + [1_000_001]) and third.position != first.position
+        # a token the kept answers reach is answered from them
+        world.cluster.forget()
+        tokened = dispatcher.gather("scores", P, ALL, None, ReadOptions(bound=PositionBound.at(third.position)),
+                                    keep_for=5)
+        assert tokened.reused == P and not world.cluster.requests()
+    finally:
+        world.cluster.close()
+
+
+def test_answers_are_asked_for_when_not_to_be_kept(duck) -> None:
+    world = World(duck)
+    try:
+        dispatcher = world.cluster.engine().dispatcher
+        dispatcher.gather("scores", P, ALL, None, ReadOptions(), keep_for=5)
+        for options, keep_for in ((ReadOptions(), 0.0), (ReadOptions(allow_stale=True), 5.0)):
+            world.cluster.forget()
+            assert dispatcher.gather("scores", P, ALL, None, options, keep_for=keep_for).reused == 0
+            assert asked(world) == list(range(P))
+        world.cluster.nodes["me"].materializer.epoch = 1  # a copy reset: its offsets may name other rows
+        world.cluster.forget()
+        assert dispatcher.gather("scores", P, ALL, None, ReadOptions(), keep_for=5).reused == 0
+        world.cluster.forget()
+        time.sleep(0.06)
+        assert dispatcher.gather("scores", P, ALL, None, ReadOptions(), keep_for=0.05).reused == 0  # too old
+        assert asked(world) == list(range(P))
+    finally:
+        world.cluster.close()
+
+
+def test_kept_answers_are_bounded_by_bytes() -> None:
+    batch = pa.record_batch([pa.array(range(1000), pa.int64())], names=["x"])  # 8,000 bytes
+    kept = KeptPartitionAnswers(max_bytes=3 * batch.nbytes, max_entry_bytes=2 * batch.nbytes)
+    for i in range(4):
+        kept.put(i, "s", i, batch)
+    assert len(kept) == 3 and kept.get(0, "s", 60) is None and kept.get(3, "s", 60) == (3, batch)
+    assert kept.get(3, "other state", 60) is None and kept.get(3, "s", 60) is None  # dropped on a mismatch
+    big = pa.record_batch([pa.array(range(3000), pa.int64())], names=["x"])
+    kept.put("big", "s", 1, big)
+    assert kept.get("big", "s", 60) is None  # one answer larger than an entry may be is not kept
