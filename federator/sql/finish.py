@@ -75,6 +75,8 @@ class TopRows:
             if any(t is None for t in types):
                 return None
             schema = pa.schema([pa.field(f.name, t) for f, t in zip(table.schema, types)])
+        if table.schema.equals(schema):
+            return table  # a cast to the same types still costs a pass over every column
         try:
             return table.cast(schema)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
+from typing import Any, Callable, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -30,8 +31,10 @@ from federator.query.queries import KeysQuery
 from plugins.leaderboard.queries import RankQuery, ScoreIndexQuery, TopKQuery
 from plugins.leaderboard.store import SORTABLE, TOO_MANY
 
+T = TypeVar("T")
 RANK_COLUMN = "__rank"
 INDEX_ROWS = 50_000  # a partition with more rows is ranked by RankQuery: its index costs more to hold
+MERGED_SCORES = 200_000  # all partitions' scores sorted into one array up to this many
 TOO_LARGE_SECONDS = 60.0  # how long a store found too large is ranked by RankQuery before trying again
 
 
@@ -75,8 +78,8 @@ class RankRule(SqlRule):
 
     def __init__(self) -> None:
         self._too_large: dict[str, float] = {}  # store -> when a partition's index was too large
-        # id of a kept index batch -> (the batch, key -> row), while the receiver gives it again
-        self._rows_of: OrderedDict[int, tuple[pa.RecordBatch, dict]] = OrderedDict()
+        # what _rows_of and _scores made of kept index batches, by the batches' ids
+        self._made: OrderedDict[tuple, tuple[list, Any]] = OrderedDict()
         self._lock = threading.Lock()
 
     def plan(self, select: exp.Select, store: StoreDefinition) -> RulePlan | None:
@@ -151,37 +154,52 @@ class RankRule(SqlRule):
         found: list[pa.RecordBatch] = []
         for player in players:
             for batch in indexes:
-                row = self._rows(batch, store).get(player)
+                row = self._rows_of(batch, store).get(player)
                 if row is not None:
                     found.append(batch.slice(row, 1))
                     break
         if not found:
             return _concat([], store).append_column(RANK_COLUMN, pa.array([], pa.int64()))
-        rows = pa.Table.from_batches(found).combine_chunks()
+        rows = pa.Table.from_batches(found)
         wanted = rows.column(SORTABLE).to_numpy()
         better = np.zeros(len(wanted), dtype=np.int64)
-        for batch in indexes:
-            scores = batch.column(SORTABLE).to_numpy()  # ascending: the index's order
+        for scores in self._scores(indexes):  # each ascending
             if descending:  # rows with a higher score
                 better += len(scores) - np.searchsorted(scores, wanted, side="right")
             else:  # rows with a lower one
                 better += np.searchsorted(scores, wanted, side="left")
-        rows = rows.drop_columns([SORTABLE]).cast(store.arrow_schema())
+        rows = rows.drop_columns([SORTABLE])
+        if not rows.schema.equals(store.arrow_schema()):
+            rows = rows.cast(store.arrow_schema())
         return rows.append_column(RANK_COLUMN, pa.array(better + 1, pa.int64()))
 
-    def _rows(self, batch: pa.RecordBatch, store: StoreDefinition) -> dict:
-        """key -> row of one partition's index, made once per batch the receiver keeps."""
+    def _rows_of(self, batch: pa.RecordBatch, store: StoreDefinition) -> dict:
+        """key -> row of one partition's index, made once per batch the receiver keeps (a
+        write makes only its partition's again)."""
+        return self._memo(("rows", id(batch)), [batch], lambda: {
+            k: i for i, k in enumerate(batch.column(store.key_name).to_pylist())})
+
+    def _scores(self, indexes: list[pa.RecordBatch]) -> list[np.ndarray]:
+        """The partitions' sorted scores: merged into one array, made once per set of kept
+        batches, where that is small enough to sort again after a write (a rank is then one
+        binary search, not one per partition)."""
+        if sum(b.num_rows for b in indexes) > MERGED_SCORES:
+            return [b.column(SORTABLE).to_numpy() for b in indexes]
+        return self._memo(("scores", *map(id, indexes)), indexes, lambda: [
+            np.sort(np.concatenate([b.column(SORTABLE).to_numpy() for b in indexes]))])
+
+    def _memo(self, key: tuple, batches: list[pa.RecordBatch], make: Callable[[], T]) -> T:
         with self._lock:
-            kept = self._rows_of.get(id(batch))
-            if kept is not None and kept[0] is batch:
-                self._rows_of.move_to_end(id(batch))
+            kept = self._made.get(key)
+            if kept is not None and all(a is b for a, b in zip(kept[0], batches)):
+                self._made.move_to_end(key)
                 return kept[1]
-        rows = {k: i for i, k in enumerate(batch.column(store.key_name).to_pylist())}
+        made = make()
         with self._lock:
-            self._rows_of[id(batch)] = (batch, rows)
-            while len(self._rows_of) > 1024:
-                self._rows_of.popitem(last=False)
-        return rows
+            self._made[key] = (list(batches), made)  # the batches held: their ids stay theirs
+            while len(self._made) > 256:
+                self._made.popitem(last=False)
+        return made
 
 
 def _players(node: exp.Expression | None, store: StoreDefinition) -> list[exp.Expression] | None:

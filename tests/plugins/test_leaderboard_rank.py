@@ -84,8 +84,10 @@ def plan_for(defn: StoreDefinition, text: str, params: list):
 
 @pytest.mark.parametrize("board", ["long", "double"], indirect=True)
 @pytest.mark.parametrize("direction", ["DESC", "ASC"])
-def test_ranks_from_kept_indexes_equal_ranks_from_rank_queries(board, direction) -> None:
+@pytest.mark.parametrize("merged", [True, False])  # the scores in one array, or searched per partition
+def test_ranks_from_kept_indexes_equal_ranks_from_rank_queries(board, direction, merged, monkeypatch) -> None:
     defn, shards, scores = board
+    monkeypatch.setattr(rules, "MERGED_SCORES", 200_000 if merged else 100)
     players = ["p000", "p017", "p150", "nobody", "p299", "p017"]
     text = (f"SELECT player, score, RANK() OVER (ORDER BY score {direction}) AS r FROM lb "
             f"QUALIFY player IN ({', '.join('?' for _ in players)})")
