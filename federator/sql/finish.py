@@ -14,6 +14,7 @@ answer type's range goes to DuckDB, which raises its own error.
 from __future__ import annotations
 
 import decimal
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +42,15 @@ def _as_duckdb(t: pa.DataType) -> pa.DataType | None:
     if pa.types.is_integer(t) or pa.types.is_decimal(t) or pa.types.is_boolean(t) or t == pa.date32():
         return t
     return None
+
+
+@functools.lru_cache(maxsize=256)
+def _duckdb_schema(schema: pa.Schema) -> pa.Schema | None:
+    """The schema DuckDB answers columns of ``schema`` with, where it is sure of every type."""
+    types = [_as_duckdb(f.type) for f in schema]
+    if any(t is None for t in types):
+        return None
+    return pa.schema([pa.field(f.name, t) for f, t in zip(schema, types)])
 
 
 @dataclass(frozen=True)
@@ -71,10 +81,9 @@ class TopRows:
             rows = rows.slice(self.offset, self.limit)
         table = rows.select([c for c, _ in columns]).rename_columns([n for _, n in columns])
         if schema is None:  # a rule's rows: no answer schema was planned
-            types = [_as_duckdb(f.type) for f in table.schema]
-            if any(t is None for t in types):
+            schema = _duckdb_schema(table.schema)
+            if schema is None:
                 return None
-            schema = pa.schema([pa.field(f.name, t) for f, t in zip(table.schema, types)])
         if table.schema.equals(schema):
             return table  # a cast to the same types still costs a pass over every column
         try:

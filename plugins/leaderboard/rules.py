@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections import OrderedDict
@@ -158,9 +159,10 @@ class RankRule(SqlRule):
                 if row is not None:
                     found.append(batch.slice(row, 1))
                     break
+        schema = store.arrow_schema()
         if not found:
             return _concat([], store).append_column(RANK_COLUMN, pa.array([], pa.int64()))
-        rows = pa.Table.from_batches(found)
+        rows = found[0] if len(found) == 1 else pa.Table.from_batches(found).combine_chunks().to_batches()[0]
         wanted = rows.column(SORTABLE).to_numpy()
         better = np.zeros(len(wanted), dtype=np.int64)
         for scores in self._scores(indexes):  # each ascending
@@ -168,10 +170,11 @@ class RankRule(SqlRule):
                 better += len(scores) - np.searchsorted(scores, wanted, side="right")
             else:  # rows with a lower one
                 better += np.searchsorted(scores, wanted, side="left")
-        rows = rows.drop_columns([SORTABLE])
-        if not rows.schema.equals(store.arrow_schema()):
-            rows = rows.cast(store.arrow_schema())
-        return rows.append_column(RANK_COLUMN, pa.array(better + 1, pa.int64()))
+        columns = [rows.column(f.name) for f in schema]
+        if not all(c.type == f.type for c, f in zip(columns, schema)):
+            columns = [c.cast(f.type) for c, f in zip(columns, schema)]
+        return pa.Table.from_arrays([*columns, pa.array(better + 1, pa.int64())],
+                                    schema=_ranked_schema(schema))
 
     def _rows_of(self, batch: pa.RecordBatch, store: StoreDefinition) -> dict:
         """key -> row of one partition's index, made once per batch the receiver keeps (a
@@ -200,6 +203,11 @@ class RankRule(SqlRule):
             while len(self._made) > 256:
                 self._made.popitem(last=False)
         return made
+
+
+@functools.lru_cache(maxsize=64)
+def _ranked_schema(schema: pa.Schema) -> pa.Schema:
+    return schema.append(pa.field(RANK_COLUMN, pa.int64()))
 
 
 def _players(node: exp.Expression | None, store: StoreDefinition) -> list[exp.Expression] | None:
