@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from typing import Any, Callable, TypeVar
 
@@ -79,8 +80,8 @@ class RankRule(SqlRule):
 
     def __init__(self) -> None:
         self._too_large: dict[str, float] = {}  # store -> when a partition's index was too large
-        # what _rows_of and _scores made of kept index batches, by the batches' ids
-        self._made: OrderedDict[tuple, tuple[list, Any]] = OrderedDict()
+        # what _rows_of and _scores made of kept index batches, by the batches' ids (weakly held)
+        self._made: OrderedDict[tuple, tuple[list[weakref.ref], Any]] = OrderedDict()
         self._lock = threading.Lock()
 
     def plan(self, select: exp.Select, store: StoreDefinition) -> RulePlan | None:
@@ -192,15 +193,20 @@ class RankRule(SqlRule):
             np.sort(np.concatenate([b.column(SORTABLE).to_numpy() for b in indexes]))])
 
     def _memo(self, key: tuple, batches: list[pa.RecordBatch], make: Callable[[], T]) -> T:
+        """``make()``, kept while every one of ``batches`` lives: the receiver's kept answers
+        hold them, so what is made of them goes when they do, and the memory it takes stays
+        within theirs."""
         with self._lock:
             kept = self._made.get(key)
-            if kept is not None and all(a is b for a, b in zip(kept[0], batches)):
+            if kept is not None and all(ref() is b for ref, b in zip(kept[0], batches)):
                 self._made.move_to_end(key)
                 return kept[1]
         made = make()
+        # ids are reused once an object is gone: an entry goes with the first of its batches
+        refs = [weakref.ref(b, lambda _, key=key: self._made.pop(key, None)) for b in batches]
         with self._lock:
-            self._made[key] = (list(batches), made)  # the batches held: their ids stay theirs
-            while len(self._made) > 256:
+            self._made[key] = (refs, made)
+            while len(self._made) > 1024:
                 self._made.popitem(last=False)
         return made
 

@@ -123,3 +123,22 @@ def test_a_plan_rebound_to_another_player_ranks_that_player(board) -> None:
     fetch = Fetch(shards, keeps=True)
     assert ranked(rebound.combine(fetch)) == expected(scores, ["p100", "p007", "p200"], True)
     assert rebound.subqueries[1].query.keys == ("p100", "p007", "p200")
+
+
+def test_what_a_rank_made_of_an_index_goes_with_it(board) -> None:
+    """The key maps and merged scores made of the partitions' indexes live as long as the
+    index batches do (the receiver's kept answers hold those): writes do not pile them up."""
+    defn, shards, scores = board
+    rule = RankRule()
+    stmt = parse("SELECT player, score, RANK() OVER (ORDER BY score DESC) AS r FROM lb QUALIFY player = ?")
+    plan = rule.plan(bind_parameters(stmt.select, ["p042"], 1), defn)
+    fetch = Fetch(shards, keeps=True)
+    plan.combine(fetch)
+    made = len(rule._made)  # the key maps of the partitions looked in, and the scores merged
+    assert made >= 2
+    for i in range(5):  # each write makes the partition's index again
+        p = partition_for(b"p042", P)
+        shards[p].apply([ChangelogRecord(b"p042", defn.value.serialize(100 + i), 10_000 + i, 1_700_000_000_000)])
+        scores["p042"] = 100 + i
+        assert ranked(plan.combine(fetch)) == expected(scores, ["p042"], True)
+    assert len(rule._made) == made
