@@ -36,8 +36,12 @@ from plugins.leaderboard.store import SORTABLE, TOO_MANY
 T = TypeVar("T")
 RANK_COLUMN = "__rank"
 INDEX_ROWS = 50_000  # a partition with more rows is ranked by RankQuery: its index costs more to hold
+# reading the indexes again took longer than this (partitions read again whole after writes,
+# large or many): RankQuery's two rounds cost less, so the store is ranked by them for a while.
+# Not the first read of a store, which makes every partition's index on its owner.
+SLOW_INDEX_SECONDS = 0.05
 MERGED_SCORES = 200_000  # all partitions' scores sorted into one array up to this many
-TOO_LARGE_SECONDS = 60.0  # how long a store found too large is ranked by RankQuery before trying again
+UNSUITED_SECONDS = 60.0  # how long a store found too large or too slow is ranked by RankQuery before trying again
 
 
 def _score_column(store: StoreDefinition) -> str:
@@ -79,7 +83,8 @@ class RankRule(SqlRule):
     store_types = ("leaderboard",)
 
     def __init__(self) -> None:
-        self._too_large: dict[str, float] = {}  # store -> when a partition's index was too large
+        self._unsuited: dict[str, float] = {}  # store -> when its indexes were found too large or too slow
+        self._read: set[str] = set()  # stores whose indexes were read once
         # what _rows_of and _scores made of kept index batches, by the batches' ids (weakly held)
         self._made: OrderedDict[tuple, tuple[list[weakref.ref], Any]] = OrderedDict()
         self._lock = threading.Lock()
@@ -122,11 +127,15 @@ class RankRule(SqlRule):
         lookups = [SubQuery(KeysQuery(tuple(players)), tuple(by_partition))]
 
         def combine(fetch: Fetch) -> pa.Table:
-            if fetch.keeps and time.monotonic() - self._too_large.get(store.name, -1e9) > TOO_LARGE_SECONDS:
+            if fetch.keeps and time.monotonic() - self._unsuited.get(store.name, -1e9) > UNSUITED_SECONDS:
+                started = time.monotonic()
                 indexes = fetch([SubQuery(ScoreIndexQuery(INDEX_ROWS), None)], keep=True)
                 if not any(TOO_MANY in (b.schema.metadata or {}) for b in indexes):
+                    if time.monotonic() - started > SLOW_INDEX_SECONDS and store.name in self._read:
+                        self._unsuited[store.name] = time.monotonic()  # this once, it has them
+                    self._read.add(store.name)
                     return self._ranked(indexes, players, descending, store)
-                self._too_large[store.name] = time.monotonic()
+                self._unsuited[store.name] = time.monotonic()
             rows = _concat(fetch(lookups), store)
             scores = rows.column(_score_column(store)).to_pylist()
             better = [0] * len(scores)

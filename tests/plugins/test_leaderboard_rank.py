@@ -112,6 +112,19 @@ def test_a_partition_too_large_to_hold_is_ranked_by_rank_queries(board, monkeypa
     assert ranked(plan.combine(fetch)) == expected(scores, ["p042"], True) and fetch.asked == ["KeysQuery", "RankQuery"]
 
 
+def test_indexes_slow_to_read_give_way_to_rank_queries(board, monkeypatch) -> None:
+    """Under writes to large partitions every rank would read indexes again whole: once that
+    takes longer than two rounds of calls would, the store is ranked by RankQuery for a while."""
+    defn, shards, scores = board
+    monkeypatch.setattr(rules, "SLOW_INDEX_SECONDS", 0.0)
+    stmt = parse("SELECT player, score, RANK() OVER (ORDER BY score DESC) AS r FROM lb QUALIFY player = ?")
+    plan = RankRule().plan(bind_parameters(stmt.select, ["p042"], 1), defn)
+    fetch = Fetch(shards, keeps=True)
+    for _ in range(3):  # the first read makes the indexes, and is not judged
+        assert ranked(plan.combine(fetch)) == expected(scores, ["p042"], True)
+    assert fetch.asked == ["ScoreIndexQuery", "ScoreIndexQuery", "KeysQuery", "RankQuery"]
+
+
 def test_a_plan_rebound_to_another_player_ranks_that_player(board) -> None:
     defn, shards, scores = board
     plan = plan_for(defn, "SELECT player, score, RANK() OVER (ORDER BY score DESC) AS r FROM lb "
