@@ -36,10 +36,10 @@ from plugins.leaderboard.store import SORTABLE, TOO_MANY
 T = TypeVar("T")
 RANK_COLUMN = "__rank"
 INDEX_ROWS = 50_000  # a partition with more rows is ranked by RankQuery: its index costs more to hold
-# reading the indexes again took longer than this (partitions read again whole after writes,
-# large or many): RankQuery's two rounds cost less, so the store is ranked by them for a while.
-# Not the first read of a store, which makes every partition's index on its owner.
-SLOW_INDEX_SECONDS = 0.05
+# index rows read again per rank, on average, above which RankQuery's two rounds cost less
+# (writes moving large partitions between ranks, each then read whole): the store is then
+# ranked by them for a while. Counted in rows, not time, so a busy machine does not decide it.
+REREAD_ROWS = 5_000
 MERGED_SCORES = 200_000  # all partitions' scores sorted into one array up to this many
 UNSUITED_SECONDS = 60.0  # how long a store found too large or too slow is ranked by RankQuery before trying again
 
@@ -83,8 +83,9 @@ class RankRule(SqlRule):
     store_types = ("leaderboard",)
 
     def __init__(self) -> None:
-        self._unsuited: dict[str, float] = {}  # store -> when its indexes were found too large or too slow
-        self._read: set[str] = set()  # stores whose indexes were read once
+        self._unsuited: dict[str, float] = {}  # store -> when its indexes were found too large or too costly
+        # store -> (ids of the index batches the last rank used, rows read again per rank, averaged)
+        self._reread: dict[str, tuple[set[int], float]] = {}
         # what _rows_of and _scores made of kept index batches, by the batches' ids (weakly held)
         self._made: OrderedDict[tuple, tuple[list[weakref.ref], Any]] = OrderedDict()
         self._lock = threading.Lock()
@@ -128,12 +129,9 @@ class RankRule(SqlRule):
 
         def combine(fetch: Fetch) -> pa.Table:
             if fetch.keeps and time.monotonic() - self._unsuited.get(store.name, -1e9) > UNSUITED_SECONDS:
-                started = time.monotonic()
                 indexes = fetch([SubQuery(ScoreIndexQuery(INDEX_ROWS), None)], keep=True)
                 if not any(TOO_MANY in (b.schema.metadata or {}) for b in indexes):
-                    if time.monotonic() - started > SLOW_INDEX_SECONDS and store.name in self._read:
-                        self._unsuited[store.name] = time.monotonic()  # this once, it has them
-                    self._read.add(store.name)
+                    self._count_reread(store.name, indexes)  # this once, it has them anyway
                     return self._ranked(indexes, players, descending, store)
                 self._unsuited[store.name] = time.monotonic()
             rows = _concat(fetch(lookups), store)
@@ -158,6 +156,24 @@ class RankRule(SqlRule):
             remaining=remaining,
             rebind=rebind,
         )
+
+    def _count_reread(self, store: str, indexes: list[pa.RecordBatch]) -> None:
+        """Average the index rows this rank read again (batches the last rank did not use; the
+        first read of a store, which makes every index, is not counted), and give the store to
+        RankQuery for a while when that is too many. (An id a freed batch leaves may be taken
+        by a new one, which then goes uncounted: an estimate, which is all this needs.)"""
+        ids = {id(b) for b in indexes}
+        last = self._reread.get(store)
+        if last is None:
+            self._reread[store] = (ids, 0.0)
+            return
+        rows = sum(b.num_rows for b in indexes if id(b) not in last[0])
+        average = 0.8 * last[1] + 0.2 * rows
+        if average > REREAD_ROWS:
+            self._unsuited[store] = time.monotonic()
+            del self._reread[store]  # counted afresh when the indexes are tried again
+        else:
+            self._reread[store] = (ids, average)
 
     def _ranked(self, indexes: list[pa.RecordBatch], players: list, descending: bool,
                 store: StoreDefinition) -> pa.Table:
