@@ -48,6 +48,7 @@ class Gathered:
     nodes: set[str] = field(default_factory=set)
     calls: list[dict[str, Any]] = field(default_factory=list)
     reused: int = 0  # partitions answered from kept answers, without a call
+    refreshed_rows: int = 0  # rows of answers asked again because their partition moved since kept
 
 
 class Dispatcher:
@@ -261,7 +262,10 @@ class Dispatcher:
                             if r.position is not None:
                                 out.position = out.position.merge(r.position)
                             if item in states:
-                                self._keep(defn, subqueries[i], work, r, states[item])
+                                state, refreshed = states[item]
+                                self._keep(defn, subqueries[i], work, r, state)
+                                if refreshed and r.batch is not None:
+                                    out.refreshed_rows += r.batch.num_rows
                         continue
                     if r.failure is FailureReason.UNKNOWN_QUERY_TYPE:
                         raise UnknownQueryType(subqueries[i].query.type_name, nid, r.message)
@@ -322,20 +326,23 @@ class Dispatcher:
 
     def _reuse_kept(self, out: Gathered, defn: Any, subqueries: list[SubQuery], work: OwnerWork | None,
                     pending: set[tuple[int, int]], token: dict[int, int],
-                    keep_for: float) -> dict[tuple[int, int], tuple]:
+                    keep_for: float) -> dict[tuple[int, int], tuple[tuple, bool]]:
         """Answer from kept answers the pending partitions still where they were (taking them
-        out of ``pending``); the others' states now, to keep their answers by."""
+        out of ``pending``); the others' states now, to keep their answers by, and whether an
+        answer was kept at another state (the partition moved; not one only too old)."""
         owners = _active_owners(self.node.view.live(), defn.name)
-        states: dict[tuple[int, int], tuple] = {}
+        states: dict[tuple[int, int], tuple[tuple, bool]] = {}
         for item in sorted(pending):
             i, p = item
             state = self._state(defn.name, p, owners.get(p))
             if state is None:
                 continue
-            kept = self.kept.get((defn.name, p, subqueries[i].query, work), state, keep_for)
+            key = (defn.name, p, subqueries[i].query, work)
+            was = self.kept.state_of(key)  # kept at another state: this partition moved since
+            kept = self.kept.get(key, state, keep_for)
             wanted = token.get(p)
             if kept is None or (wanted is not None and (kept[0] is None or kept[0] < wanted)):
-                states[item] = state  # asked: its answer is kept if the owner was still there
+                states[item] = (state, was is not None and was != state)  # asked: kept again if the owner was still there
                 continue
             pending.discard(item)
             out.partitions.add(item)

@@ -58,5 +58,10 @@ class KeptPartitionAnswers:
         if kept is not None and kept[3] is not None:
             self._bytes -= kept[3].nbytes
 
+    def state_of(self, key: Hashable) -> Any:
+        """The partition's state ``key``'s answer was kept at (None: none kept), however old."""
+        kept = self._answers.get(key)
+        return None if kept is None else kept[1]
+
     def __len__(self) -> int:
         return len(self._answers)

@@ -33,6 +33,9 @@ class Fetch(Protocol):
     ``keeps`` says it has (not where answers are never reused, nor for allow_stale reads)."""
 
     keeps: bool
+    # rows of the last keep=True call's answers asked again because their partition moved
+    # since they were kept (what writes cost a rule that reads whole partitions)
+    refreshed_rows: int
 
     def __call__(self, subqueries: list[SubQuery], keep: bool = False) -> list[pa.RecordBatch]: ...
 

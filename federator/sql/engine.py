@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterator
 import pyarrow as pa
 
 from federator.catalog.definition import StoreDefinition
-from federator.dispatch.dispatcher import Dispatcher
+from federator.dispatch.dispatcher import Dispatcher, Gathered
 from federator.dispatch.errors import DispatchError, NotColocated
 from federator.query.owner_work import OwnerWork
 from federator.query.position import Position, PositionBound
@@ -396,7 +396,7 @@ class SqlEngine:
         """What the owners return for one store reference, as one table."""
         defn = ref.store
 
-        def fetch(subqueries: list[SubQuery], work: OwnerWork | None = None, keep: bool = False) -> list[pa.RecordBatch]:
+        def gather(subqueries: list[SubQuery], work: OwnerWork | None = None, keep: bool = False) -> Gathered:
             gathered = self.dispatcher.gather(defn.name, defn.partitions, subqueries, work, options,
                                               keep_for=self._reuse_seconds if keep else 0.0)
             with self._seen_lock:
@@ -404,12 +404,12 @@ class SqlEngine:
                 seen["partitions"] |= {(defn.name, p) for _, p in gathered.partitions}
                 seen["nodes"] |= set(gathered.nodes)
                 seen["reused"] = seen.get("reused", 0) + gathered.reused
-            return gathered.batches
+            return gathered
 
         if ref.combine is not None:
-            return ref.combine(_RuleFetch(fetch, keeps=self._reuse_seconds > 0 and not options.allow_stale))
+            return ref.combine(_RuleFetch(gather, keeps=self._reuse_seconds > 0 and not options.allow_stale))
         # with a key join, a node that does not know it runs work's join in DuckDB
-        batches = fetch(ref.subqueries, replace(ref.work, join=ref.joined, key_join=ref.key_join))
+        batches = gather(ref.subqueries, replace(ref.work, join=ref.joined, key_join=ref.key_join)).batches
         schema = ref.rows_schema or defn.arrow_schema()
         if not batches:
             return schema.empty_table()
@@ -469,11 +469,14 @@ def _stores_read(plan: QueryPlan, stores: dict[str, StoreDefinition]) -> list[St
 class _RuleFetch:
     """A rule's ``fetch`` (federator.plugin.rules.Fetch)."""
 
-    def __init__(self, fetch: Callable[..., list[pa.RecordBatch]], keeps: bool) -> None:
-        self._fetch, self.keeps = fetch, keeps
+    def __init__(self, gather: Callable[..., Gathered], keeps: bool) -> None:
+        self._gather, self.keeps = gather, keeps
+        self.refreshed_rows = 0
 
     def __call__(self, subqueries: list[SubQuery], keep: bool = False) -> list[pa.RecordBatch]:
-        return self._fetch(subqueries, keep=keep and self.keeps)
+        gathered = self._gather(subqueries, keep=keep and self.keeps)
+        self.refreshed_rows = gathered.refreshed_rows
+        return gathered.batches
 
 
 def _read_at_known(seen: dict[str, Any], known: Position, plan: QueryPlan, stores: list[StoreDefinition]) -> bool:

@@ -388,3 +388,101 @@ def test_leaderboard_beside_redis(broker, topics, redis_server, data: Data, repo
                           ten.rate >= T_AGG_RATE and not ten.errors)
     for (setting, label, clients), r in results.items():
         assert r.errors == 0, f"{setting} {label} c={clients}: {r.first_error}"
+
+
+# ---- the rank while the leaderboard is written to --------------------------------------------
+
+WRITE_RATES = (0, 20, 200)  # leaderboard records per second during the load
+
+
+class Rewriter:
+    """Writes players' scores again, ``rate`` records a second spread over every partition: each
+    moves its partition's offset (so what was kept for it is read again) and leaves every rank
+    as it was (the scores are the same), so each answer can still be checked against the data."""
+
+    def __init__(self, broker, topic: str, data: Data, rate: int) -> None:
+        from federator import kafka
+        from federator.catalog.definition import StoreDefinition
+        from federator.partitioner import partition_for
+        from tests.registry import REGISTRY
+
+        value = StoreDefinition.from_dict({**LB, "topic": topic}, REGISTRY).value  # as produced above
+        self.rate, self.written = rate, 0
+        self._stop = threading.Event()
+        self._producer = kafka.producer(broker.bootstrap_servers, **{"linger.ms": 5})
+        self._send = lambda player: self._producer.produce(
+            topic, key=player.encode(), value=value.serialize(data.scores[player]),
+            partition=partition_for(player.encode(), P), timestamp=TS)
+        self._players = data.players
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Rewriter:
+        if self.rate:
+            self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        rnd = random.Random(3)
+        started = time.monotonic()
+        while not self._stop.wait(0.02):
+            due = int((time.monotonic() - started) * self.rate) - self.written
+            for _ in range(max(0, due)):
+                self._send(rnd.choice(self._players))
+                self.written += 1
+            self._producer.poll(0)
+
+    def __exit__(self, *_: Any) -> None:
+        self._stop.set()
+        if self.rate:
+            self._thread.join(10)
+        self._producer.flush(10)
+
+
+def test_rank_while_the_leaderboard_is_written(broker, topics, data: Data, report: Report, tmp_path_factory) -> None:
+    """A player's rank at 10 clients while records arrive: with the defaults, each rank uses the
+    partitions' indexes kept since their last write and reads the moved ones again; with
+    --reuse-answers-seconds 0 nothing is kept and every rank takes the two rounds (the path
+    before indexes were kept: the baseline)."""
+    pick = lambda rnd: [rnd.choice(data.players)]  # noqa: E731
+
+    def rank_ok(doc: dict) -> str | None:
+        (player, score, rank), = doc["rows"]
+        return None if (data.scores[player], data.rank[player]) == (score, rank) else f"rank of {player}: {doc['rows']}"
+
+    lines: list[str] = []
+    errors: list[str] = []
+    for setting, args in (("defaults (indexes kept)", []),
+                          ("--reuse-answers-seconds 0 (two rounds, the baseline)", ["--reuse-answers-seconds", "0"])):
+        progress(f"rank under writes, three nodes, {setting}")
+        folder = tmp_path_factory.mktemp("bench-lb-writes")
+        cluster = start_cluster(broker, topics, folder, args)
+        try:
+            n0 = cluster.nodes[0]
+            pids = [n.proc.pid for n in cluster.nodes]  # type: ignore[union-attr]
+            for rate in WRITE_RATES:
+                with Rewriter(broker, topics["leaderboard"], data, rate) as writes:
+                    checked = checked_load(f"rank, {rate} writes/s [{setting[:8]}]", 10, n0, RANK, pids, pick, rank_ok)
+                    progress(checked.line())
+                    if checked.errors:
+                        errors.append(f"{setting}, {rate} writes/s: {checked.first_error}")
+                    lines.append(row(checked, f"Federator, {setting}: rank, {rate} writes/s"))
+                    if wrk_binary() is not None:
+                        w = wrk_load(f"rank, {rate} writes/s [{setting[:8]}, wrk]", 10, n0, RANK, pids, pick, folder)
+                        progress(w.line())
+                        lines.append(wrk_row(w, f"Federator, {setting}: rank, {rate} writes/s, wrk -t1"))
+                progress(f"{writes.written:,} records written during the rows at {rate}/s")
+        finally:
+            cluster.stop()
+    report.section(f"The rank while the leaderboard is written (3 nodes, {PLAYERS:,} players, 8 partitions)", [
+        f"`{RANK}` with a random player, 10 clients to n0, while a producer writes random players' scores again "
+        f"at the rate named ({', '.join(map(str, WRITE_RATES))} records/s, spread over the partitions): each "
+        "record moves its partition's offset, so what a receiver kept for it is read again, and leaves every rank "
+        "as it was, so every answer is still checked against the data (the Python clients' rows, and 50 answers "
+        "after each). Defaults: each rank ranks from the partitions' indexes, those written since read again; "
+        "`--reuse-answers-seconds 0`: nothing kept at the receiver, every rank takes two rounds of calls "
+        "(the player's score, then every partition's count of better scores), the path before the indexes.",
+        "",
+        "| what | clients | req/s | p50 ms | p99 ms | server CPU us/req | client CPU us/req |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+        *lines])
+    assert not errors, errors

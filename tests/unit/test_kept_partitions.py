@@ -10,6 +10,7 @@ import time
 import pyarrow as pa
 
 from federator.dispatch.kept_partitions import KeptPartitionAnswers
+from federator.partitioner import partition_for
 from federator.plan.keys import SubQuery
 from federator.query.position import PositionBound
 from federator.query.queries import RangeQuery
@@ -41,6 +42,10 @@ def test_an_answer_is_given_again_until_its_partition_moves(duck) -> None:
         world.cluster.forget()
         third = dispatcher.gather("scores", P, ALL, None, ReadOptions(), keep_for=5)
         assert asked(world) == [moved] and third.reused == P - 1
+        defn = world.cluster.stores["scores"]
+        in_moved = [k for k in keys(third) if partition_for(defn.key.serialize(k), P) == moved]
+        assert third.refreshed_rows == len(in_moved) > 0  # that partition's answer, asked again
+        assert first.refreshed_rows == second.refreshed_rows == 0
         assert keys(third) == sorted(keys(first) + [1_000_001]) and third.position != first.position
         # a token the kept answers reach is answered from them
         world.cluster.forget()
@@ -65,7 +70,8 @@ def test_answers_are_asked_for_when_not_to_be_kept(duck) -> None:
         assert dispatcher.gather("scores", P, ALL, None, ReadOptions(), keep_for=5).reused == 0
         world.cluster.forget()
         time.sleep(0.06)
-        assert dispatcher.gather("scores", P, ALL, None, ReadOptions(), keep_for=0.05).reused == 0  # too old
+        too_old = dispatcher.gather("scores", P, ALL, None, ReadOptions(), keep_for=0.05)
+        assert too_old.reused == 0 and too_old.refreshed_rows == 0  # asked again, though nothing moved
         assert asked(world) == list(range(P))
     finally:
         world.cluster.close()
