@@ -20,6 +20,10 @@ through redis-py, one connection per client thread, closed-loop like the SQL cli
 row is measured twice: by the Python clients, and by wrk (Debian's; `make bench` installs it),
 whose figures the targets are judged on.
 
+A second test measures the rank while a producer writes players' scores again (0, 20 and 200
+records/s; the same scores, so every answer can still be checked), with the defaults beside
+``--reuse-answers-seconds 0``, where every rank takes two rounds of calls (the baseline).
+
 Nothing is asserted on timings: figures and targets go to tests/bench/results.md.
 FEDERATOR_BENCH_LB_PLAYERS (default 10,000), FEDERATOR_BENCH_LB_SECONDS (default 4 per row).
 """
