@@ -11,11 +11,13 @@ answers: every partition answers, or the query fails naming the ones that did no
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from time import perf_counter  # the metrics' clock (tests replace ``time``)
 from collections import defaultdict
 from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -63,6 +65,10 @@ class Dispatcher:
         self._watches: dict[str, PositionWatch] = {}  # key port -> its node's positions, as it says them
         self._watches_lock = threading.Lock()
         self.kept = KeptPartitionAnswers()
+        # kept-answer key -> (the partition's state, the answer one gather is asking for): the
+        # others that want it at the same state wait for that call rather than make their own
+        self._asking: dict[tuple, tuple[tuple, Future]] = {}
+        self._asking_lock = threading.Lock()
 
     def _query(self, node_id: str, endpoints: tuple[str, str | None], req: StateQueryRequest,
                timeout: float) -> list[QueryResult]:
@@ -158,16 +164,54 @@ class Dispatcher:
         pending: set[tuple[int, int]] = {
             (i, p) for i, sq in enumerate(subqueries) for p in (sq.partitions if sq.partitions is not None else range(partitions_total))
         }
+        defn = self.node.stores.get(store)
+        token = _token_offsets(options.bound, defn)
+        # (subquery, partition) -> (its state before the call, whether it moved since an answer
+        # was kept, the future through which this gather hands its answer to others)
+        states: dict[tuple[int, int], tuple[tuple, bool, Future | None]] = {}
+        waiting: list[tuple[tuple[int, int], tuple, bool, Future]] = []  # others' calls this one shares
+        try:
+            if keep_for > 0 and not options.allow_stale and defn is not None:
+                self._reuse_kept(out, defn, subqueries, work, pending, token, keep_for, states, waiting)
+            self._gather(out, store, subqueries, work, options, pending, defn, token, states)
+            # only now, with this gather's own answers handed on, wait for the others': two
+            # gathers each waiting for the other's call before making their own would wait out
+            # their deadlines
+            again: set[tuple[int, int]] = set()
+            for item, state, moved, other in waiting:
+                left = options.deadline - time.monotonic()
+                try:
+                    shared = other.result(timeout=max(0.0, left) if left != math.inf else None)
+                except FutureTimeout:  # the deadline came first: asked here, which fails as a timeout does
+                    shared = None
+                if shared is None:
+                    states[item] = (state, moved, None)
+                    again.add(item)
+                else:
+                    self._reused(out, defn, item, shared)
+            if again:
+                self._gather(out, store, subqueries, work, options, again, defn, token, states)
+            return out
+        finally:  # what this gather was asking for on others' behalf: handed on, or nothing
+            for (i, p), (_, _, asking) in states.items():
+                if asking is None:
+                    continue
+                if not asking.done():
+                    asking.set_result(None)
+                key = (store, p, subqueries[i].query, work)
+                with self._asking_lock:
+                    if self._asking.get(key, (None, None))[1] is asking:
+                        del self._asking[key]
+
+    def _gather(self, out: Gathered, store: str, subqueries: list[SubQuery], work: OwnerWork | None,
+                options: ReadOptions, pending: set[tuple[int, int]], defn: Any, token: dict[int, int],
+                states: dict[tuple[int, int], tuple[tuple, bool, Future | None]]) -> None:
+        """Ask the owners for the ``pending`` partitions' answers, into ``out``, with retries."""
         reasons: dict[tuple[int, int], str] = {}
         avoid: dict[tuple[int, int], set[str]] = defaultdict(set)
         delay = 0.02
         view = self.node.view
         bound, allow_stale, deadline = options.bound, options.allow_stale, options.deadline
-        defn = self.node.stores.get(store)
-        token = _token_offsets(bound, defn)
-        # (subquery, partition) -> its state before the call, for answers that may be kept
-        states = self._reuse_kept(out, defn, subqueries, work, pending, token, keep_for) \
-            if keep_for > 0 and not allow_stale and defn is not None else {}
         while pending:
             # route every pending partition; group into one request per (node, subquery, whether
             # it must be the active copy: not for a standby that a token sent us to)
@@ -262,10 +306,12 @@ class Dispatcher:
                             if r.position is not None:
                                 out.position = out.position.merge(r.position)
                             if item in states:
-                                state, refreshed = states[item]
-                                self._keep(defn, subqueries[i], work, r, state)
+                                state, refreshed, asking = states[item]
+                                kept = self._keep(defn, subqueries[i], work, r, state)
                                 if refreshed and r.batch is not None:
                                     out.refreshed_rows += r.batch.num_rows
+                                if asking is not None:
+                                    asking.set_result(kept)
                         continue
                     if r.failure is FailureReason.UNKNOWN_QUERY_TYPE:
                         raise UnknownQueryType(subqueries[i].query.type_name, nid, r.message)
@@ -286,7 +332,6 @@ class Dispatcher:
             for item in pending:  # every node may have moved on by now: try them all again
                 if len(avoid[item]) > 2:
                     avoid[item].clear()
-        return out
 
     def known_positions(self, stores: list[Any]) -> tuple[tuple, Position] | None:
         """Where every partition of ``stores`` (definitions) is now, as far as this node knows
@@ -325,13 +370,15 @@ class Dispatcher:
         return None if known is None else (watch.endpoint, known)
 
     def _reuse_kept(self, out: Gathered, defn: Any, subqueries: list[SubQuery], work: OwnerWork | None,
-                    pending: set[tuple[int, int]], token: dict[int, int],
-                    keep_for: float) -> dict[tuple[int, int], tuple[tuple, bool]]:
-        """Answer from kept answers the pending partitions still where they were (taking them
-        out of ``pending``); the others' states now, to keep their answers by, and whether an
-        answer was kept at another state (the partition moved; not one only too old)."""
+                    pending: set[tuple[int, int]], token: dict[int, int], keep_for: float,
+                    states: dict[tuple[int, int], tuple[tuple, bool, Future | None]],
+                    waiting: list[tuple[tuple[int, int], tuple, bool, Future]]) -> None:
+        """Answer from kept answers the pending partitions still where they were, and put in
+        ``waiting`` the ones another gather is asking for at the same state (both taken out of
+        ``pending``). For the others, in ``states``: their states now, to keep their answers
+        by; whether an answer was kept at another state (the partition moved; not one only too
+        old); and the future through which this gather hands its answer to those that wait."""
         owners = _active_owners(self.node.view.live(), defn.name)
-        states: dict[tuple[int, int], tuple[tuple, bool]] = {}
         for item in sorted(pending):
             i, p = item
             state = self._state(defn.name, p, owners.get(p))
@@ -341,23 +388,42 @@ class Dispatcher:
             was = self.kept.state_of(key)  # kept at another state: this partition moved since
             kept = self.kept.get(key, state, keep_for)
             wanted = token.get(p)
-            if kept is None or (wanted is not None and (kept[0] is None or kept[0] < wanted)):
-                states[item] = (state, was is not None and was != state)  # asked: kept again if the owner was still there
-                continue
-            pending.discard(item)
-            out.partitions.add(item)
-            out.reused += 1
-            if kept[1] is not None:
-                out.batches.append(kept[1])
-            if kept[0] is not None:
-                out.position = out.position.merge(Position.of(defn.topic, p, kept[0]))
-        return states
+            moved = was is not None and was != state
+            if kept is None and wanted is None:
+                with self._asking_lock:
+                    asked = self._asking.get(key)
+                    if asked is not None and asked[0] == state:
+                        waiting.append((item, state, moved, asked[1]))
+                        pending.discard(item)
+                        continue
+                    asking: Future = Future()
+                    self._asking[key] = (state, asking)
+                states[item] = (state, moved, asking)  # asked here: kept again if the owner was still there
+            elif kept is None or (wanted is not None and (kept[0] is None or kept[0] < wanted)):
+                states[item] = (state, moved, None)
+            else:
+                self._reused(out, defn, item, kept)
+                pending.discard(item)
 
-    def _keep(self, defn: Any, sq: SubQuery, work: OwnerWork | None, r: QueryResult, state: tuple) -> None:
-        """Keep an owner's answer if it was computed at the state known before the call."""
+    @staticmethod
+    def _reused(out: Gathered, defn: Any, item: tuple[int, int], kept: tuple[int | None, pa.RecordBatch | None]) -> None:
+        """``item`` answered without a call of this gather's: ``kept`` (offset, batch)."""
+        out.partitions.add(item)
+        out.reused += 1
+        if kept[1] is not None:
+            out.batches.append(kept[1])
+        if kept[0] is not None:
+            out.position = out.position.merge(Position.of(defn.topic, item[1], kept[0]))
+
+    def _keep(self, defn: Any, sq: SubQuery, work: OwnerWork | None, r: QueryResult,
+              state: tuple) -> tuple[int | None, pa.RecordBatch | None] | None:
+        """Keep an owner's answer if it was computed at the state known before the call; (its
+        offset, its batch) when it was."""
         offset = r.position.get(defn.topic, r.partition) if r.position is not None else None
-        if offset == (state[1][1] if state[1][1] >= 0 else None):
-            self.kept.put((defn.name, r.partition, sq.query, work), state, offset, r.batch)
+        if offset != (state[1][1] if state[1][1] >= 0 else None):
+            return None
+        self.kept.put((defn.name, r.partition, sq.query, work), state, offset, r.batch)
+        return offset, r.batch
 
     def _watch(self, key_endpoint: str) -> PositionWatch:
         w = self._watches.get(key_endpoint)

@@ -5,6 +5,7 @@ stale, or a consistency token asks for more."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pyarrow as pa
@@ -87,3 +88,37 @@ def test_kept_answers_are_bounded_by_bytes() -> None:
     big = pa.record_batch([pa.array(range(3000), pa.int64())], names=["x"])
     kept.put("big", "s", 1, big)
     assert kept.get("big", "s", 60) is None  # one answer larger than an entry may be is not kept
+
+
+def test_gathers_at_once_share_one_call_per_partition(duck) -> None:
+    """Two statements that want the same partition's answer at the same state while it is being
+    asked for: one call, its answer handed to both (and kept)."""
+    world = World(duck)
+    try:
+        dispatcher = world.cluster.engine().dispatcher
+        dispatcher.gather("scores", P, ALL, None, ReadOptions(), keep_for=5)
+        moved = world.put("scores", 1_000_001, 7.0)
+        node = world.cluster.nodes["me"]
+        execute = node.execute
+        started = threading.Event()
+
+        def slow(request):  # the owner takes a while: the second gather comes meanwhile
+            started.set()
+            time.sleep(0.3)
+            return execute(request)
+
+        node.execute = slow  # type: ignore[method-assign]
+        world.cluster.forget()
+        got: list = []
+        first = threading.Thread(target=lambda: got.append(
+            dispatcher.gather("scores", P, ALL, None, ReadOptions(), keep_for=5)))
+        first.start()
+        assert started.wait(5)
+        got.append(dispatcher.gather("scores", P, ALL, None, ReadOptions(), keep_for=5))
+        first.join(5)
+        assert asked(world) == [moved]  # one call, though both wanted it
+        assert all(keys(g) == keys(got[0]) for g in got) and 1_000_001 in keys(got[0])
+        assert sorted(g.reused for g in got) == [P - 1, P]  # the second made no call at all
+        assert not dispatcher._asking  # nothing left waiting
+    finally:
+        world.cluster.close()
