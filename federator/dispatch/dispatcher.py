@@ -155,11 +155,13 @@ class Dispatcher:
         work: OwnerWork | None,
         options: ReadOptions,
         keep_for: float = 0.0,
+        known: tuple | None = None,
     ) -> Gathered:
         """Every partition's answer to its subquery. ``keep_for`` > 0: answers are kept, and
         given again for up to that many seconds without a call while the partition stays
         where it was (``KeptPartitionAnswers``); for queries whose answer depends on nothing
-        but the partition's state."""
+        but the partition's state. ``known``: the key ``known_positions`` gave the caller for
+        this request, whose partition states are then not read again."""
         out = Gathered()
         pending: set[tuple[int, int]] = {
             (i, p) for i, sq in enumerate(subqueries) for p in (sq.partitions if sq.partitions is not None else range(partitions_total))
@@ -172,7 +174,7 @@ class Dispatcher:
         waiting: list[tuple[tuple[int, int], tuple, bool, Future]] = []  # others' calls this one shares
         try:
             if keep_for > 0 and not options.allow_stale and defn is not None:
-                self._reuse_kept(out, defn, subqueries, work, pending, token, keep_for, states, waiting)
+                self._reuse_kept(out, defn, subqueries, work, pending, token, keep_for, states, waiting, known)
             self._gather(out, store, subqueries, work, options, pending, defn, token, states)
             # only now, with this gather's own answers handed on, wait for the others': two
             # gathers each waiting for the other's call before making their own would wait out
@@ -372,16 +374,21 @@ class Dispatcher:
     def _reuse_kept(self, out: Gathered, defn: Any, subqueries: list[SubQuery], work: OwnerWork | None,
                     pending: set[tuple[int, int]], token: dict[int, int], keep_for: float,
                     states: dict[tuple[int, int], tuple[tuple, bool, Future | None]],
-                    waiting: list[tuple[tuple[int, int], tuple, bool, Future]]) -> None:
+                    waiting: list[tuple[tuple[int, int], tuple, bool, Future]], known: tuple | None) -> None:
         """Answer from kept answers the pending partitions still where they were, and put in
         ``waiting`` the ones another gather is asking for at the same state (both taken out of
         ``pending``). For the others, in ``states``: their states now, to keep their answers
         by; whether an answer was kept at another state (the partition moved; not one only too
         old); and the future through which this gather hands its answer to those that wait."""
-        owners = _active_owners(self.node.view.live(), defn.name)
+        given = {(name, p): (endpoint, at) for name, p, endpoint, at in known or () if name == defn.name}
+        owners: dict[int, Any] | None = None
         for item in sorted(pending):
             i, p = item
-            state = self._state(defn.name, p, owners.get(p))
+            state = given.get((defn.name, p))
+            if state is None:
+                if owners is None:
+                    owners = _active_owners(self.node.view.live(), defn.name)
+                state = self._state(defn.name, p, owners.get(p))
             if state is None:
                 continue
             key = (defn.name, p, subqueries[i].query, work)

@@ -268,7 +268,9 @@ class SqlEngine:
                     # the Position kept with it: equal to ``known``, and its token made once
                     return (kept[0], iter(kept[1])), position.merge(kept[2] or known[1]), stats
         relations: dict[str, pa.Table] = {r.relation: r.table for r in plan.local}
-        seen: dict[str, Any] = {"position": Position(), "partitions": set(), "nodes": set()}
+        # "known": the partitions' states just read, which kept partition answers are given by
+        seen: dict[str, Any] = {"position": Position(), "partitions": set(), "nodes": set(),
+                                "known": known[0] if known is not None else None}
         if len(plan.refs) == 1:
             relations[plan.refs[0].relation] = self._rows(plan.refs[0], options, seen)
         else:  # each store's calls at once: a statement waits for its slowest store, not their sum
@@ -373,15 +375,11 @@ class SqlEngine:
         if plan_key is not None:
             self._keep_plan(plan_key, plan)
             if text_key is not None and plan.rebind is not None:
-                if len(self._templates) >= 256:
-                    self._templates.clear()
-                self._templates[text_key] = plan
+                _put_bounded(self._templates, text_key, plan, 256)
         return plan
 
     def _keep_plan(self, plan_key: tuple, plan: QueryPlan) -> None:
-        if len(self._plans) >= 1024:  # one entry per distinct SQL text and parameters; keep it bounded
-            self._plans.clear()
-        self._plans[plan_key] = plan
+        _put_bounded(self._plans, plan_key, plan, 1024)  # one entry per distinct SQL text and parameters
 
     def _schema_of(self, sql: str, relations: dict[str, pa.Table], deadline: float) -> pa.Schema:
         """The schema of ``sql``'s answer over ``relations`` (DuckDB binds it: its errors are the
@@ -398,7 +396,7 @@ class SqlEngine:
 
         def gather(subqueries: list[SubQuery], work: OwnerWork | None = None, keep: bool = False) -> Gathered:
             gathered = self.dispatcher.gather(defn.name, defn.partitions, subqueries, work, options,
-                                              keep_for=self._reuse_seconds if keep else 0.0)
+                                              keep_for=self._reuse_seconds if keep else 0.0, known=seen.get("known"))
             with self._seen_lock:
                 seen["position"] = seen["position"].merge(gathered.position)
                 seen["partitions"] |= {(defn.name, p) for _, p in gathered.partitions}
@@ -464,6 +462,12 @@ def _stores_read(plan: QueryPlan, stores: dict[str, StoreDefinition]) -> list[St
                 return None
             out[other.name] = other
     return list(out.values())
+
+
+def _put_bounded(kept: dict, key: tuple, value: Any, most: int) -> None:
+    if len(kept) >= most:  # planning again is cheaper than tracking which plans are still asked for
+        kept.clear()
+    kept[key] = value
 
 
 class _RuleFetch:

@@ -57,6 +57,26 @@ def test_an_answer_is_given_again_until_its_partition_moves(duck) -> None:
         world.cluster.close()
 
 
+def test_the_states_a_statement_just_read_are_the_ones_its_answers_are_kept_by(duck) -> None:
+    """The engine reads every partition's state once per statement (``known_positions``) and
+    hands it over: the kept answers match those states, as the statement's own answer does."""
+    world = World(duck)
+    try:
+        dispatcher = world.cluster.engine().dispatcher
+        stores = [world.cluster.stores["scores"]]
+        before = dispatcher.known_positions(stores)
+        first = dispatcher.gather("scores", P, ALL, None, ReadOptions(), keep_for=5, known=before[0])
+        world.put("scores", 1_000_001, 7.0)  # after the statement read its states
+        world.cluster.forget()
+        again = dispatcher.gather("scores", P, ALL, None, ReadOptions(), keep_for=5, known=before[0])
+        assert again.reused == P and keys(again) == keys(first)  # the answer at those states
+        now = dispatcher.gather("scores", P, ALL, None, ReadOptions(), keep_for=5,
+                                known=dispatcher.known_positions(stores)[0])
+        assert now.reused == P - 1 and 1_000_001 in keys(now)
+    finally:
+        world.cluster.close()
+
+
 def test_answers_are_asked_for_when_not_to_be_kept(duck) -> None:
     world = World(duck)
     try:
