@@ -30,6 +30,7 @@ FEDERATOR_BENCH_LB_PLAYERS (default 10,000), FEDERATOR_BENCH_LB_SECONDS (default
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -85,6 +86,19 @@ class Data:
         self.groups = [[g, n] for g, n in sorted(groups.items())]
 
 
+def pick_player(data: Data) -> Callable[[random.Random], list]:
+    """The rank's parameters: a random player."""
+    return lambda rnd: [rnd.choice(data.players)]
+
+
+def rank_checker(data: Data) -> Callable[[dict], str | None]:
+    """None when a rank answer is the player's score and rank in the data, else what is wrong."""
+    def rank_ok(doc: dict) -> str | None:
+        (player, score, rank), = doc["rows"]
+        return None if (data.scores[player], data.rank[player]) == (score, rank) else f"rank of {player}: {doc['rows']}"
+    return rank_ok
+
+
 @pytest.fixture(scope="module")
 def data() -> Data:
     return Data()
@@ -113,6 +127,18 @@ def topics(broker, data: Data) -> dict[str, str]:
                                                          "best_score": data.scores[p] // 3, "last_seen": TS + i}), TS)
         for i, p in enumerate(data.players)])
     return out
+
+
+@contextlib.contextmanager
+def setting_cluster(broker, topics: dict[str, str], tmp_path_factory, setting: str,
+                    args: list[str]) -> Iterator[tuple[Any, list[int]]]:
+    """Three nodes started with ``args`` for one setting's rows: (n0, every node's pid)."""
+    progress(f"three nodes, {setting}")
+    cluster = start_cluster(broker, topics, tmp_path_factory.mktemp("bench-lb"), args)
+    try:
+        yield cluster.nodes[0], [n.proc.pid for n in cluster.nodes]  # type: ignore[union-attr]
+    finally:
+        cluster.stop()
 
 
 def start_cluster(broker, topics: dict[str, str], root, args: list[str]) -> Cluster:
@@ -281,14 +307,10 @@ def row(r: LoadResult, what: str) -> str:
 
 def test_leaderboard_beside_redis(broker, topics, redis_server, data: Data, report: Report, tmp_path_factory) -> None:
     port, redis_proc = redis_server
-    pick = lambda rnd: [rnd.choice(data.players)]  # noqa: E731
+    pick, rank_ok = pick_player(data), rank_checker(data)
 
     def top10_ok(doc: dict) -> str | None:
         return None if doc["rows"] == data.top10 else f"top-10 {doc['rows'][:2]}..."
-
-    def rank_ok(doc: dict) -> str | None:
-        (player, score, rank), = doc["rows"]
-        return None if (data.scores[player], data.rank[player]) == (score, rank) else f"rank of {player}: {doc['rows']}"
 
     def count_ok(doc: dict) -> str | None:
         return None if doc["rows"] == [[PLAYERS]] else f"count {doc['rows']}"
@@ -305,12 +327,8 @@ def test_leaderboard_beside_redis(broker, topics, redis_server, data: Data, repo
     for setting, args in (("defaults (answers reused while unchanged)", []),
                           ("--reuse-answers-seconds 0 --kept-answers 0 (every answer computed)",
                            ["--reuse-answers-seconds", "0", "--kept-answers", "0"])):
-        progress(f"three nodes, {setting}")
-        folder = tmp_path_factory.mktemp("bench-lb")
-        cluster = start_cluster(broker, topics, folder, args)
-        try:
-            n0 = cluster.nodes[0]
-            pids = [n.proc.pid for n in cluster.nodes]  # type: ignore[union-attr]
+        with setting_cluster(broker, topics, tmp_path_factory, setting, args) as (n0, pids):
+            folder = tmp_path_factory.mktemp("bench-lb-wrk")
             for label, sql, params, check in queries:
                 for clients in (1, 10):
                     r = checked_load(f"{label} [{setting[:8]}]", clients, n0, sql, pids, params, check)
@@ -322,8 +340,6 @@ def test_leaderboard_beside_redis(broker, topics, redis_server, data: Data, repo
                         progress(w.line())
                         measured[(setting, label, clients)] = w
                         lines.append(wrk_row(w, f"Federator, {setting}: {label}, wrk -t1"))
-        finally:
-            cluster.stop()
 
     def zrevrange(r: Any, rnd: random.Random) -> Any:
         return r.zrevrange("leaderboard", 0, 9, withscores=True)
@@ -447,22 +463,13 @@ def test_rank_while_the_leaderboard_is_written(broker, topics, data: Data, repor
     partitions' indexes kept since their last write and reads the moved ones again; with
     --reuse-answers-seconds 0 nothing is kept and every rank takes the two rounds (the path
     before indexes were kept: the baseline)."""
-    pick = lambda rnd: [rnd.choice(data.players)]  # noqa: E731
-
-    def rank_ok(doc: dict) -> str | None:
-        (player, score, rank), = doc["rows"]
-        return None if (data.scores[player], data.rank[player]) == (score, rank) else f"rank of {player}: {doc['rows']}"
-
+    pick, rank_ok = pick_player(data), rank_checker(data)
     lines: list[str] = []
     errors: list[str] = []
     for setting, args in (("defaults (indexes kept)", []),
                           ("--reuse-answers-seconds 0 (two rounds, the baseline)", ["--reuse-answers-seconds", "0"])):
-        progress(f"rank under writes, three nodes, {setting}")
-        folder = tmp_path_factory.mktemp("bench-lb-writes")
-        cluster = start_cluster(broker, topics, folder, args)
-        try:
-            n0 = cluster.nodes[0]
-            pids = [n.proc.pid for n in cluster.nodes]  # type: ignore[union-attr]
+        with setting_cluster(broker, topics, tmp_path_factory, f"rank under writes, {setting}", args) as (n0, pids):
+            folder = tmp_path_factory.mktemp("bench-lb-writes")
             for rate in WRITE_RATES:
                 with Rewriter(broker, topics["leaderboard"], data, rate) as writes:
                     checked = checked_load(f"rank, {rate} writes/s [{setting[:8]}]", 10, n0, RANK, pids, pick, rank_ok)
@@ -475,8 +482,6 @@ def test_rank_while_the_leaderboard_is_written(broker, topics, data: Data, repor
                         progress(w.line())
                         lines.append(wrk_row(w, f"Federator, {setting}: rank, {rate} writes/s, wrk -t1"))
                 progress(f"{writes.written:,} records written during the rows at {rate}/s")
-        finally:
-            cluster.stop()
     report.section(f"The rank while the leaderboard is written (3 nodes, {PLAYERS:,} players, 8 partitions)", [
         f"`{RANK}` with a random player, 10 clients to n0, while a producer writes random players' scores again "
         f"at the rate named ({', '.join(map(str, WRITE_RATES))} records/s, spread over the partitions): each "
