@@ -159,6 +159,33 @@ class _Client:
         bound = PositionBound.unbounded() if at is None else PositionBound.at(Position.of(topic, partition, at))
         return self.node.read_local(store, partition, key, bound)
 
+    def send(self, request: StateQueryRequest, timeout: float | None = None) -> "_Sent":
+        """The key port's call sent now and read later, as ``CallClient.send``."""
+        return _Sent(self.query(request, timeout))
+
+
+class _Sent:
+    def __init__(self, answer: list[QueryResult]) -> None:
+        self._answer = answer
+
+    def __call__(self) -> list[QueryResult]:
+        return self._answer
+
+    def abandon(self) -> None:
+        pass
+
+
+class _Unwatched:
+    """A positions watch that has heard nothing: another node's positions are never known here."""
+
+    closed = False
+
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+
+    def offset(self, store: str, partition: int) -> None:
+        return None
+
 
 class MemoryCluster:
     """``node_ids`` share every store's partitions, partition p on ``node_ids[p % n]`` (so
@@ -216,6 +243,10 @@ class MemoryCluster:
         engine = SqlEngine(self.nodes[node_id], REGISTRY)
         engine.dispatcher._client = lambda endpoint: _Client(self.nodes[endpoint.split(":")[0]])  # type: ignore[method-assign]
         engine.dispatcher._key_client = engine.dispatcher._client  # type: ignore[method-assign]
+        # and over the key port too, with no socket: a name such as "n2" is no host (its DNS lookup
+        # can take the resolver's whole timeout), and nothing else here is a node to connect to
+        engine.dispatcher._call_client = engine.dispatcher._client  # type: ignore[method-assign]
+        engine.dispatcher._watch = _Unwatched  # type: ignore[method-assign,assignment]
         self.engines.append(engine)
         return engine
 
