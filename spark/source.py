@@ -432,19 +432,44 @@ class FederatorStreamWriter(FederatorWriter, DataSourceStreamArrowWriter):
     whose keys are upserted (the latest value per key); a running aggregate (update mode) goes
     through foreachBatch and write_store, as the game_events --stream job does.
 
-    Commit records the batch's token (and, beside it in ``<token file>.batch``, the batch id).
-    A micro-batch that Spark runs again after a crash produces its rows again: the store ends
-    the same (the same upserts), and its changelog holds them twice until compaction."""
+    Commit records the batch's token (and, beside it in ``<token file>.batch``, the batch id),
+    and the store as written by that micro-batch beside the query's checkpoint
+    (``spark.sink.written_batches``). A micro-batch that Spark runs again because it stopped
+    after that record but before its own (``commits/``) writes nothing: its tasks see the
+    record and produce no rows. One stopped before the record is written again, whole."""
 
     def __init__(self, options: Any, schema: Any, overwrite: bool) -> None:
         from spark.sink.errors import SinkError
+        from spark.sink.written_batches import WrittenBatches
 
         if overwrite:
             raise SinkError("a streaming write upserts each micro-batch's rows: use outputMode('append')")
         super().__init__(options, schema, False)
+        # Spark passes the query's checkpointLocation among the options (lower-cased); a path,
+        # not a WrittenBatches, as the writer is pickled to the tasks
+        self.checkpoint = options.get("checkpointlocation") or options.get("checkpointLocation") or None
+        if self.checkpoint is not None:
+            WrittenBatches(self.checkpoint)  # a location it cannot open fails the query now, saying so
+
+    def write(self, iterator: Iterator[Any]) -> _Written:
+        from spark.sink.written_batches import WrittenBatches, task_batch_id
+
+        batch_id = task_batch_id()
+        if self.checkpoint is not None and batch_id is not None \
+                and self.store in WrittenBatches(self.checkpoint).of(batch_id):
+            return _Written([])  # this micro-batch's rows are in the changelog already
+        return super().write(iterator)
 
     def commit(self, messages: list[_Written], batchId: int) -> None:  # type: ignore[override]
-        self._record(self._token(messages), batchId)
+        from spark.sink.written_batches import WrittenBatches
+
+        written = WrittenBatches(self.checkpoint) if self.checkpoint is not None else None
+        token = written.of(batchId).get(self.store) if written is not None else None
+        if token is None:
+            token = self._token(messages)
+            if written is not None:
+                written.record(batchId, self.store, token)
+        self._record(token, batchId)
 
     def abort(self, messages: list[_Written], batchId: int) -> None:  # type: ignore[override]
         pass  # what finished tasks produced stays (upserts); Spark runs the batch again

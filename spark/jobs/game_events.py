@@ -322,9 +322,10 @@ STREAM_GROUPS = (("player_stats", "leaderboard"), ("scores_per_minute",), ("play
 
 def update_stores(mb: streaming.MicroBatch, sink: dict[str, Any],
                   updates: Mapping[str, Callable[..., tuple[str, str]]] = STREAM_UPDATES) -> dict[str, tuple[str, str]]:
-    """Every store's update from one micro-batch: store -> (consistency token, summary)."""
-    return streaming.in_parallel([[(store, functools.partial(updates[store], mb, sink)) for store in group]
-                                  for group in STREAM_GROUPS], spark=mb.spark)
+    """Every store's update from one micro-batch, each written once by it (``MicroBatch.once``):
+    store -> (consistency token, summary)."""
+    return streaming.in_parallel([[(store, functools.partial(mb.once, store, functools.partial(updates[store], mb, sink)))
+                                   for store in group] for group in STREAM_GROUPS], spark=mb.spark)
 
 
 def stream_sink(bootstrap: str, app: str, partitions: int) -> dict[str, Any]:

@@ -12,7 +12,8 @@ touch.
 Which files earlier micro-batches read is kept beside Spark's checkpoint
 (``<checkpoint>/federator-files/<batch id>.json``), so a restarted stream recomputes over the
 same files; a micro-batch that Spark runs again (after a crash) gets the same files and
-writes the same answer.
+computes the same answer. The stores it had already written then are not written again
+(``MicroBatch.once``, ``spark.sink.written_batches``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from federator.query.position import Position
 from spark.jobs.common import merged_token, step
 from spark.sink.checks import estimate
 from spark.sink.tasks import session_conf
+from spark.sink.written_batches import WrittenBatches
 
 MANIFESTS = "federator-files"
 FILE_COLUMN = "_federator_file"
@@ -51,11 +53,24 @@ class MicroBatch:
     new: Any  # this micro-batch's rows (the new files), cached
     files: list[str]  # the new files
     earlier_files: list[str]  # files of earlier micro-batches
+    written: WrittenBatches | None = None  # the stores each micro-batch has written
     _history: dict[tuple[str, ...], Any] = field(default_factory=dict)  # keys -> marked rows
     _shared: dict[str, Any] = field(default_factory=dict)
     # the stores' updates run on threads of their own (in_parallel): one defines a frame they
     # share; reentrant, as a shared frame may be built from an earlier one
     _lock: threading.RLock = field(default_factory=threading.RLock)
+
+    def once(self, store: str, write: Callable[[], tuple[str, str]]) -> tuple[str, str]:
+        """``write()``'s (token, summary) for ``store``, recorded as written by this micro-batch;
+        when an earlier run of this micro-batch (one Spark runs again after a stop) has written
+        it, that write's token and no new write: the same files give the same answer."""
+        done = self.written.of(self.batch_id).get(store) if self.written is not None else None
+        if done is not None:
+            return done, "written before this micro-batch was run again"
+        token, summary = write()
+        if self.written is not None:
+            self.written.record(self.batch_id, store, token)
+        return token, summary
 
     def marked(self, *keys: str) -> Any:
         """Every row seen so far (earlier and new) whose ``keys`` columns match a row of this
@@ -246,6 +261,7 @@ def start(spark: Any, input_path: str, checkpoint: str, schema: str, update: Upd
 
     Path(input_path).mkdir(parents=True, exist_ok=True)  # a stream may start before the first file
     manifests = _Manifests(Path(checkpoint))
+    written = WrittenBatches(str(checkpoint))
     tracker = _Tracker()
 
     def run_batch(batch_df: Any, batch_id: int) -> None:
@@ -274,7 +290,7 @@ def start(spark: Any, input_path: str, checkpoint: str, schema: str, update: Upd
                 f"{len(gone)} input file(s) that earlier micro-batches read are gone (e.g. {gone[0]}); "
                 "files in a streamed folder must stay: restart with a new checkpoint folder")
         manifests.record(batch_id, files)
-        mb = MicroBatch(spark, batch_id, schema, batch_df.drop(FILE_COLUMN), files, earlier)
+        mb = MicroBatch(spark, batch_id, schema, batch_df.drop(FILE_COLUMN), files, earlier, written)
         summaries = []
         if rows:
             try:

@@ -34,6 +34,7 @@ The modules, by concern:
 - ``deletes``: the live keys before a replace, and tombstones
 - ``tasks``: running Python tasks in Spark, and reporting their failures
 - ``write``: ``write_store`` and ``delete_keys``
+- ``written_batches``: which stores each micro-batch of a stream wrote, beside its checkpoint
 """
 
 from spark.sink.errors import SinkError

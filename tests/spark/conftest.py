@@ -68,6 +68,32 @@ def norm(v: Any) -> Any:
     return v
 
 
+def changelog_records(bootstrap: str, app: str, store: str) -> int:
+    """How many records the store's changelog holds, counted by reading them all."""
+    from federator import kafka
+    from federator.catalog import changelog_topic
+    from confluent_kafka import TopicPartition
+
+    topic = changelog_topic(app, store)
+    partitions = kafka.topic_partitions(kafka.admin(bootstrap), topic)
+    assert partitions, f"no topic {topic}"
+    consumer = kafka.reader(bootstrap)
+    try:
+        consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+        count, ended = 0, set()
+        while len(ended) < partitions:
+            msg = consumer.poll(10)
+            assert msg is not None, f"timed out reading {topic}"
+            if msg.error():
+                assert msg.error().code() == msg.error()._PARTITION_EOF, msg.error()
+                ended.add(msg.partition())
+            else:
+                count += 1
+        return count
+    finally:
+        consumer.close()
+
+
 def rows(table: pa.Table, columns: list[str] | None = None) -> list[tuple]:
     """Rows as sorted tuples; timestamps as epoch ms."""
     cols = columns or [c for c in table.column_names if c != "rowtime"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.spark.conftest import rows, sql
+from tests.spark.conftest import changelog_records, rows, sql
 
 pytestmark = pytest.mark.integration
 
@@ -136,7 +136,8 @@ def test_a_format_write_of_windows_and_a_bad_row(spark, world) -> None:
 
 def test_a_streaming_query_upserts_each_micro_batch(spark, world, tmp_path) -> None:
     """writeStream.format("federator") over a folder of Parquet files (append mode, the only one
-    Spark gives Python data sources): each micro-batch's rows upserted; the token file follows."""
+    Spark gives Python data sources): each micro-batch's rows upserted, once; the token file
+    follows."""
     from spark.source import last_write_token, register
 
     register(spark)
@@ -165,3 +166,20 @@ def test_a_streaming_query_upserts_each_micro_batch(spark, world, tmp_path) -> N
     later = last_write_token(world.app, name)
     assert later != token
     assert rows(sql(world.node, f"SELECT player, points FROM {name}", later)) == [("ann", 5), ("bob", 10), ("cy", 1)]
+
+    # stopped after the store's write of micro-batch 1 but before Spark recorded it done: the
+    # restarted query runs micro-batch 1 again, and its rows are not produced a second time
+    records = changelog_records(world.bootstrap, world.app, name)
+    assert records == 4
+    undone = lambda: [f.unlink() for f in (tmp_path / "checkpoint" / "commits").glob("*1*")]  # noqa: E731 - 1, .1.crc
+    undone()
+    run()
+    assert changelog_records(world.bootstrap, world.app, name) == records
+    assert last_write_token(world.app, name) == later
+    # without the record beside the checkpoint, it would be: micro-batch 1 run again writes its rows
+    undone()
+    (tmp_path / "checkpoint" / "federator-commits" / "1.json").unlink()
+    run()
+    assert changelog_records(world.bootstrap, world.app, name) == records + 2
+    assert rows(sql(world.node, f"SELECT player, points FROM {name}", last_write_token(world.app, name))) == \
+        [("ann", 5), ("bob", 10), ("cy", 1)]
