@@ -320,7 +320,7 @@ class SqlEngine:
             kept = self._answers.get(key)
             if kept is None:
                 return None
-            if kept[1] is not plan or time.monotonic() - kept[0] > self._reuse_seconds:
+            if kept[1] is not plan.identity or time.monotonic() - kept[0] > self._reuse_seconds:
                 del self._answers[key]
                 return None
             return kept[2], kept[3], kept[4]
@@ -346,7 +346,7 @@ class SqlEngine:
             yield batch
         if kept is not None:
             with self._answers_lock:
-                self._answers[key] = (time.monotonic(), plan, schema, kept, at)
+                self._answers[key] = (time.monotonic(), plan.identity, schema, kept, at)
                 while len(self._answers) > _ANSWERS_KEPT:
                     self._answers.popitem(last=False)
 
@@ -364,7 +364,9 @@ class SqlEngine:
                 and all(stores.get(r.store.name) is r.store for r in template.refs):
             rebound = template.rebind(list(req.parameters))
             if rebound is not None:
-                self._keep_plan(plan_key, rebound)  # type: ignore[arg-type]
+                # not kept per value: a rank of random players kept ~500 plans alive, each
+                # garbage collection of the young objects walked them (n0 held the GIL 2.5 ms a
+                # time), and an older generation's took longer; rebinding costs tens of µs
                 return rebound
         tree = bind_parameters(stmt.select, list(req.parameters), stmt.param_count)  # type: ignore[arg-type]
         deterministic = not is_volatile(tree)

@@ -78,6 +78,14 @@ class QueryPlan:
     # this plan for other values of the statement's parameters (one planning per SQL text),
     # where only a rule's calls depend on them; None where more does
     rebind: Callable[[list[Any]], "QueryPlan | None"] | None = None
+    # the plan this one was rebound from (None: planned itself); what answers are kept under
+    origin: "QueryPlan | None" = None
+
+    @property
+    def identity(self) -> "QueryPlan":
+        """The plan answers kept for this one were computed under: this plan, or the one it was
+        rebound from (which stands while the stores it read are the same)."""
+        return self.origin if self.origin is not None else self
 
 
 def bind_parameters(tree: exp.Expression, params: list[Any], expected: int) -> exp.Expression:
@@ -241,7 +249,7 @@ def _rebinder(plan: QueryPlan) -> Callable[[list[Any]], QueryPlan | None]:
         ruled = rebind([literal(p, i) for i, p in enumerate(params)])
         if ruled is None or ruled.combine is None:
             return None
-        return replace(plan, refs=[replace(ref, subqueries=ruled.subqueries, combine=ruled.combine)])
+        return replace(plan, refs=[replace(ref, subqueries=ruled.subqueries, combine=ruled.combine)], origin=plan)
     return rebound
 
 
