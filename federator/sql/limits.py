@@ -212,7 +212,9 @@ class Admission:
         self.max_running, self.max_queued = max_running, max_queued
         self._lock = threading.Lock()
         self._running = 0
-        self._waiting: deque[threading.Event] = deque()
+        # one plain lock per waiting query, held until a slot is handed to it: under load every
+        # query waits, and an Event (a Condition in Python code) cost several times more
+        self._waiting: deque[Any] = deque()
 
     @classmethod
     def of(cls, limits: Limits) -> Admission:
@@ -232,11 +234,12 @@ class Admission:
                 return Slot(self, 0.0)
             if len(self._waiting) >= self.max_queued:
                 raise self._full()
-            ready = threading.Event()
+            ready = threading.Lock()
+            ready.acquire()
             self._waiting.append(ready)
-        if not ready.wait(max(0.0, timeout_s)):
+        if not ready.acquire(timeout=max(0.0, timeout_s)):
             with self._lock:
-                if not ready.is_set():  # not handed a slot just as the wait ended
+                if ready in self._waiting:  # not handed a slot just as the wait ended
                     self._waiting.remove(ready)
                     raise self._waited(time.monotonic() - started)
         return Slot(self, time.monotonic() - started)
@@ -247,7 +250,7 @@ class Admission:
                 return
             slot._held = False
             if self._waiting:
-                self._waiting.popleft().set()  # the slot passes to the first waiting: still running
+                self._waiting.popleft().release()  # the slot passes to the first waiting: still running
             else:
                 self._running -= 1
 
