@@ -338,7 +338,9 @@ class SqlEngine:
         size = 0
         for batch in batches:
             if kept is not None:
-                size += batch.nbytes
+                # the buffers it holds alive, whole (a slice of a larger batch holds all of it),
+                # and read without walking them as nbytes does (5 us a batch)
+                size += batch.get_total_buffer_size()
                 if size <= _ANSWER_MAX_BYTES:
                     kept.append(batch)
                 else:
