@@ -445,11 +445,12 @@ class FederatorStreamWriter(FederatorWriter, DataSourceStreamArrowWriter):
         if overwrite:
             raise SinkError("a streaming write upserts each micro-batch's rows: use outputMode('append')")
         super().__init__(options, schema, False)
-        # Spark passes the query's checkpointLocation among the options (lower-cased); a path,
-        # not a WrittenBatches, as the writer is pickled to the tasks
-        self.checkpoint = options.get("checkpointlocation") or options.get("checkpointLocation") or None
-        if self.checkpoint is not None:
-            WrittenBatches(self.checkpoint)  # a location it cannot open fails the query now, saying so
+        # Spark passes the query's checkpointLocation among the options (lower-cased); kept as
+        # a path made absolute here (a task's working folder is not the driver's), not as a
+        # WrittenBatches, as the writer is pickled to the tasks; a location it cannot open
+        # fails the query now, saying so
+        checkpoint = options.get("checkpointlocation") or options.get("checkpointLocation") or None
+        self.checkpoint = WrittenBatches(checkpoint).location if checkpoint is not None else None
 
     def write(self, iterator: Iterator[Any]) -> _Written:
         from spark.sink.written_batches import WrittenBatches, task_batch_id

@@ -32,6 +32,7 @@ class WrittenBatches:
 
         if "://" not in checkpoint and not checkpoint.startswith("file:"):
             checkpoint = os.path.abspath(checkpoint)
+        self.location = checkpoint  # as every process that reads it must name it
         try:
             self._fs, root = fs.FileSystem.from_uri(checkpoint)
         except Exception as e:  # noqa: BLE001 - pyarrow raises several kinds for a file system it lacks
