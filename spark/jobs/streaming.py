@@ -18,7 +18,6 @@ computes the same answer. The stores it had already written then are not written
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import threading
@@ -32,6 +31,7 @@ from urllib.parse import unquote
 from federator.query.position import Position
 from spark.jobs.common import merged_token, step
 from spark.sink.checks import estimate
+from spark.sink.checkpoint_files import CheckpointFiles
 from spark.sink.tasks import session_conf
 from spark.sink.written_batches import WrittenBatches
 
@@ -218,23 +218,19 @@ def _local(path: str) -> str | None:
 class _Manifests:
     """The files each micro-batch read, one small JSON file per batch id."""
 
-    def __init__(self, checkpoint: Path) -> None:
-        self.dir = checkpoint / MANIFESTS
+    def __init__(self, checkpoint: str) -> None:
+        self._files = CheckpointFiles(checkpoint, MANIFESTS)
 
     def record(self, batch_id: int, files: list[str]) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.dir / f".{batch_id}.json.tmp"
-        tmp.write_text(json.dumps(sorted(files)))
-        os.replace(tmp, self.dir / f"{batch_id}.json")  # atomic: a crash leaves the old list or the new
+        self._files.write(batch_id, sorted(files))
 
     def before(self, batch_id: int) -> list[str]:
         """Files of micro-batches before ``batch_id``; ones from later ids (a run that Spark
         rolled back) do not count."""
         out: set[str] = set()
-        if self.dir.is_dir():
-            for f in self.dir.glob("*.json"):
-                if f.stem.isdigit() and int(f.stem) < batch_id:
-                    out.update(json.loads(f.read_text()))
+        for b in self._files.batch_ids():
+            if b < batch_id:
+                out.update(self._files.read(b) or ())
         return sorted(out)
 
 
@@ -260,7 +256,7 @@ def start(spark: Any, input_path: str, checkpoint: str, schema: str, update: Upd
     from pyspark.sql import functions as F
 
     Path(input_path).mkdir(parents=True, exist_ok=True)  # a stream may start before the first file
-    manifests = _Manifests(Path(checkpoint))
+    manifests = _Manifests(str(checkpoint))
     written = WrittenBatches(str(checkpoint))
     tracker = _Tracker()
 

@@ -34,7 +34,8 @@ The modules, by concern:
 - ``deletes``: the live keys before a replace, and tombstones
 - ``tasks``: running Python tasks in Spark, and reporting their failures
 - ``write``: ``write_store`` and ``delete_keys``
-- ``written_batches``: which stores each micro-batch of a stream wrote, beside its checkpoint
+- ``checkpoint_files``: a JSON file per micro-batch beside a stream's checkpoint
+- ``written_batches``: which stores each micro-batch of a stream wrote (there)
 """
 
 from spark.sink.errors import SinkError
