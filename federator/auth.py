@@ -8,7 +8,13 @@ SQL and a SCRAM-SHA-256 password exchange over the Postgres protocol. Lines star
 token, prints it once and appends its entry.
 
 Checking a token derives its key (PBKDF2, a few milliseconds by design), so a token that
-checked out is remembered by its SHA-256 and later requests cost a dictionary lookup.
+checked out is remembered by its SHA-256 and later requests cost a dictionary lookup. A new
+token is checked against every user, matching or not, so the time taken says nothing about
+which user (if any) it belongs to.
+
+Failed logins (a refused bearer token or Postgres password) are logged with the peer's
+address and counted per address (``FailedLogins``): past a few failures a peer is shut out
+for a while that doubles with each further failure, so tokens cannot be guessed at line rate.
 """
 
 from __future__ import annotations
@@ -19,16 +25,20 @@ import hmac
 import os
 import re
 import secrets
+import logging
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 SCHEME = "SCRAM-SHA-256"
 ITERATIONS = 4096  # Postgres's default for SCRAM-SHA-256
 USERS_FILE_ENV = "FEDERATOR_USERS_FILE"
 _NAME = re.compile(r"[A-Za-z0-9_.@-]{1,64}")
 _REMEMBERED = 10_000  # tokens remembered (checked and refused alike), least recently used dropped
+log = logging.getLogger(__name__)
 
 
 def _b64(b: bytes) -> str:
@@ -78,12 +88,67 @@ class UsersFileError(ValueError):
     """The users file cannot be read; the message names the file, the line and what to do."""
 
 
+@dataclass(frozen=True)
+class Login:
+    """The outcome of one login: the user, or None; ``retry_after`` > 0 when the peer is shut
+    out (too many failures) and its credentials were not even checked."""
+
+    user: str | None
+    retry_after: float = 0.0
+
+    def refusal(self) -> str:
+        """What to tell a refused caller."""
+        if self.retry_after:
+            return (f"too many failed logins from this address: try again in {self.retry_after:.0f} s "
+                    "with a token `federator users add` printed")
+        return "the token is not one of this node's users'; send a token `federator users add` printed"
+
+
+class FailedLogins:
+    """Failed logins per peer address, and the back-off that slows a guesser down.
+
+    A peer's first ``free`` failures within ``window`` seconds cost it nothing (a person who
+    mistyped); each failure after that shuts the peer out for 2, 4, 8, ... seconds, up to
+    ``max_wait``. While shut out, its logins are refused unchecked. A success forgets the
+    peer's failures. At most ``peers`` addresses are tracked, the least recent dropped."""
+
+    def __init__(self, free: int = 10, window: float = 60.0, max_wait: float = 60.0, peers: int = 10_000,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.free, self.window, self.max_wait, self.peers, self.clock = free, window, max_wait, peers, clock
+        self._peers: OrderedDict[str, tuple[list[float], float]] = OrderedDict()  # peer -> (failure times, shut until)
+        self._lock = threading.Lock()
+
+    def wait(self, peer: str) -> float:
+        """Seconds before ``peer``'s next login is checked (0: now)."""
+        with self._lock:
+            entry = self._peers.get(peer)
+            return max(0.0, entry[1] - self.clock()) if entry else 0.0
+
+    def failed(self, peer: str, what: str) -> None:
+        now = self.clock()
+        with self._lock:
+            times, _ = self._peers.pop(peer, ([], 0.0))
+            times = [t for t in times if now - t < self.window] + [now]
+            over = len(times) - self.free
+            until = now + min(2.0 ** over, self.max_wait) if over > 0 else 0.0
+            self._peers[peer] = (times, until)
+            while len(self._peers) > self.peers:
+                self._peers.popitem(last=False)
+        log.warning("failed login from %s: %s%s", peer, what,
+                    f" ({len(times)} in {self.window:.0f} s; shut out for {until - now:.0f} s)" if until else "")
+
+    def succeeded(self, peer: str) -> None:
+        with self._lock:
+            self._peers.pop(peer, None)
+
+
 class Users:
     """The users a node accepts, and the check of a bearer token against them."""
 
-    def __init__(self, verifiers: dict[str, Verifier], source: str = "") -> None:
+    def __init__(self, verifiers: dict[str, Verifier], source: str = "", failures: FailedLogins | None = None) -> None:
         self.verifiers = verifiers
         self.source = source
+        self.failures = failures if failures is not None else FailedLogins()
         self._seen: OrderedDict[bytes, str | None] = OrderedDict()  # SHA-256 of a token -> its user (None: refused)
         self._lock = threading.Lock()
 
@@ -115,6 +180,18 @@ class Users:
                                  f"`federator users add NAME --users-file {path}`")
         return cls(verifiers, str(path))
 
+    def login(self, token: str, peer: str) -> Login:
+        """A bearer token's login from ``peer`` (an address), counted and logged when it fails."""
+        wait = self.failures.wait(peer)
+        if wait:
+            return Login(None, wait)
+        user = self.check(token)
+        if user is None:
+            self.failures.failed(peer, "a bearer token of no user")
+        else:
+            self.failures.succeeded(peer)
+        return Login(user)
+
     def check(self, token: str) -> str | None:
         """The user whose token this is, or None."""
         digest = hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
@@ -122,7 +199,9 @@ class Users:
             if digest in self._seen:
                 self._seen.move_to_end(digest)
                 return self._seen[digest]
-        user = next((name for name, v in self.verifiers.items() if v.matches(token)), None)
+        # every verifier, without stopping at a match: the time must not tell which user matched
+        matched = [name for name, v in self.verifiers.items() if v.matches(token)]
+        user = matched[0] if matched else None
         with self._lock:
             self._seen[digest] = user
             while len(self._seen) > _REMEMBERED:

@@ -93,8 +93,12 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--state-dir", required=True, metavar="DIR", help="where this node keeps its RocksDB shards")
     n.add_argument("--standby-replicas", type=int, default=0, metavar="N", help="extra copies of each partition (default 0)")
     n.add_argument("--node-id", metavar="ID", help="stable node id (default: one kept in --state-dir)")
-    n.add_argument("--cluster-secret", default=os.environ.get("FEDERATOR_CLUSTER_SECRET"), metavar="S",
-                   help="shared secret for node-to-node calls (default $FEDERATOR_CLUSTER_SECRET)")
+    n.add_argument("--cluster-secret-file", default=os.environ.get("FEDERATOR_CLUSTER_SECRET_FILE"), metavar="FILE",
+                   help="a file holding the secret every node of the application shares, which node-to-node calls "
+                        "(/internal/ and the key port) must carry (default $FEDERATOR_CLUSTER_SECRET_FILE, else "
+                        "$FEDERATOR_CLUSTER_SECRET); required with --users-file or a --listen beyond loopback")
+    n.add_argument("--cluster-secret", metavar="S",
+                   help="the cluster secret itself; `ps` shows it to every local user: prefer --cluster-secret-file")
     n.add_argument("--threads", type=int, default=16,
                    help="HTTP worker threads (default 16); running and queued queries may hold all but 2, "
                         "which stay free for node-to-node calls")

@@ -77,6 +77,7 @@ def run_node(args: argparse.Namespace) -> int:
         raise ValueError("--kept-answers must be 0 or more")
     limits = _limits(args)  # checked before the node joins anything
     users = _users(args, host)
+    cluster_secret = _cluster_secret(args, host, users)
     tls = from_flags(getattr(args, "tls_cert", None), getattr(args, "tls_key", None), getattr(args, "tls_ca", None))
     server_kind = getattr(args, "server", None) or default_server()
     if tls is not None and server_kind != "granian":
@@ -92,7 +93,7 @@ def run_node(args: argparse.Namespace) -> int:
         state_dir=Path(args.state_dir),
         standby_replicas=args.standby_replicas,
         node_id=args.node_id,
-        cluster_secret=args.cluster_secret,
+        cluster_secret=cluster_secret,
         duckdb_memory_limit=getattr(args, "duckdb_memory_limit", "2GB"),
         reuse_answers_seconds=getattr(args, "reuse_answers_seconds", 5.0),
         plugin_errors=getattr(args, "plugin_errors", "fatal"),
@@ -207,6 +208,40 @@ def _users(args: argparse.Namespace, host: str) -> Users | None:
     log.warning("no --users-file: the public API, console, Flight SQL and Postgres answer anyone who can reach %s%s", host,
                 " (loopback only)" if _is_loopback(host) else " (--allow-anonymous)")
     return None
+
+
+CLUSTER_SECRET_ENV = "FEDERATOR_CLUSTER_SECRET"
+MIN_SECRET_CHARS = 16
+
+
+def _cluster_secret(args: argparse.Namespace, host: str, users: Users | None) -> str | None:
+    """The cluster secret, from --cluster-secret-file, --cluster-secret or $FEDERATOR_CLUSTER_SECRET.
+    A node with users, or reachable from other machines, must have one: without it the internal
+    endpoints and the key port would hand out every row to anyone who asks."""
+    path, given = getattr(args, "cluster_secret_file", None), getattr(args, "cluster_secret", None)
+    if path and given:
+        raise ValueError("pass the cluster secret once: --cluster-secret-file or --cluster-secret, not both")
+    if path:
+        try:
+            secret: str | None = Path(path).read_text(encoding="utf-8").strip()
+        except OSError as e:
+            raise ValueError(f"cannot read --cluster-secret-file {path!r}: {e.strerror}") from None
+    elif given:
+        log.warning("--cluster-secret shows the secret to anyone who can run `ps` here: "
+                    "prefer --cluster-secret-file FILE or $%s", CLUSTER_SECRET_ENV)
+        secret = given
+    else:
+        secret = os.environ.get(CLUSTER_SECRET_ENV) or None
+    make = f"make one with `openssl rand -hex 32 > FILE` and start every node with --cluster-secret-file FILE"
+    if not secret:
+        why = "has users (--users-file)" if users is not None else f"listens on {host}, which other machines can reach"
+        if users is not None or not _is_loopback(host):
+            raise ValueError(f"this node {why} and so needs a cluster secret, which node-to-node calls (/internal/ "
+                             f"and the key port) must carry: {make} (or set ${CLUSTER_SECRET_ENV})")
+        return None
+    if len(secret) < MIN_SECRET_CHARS:
+        raise ValueError(f"the cluster secret has {len(secret)} characters, fewer than {MIN_SECRET_CHARS}: {make}")
+    return secret
 
 
 def _is_loopback(host: str) -> bool:

@@ -35,6 +35,7 @@ ALLOW_STALE_HEADER = "x-federator-allow-stale"
 MAX_LAG_HEADER = "x-federator-max-lag"
 TIMEOUT_HEADER = "x-federator-timeout-ms"
 _MIDDLEWARE = "federator"
+_AUTH = "auth"
 MAX_BATCH_ROWS = 65_536  # keeps each Flight message well under gRPC's usual 4 MiB limits
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -60,6 +61,18 @@ def _translated(fn: F) -> F:
         except Exception as e:  # noqa: BLE001 - a bug must still answer as a typed INTERNAL error
             log.exception("Flight SQL %s failed", fn.__name__)
             raise flight_error(SqlError("INTERNAL", f"{type(e).__name__}: {e}")) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _rpc(fn: F) -> F:
+    """A Flight RPC: answered to an authenticated caller only, its errors translated."""
+    translated = _translated(fn)
+
+    @functools.wraps(fn)
+    def wrapper(server: FlightSqlServer, context: flight.ServerCallContext, *args: Any, **kwargs: Any) -> Any:
+        server._authenticate(context)
+        return translated(server, context, *args, **kwargs)
 
     return wrapper  # type: ignore[return-value]
 
@@ -115,14 +128,17 @@ class _CallOptionsFactory(flight.ServerMiddlewareFactory):
         return CallOptions(headers)
 
 
+class _BearerToken(flight.ServerMiddleware):
+    def __init__(self, token: str) -> None:
+        self.token = token
+
+
 class _BearerAuthFactory(flight.ServerMiddlewareFactory):
     """Every call needs ``authorization: Bearer <token>`` of a user in the node's users file
-    (ADBC: the ``adbc.flight.sql.authorization_header`` option); gRPC's UNAUTHENTICATED else."""
+    (ADBC: the ``adbc.flight.sql.authorization_header`` option); gRPC's UNAUTHENTICATED else.
+    The token is checked by the handler (``FlightSqlServer._authenticate``), which knows the peer."""
 
-    def __init__(self, users: Users) -> None:
-        self.users = users
-
-    def start_call(self, info: flight.CallInfo, headers: dict[str, list[Any]]) -> None:
+    def start_call(self, info: flight.CallInfo, headers: dict[str, list[Any]]) -> _BearerToken:
         values = headers.get("authorization") or []
         value = values[-1] if values else None
         token = bearer(value.decode() if isinstance(value, bytes) else value)
@@ -130,10 +146,13 @@ class _BearerAuthFactory(flight.ServerMiddlewareFactory):
             raise flight.FlightUnauthenticatedError(
                 "this node needs a bearer token: send the header 'authorization: Bearer <token>' (ADBC: "
                 "db_kwargs={'adbc.flight.sql.authorization_header': 'Bearer <token>'}); `federator users add` makes one")
-        if self.users.check(token) is None:
-            raise flight.FlightUnauthenticatedError(
-                "the bearer token is not one of this node's users'; send a token `federator users add` printed")
-        return None
+        return _BearerToken(token)
+
+
+def peer_address(peer: str) -> str:
+    """The address of a gRPC peer (``ipv4:1.2.3.4:5678``, ``ipv6:[::1]:5678``), without its port."""
+    address = peer.partition(":")[2] or peer
+    return address.rpartition(":")[0].strip("[]") or address
 
 
 def _python_value(v: Any) -> Any:
@@ -166,11 +185,20 @@ class FlightSqlServer(flight.FlightServerBase):
                  tls_certificates: list[tuple[bytes, bytes]] | None = None) -> None:
         middleware: dict[str, flight.ServerMiddlewareFactory] = {_MIDDLEWARE: _CallOptionsFactory()}
         if users is not None:
-            middleware["auth"] = _BearerAuthFactory(users)
+            middleware[_AUTH] = _BearerAuthFactory()
+        self.users = users
         super().__init__(location, middleware=middleware, tls_certificates=tls_certificates or [])
         self.node = node
         self.statements: Expiring[PreparedStatement] = Expiring(max_statements, statement_ttl)
         self.results: Expiring[PendingResult] = Expiring(max_results, result_ttl)
+
+    def _authenticate(self, context: flight.ServerCallContext) -> None:
+        bearer_token = context.get_middleware(_AUTH)
+        if self.users is None or bearer_token is None:
+            return
+        login = self.users.login(bearer_token.token, peer_address(context.peer()))
+        if login.user is None:
+            raise flight.FlightUnauthenticatedError(login.refusal())
 
     # ---- running SQL ------------------------------------------------------------------------
     def _options(self, context: flight.ServerCallContext) -> CallOptions:
@@ -272,7 +300,7 @@ class FlightSqlServer(flight.FlightServerBase):
         return name, cmd
 
     # ---- Flight RPCs ------------------------------------------------------------------------
-    @_translated
+    @_rpc
     def get_flight_info(self, context: flight.ServerCallContext, descriptor: flight.FlightDescriptor) -> flight.FlightInfo:
         name, cmd = self._command(descriptor)
         out = self._run_command(context, name, cmd)
@@ -284,7 +312,7 @@ class FlightSqlServer(flight.FlightServerBase):
         ticket = protocol.pack(protocol.TicketStatementQuery(statement_handle=handle))
         return flight.FlightInfo(out.schema, descriptor, [flight.FlightEndpoint(ticket, [])], -1, -1)
 
-    @_translated
+    @_rpc
     def get_schema(self, context: flight.ServerCallContext, descriptor: flight.FlightDescriptor) -> flight.SchemaResult:
         name, cmd = self._command(descriptor)
         if name == "CommandGetTables":
@@ -296,7 +324,7 @@ class FlightSqlServer(flight.FlightServerBase):
             _close(out.batches)
         return flight.SchemaResult(out.schema)
 
-    @_translated
+    @_rpc
     def do_get(self, context: flight.ServerCallContext, ticket: flight.Ticket) -> flight.FlightDataStream:
         name, msg = protocol.unpack(ticket.ticket)
         if msg is None:
@@ -312,7 +340,7 @@ class FlightSqlServer(flight.FlightServerBase):
             raise _unsupported(f"a ticket holding {name}")
         return flight.RecordBatchStream(table)
 
-    @_translated
+    @_rpc
     def do_put(self, context: flight.ServerCallContext, descriptor: flight.FlightDescriptor,
                reader: flight.MetadataRecordBatchReader, writer: flight.FlightMetadataWriter) -> None:
         name, cmd = self._command(descriptor)
@@ -336,7 +364,7 @@ class FlightSqlServer(flight.FlightServerBase):
             raise _unsupported("a query sent as an update (DoPut)", "send SELECT through GetFlightInfo")
         raise SqlError("UNSUPPORTED", f"{name} is not a read: Federator only reads; the pipeline writes the stores")
 
-    @_translated
+    @_rpc
     def do_action(self, context: flight.ServerCallContext, action: flight.Action) -> list[flight.Result]:
         body = action.body.to_pybytes() if action.body is not None else b""
         if action.type == protocol.CREATE_PREPARED_STATEMENT:

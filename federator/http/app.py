@@ -8,6 +8,7 @@ Every error, including Flask's own 404/405 and unexpected exceptions, is a JSON 
 from __future__ import annotations
 
 import hmac
+import logging
 from typing import TYPE_CHECKING, Protocol
 
 import pyarrow as pa
@@ -28,6 +29,8 @@ from federator.query.wire import MEDIA_TYPE, SECRET_HEADER
 
 if TYPE_CHECKING:
     from federator.plugin.registry import Registry
+
+_log = logging.getLogger(__name__)
 
 
 class Node(Protocol):
@@ -75,11 +78,13 @@ def _as_bytes(s: str) -> bytes:
 def _check_secret(secret: str) -> None:
     given = request.headers.get(SECRET_HEADER)
     if given is None:
+        _log.warning("an internal call from %s without the cluster secret was refused", request.remote_addr)
         raise ApiError(
             403, "FORBIDDEN", f"internal endpoints need the cluster secret: pass it in the {SECRET_HEADER} header"
         )
     # compare_digest so the time taken does not reveal how much of the secret was right.
     if not hmac.compare_digest(_as_bytes(given), secret.encode("utf-8")):
+        _log.warning("an internal call from %s with a wrong cluster secret was refused", request.remote_addr)
         raise ApiError(
             403,
             "FORBIDDEN",

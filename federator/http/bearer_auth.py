@@ -31,22 +31,29 @@ class BearerAuth:
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
         if needs_token(environ.get("PATH_INFO", "")):
             token = bearer(environ.get("HTTP_AUTHORIZATION"))
-            user = self.users.check(token) if token is not None else None
-            if user is None:
-                return _unauthorized(start_response, token is not None)
-            environ[USER_KEY] = user
+            if token is None:
+                return _unauthorized(start_response, _NO_TOKEN)
+            login = self.users.login(token, environ.get("REMOTE_ADDR") or "unknown")
+            if login.retry_after:
+                return _refused(start_response, "429 TOO MANY REQUESTS", "TOO_MANY_FAILED_LOGINS", login.refusal(),
+                                ("Retry-After", str(max(1, round(login.retry_after)))))
+            if login.user is None:
+                return _unauthorized(start_response, login.refusal())
+            environ[USER_KEY] = login.user
         return self.app(environ, start_response)
 
 
-def _unauthorized(start_response: Any, had_token: bool) -> list[bytes]:
-    if had_token:
-        message = ("the bearer token is not one of this node's users'; send a token that "
-                   "`federator users add` printed for a user in the node's --users-file")
-    else:
-        message = ("this node needs a bearer token: send 'Authorization: Bearer <token>' (the DB-API driver's "
-                   "auth_token, `federator sql --auth-token` or $FEDERATOR_AUTH_TOKEN); `federator users add NAME "
-                   "--users-file FILE` makes a token")
-    body = json.dumps({"error": {"code": "UNAUTHENTICATED", "message": message}}).encode()
-    start_response("401 UNAUTHORIZED", [("Content-Type", "application/json"), ("Content-Length", str(len(body))),
-                                        ("WWW-Authenticate", 'Bearer realm="federator"')])
+_NO_TOKEN = ("this node needs a bearer token: send 'Authorization: Bearer <token>' (the DB-API driver's "
+             "auth_token, `federator sql --auth-token` or $FEDERATOR_AUTH_TOKEN); `federator users add NAME "
+             "--users-file FILE` makes a token")
+
+
+def _unauthorized(start_response: Any, message: str) -> list[bytes]:
+    return _refused(start_response, "401 UNAUTHORIZED", "UNAUTHENTICATED", message,
+                    ("WWW-Authenticate", 'Bearer realm="federator"'))
+
+
+def _refused(start_response: Any, status: str, code: str, message: str, header: tuple[str, str]) -> list[bytes]:
+    body = json.dumps({"error": {"code": code, "message": message}}).encode()
+    start_response(status, [("Content-Type", "application/json"), ("Content-Length", str(len(body))), header])
     return [body]

@@ -34,7 +34,9 @@ Watch = tuple[Callable[[], "tuple[int, dict[tuple[str, int], int]]"], Callable[[
 
 class KeyServer:
     """Serves ``read_local`` (Node.read_local) on host:port (0: any free port) to callers that
-    open with ``secret`` (or anyone, when it is None); ``topic_of`` names a store's changelog."""
+    open with ``secret``; ``topic_of`` names a store's changelog. Without a secret (a node that
+    only listens on loopback and has no users: the node refuses to start otherwise) it answers
+    any local caller."""
 
     def __init__(self, read_local: ReadLocal, topic_of: Callable[[str], str | None], secret: str | None,
                  host: str, port: int, tls: Tls | None = None, answer_call: AnswerCall | None = None,
@@ -65,7 +67,7 @@ class KeyServer:
     def _accept(self) -> None:
         while True:
             try:
-                conn, _ = self._listener.accept()
+                conn, peer = self._listener.accept()
             except OSError:
                 return  # closed by stop()
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -74,9 +76,9 @@ class KeyServer:
                     _close(conn)
                     return
                 self._connections.add(conn)
-            threading.Thread(target=self._serve, args=(conn,), name="key-conn", daemon=True).start()
+            threading.Thread(target=self._serve, args=(conn, str(peer[0])), name="key-conn", daemon=True).start()
 
-    def _serve(self, conn: socket.socket) -> None:
+    def _serve(self, conn: socket.socket, peer: str) -> None:
         if self._tls is not None:
             try:  # the handshake here, on the connection's own thread: a slow caller holds only that
                 conn.settimeout(10)
@@ -86,7 +88,7 @@ class KeyServer:
                     self._connections.discard(plain)
                     self._connections.add(conn)
             except (OSError, ValueError):
-                log.warning("a key call that did not complete a TLS handshake was refused")
+                log.warning("a key call from %s that did not complete a TLS handshake was refused", peer)
                 with self._lock:
                     self._connections.discard(conn)
                 _close(conn)
@@ -95,8 +97,9 @@ class KeyServer:
         read = exact_reader(stream)
         try:
             opened = read_hello(read)
-            if opened is None or not hmac.compare_digest(opened[1].encode(), self._secret):
-                log.warning("a key call without this node's cluster secret (or not a Federator node) was refused")
+            if opened is None or (self._secret and not hmac.compare_digest(opened[1].encode(), self._secret)):
+                log.warning("a key call from %s without this node's cluster secret (or not a Federator node) "
+                            "was refused", peer)
                 return
             if opened[0] == WATCH_HELLO:
                 if self._watch is None:

@@ -10,7 +10,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -66,7 +66,7 @@ class NodeConfig:
     advertise: str | None = None
     standby_replicas: int = 0
     node_id: str | None = None
-    cluster_secret: str | None = None
+    cluster_secret: str | None = field(default=None, repr=False)  # never in a logged or printed config
     tls: Tls | None = None  # --tls-cert/--tls-key/--tls-ca (federator.tls)
     duckdb_memory_limit: str = "2GB"  # DuckDB's memory_limit; past it, queries spill under state_dir/spill
     reuse_answers_seconds: float = 5.0  # how long the receiver reuses an answer over unchanged positions

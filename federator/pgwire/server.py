@@ -32,7 +32,7 @@ from pygwire.exceptions import PygwireError
 from pygwire.constants import ConnectionPhase, TransactionStatus
 from pygwire import messages as m
 
-from federator.auth import Users
+from federator.auth import Login, Users, Verifier
 from federator.errors import SqlError
 from federator.pgwire import types as pgt
 from federator.pgwire.catalog import PgCatalog
@@ -155,6 +155,16 @@ class PgServer:
             entry[1].cancel()
 
 
+_NO_KEY = bytes(32)  # an unknown user's keys: no proof hashes to them
+
+
+def _peer(sock: socket.socket) -> str:
+    try:
+        return str(sock.getpeername()[0])
+    except OSError:
+        return "unknown"
+
+
 class _Connection:
     def __init__(self, server: PgServer, sock: socket.socket) -> None:
         self.server, self.sock = server, sock
@@ -259,7 +269,15 @@ class _Connection:
         users = self.server.users
         if users is None:
             return True
-        verifier = users.verifiers.get(user)
+        peer = _peer(self.sock)
+        wait = users.failures.wait(peer)
+        if wait:
+            self._refuse("28000", Login(None, wait).refusal())
+            return False
+        # an unknown user goes through the same exchange and checks with a made-up verifier:
+        # neither the answer nor its time says which was wrong
+        verifier = users.verifiers.get(user) or Verifier(4096, hashlib.sha256(b"federator" + user.encode()).digest()[:16],
+                                                         _NO_KEY, _NO_KEY)
         self.send(m.AuthenticationSASL(mechanisms=["SCRAM-SHA-256"]))
         self.flush()
         self.decoder.phase = ConnectionPhase.AUTHENTICATING_SASL_INITIAL
@@ -272,29 +290,26 @@ class _Connection:
         if match is None:
             self._refuse("08P01", "malformed SCRAM client-first message")
             return False
-        # an unknown user goes through the same exchange with a made-up salt: the answer never says which was wrong
-        iterations = verifier.iterations if verifier else 4096
-        salt = verifier.salt if verifier else hashlib.sha256(b"federator" + user.encode()).digest()[:16]
         nonce = match.group("nonce") + base64.b64encode(secrets.token_bytes(18)).decode()
-        server_first = f"r={nonce},s={base64.b64encode(salt).decode()},i={iterations}"
+        server_first = f"r={nonce},s={base64.b64encode(verifier.salt).decode()},i={verifier.iterations}"
         self.send(m.AuthenticationSASLContinue(data=server_first.encode()))
         self.flush()
         self.decoder.phase = ConnectionPhase.AUTHENTICATING_SASL_CONTINUE
         final = self.receive()
         client_final = bytes(getattr(final, "data", b"")).decode("utf-8", "replace")
         fm = re.match(r"^(?P<without>c=[^,]*,r=(?P<nonce>[^,]*)(?:,.*?)?),p=(?P<proof>[A-Za-z0-9+/=]+)$", client_final)
-        ok = False
-        if fm is not None and verifier is not None and fm.group("nonce") == nonce:
-            auth_message = f"{match.group('bare')},{server_first},{fm.group('without')}".encode()
-            signature = hmac.digest(verifier.stored_key, auth_message, "sha256")
-            proof = base64.b64decode(fm.group("proof"))
-            client_key = bytes(a ^ b for a, b in zip(proof, signature))
-            ok = len(proof) == 32 and hmac.compare_digest(hashlib.sha256(client_key).digest(), verifier.stored_key)
-        if not ok:
+        auth_message = f"{match.group('bare')},{server_first},{fm.group('without') if fm else ''}".encode()
+        signature = hmac.digest(verifier.stored_key, auth_message, "sha256")
+        proof = base64.b64decode(fm.group("proof")) if fm else b""
+        client_key = bytes(a ^ b for a, b in zip(proof, signature))
+        ok = hmac.compare_digest(hashlib.sha256(client_key).digest(), verifier.stored_key)
+        if not (ok and fm is not None and fm.group("nonce") == nonce and len(proof) == 32 and user in users.verifiers):
+            users.failures.failed(peer, f"a Postgres password that is not user {user!r}'s")
             self._refuse("28P01", f"password authentication failed for user {user!r}: the password is the token "
                                   "`federator users add` printed for this user")
             return False
-        server_signature = hmac.digest(verifier.server_key, auth_message, "sha256")  # type: ignore[union-attr]
+        users.failures.succeeded(peer)
+        server_signature = hmac.digest(verifier.server_key, auth_message, "sha256")
         self.send(m.AuthenticationSASLFinal(data=b"v=" + base64.b64encode(server_signature)))
         return True
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import time
@@ -54,8 +55,6 @@ class NodeProcess:
         args = ["node", "--bootstrap-servers", self.bootstrap, "--application-id", self.app_id,
                 "--listen", self.endpoint, "--state-dir", str(self.state_dir), "--node-id", self.node_id,
                 "--standby-replicas", str(self.standby_replicas)]
-        if self.secret:
-            args += ["--cluster-secret", self.secret]
         if self.flight_port:
             args += ["--flight-sql-port", str(self.flight_port)]
         if self.server:
@@ -64,8 +63,9 @@ class NodeProcess:
             args += ["--pg-port", str(self.pg_port)]
         args += self.extra_args
         self.state_dir.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "FEDERATOR_CLUSTER_SECRET": self.secret} if self.secret else None
         self.proc = subprocess.Popen(federator_cmd(*args), stdout=open(self.log, "a"), stderr=subprocess.STDOUT,
-                                     preexec_fn=dies_with_tests())
+                                     preexec_fn=dies_with_tests(), env=env)
         if wait:
             wait_for(lambda: self.client.get_json("/healthz", timeout=1)[0] == 200, 30,
                      f"{self.node_id} to answer /healthz")

@@ -48,7 +48,7 @@ def auth_node(broker, tmp_path_factory) -> Iterator[AuthNode]:
     assert all(t not in text for t in tokens) and text.count("SCRAM-SHA-256$4096:") == 2  # kept hashed
     assert users.stat().st_mode & 0o077 == 0  # readable by its owner only
     node = NodeProcess(broker.bootstrap_servers, f"au{uuid.uuid4().hex[:8]}", "n0", root / "n0",
-                       standby_replicas=0, flight_port=free_port())
+                       standby_replicas=0, flight_port=free_port(), secret="auth-test-cluster-secret")
     node.extra_args = ["--users-file", str(users)]
     node.pg_port = free_port()
     node.start()
@@ -98,7 +98,8 @@ def test_the_sql_command_sends_its_auth_token(auth_node) -> None:
     base = federator_cmd("sql", "--url", auth_node.url, "--format", "json", "SELECT 7 AS seven")
     done = subprocess.run(base, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "bearer token" in done.stderr, done.stderr
-    done = subprocess.run([*base, "--auth-token", auth_node.token], capture_output=True, text=True, timeout=60)
+    # --auth-token=T: a token may start with "-", which argparse would take for a flag
+    done = subprocess.run([*base, f"--auth-token={auth_node.token}"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and json.loads(done.stdout)["rows"] == [[7]], done.stderr
 
 

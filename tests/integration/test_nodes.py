@@ -20,7 +20,7 @@ from tests.integration.cluster import Cluster, NodeProcess, wait_for
 from tests.threads import Worker, join_all
 
 P = 8
-SECRET = "s3cret"
+SECRET = "s3cret-of-the-test-cluster"
 
 
 def make_store(broker, app_id: str, name: str = "counts"):

@@ -9,7 +9,8 @@ import json
 
 import pytest
 
-from federator.auth import Users, UsersFileError, Verifier, add_user, bearer
+import federator.auth
+from federator.auth import FailedLogins, Users, UsersFileError, Verifier, add_user, bearer
 from federator.http.bearer_auth import BearerAuth, needs_token
 
 
@@ -105,3 +106,79 @@ def test_the_middleware_guards_public_paths_and_leaves_the_open_ones(tmp_path) -
         assert not needs_token(path) and call(path)[0][0] == "200 OK"
     for path in ("/v1/metadata", "/v1/stores", "/v1/plugins", "/console", "/internalx"):
         assert needs_token(path)
+
+
+# ---- failed logins ------------------------------------------------------------------------------
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_new_token_is_checked_against_every_user_whether_it_matches_or_not(tmp_path, monkeypatch) -> None:
+    path = tmp_path / "users"
+    tokens = [add_user(path, name) for name in ("alice", "bob", "carol")]
+    users = Users.load(path)
+    derived: list[str] = []
+    real = federator.auth.salted_password
+    monkeypatch.setattr("federator.auth.salted_password", lambda t, s, i: derived.append(t) or real(t, s, i))
+    assert users.check(tokens[0]) == "alice" and len(derived) == 3  # the match did not stop the others
+    assert users.check("a guess") is None and len(derived) == 6
+
+
+def test_a_peer_is_shut_out_after_its_free_failures_for_a_doubling_while(caplog) -> None:
+    clock = Clock()
+    failures = FailedLogins(free=3, window=60, max_wait=10, clock=clock)
+    for _ in range(3):
+        failures.failed("10.0.0.9", "a bearer token of no user")
+    assert failures.wait("10.0.0.9") == 0  # a person who mistyped pays nothing
+    waits = []
+    for _ in range(5):
+        failures.failed("10.0.0.9", "a bearer token of no user")
+        waits.append(failures.wait("10.0.0.9"))
+    assert waits == [2, 4, 8, 10, 10]
+    assert failures.wait("10.0.0.8") == 0  # only that peer
+    assert "failed login from 10.0.0.9" in caplog.text and "shut out for 10 s" in caplog.text
+    clock.now += 10
+    assert failures.wait("10.0.0.9") == 0
+    failures.succeeded("10.0.0.9")
+    failures.failed("10.0.0.9", "again")
+    assert failures.wait("10.0.0.9") == 0  # a success forgot the earlier failures
+
+
+def test_failures_older_than_the_window_are_forgotten_and_peers_are_bounded() -> None:
+    clock = Clock()
+    failures = FailedLogins(free=2, window=60, peers=3, clock=clock)
+    failures.failed("a", "x")
+    failures.failed("a", "x")
+    clock.now += 61
+    failures.failed("a", "x")
+    assert failures.wait("a") == 0
+    for peer in ("b", "c", "d"):
+        failures.failed(peer, "x")
+    assert "a" not in failures._peers and len(failures._peers) == 3
+
+
+def test_a_shut_out_peer_is_refused_with_429_unchecked(tmp_path) -> None:
+    path = tmp_path / "users"
+    token = add_user(path, "alice")
+    users = Users.load(path)
+    users.failures = FailedLogins(free=1)
+    app = BearerAuth(lambda environ, start: start("200 OK", []) or [b"ok"], users)
+    answers = []
+
+    def call(tok: str) -> tuple[str, dict, bytes]:
+        seen: dict = {}
+        body = b"".join(app({"PATH_INFO": "/v1/sql", "HTTP_AUTHORIZATION": f"Bearer {tok}", "REMOTE_ADDR": "10.1.1.1"},
+                            lambda status, headers: seen.update(status=status, headers=dict(headers))))
+        answers.append(seen["status"])
+        return seen["status"], seen["headers"], body
+
+    call("wrong")
+    status, headers, body = call("wrong again")
+    assert answers == ["401 UNAUTHORIZED", "401 UNAUTHORIZED"]
+    status, headers, body = call(token)
+    assert status == "429 TOO MANY REQUESTS" and int(headers["Retry-After"]) >= 1
+    assert json.loads(body)["error"]["code"] == "TOO_MANY_FAILED_LOGINS"

@@ -168,11 +168,12 @@ def test_a_query_call_is_answered_with_the_result_stream_on_a_kept_connection() 
 
 
 def test_a_query_call_error_and_a_refused_port_are_told_apart() -> None:
-    server = call_server(lambda raw: (404, b'{"error": {"code": "UNKNOWN_STORE", "message": "unknown store \'s\'"}}'))
+    server = call_server(lambda raw: (404, b'{"error": {"code": "UNKNOWN_STORE", "message": "unknown store \'s\'"}}'),
+                         secret="right")
     req = StateQueryRequest("s", RangeQuery(), (0,))
     try:
         with pytest.raises(NodeCallError) as e:
-            CallClient(f"127.0.0.1:{server.port}").query(req, timeout=5)
+            CallClient(f"127.0.0.1:{server.port}", "right").query(req, timeout=5)
         assert e.value.status == 404 and e.value.code == "UNKNOWN_STORE"
         with pytest.raises(CallUnavailable):  # the wrong secret: the port closes, the caller goes to HTTP
             CallClient(f"127.0.0.1:{server.port}", "wrong").query(req, timeout=5)
