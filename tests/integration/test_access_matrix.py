@@ -296,3 +296,13 @@ def test_repeated_failed_logins_shut_the_peer_out_and_are_logged(nodes) -> None:
     wait_for(lambda: ask(node.token).status == 200, 10, "the shut-out to end")
     log = node.process.log.read_text()
     assert "failed login from 127.0.0.2" in log and node.token not in log and SECRET not in log
+
+
+def test_the_cluster_secret_is_never_shown(nodes) -> None:
+    for n in nodes.values():
+        for path in ("/v1/metadata", "/metrics", "/openapi.json"):
+            resp = urllib3.PoolManager(retries=False, ssl_context=n.context()).request(
+                "GET", f"{n.scheme}://{n.process.endpoint}{path}",
+                headers={"Authorization": f"Bearer {n.token}"} if n.token else {}, timeout=10)
+            assert resp.status == 200 and SECRET.encode() not in resp.data, (n.setup, path)
+        assert SECRET not in n.process.log.read_text() and WRONG not in n.process.log.read_text(), n.setup
