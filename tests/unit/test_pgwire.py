@@ -77,9 +77,20 @@ def test_a_parameter_that_does_not_read_says_which_type() -> None:
 def test_arrow_types_are_described_by_their_postgres_twins() -> None:
     assert [pgt.oid_of(t) for t in (pa.int64(), pa.int32(), pa.float64(), pa.string(), pa.binary(), pa.bool_(),
                                     pa.timestamp("ms", tz="UTC"), pa.timestamp("us"), pa.date32(),
-                                    pa.decimal128(10, 2), pa.list_(pa.int64()))] == \
+                                    pa.decimal128(10, 2), pa.list_(pa.int64()), pa.list_(pa.string()),
+                                    pa.list_(pa.list_(pa.int64())), pa.struct([("a", pa.int64())]))] == \
            [pgt.INT8, pgt.INT4, pgt.FLOAT8, pgt.VARCHAR, pgt.BYTEA, pgt.BOOL, pgt.TIMESTAMPTZ, pgt.TIMESTAMP,
-            pgt.DATE, pgt.NUMERIC, pgt.TEXT]
+            pgt.DATE, pgt.NUMERIC, 1016, 1015, pgt.TEXT, pgt.TEXT]  # int8[], varchar[]; nested: text
+
+
+def test_a_list_is_written_as_a_postgres_array() -> None:
+    (text,) = pgt.row_encoders([pgt.ARRAYS[pgt.VARCHAR]], [0])
+    assert text(["player", None, "a b", 'say "hi"', "", "null", "x,y"]) == \
+        b'{player,NULL,"a b","say \\"hi\\"","","null","x,y"}'
+    (binary,) = pgt.row_encoders([pgt.ARRAYS[pgt.INT4]], [1])
+    assert binary([7, None]) == struct.pack("!iiIii", 1, 1, pgt.INT4, 2, 1) + struct.pack("!ii", 4, 7) + \
+        struct.pack("!i", -1)
+    assert binary([]) == struct.pack("!iiI", 0, 0, pgt.INT4)
 
 
 # ---- a session over a fake SQL service ----------------------------------------------------------
