@@ -29,7 +29,7 @@ from federator.cancel import Cancel
 from federator.catalog.definition import StoreDefinition
 from federator.owner.duck import sql_error
 from federator.pgwire import types as pgt
-from federator.pgwire.names import CATALOG_SCHEMAS, point_at, store_tables
+from federator.pgwire.names import CATALOG_SCHEMAS, point_at, relations
 from federator.sql.types import sql_type_name
 
 FIX = "pg_fix"  # our schema of fixed catalog views
@@ -203,7 +203,7 @@ def _stores_named(tree: exp.Expression, stores: dict[str, StoreDefinition], qual
     """A copy of ``tree`` (rewritten) whose store references name the stores as they are defined:
     bare, or ``qualified`` as the catalog database's tables of them."""
     copy = tree.copy()
-    tables = store_tables(copy, stores, CATALOG_SCHEMAS | {FIX})
+    tables = relations(copy, stores, CATALOG_SCHEMAS | {FIX})[0]
     known = {n.lower(): n for n in stores}
     point_at(copy, tables, [exp.Table(this=exp.to_identifier(known.get(t.name.lower(), t.name), quoted=True),
                                       db=exp.to_identifier(STORES) if qualified else None,

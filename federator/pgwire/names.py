@@ -34,11 +34,6 @@ def relations(tree: exp.Expression, stores: dict[str, StoreDefinition],
     return found
 
 
-def store_tables(tree: exp.Expression, stores: dict[str, StoreDefinition],
-                 catalog_schemas: set[str] = CATALOG_SCHEMAS) -> list[exp.Table]:
-    return relations(tree, stores, catalog_schemas)[0]
-
-
 _STORE, _CATALOG = 0, 1
 
 
@@ -56,7 +51,7 @@ def _kind(table: exp.Table, stores: set[str], ctes: set[str], catalog_schemas: s
     return _STORE
 
 
-def calls_schema(tree: exp.Expression, schema: str) -> bool:
+def calls_functions_of(tree: exp.Expression, schema: str) -> bool:
     """Whether ``tree`` calls a function of ``schema`` (``schema.f(...)``)."""
     return any(isinstance(n, exp.Dot) and isinstance(n.this, exp.Identifier) and n.this.name.lower() == schema
                for n in tree.walk())

@@ -18,12 +18,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, TypeVar
 
 import pyarrow as pa
-
-from federator.cancel import Cancel
-from federator.errors import SqlError
 from sqlglot import exp
 
+from federator.cancel import Cancel
 from federator.catalog.definition import StoreDefinition
+from federator.errors import SqlError
 from federator.pgwire import catalog as pgcat
 from federator.pgwire import names
 from federator.pgwire.catalog import PgCatalog
@@ -302,7 +301,7 @@ class Session:
         stores, catalog = names.relations(rewritten, self.service.stores, names.CATALOG_SCHEMAS | {pgcat.FIX})
         if not stores:
             return Route("catalog", rewritten.sql(dialect="duckdb"))
-        if not catalog and not names.calls_schema(rewritten, pgcat.FIX):
+        if not catalog and not names.calls_functions_of(rewritten, pgcat.FIX):
             return Route("engine", sql if rewritten == tree else rewritten.sql(dialect="postgres"))
         return Route("both", "", rewritten, stores)
 
