@@ -5,8 +5,9 @@ BI tools and drivers learn what exists from ``pg_catalog`` and ``information_sch
 for this purpose; here each store is an empty DuckDB table of its columns with its key as the
 primary key, in a database named ``federator``, schema ``public`` (where Postgres tools look).
 These tables give the catalog the stores' shapes; their rows are never an answer (a statement
-that reads a store reads it from the store, federator/pgwire/names.py). Two of DuckDB's views are fixed in a schema of our own: ``pg_attribute`` gives
-DuckDB's internal type ids where Postgres has type OIDs, and ``pg_type`` lacks ``text``;
+that reads a store reads it from the store, federator/pgwire/names.py). Two of DuckDB's views
+are fixed in a schema of our own: ``pg_attribute`` gives DuckDB's internal type ids where
+Postgres has type OIDs, and ``pg_type`` lacks ``text``;
 ``format_type`` is DuckDB's macro over those ids. ``_TABLES`` and ``_FUNCTIONS`` say what a
 statement's references are rewritten to.
 
@@ -103,7 +104,6 @@ _MACROS = {  # name -> (parameters, body): Postgres catalog functions DuckDB lac
                             """WHERE relname = regexp_extract(name::VARCHAR, '([^."]+)"?$', 1) LIMIT 1))"""),
     "to_regtype": ("name", f"coalesce(TRY_CAST(name AS INTEGER), (SELECT oid FROM {FIX}.pg_type WHERE typname = "
                            """regexp_extract(name::VARCHAR, '([^."]+)"?$', 1) LIMIT 1))"""),
-
     "pg_get_statisticsobjdef_columns": ("oid", "NULL"),
     "pg_get_expr": ("expr, rel, pretty := false", "expr"),
     "pg_relation_is_publishable": ("rel", "false"),
@@ -254,12 +254,15 @@ def _build(stores: dict[str, StoreDefinition]) -> duckdb.DuckDBPyConnection:
                   WHEN 'varchar' THEN 'character varying' WHEN 'timestamptz' THEN 'timestamp with time zone'
                   WHEN 'timestamp' THEN 'timestamp without time zone' ELSE typname END
                   FROM {FIX}.pg_type WHERE oid = type_oid) END""")
-    # neither FIX nor DuckDB's default schema (empty: the stores are in STORES) is shown
-    hidden = {"pg_class": "relnamespace", "pg_namespace": "oid"}
+    # neither FIX nor DuckDB's default schema (empty: the stores are in STORES) is shown,
+    # and no database but federator (DuckDB's system, temp and memory are not the server's)
+    not_hidden = f"NOT IN (SELECT oid FROM duckdb_schemas() WHERE schema_name IN ('{FIX}', 'main') AND " \
+                 "database_name = 'federator')"
+    shown = {"pg_class": f"relnamespace {not_hidden}", "pg_namespace": f"oid {not_hidden}",
+             "pg_database": "datname = 'federator'"}
     for name, extra in _EXTRA_COLUMNS.items():
         added = "".join(f", {value} AS {column}" for column, value in extra.items())
-        where = (f" WHERE {hidden[name]} NOT IN (SELECT oid FROM duckdb_schemas() WHERE schema_name IN "
-                 f"('{FIX}', 'main') AND database_name = 'federator')") if name in hidden else ""
+        where = f" WHERE {shown[name]}" if name in shown else ""
         db.execute(f"CREATE VIEW {FIX}.{name} AS SELECT *{added} FROM pg_catalog.{name}{where}")
     for name, columns in _EMPTY.items():
         db.execute(f"CREATE TABLE {FIX}.{name} ({columns})")

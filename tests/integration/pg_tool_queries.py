@@ -53,6 +53,10 @@ QUERIES: list[tuple[str, str, str, tuple, Check]] = [
      lambda rows: rows == [("public", "tester")]),
     ("DBeaver", "on connect", "SHOW search_path", (), lambda rows: rows == [('"$user", public',)]),
     ("Metabase", "postgres driver, on connect (through pgjdbc)", "SHOW TIMEZONE", (), lambda rows: rows == [("UTC",)]),
+    ("Superset", "PostgresEngineSpec.get_catalog_names",
+     "SELECT datname FROM pg_database\nWHERE datistemplate = false;", (), lambda rows: rows == [("federator",)]),
+    ("Superset", "PostgresEngineSpec.get_cancel_query_id", "SELECT pg_backend_pid()",
+     (), lambda rows: len(rows) == 1 and isinstance(rows[0][0], int)),
 ]
 
 # Data queries BI tools generate over the stores, as their sources write them: each tool qualifies
