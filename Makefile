@@ -84,4 +84,4 @@ fuzz: install
 	FEDERATOR_HOSTILE_HUGE=1 $(BIN)/python -m pytest tests/integration/test_hostile.py -s && exit $$status
 
 clean:
-	rm -rf $(VENV) $(FAUST_VENV) .federator
+	rm -rf $(VENV) $(FAUST_VENV) .venv-sqla14 .federator

@@ -3,9 +3,11 @@
 BI tools and drivers learn what exists from ``pg_catalog`` and ``information_schema``
 (pgjdbc's DatabaseMetaData, psql's ``\\d``, DBeaver's navigator). DuckDB ships both as views
 for this purpose; here each store is an empty DuckDB table of its columns with its key as the
-primary key, in a database named ``federator``, schema ``main`` (where the SQL engine finds
-stores too). Two of DuckDB's views are fixed in a schema of our own: ``pg_attribute`` gives
-DuckDB's internal type ids where Postgres has type OIDs, and ``pg_type`` lacks ``text``;
+primary key, in a database named ``federator``, schema ``public`` (where Postgres tools look).
+These tables give the catalog the stores' shapes; their rows are never an answer (a statement
+that reads a store reads it from the store, federator/pgwire/names.py). Two of DuckDB's views
+are fixed in a schema of our own: ``pg_attribute`` gives DuckDB's internal type ids where
+Postgres has type OIDs, and ``pg_type`` lacks ``text``;
 ``format_type`` is DuckDB's macro over those ids. ``_TABLES`` and ``_FUNCTIONS`` say what a
 statement's references are rewritten to.
 
@@ -28,9 +30,11 @@ from federator.cancel import Cancel
 from federator.catalog.definition import StoreDefinition
 from federator.owner.duck import sql_error
 from federator.pgwire import types as pgt
+from federator.pgwire.names import CATALOG_SCHEMAS, point_at, relations
 from federator.sql.types import sql_type_name
 
 FIX = "pg_fix"  # our schema of fixed catalog views
+STORES = "public"  # the schema of the stores' tables, Postgres's default
 SERVER_VERSION = "16.0"  # what drivers parse to choose their catalog queries
 
 # Columns Postgres's catalog has and DuckDB's views lack, which psql, pgjdbc and SQLAlchemy read
@@ -40,6 +44,7 @@ _EXTRA_COLUMNS: dict[str, dict[str, str]] = {
                     "dattablespace": "0", "datconnlimit": "-1", "datlocprovider": "'c'", "daticulocale": "NULL::VARCHAR"},
     "pg_namespace": {},
     "pg_constraint": {"conperiod": "false"},
+    "pg_collation": {"collnamespace": "0"},
     "pg_proc": {},
 }
 # Catalog tables DuckDB does not have, as empty tables (nothing of theirs exists here)
@@ -94,8 +99,11 @@ _MACROS = {  # name -> (parameters, body): Postgres catalog functions DuckDB lac
     "pg_tablespace_location": ("tablespace_oid", "''"),
     "pg_get_serial_sequence": ("tab, col", "NULL"),
     "pg_get_partkeydef": ("rel", "NULL"),
-    "to_regclass": ("name", "(SELECT oid FROM pg_catalog.pg_class WHERE relname = name LIMIT 1)"),
-    "to_regtype": ("name", f"(SELECT oid FROM {FIX}.pg_type WHERE typname = name LIMIT 1)"),
+    # an OID as text, or a name (its schema and quotes dropped: the stores are in one schema)
+    "to_regclass": ("name", "coalesce(TRY_CAST(name AS INTEGER), (SELECT oid FROM pg_catalog.pg_class "
+                            """WHERE relname = regexp_extract(name::VARCHAR, '([^."]+)"?$', 1) LIMIT 1))"""),
+    "to_regtype": ("name", f"coalesce(TRY_CAST(name AS INTEGER), (SELECT oid FROM {FIX}.pg_type WHERE typname = "
+                           """regexp_extract(name::VARCHAR, '([^."]+)"?$', 1) LIMIT 1))"""),
     "pg_get_statisticsobjdef_columns": ("oid", "NULL"),
     "pg_get_expr": ("expr, rel, pretty := false", "expr"),
     "pg_relation_is_publishable": ("rel", "false"),
@@ -109,10 +117,12 @@ _MACROS = {  # name -> (parameters, body): Postgres catalog functions DuckDB lac
     "pg_get_triggerdef": ("oid, pretty := false", "NULL"),
     "pg_get_ruledef": ("oid, pretty := false", "NULL"),
 }
-# catalog functions answered by looking their first argument up in a table of FIX: name -> (table, key, value)
-_LOOKUPS = {"pg_get_indexdef": ("index_definitions", "indexrelid", "indexdef")}
+# catalog functions answered by looking their first argument up in a table of FIX: name -> (table, key,
+# value, the value when the second argument is a column's number: pg_get_indexdef(index, column, pretty))
+_LOOKUPS = {"pg_get_indexdef": ("index_definitions", "indexrelid", "indexdef", "keydef")}
+# Postgres functions DuckDB has under another name
+_RENAMED = {"json_build_object": "json_object"}
 _FUNCTIONS = {"format_type", *_MACROS}
-CATALOG_SCHEMAS = {"pg_catalog", "information_schema"}
 
 # psql spells some operators as OPERATOR(pg_catalog.~) and some collations as pg_catalog.default,
 # neither of which sqlglot or DuckDB reads
@@ -154,10 +164,12 @@ class PgCatalog:
         DuckDB 2.0 reports a prepared statement's parameters as UNKNOWN, so a parameter takes the
         type of what it is compared with (sqlglot's type annotation over the stores' columns), and
         the answer's columns are DuckDB's binding of the statement with each parameter a typed NULL."""
-        params = _parameters(tree)
-        types = _parameter_types(tree, self._stores(), len(params))
-        bound = tree.copy()
-        for node in _parameters(bound):
+        stores = self._stores()
+        named = _stores_named(tree, stores, qualified=False)
+        types = _parameter_types(named, stores, len(_parameters(named)))
+        bound = _stores_named(tree, stores, qualified=True)  # the stores' empty tables, for their columns' types
+        params = _parameters(bound)
+        for node in params:
             index = _parameter_index(node, params)
             node.replace(exp.cast(exp.Null(), types[index] if index < len(types) else "VARCHAR"))
         cur = self.cursor()
@@ -169,8 +181,12 @@ class PgCatalog:
         oids = [_oid_of_duck(t) for t in types]
         return oids, pa.schema([pa.field(n, _arrow_of_duck(t)) for n, t in zip(names, duck_types)])
 
-    def run(self, sql: str, parameters: list[Any], timeout_s: float, cancel: Cancel | None = None) -> pa.Table:
+    def run(self, sql: str, parameters: list[Any], timeout_s: float, cancel: Cancel | None = None,
+            relations: dict[str, pa.Table] | None = None) -> pa.Table:
+        """``sql``'s answer; ``relations``: tables it reads besides the catalog (stores' rows)."""
         cur = self.cursor()
+        for name, table in (relations or {}).items():
+            cur.register(name, table)
         timer = threading.Timer(timeout_s, cur.interrupt)
         timer.start()
         forget = cancel.on_cancel(cur.interrupt) if cancel is not None else (lambda: None)
@@ -183,11 +199,24 @@ class PgCatalog:
             forget()
 
 
+def _stores_named(tree: exp.Expression, stores: dict[str, StoreDefinition], qualified: bool) -> exp.Expression:
+    """A copy of ``tree`` (rewritten) whose store references name the stores as they are defined:
+    bare, or ``qualified`` as the catalog database's tables of them."""
+    copy = tree.copy()
+    tables = relations(copy, stores, CATALOG_SCHEMAS | {FIX})[0]
+    known = {n.lower(): n for n in stores}
+    point_at(copy, tables, [exp.Table(this=exp.to_identifier(known.get(t.name.lower(), t.name), quoted=True),
+                                      db=exp.to_identifier(STORES) if qualified else None,
+                                      catalog=exp.to_identifier("federator") if qualified else None) for t in tables])
+    return copy
+
+
 def _build(stores: dict[str, StoreDefinition]) -> duckdb.DuckDBPyConnection:
     db = duckdb.connect(":memory:", config={"enable_external_access": False, "autoload_known_extensions": False,
                                             "autoinstall_known_extensions": False, "threads": 1})
     db.execute("ATTACH ':memory:' AS federator")
     db.execute("USE federator")
+    db.execute(f"CREATE SCHEMA {STORES}")
     db.execute("SET TimeZone = 'UTC'")
     fixes: list[tuple[str, str, int, int, bool]] = []  # table, column, type OID, typmod, is the key
     for name, defn in sorted(stores.items()):
@@ -197,7 +226,7 @@ def _build(stores: dict[str, StoreDefinition]) -> duckdb.DuckDBPyConnection:
             cols.append(f'"{_ident(f.name)}" {sql_type_name(f.type)}{key}')
             typmod = (f.type.precision * 65536 + f.type.scale + 4) if pa.types.is_decimal(f.type) else -1
             fixes.append((name, f.name, _column_oid(f.type), typmod, f.name == defn.key_name))
-        db.execute(f'CREATE TABLE main."{_ident(name)}" ({", ".join(cols)})')
+        db.execute(f'CREATE TABLE {STORES}."{_ident(name)}" ({", ".join(cols)})')
     db.execute(f"CREATE SCHEMA {FIX}")
     db.execute(f"CREATE TABLE {FIX}.column_types (relname VARCHAR, attname VARCHAR, oid INTEGER, typmod INTEGER, "
                "is_key BOOLEAN)")
@@ -225,11 +254,15 @@ def _build(stores: dict[str, StoreDefinition]) -> duckdb.DuckDBPyConnection:
                   WHEN 'varchar' THEN 'character varying' WHEN 'timestamptz' THEN 'timestamp with time zone'
                   WHEN 'timestamp' THEN 'timestamp without time zone' ELSE typname END
                   FROM {FIX}.pg_type WHERE oid = type_oid) END""")
-    hidden = {"pg_class": "relnamespace", "pg_namespace": "oid"}  # FIX itself is not shown
+    # neither FIX nor DuckDB's default schema (empty: the stores are in STORES) is shown,
+    # and no database but federator (DuckDB's system, temp and memory are not the server's)
+    not_hidden = f"NOT IN (SELECT oid FROM duckdb_schemas() WHERE schema_name IN ('{FIX}', 'main') AND " \
+                 "database_name = 'federator')"
+    shown = {"pg_class": f"relnamespace {not_hidden}", "pg_namespace": f"oid {not_hidden}",
+             "pg_database": "datname = 'federator'"}
     for name, extra in _EXTRA_COLUMNS.items():
         added = "".join(f", {value} AS {column}" for column, value in extra.items())
-        where = (f" WHERE {hidden[name]} IS DISTINCT FROM (SELECT oid FROM duckdb_schemas() WHERE schema_name = "
-                 f"'{FIX}' AND database_name = 'federator')") if name in hidden else ""
+        where = f" WHERE {shown[name]}" if name in shown else ""
         db.execute(f"CREATE VIEW {FIX}.{name} AS SELECT *{added} FROM pg_catalog.{name}{where}")
     for name, columns in _EMPTY.items():
         db.execute(f"CREATE TABLE {FIX}.{name} ({columns})")
@@ -265,10 +298,21 @@ def _primary_keys(db: duckdb.DuckDBPyConnection) -> None:
         JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid AND a.attname = t.attname
         WHERE c.relkind = 'r'""")
     db.execute(f"""CREATE VIEW {FIX}.index_definitions AS
-        SELECT c.oid + {_INDEX_OID} AS indexrelid, 'CREATE UNIQUE INDEX ' || c.relname || '_pkey ON main.' || c.relname
-               || ' USING btree (' || t.attname || ')' AS indexdef
+        SELECT c.oid + {_INDEX_OID} AS indexrelid, 'CREATE UNIQUE INDEX ' || c.relname || '_pkey ON {STORES}.' || c.relname
+               || ' USING btree (' || t.attname || ')' AS indexdef, t.attname AS keydef
         FROM pg_catalog.pg_class c JOIN {FIX}.column_types t ON t.relname = c.relname AND t.is_key
         WHERE c.relkind = 'r'""")
+    # the key's constraint names its index, as Postgres's does (SQLAlchemy joins them); DuckDB's
+    # NOT NULL rows would read as exclusion constraints ('x'), which Postgres does not list
+    db.execute(f"ALTER VIEW {FIX}.pg_constraint RENAME TO pg_constraint_all")
+    db.execute(f"""CREATE VIEW {FIX}.pg_constraint AS
+        SELECT k.* REPLACE (
+            CASE WHEN k.contype = 'p' THEN c.relname || '_pkey' ELSE k.conname END AS conname,
+            CASE WHEN k.contype = 'p' THEN k.conrelid + {_INDEX_OID} ELSE k.conindid END AS conindid,
+            CASE WHEN k.contype = 'p' THEN (SELECT i.indkey FROM {FIX}.pg_index i WHERE i.indrelid = k.conrelid)
+                 ELSE k.conkey END AS conkey)
+        FROM {FIX}.pg_constraint_all k LEFT JOIN pg_catalog.pg_class c ON c.oid = k.conrelid
+        WHERE k.contype <> 'x'""")
     db.execute(f"ALTER VIEW {FIX}.pg_class RENAME TO pg_class_relations")
     db.execute(f"""CREATE VIEW {FIX}.pg_class AS
         SELECT * FROM {FIX}.pg_class_relations
@@ -296,6 +340,8 @@ _DUCK_TO_ARROW = {"BOOLEAN": pa.bool_(), "TINYINT": pa.int8(), "SMALLINT": pa.in
 
 def _arrow_of_duck(t: str) -> pa.DataType:
     t = str(t).upper()
+    if t.endswith("[]"):
+        return pa.list_(_arrow_of_duck(t[:-2]))
     m = re.fullmatch(r"DECIMAL\((\d+),\s*(\d+)\)", t)
     if m:
         return pa.decimal128(int(m.group(1)), int(m.group(2)))
@@ -352,26 +398,6 @@ def _parameter_types(tree: exp.Expression, stores: dict[str, StoreDefinition], c
 
 # ---- statements ------------------------------------------------------------------------------
 
-def reads_catalog_only(tree: exp.Expression, stores: dict[str, StoreDefinition]) -> bool:
-    """True when the statement reads no store: the catalog database answers it."""
-    names = {n.lower() for n in stores}
-    ctes = {cte.alias_or_name.lower() for cte in tree.find_all(exp.CTE)}
-    for table in tree.find_all(exp.Table):
-        if not isinstance(table.this, exp.Identifier):
-            continue  # a table function: generate_series(...), string_to_array(...)
-        if not table.db and table.name.lower() in ctes - names:
-            continue
-        db = (table.db or "").lower()
-        if db in CATALOG_SCHEMAS:
-            continue
-        name = table.name.lower()
-        if not db and name in names:
-            return False
-        if db in ("", "main", "public") and name not in names and not name.startswith("pg_"):
-            return False  # an unknown name: the engine says which stores there are
-    return True
-
-
 def rewrite(tree: exp.Expression, session: dict[str, str], user: str, pid: int) -> exp.Expression:
     """``tree`` with the session's catalog functions answered and fixed catalog views named."""
     def fix(node: exp.Expression) -> exp.Expression:
@@ -382,9 +408,12 @@ def rewrite(tree: exp.Expression, session: dict[str, str], user: str, pid: int) 
         if isinstance(node, exp.Table) and node.name.lower() in _TABLES and (node.db or "").lower() in ("", "pg_catalog"):
             return exp.Table(this=exp.to_identifier(node.name.lower()), db=exp.to_identifier(FIX),
                              alias=node.args.get("alias"))
-        if isinstance(node, exp.Column) and (node.args.get("db") is not None) \
-                and node.args["db"].name.lower() == "pg_catalog" and node.table.lower() in _TABLES:
-            node.set("db", exp.to_identifier(FIX))  # pg_catalog.pg_class.relname, as SQLAlchemy writes it
+        if isinstance(node, exp.Column) and node.args.get("db") is not None \
+                and node.args["db"].name.lower() in CATALOG_SCHEMAS:
+            # pg_catalog.pg_class.relname, as SQLAlchemy writes it, is pg_class.relname: DuckDB binds
+            # no schema of pg_catalog's tables in a correlated subquery, nor of FIX's in their place
+            node.set("db", None)
+            node.set("catalog", None)
         if isinstance(node, exp.Table) and not isinstance(node.this, exp.Identifier) \
                 and (node.db or "").lower() == "pg_catalog":
             node.set("db", None)  # pg_catalog.generate_series(...): DuckDB's own table function
@@ -400,8 +429,8 @@ def rewrite(tree: exp.Expression, session: dict[str, str], user: str, pid: int) 
                 return fix(inner.copy().transform(fix))  # transform does not walk into what fix returns
         if isinstance(node, exp.Cast):
             target = _object_type(node.to)
-            if target is not None:
-                return _object_cast(node.this, target)
+            if target is not None:  # the value rewritten too: transform does not walk into what fix returns
+                return _object_cast(node.this.transform(fix), target)
             named = node.to.sql(dialect="postgres")
             if named.lower().startswith("pg_catalog."):  # ::pg_catalog.text is ::text
                 try:
@@ -412,11 +441,9 @@ def rewrite(tree: exp.Expression, session: dict[str, str], user: str, pid: int) 
         if name is None:
             return node
         if name in _LOOKUPS:
-            table, key, value = _LOOKUPS[name]
-            arguments = [a.transform(fix) for a in node.args.get("expressions") or []]
-            lookup = exp.select(value).from_(exp.Table(this=exp.to_identifier(table), db=exp.to_identifier(FIX))) \
-                .where(exp.EQ(this=exp.column(key), expression=arguments[0] if arguments else exp.Null()))
-            return exp.Subquery(this=lookup)
+            return _lookup(*_LOOKUPS[name], [a.transform(fix) for a in node.args.get("expressions") or []])
+        if name in _RENAMED:
+            return exp.Anonymous(this=_RENAMED[name], expressions=[a.transform(fix) for a in node.expressions])
         if name in _FUNCTIONS:
             arguments = [a.transform(fix) for a in node.args.get("expressions") or []]  # not walked otherwise
             return exp.Dot(this=exp.to_identifier(FIX), expression=exp.Anonymous(this=name, expressions=arguments))
@@ -425,7 +452,7 @@ def rewrite(tree: exp.Expression, session: dict[str, str], user: str, pid: int) 
         if name in ("current_user", "session_user", "user"):
             return exp.Literal.string(user)
         if name in ("current_schema",):
-            return exp.Literal.string("main")
+            return exp.Literal.string(STORES)
         if name in ("current_database", "current_catalog"):
             return exp.Literal.string("federator")
         if name == "pg_backend_pid":
@@ -446,6 +473,23 @@ def rewrite(tree: exp.Expression, session: dict[str, str], user: str, pid: int) 
     return tree.transform(fix)
 
 
+def _lookup(table: str, key: str, value: str, column_value: str, arguments: list[exp.Expression]) -> exp.Expression:
+    """The value for ``arguments[0]`` in ``table`` of FIX; ``column_value`` when a second argument is
+    a column's number (not 0). Further arguments (pretty printing) change nothing here, but stay
+    in the statement: a parameter given for them is bound."""
+    first, second, *rest = arguments + [exp.Null()] * max(0, 2 - len(arguments))
+    picked: exp.Expression = exp.column(value)
+    if len(arguments) > 1:
+        picked = exp.If(this=exp.EQ(this=exp.func("coalesce", second, exp.Literal.number(0)),
+                                    expression=exp.Literal.number(0)),
+                        true=exp.column(value), false=exp.column(column_value))
+    condition: exp.Expression = exp.EQ(this=exp.column(key), expression=first)
+    for extra in rest:
+        condition = exp.and_(condition, exp.or_(exp.Is(this=extra, expression=exp.Null()), exp.true()))
+    fixed = exp.Table(this=exp.to_identifier(table), db=exp.to_identifier(FIX))
+    return exp.Subquery(this=exp.select(picked).from_(fixed).where(condition))
+
+
 def _object_type(to: exp.Expression) -> str | None:
     """regclass, regtype, oid ... of a cast's target (Postgres's object identifier types)."""
     text = to.sql(dialect="postgres").lower().replace("pg_catalog.", "")
@@ -455,8 +499,10 @@ def _object_type(to: exp.Expression) -> str | None:
 
 def _object_cast(value: exp.Expression, target: str) -> exp.Expression:
     """An object identifier cast as DuckDB can answer it: a name literal becomes its OID, an OID
-    stays a number, except ::regtype of an OID, which tools cast to print the type's name."""
-    if isinstance(value, exp.Literal) and value.is_string and not value.this.isdigit():
+    stays a number, except ::regtype of an OID, which tools cast to print the type's name. A
+    parameter may be either: a name (SQLAlchemy binds 'pg_catalog.pg_class') or an OID."""
+    named = isinstance(value, exp.Literal) and value.is_string and not value.this.isdigit()
+    if named or (isinstance(value, (exp.Placeholder, exp.Parameter)) and target in ("regclass", "regtype")):
         if target == "regclass":
             return exp.Dot(this=exp.to_identifier(FIX), expression=exp.Anonymous(this="to_regclass", expressions=[value]))
         if target == "regtype":

@@ -18,13 +18,17 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, TypeVar
 
 import pyarrow as pa
+from sqlglot import exp
 
 from federator.cancel import Cancel
+from federator.catalog.definition import StoreDefinition
 from federator.errors import SqlError
 from federator.pgwire import catalog as pgcat
+from federator.pgwire import names
 from federator.pgwire.catalog import PgCatalog
+from federator.query.position import Position
 from federator.sql.limits import admitted, limits_of
-from federator.sql.result import SqlRequest
+from federator.sql.result import SqlRequest, SqlResult
 
 T = TypeVar("T")
 DEFAULT_TIMEOUT_MS = 10_000
@@ -35,7 +39,7 @@ DEFAULT_SETTINGS: dict[str, str] = {
     "server_version": pgcat.SERVER_VERSION, "server_version_num": "160000", "server_encoding": "UTF8",
     "client_encoding": "UTF8", "datestyle": "ISO, MDY", "intervalstyle": "postgres", "timezone": "UTC",
     "integer_datetimes": "on", "standard_conforming_strings": "on", "is_superuser": "off",
-    "application_name": "", "search_path": "main", "statement_timeout": "0", "lock_timeout": "0",
+    "application_name": "", "search_path": '"$user", public', "statement_timeout": "0", "lock_timeout": "0",
     "transaction_isolation": "read committed", "default_transaction_isolation": "read committed",
     "transaction_read_only": "on", "default_transaction_read_only": "on", "extra_float_digits": "1",
     "max_identifier_length": "63", "max_index_keys": "32",
@@ -286,18 +290,20 @@ class Session:
         return _rows("FETCH", table)
 
     # ---- queries -------------------------------------------------------------------------
-    def route(self, sql: str) -> tuple[str, str]:
-        """(where, the SQL to run): "catalog" (DuckDB's catalog of the stores, DuckDB's dialect)
-        or "engine" (the node's SQL engine, Postgres's dialect)."""
-        from sqlglot import exp
-
+    def route(self, sql: str) -> Route:
+        """Where ``sql`` runs: the catalog database (it reads no store), the node's SQL engine (it
+        reads stores and nothing of the catalog) or both (stores read by the engine, the statement
+        in the catalog database over their rows)."""
         tree = pgcat.parse(sql)
         if tree is None or not isinstance(tree, exp.Query):
-            return "engine", sql
+            return Route("engine", sql)
         rewritten = pgcat.rewrite(tree.copy(), self.settings, self.user, self.pid)
-        if pgcat.reads_catalog_only(tree, self.service.stores):
-            return "catalog", rewritten.sql(dialect="duckdb")
-        return "engine", sql if rewritten == tree else rewritten.sql(dialect="postgres")
+        stores, catalog = names.relations(rewritten, self.service.stores, names.CATALOG_SCHEMAS | {pgcat.FIX})
+        if not stores:
+            return Route("catalog", rewritten.sql(dialect="duckdb"))
+        if not catalog and not names.calls_functions_of(rewritten, pgcat.FIX):
+            return Route("engine", sql if rewritten == tree else rewritten.sql(dialect="postgres"))
+        return Route("both", "", rewritten, stores)
 
     def describe(self, sql: str) -> tuple[list[int], pa.Schema | None]:
         """The parameter types and the answer's columns of ``sql`` (None: it answers no rows)."""
@@ -318,17 +324,32 @@ class Session:
             return _placeholders(text), None
 
     def query(self, sql: str, parameters: list[Any]) -> Answer:
-        where, run = self.route(sql)
-        token, stale, lag, timeout_ms = self._options()
+        route = self.route(sql)
         limits = limits_of(self.service)
         limits.check_sql(sql)
-        timeout_ms, _ = limits.timeout_ms(timeout_ms)
+        timeout_ms, _ = limits.timeout_ms(self._options()[3])
         cancel = self.current
-        if where == "catalog":
-            table = _canceled(cancel, lambda: self.catalog.run(run, parameters, timeout_ms / 1000, cancel))
-            limits.check_rows(table.num_rows, table.nbytes)
-            return _rows("SELECT", table)
-        req = SqlRequest(run, list(parameters), consistency_token=token, allow_stale=stale, max_lag=lag,
+        if route.where == "engine":
+            result, batches = self._engine(route.sql, parameters, timeout_ms)
+            self._answer_token = result.consistency_token
+            return Answer("SELECT", result.schema, batches)
+        relations: dict[str, pa.Table] = {}
+        if route.where == "both":
+            assert route.tree is not None
+            relations = self._read_stores(route.tree, route.stores, timeout_ms)
+            route = Route("catalog", route.tree.sql(dialect="duckdb"))
+        table = _canceled(cancel, lambda: self.catalog.run(route.sql, parameters, timeout_ms / 1000, cancel,
+                                                           relations))
+        limits.check_rows(table.num_rows, table.nbytes)
+        return _rows("SELECT", table)
+
+    def _engine(self, sql: str, parameters: list[Any], timeout_ms: int) -> tuple[SqlResult, Iterator[pa.RecordBatch]]:
+        """``sql`` run by the node's SQL engine with the session's options: its result, and its
+        batches within the node's answer caps."""
+        token, stale, lag, _ = self._options()
+        cancel = self.current
+        limits = limits_of(self.service)
+        req = SqlRequest(sql, list(parameters), consistency_token=token, allow_stale=stale, max_lag=lag,
                          timeout_ms=timeout_ms, dialect="postgres", cancel=cancel)
         with admitted(self.service, req):
             result = _canceled(cancel, lambda: self.service.sql(req))
@@ -338,8 +359,40 @@ class Session:
             except BaseException:
                 capped.close()
                 raise
-        self._answer_token = result.consistency_token
-        return Answer("SELECT", result.schema, _until_cancelled(self, capped))
+        return result, _until_cancelled(self, capped)
+
+    def _read_stores(self, tree: exp.Expression, stores: list[exp.Table], timeout_ms: int) -> dict[str, pa.Table]:
+        """The rows of each store ``tree`` reads, whole, from the engine (which says when a name is
+        no store); ``tree`` is made to read them under the names returned."""
+        defined = {n.lower(): d for n, d in self.service.stores.items()}
+        texts = [_store_read(t, defined.get(t.name.lower())) for t in stores]
+        relations: dict[str, pa.Table] = {}
+        read_as: dict[str, str] = {}  # the engine's statement -> its relation (a store read twice is read once)
+        position = Position()
+        for text in dict.fromkeys(texts):
+            result, batches = self._engine(text, [], timeout_ms)
+            read_as[text] = f"federator_store_{len(read_as)}"
+            relations[read_as[text]] = pa.Table.from_batches(list(batches), result.schema)
+            position = position.merge(Position.from_token(result.consistency_token))
+        names.point_at(tree, stores, [exp.Table(this=exp.to_identifier(read_as[t], quoted=True)) for t in texts])
+        self._answer_token = position.to_token()
+        return relations
+
+
+def _store_read(table: exp.Table, defn: StoreDefinition | None) -> str:
+    """The engine's statement reading every column of the store ``table`` names (its pseudo-columns
+    too); of an unknown name, one the engine answers with why there is no such store."""
+    columns = [exp.column(f.name, quoted=True) for f in defn.arrow_schema()] if defn else [exp.Star()]
+    named = exp.Table(**{k: table.args[k].copy() for k in ("this", "db", "catalog") if table.args.get(k) is not None})
+    return exp.select(*columns).from_(named).sql(dialect="postgres")
+
+
+@dataclass
+class Route:
+    where: str  # "catalog", "engine" or "both"
+    sql: str  # what runs: DuckDB's dialect in the catalog database, Postgres's in the engine
+    tree: exp.Expression | None = None  # with "both": the statement, rewritten for the catalog database
+    stores: list[exp.Table] = field(default_factory=list)  # with "both": its store references
 
 
 _CANCELED = "canceling statement due to user request"  # Postgres's words; psql and drivers show them

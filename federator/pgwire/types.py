@@ -2,7 +2,8 @@
 
 One table (``_BY_OID``) says, per Postgres type, its size and how a Python value is written in the
 text format (what psql shows) and the binary format (asyncpg and pgjdbc ask for it). Arrow types map
-onto these OIDs; whatever has no Postgres twin (lists, structs, intervals) is sent as text.
+onto these OIDs, a list of one of them onto its Postgres array; whatever has no Postgres twin
+(nested lists, structs, intervals) is sent as text.
 Parameters come the other way: a bound value in text or binary form, read by its declared OID.
 """
 
@@ -119,7 +120,38 @@ _TYPES = [
     PgType(NUMERIC, "numeric", -1, lambda v: str(v), lambda v: _numeric_binary(decimal.Decimal(v))),
     PgType(UUID, "uuid", 16, str, lambda v: uuid.UUID(str(v)).bytes),
 ]
+# each scalar type's array type: element OID -> array OID
+ARRAYS = {BOOL: 1000, BYTEA: 1001, INT2: 1005, INT4: 1007, TEXT: 1009, VARCHAR: 1015, INT8: 1016, FLOAT4: 1021,
+          FLOAT8: 1022, TIMESTAMP: 1115, DATE: 1182, TIME: 1183, TIMESTAMPTZ: 1185, NUMERIC: 1231, UUID: 2951}
+_ARRAY_SPECIALS = set('{}",\\')
+
+
+def _element_text(element: PgType, v: Any) -> str:
+    if v is None:
+        return "NULL"
+    text = element.text(v)
+    if text == "" or text.upper() == "NULL" or any(c in _ARRAY_SPECIALS or c.isspace() for c in text):
+        return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return text
+
+
+def _array(element: PgType, oid: int) -> PgType:
+    """The one-dimensional array of ``element``'s type, as Postgres writes it: ``{a,"b c",NULL}`` in
+    text; in binary dimensions, a null flag, the element OID, then each element's length and bytes."""
+    def binary(values: list) -> bytes:
+        if not values:
+            return struct.pack("!iiI", 0, 0, element.oid)
+        head = struct.pack("!iiIii", 1, int(any(v is None for v in values)), element.oid, len(values), 1)
+        parts = [struct.pack("!i", -1) if v is None else struct.pack("!i", len(b := element.binary(v))) + b
+                 for v in values]
+        return head + b"".join(parts)
+
+    return PgType(oid, "_" + element.name, -1,
+                  lambda values: "{" + ",".join(_element_text(element, v) for v in values) + "}", binary)
+
+
 _BY_OID = {t.oid: t for t in _TYPES}
+_BY_OID.update({array: _array(_BY_OID[element], array) for element, array in ARRAYS.items()})
 
 
 def by_oid(oid: int) -> PgType:
@@ -158,7 +190,10 @@ def oid_of(t: pa.DataType) -> int:
         return TIMESTAMPTZ if t.tz is not None else TIMESTAMP
     if isinstance(t, pa.ExtensionType) and "uuid" in str(t.extension_name).lower():
         return UUID
-    return TEXT  # lists, structs, maps, intervals: their text
+    if (pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)) \
+            and not pa.types.is_nested(t.value_type) and oid_of(t.value_type) in ARRAYS:
+        return ARRAYS[oid_of(t.value_type)]
+    return TEXT  # nested lists, structs, maps, intervals: their text
 
 
 def row_encoders(oids: list[int], formats: list[int]) -> list[Callable[[Any], bytes]]:

@@ -3,12 +3,29 @@
 from __future__ import annotations
 
 import pyarrow as pa
+from sqlglot import exp
 
 from federator.catalog.definition import StoreDefinition
 from federator.sql.types import sql_type
 
 # Where stores live, as information_schema and Flight SQL name it; BI tools qualify names with these.
 CATALOG, SCHEMA = "federator", "main"
+# The schema names a store is read under: DuckDB's default, and Postgres's (where Postgres tools look)
+STORE_SCHEMAS = (SCHEMA, "public")
+
+
+def names_store_schema(catalog: str | None, db: str | None) -> bool:
+    """Whether a table qualified with ``catalog.db`` (either may be empty) is in the stores' schema."""
+    return (catalog or CATALOG).lower() == CATALOG and (db or SCHEMA).lower() in STORE_SCHEMAS
+
+
+def unqualify_store_columns(tree: exp.Expression) -> None:
+    """Columns written ``schema.store.column`` or ``catalog.schema.store.column`` as ``store.column``:
+    the relation a store is read into has no schema, only the store's name or alias."""
+    for col in tree.find_all(exp.Column):
+        if col.args.get("db") is not None and names_store_schema(col.catalog, col.db):
+            col.set("db", None)
+            col.set("catalog", None)
 
 
 def show_tables(stores: dict[str, StoreDefinition]) -> pa.Table:

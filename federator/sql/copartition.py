@@ -22,6 +22,7 @@ from sqlglot import exp
 from federator.catalog.definition import StoreDefinition
 from federator.plan.keys import answers_key_queries
 from federator.sql import pushdown
+from federator.sql.catalog_tables import names_store_schema
 from federator.owner.keyjoin import KEY_FORMATS, LEFT, RIGHT
 from federator.query.owner_work import Side
 from federator.owner.work import ROWS
@@ -55,7 +56,7 @@ def co_join(select: exp.Select, resolve: Callable[[str], StoreDefinition | None]
     if not all(isinstance(t, exp.Table) and isinstance(t.this, exp.Identifier) and not t.args.get("joins")
                for t in (left_t, right_t)):
         return None
-    if any((t.db or "").lower() not in ("", "main") or t.catalog for t in (left_t, right_t)):
+    if not all(names_store_schema(t.catalog, t.db) for t in (left_t, right_t)):
         return None
     left, right = resolve(left_t.name), resolve(right_t.name)
     if left is None or right is None or not (answers_key_queries(left) and answers_key_queries(right)):

@@ -18,7 +18,7 @@ from sqlglot.optimizer.scope import traverse_scope
 from federator.catalog.definition import StoreDefinition
 from federator.plan.keys import SubQuery, plan_store_queries
 from federator.plugin.rules import BOUND_PARAMETER, RulePlan, SqlRule, first_plan
-from federator.sql.catalog_tables import CATALOG, SCHEMA
+from federator.sql.catalog_tables import CATALOG, STORE_SCHEMAS, unqualify_store_columns
 from federator.errors import SqlError
 from federator.sql import pushdown
 from federator.sql.copartition import co_join
@@ -156,6 +156,7 @@ def plan_query(tree: exp.Expression, resolve: Resolver, information_schema: Loca
     answer's schema (and raises DuckDB's errors). ``copartitioned``: run joins of
     co-partitioned stores on their owners where possible."""
     _refuse_engine_introspection(tree)
+    unqualify_store_columns(tree)
     if copartitioned and isinstance(tree, exp.Select):
         joined = _plan_co_join(tree, resolve, schema_of)
         if joined is not None:
@@ -194,8 +195,9 @@ def plan_query(tree: exp.Expression, resolve: Resolver, information_schema: Loca
             empty[relation] = made.schema.empty_table()
             _rename(table, relation)
             continue
-        if db and db != SCHEMA:
-            raise SqlError("UNKNOWN_STORE", f"unknown schema {table.db!r}; stores live in the schema {SCHEMA!r}")
+        if db and db not in STORE_SCHEMAS:
+            raise SqlError("UNKNOWN_STORE", f"unknown schema {table.db!r}; stores live in the schema "
+                                            f"{' or '.join(map(repr, STORE_SCHEMAS))}")
         defn = resolve(table.name)
         ref = _plan_ref(defn, table, query, mentioned, rules, _relation(defn.name, used))
         refs.append(ref)

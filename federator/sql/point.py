@@ -19,6 +19,7 @@ from sqlglot import exp
 from federator.catalog.definition import StoreDefinition
 from federator.formats import FormatError
 from federator.plan.keys import NotALiteral, answers_key_queries, literal_value
+from federator.sql.catalog_tables import names_store_schema
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,8 @@ def point_plan(select: exp.Select, stores: dict[str, StoreDefinition]) -> PointP
         return None
     source = select.args.get("from_") or select.args.get("from")
     table = source.this if source is not None else None
-    if not isinstance(table, exp.Table) or table.db or not isinstance(table.this, exp.Identifier):
+    if not isinstance(table, exp.Table) or not isinstance(table.this, exp.Identifier) \
+            or not names_store_schema(table.catalog, table.db):
         return None
     defn = stores.get(table.name)
     if defn is None or not answers_key_queries(defn):

@@ -1,7 +1,9 @@
-"""One live three-node cluster for the BI connector tests (DB-API driver, SQLAlchemy dialect).
+"""One live three-node cluster for the BI connector tests (a store's names through every front
+door, the Postgres protocol, the console, the DB-API driver, the SQLAlchemy dialect); every node
+serves Flight SQL and the Postgres protocol too.
 
-Both test modules import the ``bi_cluster`` fixture from here. Tests that run one after the
-other share one cluster (a cluster costs ~15 s to start and settle), so the two modules run
+The test modules import the ``bi_cluster`` fixture from here. Tests that run one after the
+other share one cluster (a cluster costs ~15 s to start and settle), so the modules run
 together share it; between them, in a full run, other modules run, and the cluster is not
 left idling beside them: it stops, and starts again for the next module.
 """
@@ -91,7 +93,8 @@ def start(broker, root: Path) -> BiCluster:
         (r["player"].encode(), window_key(r["player"].encode(), r["window_start"]),
          minutes.value.serialize(r["points"]), r["window_start"]) for r in mrow])
 
-    cluster = Cluster(broker.bootstrap_servers, app_id, root, size=3, standby_replicas=1, pg=True).start()
+    cluster = Cluster(broker.bootstrap_servers, app_id, root, size=3, standby_replicas=1, pg=True,
+                      flight_sql=True).start()
     try:
         for store in ("players", "blobs", "per_minute"):
             cluster.wait_settled(store, P, timeout=60)

@@ -12,15 +12,22 @@ import datetime as dt
 import decimal
 import os
 import shutil
+import json
 import subprocess
+import sys
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
 psycopg = pytest.importorskip("psycopg")
+import sqlglot  # noqa: E402
 
 from tests.integration.bi_cluster import BiCluster, bi_cluster  # noqa: F401,E402 - bi_cluster is a fixture
-from tests.integration.pg_tool_queries import QUERIES  # noqa: E402
+from tests.integration.pg_inspect import sqla14_python  # noqa: E402
+from tests.integration.pg_tool_queries import DATA_QUERIES, QUERIES  # noqa: E402
+from tests.integration.test_connect_names import bag  # noqa: E402
+from tests.integration.test_sql import post  # noqa: E402
 
 PSQL = shutil.which("psql")
 PGJDBC = next((p for p in ("/usr/share/java/postgresql.jar", "/usr/share/java/postgresql-jdbc4.jar") if Path(p).exists()), None)
@@ -125,15 +132,15 @@ def test_catalog_queries_tools_send(bi_cluster) -> None:
         assert conn.execute("SELECT version()").fetchone()[0].startswith("PostgreSQL 16")
         assert conn.info.server_version >= 160000
         assert conn.execute("SELECT current_schema(), current_database(), current_user").fetchone() == \
-               ("main", "federator", "tester")
-        tables = conn.execute("SELECT table_name FROM information_schema.tables WHERE table_schema = 'main' "
+               ("public", "federator", "tester")
+        tables = conn.execute("SELECT table_name FROM information_schema.tables WHERE table_schema = 'public' "
                               "ORDER BY table_name").fetchall()
         assert tables == [("blobs",), ("per_minute",), ("players",)]
         cols = conn.execute("""
             SELECT a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod), a.attnotnull
             FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_class c ON c.oid = a.attrelid
             JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-            WHERE c.relname = 'players' AND n.nspname = 'main' AND a.attnum > 0 ORDER BY a.attnum""").fetchall()
+            WHERE c.relname = 'players' AND n.nspname = 'public' AND a.attnum > 0 ORDER BY a.attnum""").fetchall()
         assert cols == [("player", "character varying", True), ("team", "character varying", False),
                         ("games", "bigint", False), ("score", "double precision", False),
                         ("active", "boolean", False), ("last_seen", "timestamp with time zone", False),
@@ -182,7 +189,6 @@ def test_sqlalchemy_and_pandas_read_sql(bi_cluster) -> None:
     c = bi_cluster
     engine = sqlalchemy.create_engine(f"postgresql+psycopg://tester@127.0.0.1:{c.nodes[2].pg_port}/federator")
     try:
-        assert sorted(sqlalchemy.inspect(engine).get_table_names(schema="main")) == ["blobs", "per_minute", "players"]
         frame = pd.read_sql("SELECT team, count(*) AS n FROM players GROUP BY team ORDER BY team NULLS FIRST", engine)
         assert [tuple(r) for r in frame.itertuples(index=False)] == \
                duck(c, "SELECT team, count(*) AS n FROM players GROUP BY team ORDER BY team NULLS FIRST")
@@ -212,6 +218,7 @@ def test_psql_queries_and_describe(bi_cluster) -> None:
 
 
 JAVA = Path(__file__).parent / "java" / "PgjdbcCheck.java"
+INSPECT = Path(__file__).parent / "pg_inspect.py"
 
 
 @pytest.mark.skipif(PGJDBC is None or shutil.which("javac") is None,
@@ -227,7 +234,8 @@ def test_pgjdbc_metadata_and_a_paged_prepared_statement(bi_cluster, tmp_path) ->
     assert run.returncode == 0, run.stderr
     lines = run.stdout.splitlines()
     assert lines[0] == "product PostgreSQL 16"
-    assert [x for x in lines if x.startswith("table ")] == ["table main.blobs", "table main.per_minute", "table main.players"]
+    assert [x for x in lines if x.startswith("table ")] == ["table public.blobs", "table public.per_minute",
+                                                                  "table public.players"]
     assert [x for x in lines if x.startswith("column ")] == [
         "column player varchar 12 NO", "column team varchar 12 YES", "column games int8 -5 YES",
         "column score float8 8 YES", "column active bool -7 YES", "column last_seen timestamptz 93 YES",
@@ -263,3 +271,51 @@ def test_catalog_queries_of_bi_tools(bi_cluster, tool, where, sql, params, check
     with psycopg.connect(dsn(bi_cluster), autocommit=True) as conn:
         rows = conn.execute(sql, params or None).fetchall()
     assert check(rows), rows[:10]
+
+
+@pytest.mark.parametrize("python,driver", [(None, "psycopg"), ("1.4", "psycopg2")],
+                         ids=["sqlalchemy 2 and psycopg 3", "sqlalchemy 1.4 and psycopg2"])
+def test_sqlalchemy_inspector_finds_the_stores_as_superset_asks(bi_cluster, python, driver) -> None:
+    """Superset's dataset editor: schemas, tables, a store's columns, key, indexes, then a query."""
+    c = bi_cluster
+    exe = str(sqla14_python()) if python else sys.executable
+    url = f"postgresql+{driver}://tester@127.0.0.1:{c.nodes[1].pg_port}/federator"
+    done = subprocess.run([exe, str(INSPECT), url], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout)
+    assert found["version"].startswith("1.4" if python else "2.")
+    assert found["schemas"] == ["public"] and found["default_schema"] == "public"
+    assert found["tables"] == found["public_tables"] == ["blobs", "per_minute", "players"]
+    assert found["columns"] == [["player", "VARCHAR", None, False], ["team", "VARCHAR", None, True],
+                                ["games", "BIGINT", None, True], ["score", "DOUBLE_PRECISION", None, True],
+                                ["active", "BOOLEAN", None, True], ["last_seen", "TIMESTAMP", True, True],
+                                ["rowtime", "TIMESTAMP", True, True]]
+    assert found["pk"] == ["players_pkey", ["player"]]
+    assert found["indexes"] == [] and found["foreign_keys"] == [] and found["views"] == []  # as Postgres: the key's index is the pk's
+    assert found["has_table"] == [True, True, False]
+    assert [tuple(r) for r in found["rows"]] == duck(
+        c, "SELECT team, count(*) AS n FROM players GROUP BY team ORDER BY team NULLS FIRST")
+
+
+def _unqualified(sql: str) -> str:
+    """``sql`` (Postgres's) as DuckDB's over the bare names the oracle's tables have."""
+    tree = sqlglot.parse_one(sql, read="postgres")
+    for node in tree.find_all(sqlglot.exp.Table, sqlglot.exp.Column):
+        if isinstance(node, sqlglot.exp.Column) and node.args.get("db") is None:
+            continue
+        node.set("db", None)
+        node.set("catalog", None)
+    return tree.sql(dialect="duckdb")
+
+
+@pytest.mark.parametrize("tool,where,sql", DATA_QUERIES, ids=[f"{q[0]}: {q[1]}" for q in DATA_QUERIES])
+def test_data_queries_of_bi_tools_equal_duckdb_and_http(bi_cluster, tool, where, sql) -> None:
+    c = bi_cluster
+    with psycopg.connect(dsn(c), autocommit=True) as conn:
+        got = bag(utc(conn.execute(sql).fetchall()))  # no parameters: the simple protocol, as psycopg2 sends
+    want = bag(duck(c, _unqualified(sql)))
+    assert got == want and want, (got[:5], want[:5])
+    resp = post(c.nodes[2], {"sql": sql, "dialect": "postgres", "format": "arrow"})
+    assert resp.status == 200, resp.data[:300]
+    over_http = pa.ipc.open_stream(resp.data).read_all()
+    assert bag(utc([tuple(r.values()) for r in over_http.to_pylist()])) == want

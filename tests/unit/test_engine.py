@@ -347,7 +347,23 @@ def test_show_tables_and_describe_read_the_catalog(world) -> None:
     assert cols.column(0).to_pylist() == ["key", "score", "rowtime"]
 
 
+@pytest.mark.parametrize("form", ["main.{}", "public.{}", '"public"."{}"', "federator.main.{}", "FEDERATOR.PUBLIC.{}"])
+def test_a_store_qualified_with_its_schema_or_database_is_the_store(world, form) -> None:
+    """Postgres tools write public.store, DuckDB's main.store; columns may carry the same qualifier."""
+    engine = world.cluster.engine()
+    for sql in ("SELECT {p}.team, count(*) AS n FROM {p} JOIN {b} b ON b.player = {p}.player GROUP BY 1",
+                "SELECT total_score FROM {p} WHERE player = 'p0007'"):
+        got, _ = run(engine, sql.format(p=form.format("players"), b=form.format("bonus")))
+        assert bag(got) == bag(world.duckdb(sql.format(p="players", b="bonus")))
+
+
 # ---- errors ------------------------------------------------------------------------------------
+def test_an_unknown_schema_says_where_stores_live(world) -> None:
+    with pytest.raises(SqlError) as e:
+        run(world.cluster.engine(), "SELECT * FROM other.players")
+    assert e.value.code == "UNKNOWN_STORE" and "'main' or 'public'" in e.value.message
+
+
 def test_an_unknown_store_names_the_stores_there_are(world) -> None:
     with pytest.raises(SqlError) as e:
         run(world.cluster.engine(), "SELECT * FROM nowhere")

@@ -19,6 +19,7 @@ from federator.pgwire.catalog import PgCatalog
 from federator.pgwire.server import PgServer, split_statements
 from federator.pgwire.session import Session
 from federator.plugin.loader import load_plugins
+from federator.query.position import Position
 from federator.sql.result import SqlRequest, SqlResult
 
 
@@ -77,9 +78,20 @@ def test_a_parameter_that_does_not_read_says_which_type() -> None:
 def test_arrow_types_are_described_by_their_postgres_twins() -> None:
     assert [pgt.oid_of(t) for t in (pa.int64(), pa.int32(), pa.float64(), pa.string(), pa.binary(), pa.bool_(),
                                     pa.timestamp("ms", tz="UTC"), pa.timestamp("us"), pa.date32(),
-                                    pa.decimal128(10, 2), pa.list_(pa.int64()))] == \
+                                    pa.decimal128(10, 2), pa.list_(pa.int64()), pa.list_(pa.string()),
+                                    pa.list_(pa.list_(pa.int64())), pa.struct([("a", pa.int64())]))] == \
            [pgt.INT8, pgt.INT4, pgt.FLOAT8, pgt.VARCHAR, pgt.BYTEA, pgt.BOOL, pgt.TIMESTAMPTZ, pgt.TIMESTAMP,
-            pgt.DATE, pgt.NUMERIC, pgt.TEXT]
+            pgt.DATE, pgt.NUMERIC, 1016, 1015, pgt.TEXT, pgt.TEXT]  # int8[], varchar[]; nested: text
+
+
+def test_a_list_is_written_as_a_postgres_array() -> None:
+    (text,) = pgt.row_encoders([pgt.ARRAYS[pgt.VARCHAR]], [0])
+    assert text(["player", None, "a b", 'say "hi"', "", "null", "x,y"]) == \
+        b'{player,NULL,"a b","say \\"hi\\"","","null","x,y"}'
+    (binary,) = pgt.row_encoders([pgt.ARRAYS[pgt.INT4]], [1])
+    assert binary([7, None]) == struct.pack("!iiIii", 1, 1, pgt.INT4, 2, 1) + struct.pack("!ii", 4, 7) + \
+        struct.pack("!i", -1)
+    assert binary([]) == struct.pack("!iiI", 0, 0, pgt.INT4)
 
 
 # ---- a session over a fake SQL service ----------------------------------------------------------
@@ -100,7 +112,8 @@ class FakeService:
         if "boom" in req.sql:
             raise SqlError("UNKNOWN_COLUMN", "no column boom")
         table = pa.table({"player": ["a", "b", "c", "d", "e"], "games": [1, 2, 3, 4, 5]})
-        return SqlResult(table.schema, iter(table.to_batches(max_chunksize=2)), f"token-{len(self.requests)}", {})
+        token = Position({"t-players": {0: len(self.requests)}}).to_token()  # the n-th request's answer is at n
+        return SqlResult(table.schema, iter(table.to_batches(max_chunksize=2)), token, {})
 
 
 @pytest.fixture
@@ -122,7 +135,8 @@ def test_settings_are_the_consistency_options_of_the_next_query(session) -> None
     req = session.service.requests[-1]
     assert (req.consistency_token, req.allow_stale, req.max_lag, req.timeout_ms, req.dialect) == \
            ("tok", True, 5, 250, "postgres")
-    assert rows(session.execute("SHOW federator.consistency_token")) == [("token-1",)]  # the answer's token
+    # the answer's token
+    assert rows(session.execute("SHOW federator.consistency_token")) == [(Position({"t-players": {0: 1}}).to_token(),)]
     assert session.execute("RESET federator.allow_stale").tag == "RESET"
     assert rows(session.execute("SHOW federator.allow_stale")) == [("off",)]
     with pytest.raises(SqlError, match="max_lag must be a whole number"):
@@ -173,6 +187,33 @@ def test_catalog_queries_never_reach_the_engine(session) -> None:
     assert session.service.requests == []
     assert session.describe("SELECT player FROM players WHERE games > $1 LIMIT $2") == \
            ([pgt.INT8, pgt.INT8], pa.schema([pa.field("player", pa.string())]))
+
+
+@pytest.mark.parametrize("name", ["players", "main.players", "public.players", 'PUBLIC."players"',
+                                  "federator.main.players", '"federator"."public"."players"'])
+@pytest.mark.parametrize("template", ["SELECT * FROM {}", "SELECT {}.player FROM {} ORDER BY 1",
+                                      "WITH x AS (SELECT * FROM {}) SELECT * FROM x",
+                                      "SELECT * FROM (SELECT player FROM {}) p WHERE EXISTS (SELECT 1 FROM {})"])
+def test_a_store_under_any_name_is_read_by_the_engine(session, name, template) -> None:
+    sql = template.replace("{}", name)
+    assert len(rows(session.execute(sql))) == 5  # the fake engine's rows, not the catalog's empty table
+    assert len(session.service.requests) == 1 and session.service.requests[0].sql == sql
+
+
+@pytest.mark.parametrize("sql", ["SELECT * FROM no_such_store", "SELECT * FROM public.no_such_store",
+                                 "SELECT * FROM main.pg_class", "SELECT * FROM otherdb.public.players"])
+def test_a_name_that_is_no_store_goes_to_the_engine_which_says_so(session, sql) -> None:
+    session.execute(sql)
+    assert [r.sql for r in session.service.requests] == [sql]
+
+
+def test_a_statement_of_stores_and_the_catalog_reads_the_stores_from_the_engine(session) -> None:
+    answer = session.execute("SELECT c.relname, p.games FROM pg_catalog.pg_class c "
+                             "JOIN main.players p ON c.relname = 'players' WHERE p.games > 2 ORDER BY p.games")
+    assert rows(answer) == [("players", 3), ("players", 4), ("players", 5)]
+    (req,) = session.service.requests  # the store's every column, as it is named
+    assert req.sql == 'SELECT "player", "games", "rowtime" FROM main.players' and req.dialect == "postgres"
+    assert rows(session.execute("SHOW federator.consistency_token")) == [(Position({"t-players": {0: 1}}).to_token(),)]
 
 
 # ---- the server on a real socket ------------------------------------------------------------

@@ -10,21 +10,21 @@ public class PgjdbcCheck {
         try (Connection c = DriverManager.getConnection(url, user, password)) {
             DatabaseMetaData md = c.getMetaData();
             System.out.println("product " + md.getDatabaseProductName() + " " + md.getDatabaseMajorVersion());
-            try (ResultSet rs = md.getTables(null, "main", "%", new String[]{"TABLE"})) {
+            try (ResultSet rs = md.getTables(null, "public", "%", new String[]{"TABLE"})) {
                 while (rs.next()) System.out.println("table " + rs.getString("TABLE_SCHEM") + "." + rs.getString("TABLE_NAME"));
             }
-            try (ResultSet rs = md.getColumns(null, "main", "players", "%")) {
+            try (ResultSet rs = md.getColumns(null, "public", "players", "%")) {
                 while (rs.next()) System.out.println("column " + rs.getString("COLUMN_NAME") + " " + rs.getString("TYPE_NAME")
                         + " " + rs.getInt("DATA_TYPE") + " " + rs.getString("IS_NULLABLE"));
             }
-            try (ResultSet rs = md.getPrimaryKeys(null, "main", "players")) {
+            try (ResultSet rs = md.getPrimaryKeys(null, "public", "players")) {
                 while (rs.next()) System.out.println("pk " + rs.getString("COLUMN_NAME") + " " + rs.getInt("KEY_SEQ")
                         + " " + rs.getString("PK_NAME"));
             }
             if (args.length > 3) return;  // metadata only
             c.setAutoCommit(false);  // a fetch size pages only inside a transaction
             try (PreparedStatement ps = c.prepareStatement(
-                    "SELECT player, games, score, last_seen FROM players WHERE games > ? AND team = ? ORDER BY player")) {
+                    "SELECT player, games, score, last_seen FROM public.players WHERE games > ? AND team = ? ORDER BY player")) {
                 ps.setFetchSize(3);
                 ps.setLong(1, 20);
                 ps.setString(2, "red");
