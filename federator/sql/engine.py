@@ -199,6 +199,8 @@ class SqlEngine:
         cached = self._points.get(text, False)
         if cached is False or (cached is not None and stores.get(cached.store.name) is not cached.store):
             cached = point_plan(stmt.select, stores) if stmt.select is not None else None
+            if cached is not None:  # DuckDB's names and types (and its errors), planned once per text
+                cached = cached.typed(self._plan(stmt, req, options.deadline).schema)
             if len(self._points) > 4096:  # one entry per distinct SQL text; keep it bounded
                 self._points.clear()
             self._points[text] = cached
