@@ -232,6 +232,11 @@ def test_parameters_are_bound_per_request_and_plans_kept_per_parameters(world) -
     flag = "SELECT COUNT(*) AS n FROM players WHERE (total_score > 0) = ?"
     assert_answers_as_duckdb(world, engine, flag, [True])
     assert_answers_as_duckdb(world, engine, flag, [False])
+    # the user's text runs at the receiver: $1 twice takes one value, a ? in a string is no placeholder
+    numbered = "SELECT player, '?' AS q, + games FROM players WHERE games > $1 AND total_score > $1 * 100 AND team = $2"
+    assert_answers_as_duckdb(world, engine, numbered, [5, "red"])
+    assert_answers_as_duckdb(world, engine, numbered.replace("$1", "?", 1).replace("$1", "?").replace("$2", "?"),
+                             [5, 5, "red"])
 
 
 # ---- names and types are DuckDB's, whoever computes them ---------------------------------------------
