@@ -23,6 +23,7 @@ import duckdb
 import pyarrow as pa
 
 from federator.cancel import Cancel
+from federator.owner.duck_types import typed_schema
 from federator.errors import SqlError
 
 DEFAULT_MEMORY_LIMIT = "2GB"
@@ -93,11 +94,13 @@ class Duck:
         return self.over(sql, {name: rows})
 
     def stream(self, sql: str, relations: dict[str, pa.Table], deadline: float | None,
-               batch_rows: int = 65_536, cancel: Cancel | None = None) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
+               batch_rows: int = 65_536, cancel: Cancel | None = None,
+               typed: bool = False) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
         """Run ``sql`` over ``relations`` on a cursor of its own: the answer's schema and its
         batches as DuckDB makes them. Errors come as SqlError; most before this returns (the
         first batch is made here), the rest while the batches are read. ``cancel`` interrupts
-        the statement as the deadline does."""
+        the statement as the deadline does. ``typed``: the schema says the DuckDB types Arrow's
+        own lose (federator.owner.duck_types.typed_schema); the batches are as ever."""
         cur = self.cursor()
         timer = None
         forget = cancel.on_cancel(cur.interrupt) if cancel is not None else None
@@ -106,7 +109,9 @@ class Duck:
                 cur.register(name, table)
             if deadline is not None:
                 timer = _INTERRUPTER.watch(deadline, cur)
-            reader = cur.sql(sql).to_arrow_reader(batch_rows)
+            relation = cur.sql(sql)
+            types = [str(t) for t in relation.types] if typed else None
+            reader = relation.to_arrow_reader(batch_rows)
             first = _next(reader)
         except (duckdb.Error, pa.ArrowException, OSError) as e:  # DuckDB's errors may come through Arrow's reader
             _stop(timer, cur)
@@ -116,10 +121,11 @@ class Duck:
             _stop(timer, cur)
             _forget(forget)
             raise
+        schema = reader.schema if types is None else typed_schema(reader.schema, types)
         if first is None:
             _stop(timer, cur)
             _forget(forget)
-            return reader.schema, iter(())
+            return schema, iter(())
 
         def rest() -> Iterator[pa.RecordBatch]:
             try:
@@ -133,7 +139,7 @@ class Duck:
                 _stop(timer, cur)
                 _forget(forget)
 
-        return reader.schema, rest()
+        return schema, rest()
 
 
 def _next(reader: pa.RecordBatchReader) -> pa.RecordBatch | None:

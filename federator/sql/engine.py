@@ -19,12 +19,14 @@ from federator.query.position import Position, PositionBound
 from federator.route.read_options import ReadOptions
 from federator.sql.catalog_tables import describe, information_schema, show_tables
 from federator.errors import SqlError
-from federator.sql.parse import Statement, dialect_of, parse
+from federator.sql import writeback
+from federator.sql.parse import DIALECT, Statement, dialect_of, parse
 from federator.partitioner import partition_for
 from federator.plan.keys import SubQuery
 from federator.query.queries import KeyQuery
 from federator.owner.duck import Duck
-from federator.sql.planner import QueryPlan, StoreRef, bind_parameters, plan_query
+from federator.owner.duck_types import as_typed, wire_schema
+from federator.sql.planner import QueryPlan, StoreRef, bind_parameters, literal, plan_query
 from federator.sql.pushdown import is_volatile
 from federator.plugin.registry import Registry
 from federator.sql.dispatch_errors import from_dispatch
@@ -197,6 +199,8 @@ class SqlEngine:
         cached = self._points.get(text, False)
         if cached is False or (cached is not None and stores.get(cached.store.name) is not cached.store):
             cached = point_plan(stmt.select, stores) if stmt.select is not None else None
+            if cached is not None:  # DuckDB's names and types (and its errors), planned once per text
+                cached = cached.typed(self._plan(stmt, req, options.deadline).schema)
             if len(self._points) > 4096:  # one entry per distinct SQL text; keep it bounded
                 self._points.clear()
             self._points[text] = cached
@@ -308,6 +312,9 @@ class SqlEngine:
             if kept is not None:
                 stats["answer_reused"] = True
                 return self._keeping(watched, plan, kept[0], iter(kept[1]), at), read_at, stats
+        for ref in plan.refs:  # HUGEINT states as DuckDB's HUGEINT, not as the DECIMAL(38,0) they travel as
+            if ref.rows_schema is not None:
+                relations[ref.relation] = as_typed(relations[ref.relation], ref.rows_schema)
         schema, batches = self.duck.stream(plan.sql, relations, deadline, cancel=req.cancel)
         if key is not None:
             batches = self._kept(key, plan, schema, batches)
@@ -372,9 +379,11 @@ class SqlEngine:
                 return rebound
         tree = bind_parameters(stmt.select, list(req.parameters), stmt.param_count)  # type: ignore[arg-type]
         deterministic = not is_volatile(tree)
+        source = None if dialect_of(req.dialect) != DIALECT else writeback.source(
+            stmt.text, stmt.select, [literal(p, i).sql(dialect=DIALECT) for i, p in enumerate(req.parameters)])  # type: ignore[arg-type]
         plan = plan_query(tree, self.resolve_store, lambda name: information_schema(name, self._stores()),
                           list(self.registry.sql_rules), lambda sql, rels: self._schema_of(sql, rels, deadline),
-                          copartitioned)
+                          copartitioned, source)
         plan.deterministic = deterministic
         if plan_key is not None:
             self._keep_plan(plan_key, plan)
@@ -387,9 +396,10 @@ class SqlEngine:
 
     def _schema_of(self, sql: str, relations: dict[str, pa.Table], deadline: float) -> pa.Schema:
         """The schema of ``sql``'s answer over ``relations`` (DuckDB binds it: its errors are the
-        user's). It runs the statement, over empty stores but whole where it reads none (a
-        range(), a recursive CTE): within the request's timeout_ms."""
-        schema, batches = self.duck.stream(sql, relations, deadline)
+        user's), typed (federator.owner.duck_types). It runs the statement, over empty stores
+        but whole where it reads none (a range(), a recursive CTE): within the request's
+        timeout_ms."""
+        schema, batches = self.duck.stream(sql, relations, deadline, typed=True)
         for _ in batches:
             pass
         return schema
@@ -412,7 +422,7 @@ class SqlEngine:
             return ref.combine(_RuleFetch(gather, keeps=self._reuse_seconds > 0 and not options.allow_stale))
         # with a key join, a node that does not know it runs work's join in DuckDB
         batches = gather(ref.subqueries, replace(ref.work, join=ref.joined, key_join=ref.key_join)).batches
-        schema = ref.rows_schema or defn.arrow_schema()
+        schema = wire_schema(ref.rows_schema) if ref.rows_schema is not None else defn.arrow_schema()
         if not batches:
             return schema.empty_table()
         return pa.Table.from_batches([b if b.schema.equals(schema) else b.cast(schema) for b in batches], schema)

@@ -79,7 +79,9 @@ class TopRows:
             rows = rows.take(indices[self.offset:stop])
         elif self.offset or self.limit is not None:
             rows = rows.slice(self.offset, self.limit)
-        table = rows.select([c for c, _ in columns]).rename_columns([n for _, n in columns])
+        # the names DuckDB gives the columns where it was asked (``+ x`` is not ``x``)
+        names = schema.names if schema is not None and len(schema) == len(columns) else [n for _, n in columns]
+        table = rows.select([c for c, _ in columns]).rename_columns(names)
         if schema is None:  # a rule's rows: no answer schema was planned
             schema = _duckdb_schema(table.schema)
             if schema is None:

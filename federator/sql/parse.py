@@ -28,6 +28,7 @@ class Statement:
     table: str | None = None
     explain: bool = False
     param_count: int = 0
+    text: str = ""  # the SQL ``select`` was read from (its positions are in it)
 
 
 DIALECT = "duckdb"  # what the engine runs; a request may write in another that sqlglot reads
@@ -93,7 +94,7 @@ def parse(sql: str, dialect: str = DIALECT) -> Statement:
         raise unsupported(f"the statement {stmt.sql()[:60]!r}", "send a SELECT")
     if dialect != DIALECT:
         stmt = _numbered_parameters(stmt)
-    return Statement("select", select=stmt, explain=explain, param_count=_number_placeholders(stmt))
+    return Statement("select", select=stmt, explain=explain, param_count=_number_placeholders(stmt), text=sql)
 
 
 def _numbered_parameters(stmt: exp.Expression) -> exp.Expression:

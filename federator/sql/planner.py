@@ -23,6 +23,8 @@ from federator.errors import SqlError
 from federator.sql import pushdown
 from federator.sql.copartition import co_join
 from federator.sql.finish import Finish, merge_states, top_rows
+from federator.sql.writeback import Source, Span, table_span
+from federator.owner.duck_types import wire_schema
 from federator.owner.work import ROWS
 from federator.query.owner_work import KeyJoin, OwnerWork
 
@@ -39,7 +41,9 @@ class StoreRef:
     subqueries: list[SubQuery]
     work: OwnerWork
     notes: list[str] = field(default_factory=list)
-    rows_schema: pa.Schema | None = None  # what the owners return (None: the store's columns)
+    # what the owners return, typed as the receiver's DuckDB reads it (federator.owner.duck_types;
+    # their Arrow is its wire_schema); None: the store's columns
+    rows_schema: pa.Schema | None = None
     combine: Callable[..., pa.Table] | None = None  # a rule that builds the rows itself
     remaining: exp.Expression | None = None  # with combine: the SQL over its rows, in place of the SELECT
     joined: str | None = None  # a co-partitioned join: the other store, read by the same owners
@@ -150,15 +154,17 @@ LocalTables = Callable[[str], "pa.Table | None"]
 
 def plan_query(tree: exp.Expression, resolve: Resolver, information_schema: LocalTables,
                rules: list[SqlRule], schema_of: Callable[[str, dict[str, pa.Table]], pa.Schema],
-               copartitioned: bool = True) -> QueryPlan:
+               copartitioned: bool = True, source: Source | None = None) -> QueryPlan:
     """Plan ``tree`` (parameters bound; a copy it may change, as ``bind_parameters`` gives).
     ``schema_of(sql, relations)`` binds SQL over empty relations in DuckDB and returns its
-    answer's schema (and raises DuckDB's errors). ``copartitioned``: run joins of
-    co-partitioned stores on their owners where possible."""
+    answer's schema, typed as federator.owner.duck_types.typed_schema says (and raises
+    DuckDB's errors). ``copartitioned``: run joins of co-partitioned stores on their owners
+    where possible. ``source``: the text ``tree`` was read from, which the receiver runs with
+    its tables renamed (None: sqlglot writes the tree back)."""
     _refuse_engine_introspection(tree)
     unqualify_store_columns(tree)
     if copartitioned and isinstance(tree, exp.Select):
-        joined = _plan_co_join(tree, resolve, schema_of)
+        joined = _plan_co_join(tree, resolve, schema_of, source)
         if joined is not None:
             return joined
     mentioned = pushdown.named(tree)
@@ -169,10 +175,10 @@ def plan_query(tree: exp.Expression, resolve: Resolver, information_schema: Loca
     seen: set[int] = set()
     tables: list[tuple[exp.Table, exp.Expression]] = []  # (table, the query that reads it)
     for scope in scopes:
-        for source in scope.sources.values():
-            if isinstance(source, exp.Table) and id(source) not in seen and isinstance(source.this, exp.Identifier):
-                seen.add(id(source))
-                tables.append((source, scope.expression))
+        for read in scope.sources.values():
+            if isinstance(read, exp.Table) and id(read) not in seen and isinstance(read.this, exp.Identifier):
+                seen.add(id(read))
+                tables.append((read, scope.expression))
 
     refs: list[StoreRef] = []
     local: list[LocalRef] = []
@@ -180,6 +186,7 @@ def plan_query(tree: exp.Expression, resolve: Resolver, information_schema: Loca
     empty: dict[str, pa.Table] = {}  # relation -> no rows of its schema, to bind against
     replaced: list[tuple[exp.Expression, exp.Expression]] = []
     planned: list[tuple[StoreRef, exp.Table, exp.Expression]] = []
+    renamed: list[tuple[tuple[int, int] | None, str]] = []  # each table's name in the text, and its relation
     for table, query in tables:
         db, catalog = (table.db or "").lower(), (table.catalog or "").lower()
         if catalog and catalog != CATALOG:
@@ -193,7 +200,7 @@ def plan_query(tree: exp.Expression, resolve: Resolver, information_schema: Loca
             relation = _relation(f"information_schema_{table.name.lower()}", used)
             local.append(LocalRef(relation, made))
             empty[relation] = made.schema.empty_table()
-            _rename(table, relation)
+            renamed.append((table_span(table), _rename(table, relation)))
             continue
         if db and db not in STORE_SCHEMAS:
             raise SqlError("UNKNOWN_STORE", f"unknown schema {table.db!r}; stores live in the schema "
@@ -212,7 +219,7 @@ def plan_query(tree: exp.Expression, resolve: Resolver, information_schema: Loca
                 if t.name.lower() == table.name.lower():
                     _rename(t, ref.relation)
             replaced.append((query, new))
-        _rename(table, ref.relation)
+        renamed.append((table_span(table), _rename(table, ref.relation)))
         empty[ref.relation] = (ref.rows_schema or ref.store.arrow_schema()).empty_table()
     for old, new in replaced:
         if old is tree:
@@ -220,7 +227,7 @@ def plan_query(tree: exp.Expression, resolve: Resolver, information_schema: Loca
         else:
             old.replace(new)
 
-    sql = tree.sql(dialect="duckdb")
+    sql = _user_sql(tree, None if replaced else source, renamed)
     notes: list[str] = []
     if any(ref.combine is not None for ref in refs):  # the rule's rows exist only once fetched
         plan = _with_top_rows(QueryPlan(sql, refs, local, notes))
@@ -233,13 +240,23 @@ def plan_query(tree: exp.Expression, resolve: Resolver, information_schema: Loca
     # One store read by the whole statement: partial aggregates on the owners.
     if len(planned) == 1 and not local and isinstance(tree, exp.Select) and planned[0][2] is tree:
         ref, table, _ = planned[0]
-        merged = _partial_aggregate(ref, table, tree, names, schema_of, notes)
+        merged = _partial_aggregate(ref, table, tree, answer, schema_of, notes)
         if merged is not None:
-            return QueryPlan(merged, refs, local, notes, schema=answer, finish=_merge_finish(merged, ref))
+            return QueryPlan(merged, refs, local, notes, schema=wire_schema(answer), finish=_merge_finish(merged, ref))
         columns_only = _columns_only(tree, ref, table, names)
-        plan = QueryPlan(sql, refs, local, notes, columns_only, answer)
+        plan = QueryPlan(sql, refs, local, notes, columns_only, wire_schema(answer))
         return plan if columns_only is not None else _with_top_rows(plan)
     return QueryPlan(sql, refs, local, notes)
+
+
+def _user_sql(tree: exp.Expression, source: Source | None, renamed: list[tuple[tuple[int, int] | None, str]]) -> str:
+    """What the receiver's DuckDB runs: the user's text with its tables renamed (``renamed``:
+    where each table's name is, and what takes its place), or the tree written back where
+    the text cannot be."""
+    spans: list[Span] = [(*at, new) for at, new in renamed if at is not None]
+    if source is None or len(spans) != len(renamed):
+        return tree.sql(dialect="duckdb")
+    return source.written(spans)
 
 
 def _rebinder(plan: QueryPlan) -> Callable[[list[Any]], QueryPlan | None]:
@@ -323,22 +340,32 @@ def _refuse_engine_introspection(tree: exp.Expression) -> None:
                                           "GET /v1/metadata instead")
 
 
-def _partial_aggregate(ref: StoreRef, table: exp.Table, tree: exp.Select, names: list[str],
+def _partial_aggregate(ref: StoreRef, table: exp.Table, tree: exp.Select, answer: pa.Schema,
                        schema_of: Callable[[str, dict[str, pa.Table]], pa.Schema], notes: list[str]) -> str | None:
-    """Split ``tree``'s aggregates into the owners' partial states and their merge: the merge's SQL."""
+    """Split ``tree``'s aggregates into the owners' partial states and their merge: the merge's
+    SQL; None where the merge would not answer with ``answer``'s types (DuckDB's for the
+    whole statement: a HUGEINT sum stays one), or the owners could not compute the states."""
     columns = {f.name.lower() for f in ref.source}
-    split = pushdown.partial_aggregate(tree, table, columns, ref.relation, names)
+    split = pushdown.partial_aggregate(tree, table, columns, ref.relation, answer.names)
     if split is None:
         return None
     owner_sql = split.owner_select.sql(dialect="duckdb")
-    ref.rows_schema = schema_of(owner_sql, {ROWS: ref.source.empty_table()})
+    final = split.final.sql(dialect="duckdb")
+    try:
+        states = schema_of(owner_sql, {ROWS: ref.source.empty_table()})
+        merged = schema_of(final, {ref.relation: states.empty_table()})
+    except SqlError:  # a state DuckDB has no function for (the SUM of an AVG of timestamps)
+        return None
+    if merged.types != answer.types:
+        return None
+    ref.rows_schema = states
     ref.work = OwnerWork(ref.work.columns, owner_sql, "partial aggregate")
     notes.append("final aggregate over the partitions' states")
-    return split.final.sql(dialect="duckdb")
+    return final
 
 
-def _plan_co_join(tree: exp.Select, resolve: Resolver,
-                  schema_of: Callable[[str, dict[str, pa.Table]], pa.Schema]) -> QueryPlan | None:
+def _plan_co_join(tree: exp.Select, resolve: Resolver, schema_of: Callable[[str, dict[str, pa.Table]], pa.Schema],
+                  source: Source | None) -> QueryPlan | None:
     """``tree`` as a join of co-partitioned stores run on the owners, or None when it is not one."""
 
     def known(name: str) -> StoreDefinition | None:
@@ -353,10 +380,11 @@ def _plan_co_join(tree: exp.Select, resolve: Resolver,
         return None
     # the user's statement over the two stores first: DuckDB's errors and output names are its own
     original = tree.copy()
-    for t in original.find_all(exp.Table):
-        _rename(t, (cj.left if t.name.lower() == tree.args["from_"].this.name.lower() else cj.right).name)
-    answer = schema_of(original.sql(dialect="duckdb"), {cj.left.name: cj.left.arrow_schema().empty_table(),
-                                                       cj.right.name: cj.right.arrow_schema().empty_table()})
+    renamed = [(table_span(t), _rename(t, (cj.left if t.name.lower() == tree.args["from_"].this.name.lower()
+                                           else cj.right).name)) for t in list(original.find_all(exp.Table))]
+    mentioned = pushdown.named(tree)
+    answer = schema_of(_user_sql(original, source, renamed),
+                       {d.name: _readable(d, mentioned).empty_table() for d in (cj.left, cj.right)})
     names = answer.names
     select = cj.select
     if len(names) == len(select.expressions):
@@ -370,7 +398,7 @@ def _plan_co_join(tree: exp.Select, resolve: Resolver,
     notes = [f"join of co-partitioned {cj.left.name} and {cj.right.name} on the nodes that own both"]
     ref.notes.append(notes[0])
     sql = select.sql(dialect="duckdb")
-    merged = _partial_aggregate(ref, cj.table, select, names, schema_of, notes)
+    merged = _partial_aggregate(ref, cj.table, select, answer, schema_of, notes)
     final = merged or sql
     owner = ref.work.sql or exp.select(*[exp.column(c, quoted=True) for c in ref.work.columns]).from_(ROWS).sql(
         dialect="duckdb")
@@ -380,9 +408,16 @@ def _plan_co_join(tree: exp.Select, resolve: Resolver,
     ref.work = OwnerWork(ref.work.columns, f"WITH {ROWS} AS ({cj.join_sql}) {owner}", "join, " + ref.work.kind)
     if ref.rows_schema is None:
         ref.rows_schema = pa.schema([cj.schema.field(c) for c in ref.work.columns])
-    schema_of(final, {relation: ref.rows_schema.empty_table()})
-    return QueryPlan(final, [ref], [], notes, schema=answer,
+    if schema_of(final, {relation: ref.rows_schema.empty_table()}).types != answer.types:
+        return None  # the join's rows do not give the statement's types: the receiver joins them
+    return QueryPlan(final, [ref], [], notes, schema=wire_schema(answer),
                      finish=_merge_finish(merged, ref) if merged is not None else None)
+
+
+def _readable(defn: StoreDefinition, mentioned: set[str]) -> pa.Schema:
+    """The store's columns a statement reads as its own: rowtime, a pseudo-column (like
+    ksqlDB's ROWTIME), only when named."""
+    return pa.schema([f for f in defn.arrow_schema() if f.name != "rowtime" or "rowtime" in mentioned])
 
 
 def _relation(name: str, used: dict[str, int]) -> str:
@@ -391,14 +426,18 @@ def _relation(name: str, used: dict[str, int]) -> str:
     return name if n == 1 else f"{name}__{n}"
 
 
-def _rename(table: exp.Table, relation: str) -> None:
-    """Point ``table`` at the relation registered for it; its columns keep their qualifier."""
+def _rename(table: exp.Table, relation: str) -> str:
+    """Point ``table`` at the relation registered for it; its columns keep their qualifier.
+    Returns the text that takes the place of its name (catalog and schema included)."""
     alias = table.alias_or_name
     table.set("this", exp.to_identifier(relation, quoted=True))
     table.set("db", None)
     table.set("catalog", None)
+    new = exp.to_identifier(relation, quoted=True).sql(dialect="duckdb")
     if alias.lower() != relation.lower() and not table.alias:
         table.set("alias", exp.TableAlias(this=exp.to_identifier(alias, quoted=True)))
+        new += " AS " + exp.to_identifier(alias, quoted=True).sql(dialect="duckdb")
+    return new
 
 
 def _plan_ref(defn: StoreDefinition, table: exp.Table, query: exp.Expression, mentioned: set[str],

@@ -10,7 +10,7 @@ entry decoded by the store's type (``StoreType.decode_row``), not by a layout as
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator
 
 import pyarrow as pa
@@ -28,12 +28,24 @@ class PointPlan:
     key_node: exp.Expression  # a ? placeholder or a literal
     columns: tuple[str, ...]  # source columns, in output order
     names: tuple[str, ...]  # output names
+    duckdb_schema: pa.Schema | None = None  # DuckDB's answer schema for the statement (typed())
 
     @functools.cached_property
     def schema(self) -> pa.Schema:
-        """The answer's schema: the selected columns under their output names."""
+        """The answer's schema: DuckDB's where known, else the selected columns under their output names."""
+        return self.duckdb_schema if self.duckdb_schema is not None else self._decoded
+
+    @functools.cached_property
+    def _decoded(self) -> pa.Schema:
         source = self.store.arrow_schema()
         return pa.schema([source.field(c).with_name(n) for c, n in zip(self.columns, self.names)])
+
+    def typed(self, answer: pa.Schema | None) -> PointPlan | None:
+        """This plan answering with ``answer``, DuckDB's schema for the statement; None when
+        DuckDB names its columns otherwise (``+ x`` is no plain column to it)."""
+        if answer is None or tuple(answer.names) != self.names:
+            return None
+        return replace(self, duckdb_schema=answer)
 
     @functools.cached_property
     def _names(self) -> list[str]:
@@ -41,7 +53,7 @@ class PointPlan:
 
     @functools.cached_property
     def _struct(self) -> pa.DataType:
-        return pa.struct([f.with_name(n) for f, n in zip(self.schema, self._names)])
+        return pa.struct([f.with_name(n) for f, n in zip(self._decoded, self._names)])
 
     @functools.cached_property
     def _decode(self) -> Callable[[bytes, bytes], tuple] | None:
@@ -132,4 +144,5 @@ class PointAnswer:
             return
         # one struct array builds every column in one call: about half the cost of one array each
         structs = pa.array([dict(zip(self.plan._names, r)) for r in self.rows], self.plan._struct)
-        yield pa.RecordBatch.from_struct_array(structs).rename_columns(list(self.plan.names))
+        batch = pa.RecordBatch.from_struct_array(structs).rename_columns(list(self.plan.names))
+        yield batch if batch.schema.equals(self.schema) else batch.cast(self.schema)

@@ -188,7 +188,8 @@ def top_k(select: exp.Select, table: exp.Table, columns: set[str]) -> tuple[list
         if not any(True for _ in target.find_all(exp.Column)):
             continue  # a constant orders nothing (and a bare number would read as an ordinal)
         items.append(exp.Ordered(this=unqualified(target), desc=o.args.get("desc"), nulls_first=o.args.get("nulls_first")))
-    return items, min(skip + limit, 2**63 - 1)  # DuckDB's LIMIT is a BIGINT
+    # DuckDB's LIMIT is a BIGINT; LIMIT 0 computes nothing, not even the order (whose values may fail)
+    return items, 0 if limit == 0 else min(skip + limit, 2**63 - 1)
 
 
 @dataclass

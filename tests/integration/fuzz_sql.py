@@ -7,14 +7,16 @@ timestamps, NULLs everywhere), and ``fz_nums``, a long → long store whose keys
 include 0, ±1, ±2^31, ±2^62 and the int64 limits. Statements: projections, WHERE, GROUP BY
 with aggregates (COUNT(DISTINCT NULL) included) and HAVING, DISTINCT, ORDER BY … LIMIT/OFFSET,
 CASE, CAST/TRY_CAST, arithmetic that may overflow or divide by zero, string functions, key
-lookups and ranges at the int64 edges, and ? parameters.
+lookups and ranges at the int64 edges, and ? parameters; outputs aliased or named by DuckDB
+after their text.
 
 The verdict for one statement (``judge``):
-- ``equal``: the same rows (in order when the statement orders them totally, else as
-  multisets; floats within a relative 1e-9), or both refused it (Federator with a 4xx, DuckDB
-  with an error);
+- ``equal``: the same columns (names and Arrow types) and rows (in order when the statement
+  orders them totally, else as multisets; floats within a relative 1e-9), or both refused it
+  (Federator with a 4xx, DuckDB with an error). Types Arrow's cannot tell apart (a HUGEINT
+  sum and a DECIMAL(38,0)) are told by what the statements compute: typeof(), //, <<, hex();
 - ``unsupported``: DuckDB answered, Federator said 422 UNSUPPORTED (a known gap, not a wrong answer);
-- ``mismatch``: other rows; or Federator answered where DuckDB errs; or Federator refused with
+- ``mismatch``: other columns or rows; or Federator answered where DuckDB errs; or Federator refused with
   another 4xx where DuckDB answers;
 - ``5xx``: Federator answered 5xx (never right);
 - ``crash``: no answer at all, or a node process died.
@@ -246,7 +248,18 @@ class Generator:
             lambda: f"MIN({self.expr(anyk, store, 1)})",
             lambda: f"MAX({self.expr(anyk, store, 1)})",
             lambda: self.pick(["SUM(NULL)", "AVG(DISTINCT NULL)", "MAX(NULL)"]),
+            # a sum of integers is a HUGEINT, whose type these tell apart from a DECIMAL(38,0)
+            lambda: f"SUM({self.expr('int', store, 1)}) {self.pick(['//', '%', '<<', '>>'])} {self.pick(['2', '3', '7'])}",
+            # of a column: DuckDB never computes an aggregate only its type is asked of, so a value
+            # error in its argument would fail the owners' states alone
+            lambda: f"typeof({self.pick(['SUM', 'MIN', 'AVG', 'COUNT'])}({self.col(store, 'int')}))",
+            lambda: f"hex(SUM({self.expr('int', store, 1)}))",
         ])()
+
+    def output(self, expr: str, alias: str) -> str:
+        """A select-list item: aliased, or named by DuckDB after its text (a unary + in it too)."""
+        return self.pick([f"{expr} AS {alias}", f"{expr} AS {alias}", expr, f"+ {expr}", f"ALL + {expr}"
+                          if alias == "c0" else expr])
 
     def any_expr(self, store: str) -> str:
         kinds = [k for k, cols in COLUMNS[store].items() if cols] if store else ["int", "float", "str", "bool"]
@@ -261,7 +274,7 @@ class Generator:
         key = KEY[store]
         if shape < 0.25:  # a projection, maybe ordered and limited
             n = self.r.randint(1, 3)
-            cols = ", ".join(f"{self.any_expr(store)} AS c{i}" for i in range(n))
+            cols = ", ".join(self.output(self.any_expr(store), f"c{i}") for i in range(n))
             sql = f"SELECT {cols} FROM {store}{self.where(store)}"
             if self.chance(0.5):  # the key makes the order total
                 order = f"{self.any_expr(store)}{self.pick(['', ' DESC'])}, {key}{self.pick(['', ' DESC'])}"
@@ -308,7 +321,7 @@ class Generator:
                              [self.pick([1, "x", 2.5, None]), value], ordered=True)
         # no FROM: constant expressions
         n = self.r.randint(1, 3)
-        return Statement("SELECT " + ", ".join(f"{self.any_expr('')} AS c{i}" for i in range(n)))
+        return Statement("SELECT " + ", ".join(self.output(self.any_expr(''), f"c{i}") for i in range(n)))
 
 
 def statements(seed: int, count: int) -> list[Statement]:
@@ -374,6 +387,8 @@ class Outcome:
 
     rows: list[tuple] | None = None
     columns: int = 0
+    names: list[str] = field(default_factory=list)
+    types: list[str] = field(default_factory=list)  # Arrow's
     status: int = 200
     code: str | None = None
     message: str = ""
@@ -384,14 +399,18 @@ def duck_outcome(db: duckdb.DuckDBPyConnection, stmt: Statement) -> Outcome:
         table = db.sql(stmt.sql, params=stmt.params or None).to_arrow_table()
     except duckdb.Error as e:
         return Outcome(status=0, code=type(e).__name__, message=str(e).splitlines()[0][:200])
-    return Outcome(rows=rows_of(table), columns=table.num_columns)
+    return answered(table)
+
+
+def answered(table: pa.Table) -> Outcome:
+    return Outcome(rows=rows_of(table), columns=table.num_columns, names=table.column_names,
+                   types=[str(t) for t in table.schema.types])
 
 
 def federator_outcome(status: int, data: bytes) -> Outcome:
     """From an HTTP answer to a request with ``"format": "arrow"``."""
     if status == 200:
-        table = pa.ipc.open_stream(data).read_all()
-        return Outcome(rows=rows_of(table), columns=table.num_columns)
+        return answered(pa.ipc.open_stream(data).read_all())
     try:
         err = json.loads(data)["error"]
         return Outcome(status=status, code=err.get("code"), message=str(err.get("message"))[:300])
@@ -416,8 +435,8 @@ def judge(stmt: Statement, fed: Outcome, duck: Outcome) -> str:
         # LIMIT drops; Federator's owners cut each partition to its top rows first and compute
         # the select list on those. Counted apart, not as equal: the difference is documented.
         return "cut_by_limit"
-    if duck.rows is None or fed.columns != duck.columns:
-        return "mismatch"
+    if duck.rows is None or (fed.names, fed.types) != (duck.names, duck.types):
+        return "mismatch"  # other columns: their names or types
     return "equal" if same_rows(fed.rows, duck.rows, stmt.ordered) else "mismatch"
 
 
@@ -448,7 +467,7 @@ def _side(o: Outcome | None) -> str:
         return "-"
     if o.rows is not None:
         rows = o.rows if len(o.rows) <= 4 else o.rows[:4] + ["..."]
-        return f"{len(o.rows)} rows {rows}"
+        return f"{len(o.rows)} rows {rows} columns {list(zip(o.names, o.types))}"
     return f"{o.status or 'error'} {o.code}: {o.message}"
 
 

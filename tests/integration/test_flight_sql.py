@@ -113,11 +113,14 @@ def test_ordered_queries_equal_duckdb_in_order(flight_cluster, sql) -> None:
     assert rows_of(got) == rows_of(duck(db, sql))
 
 
-def test_result_types_are_the_stores_arrow_types(flight_cluster) -> None:
-    cluster, _ = flight_cluster
-    got = adbc_query(cluster.nodes[0], "SELECT player, games, best, active, last_seen FROM players WHERE player = 'p0003'")
-    assert got.schema.types == [pa.string(), pa.int64(), pa.float64(), pa.bool_(), pa.timestamp("ms", tz="UTC")]
-    assert got.column("player").to_pylist() == ["p0003"]
+@pytest.mark.parametrize("where", ["player = 'p0003'", "games > 3"])  # a point lookup or not: DuckDB's types
+def test_result_types_are_duckdbs(flight_cluster, where) -> None:
+    cluster, db = flight_cluster
+    sql = f"SELECT player, games, best, active, last_seen FROM players WHERE {where}"
+    got = adbc_query(cluster.nodes[0], sql)
+    assert got.schema.types == [pa.string(), pa.int64(), pa.float64(), pa.bool_(), pa.timestamp("us", tz="UTC")]
+    assert got.schema == duck(db, sql).schema
+    assert sorted(got.column("player").to_pylist()) == sorted(duck(db, sql).column("player").to_pylist())
 
 
 def test_parameterized_queries_reuse_one_prepared_statement(flight_cluster) -> None:

@@ -173,6 +173,12 @@ QUERIES = [
     "SELECT team, COUNT(*) AS n, SUM(games) AS g, AVG(best) AS b FROM players GROUP BY team",
     "SELECT team, active, COUNT(*) AS n FROM players GROUP BY team, active HAVING COUNT(*) > 10",
     "SELECT team, MAX(total_score) - MIN(total_score) AS spread FROM players WHERE games > 10 GROUP BY team",
+    # a sum of integers is a HUGEINT however it is computed; unaliased columns have DuckDB's names
+    "SELECT SUM(total_score) // COUNT(*), typeof(SUM(total_score)), hex(SUM(games)), gcd(SUM(games), 6), "
+    "SUM(games) << 1 FROM players",
+    "SELECT team, SUM(total_score) // COUNT(*), typeof(SUM(games)) FROM players GROUP BY team",
+    "SELECT ALL + games, CAST(games AS VARCHAR), games != 3 FROM players",
+    "SELECT typeof(SUM(b.bonus)), SUM(b.bonus) // 2 FROM players p JOIN bonus b ON p.player = b.player",
     "SELECT COUNT(*) AS n FROM players WHERE player = 'nobody'",
     "SELECT player, last_seen FROM players WHERE last_seen > TIMESTAMP '2023-11-15 00:00:00+00'",
     "SELECT key, score FROM scores WHERE key BETWEEN -20 AND 20",
@@ -404,6 +410,7 @@ def test_show_describe_explain(sql_cluster) -> None:
     ({"sql": "SELECT CAST(team AS INTEGER) FROM players"}, 400, "INVALID_DATA"),
     ({"sql": "SELECT key FROM scores WHERE CAST(CAST(key AS VARCHAR) || 'x' AS INTEGER) > 0"}, 400, "INVALID_DATA"),
     ({"sql": "DELETE FROM players"}, 422, "UNSUPPORTED"),
+    ({"sql": "SELECT + team FROM players"}, 400, "SQL_PARSE_ERROR"),  # DuckDB has no + of a VARCHAR
     ({"sql": "SELECT player FROM players", "consistency_token": "garbage!"}, 400, "INVALID_PARAMETER"),
 ])
 def test_errors(sql_cluster, body, status, code) -> None:
@@ -467,7 +474,8 @@ def test_kept_scans_and_aggregates_follow_later_updates_inserts_and_deletes(sql_
     before = {k: s for k, s in sql_json(cluster.nodes[0], q)["rows"]}
     # counts, sums and maxima of plain columns are kept and follow the written rows alone
     # (owner/maintained.py; the new key is the largest, so the maximum follows it)
-    counts = "SELECT COUNT(*) AS n, SUM(key) AS s, COUNT(score) AS c, MAX(key) AS m FROM scores"
+    counts = "SELECT COUNT(*) AS n, SUM(key) AS s, COUNT(score) AS c, MAX(key) AS m, SUM(key) // COUNT(*) AS q, " \
+             "typeof(SUM(key)) AS t FROM scores"
     for n in cluster.nodes:
         sql_json(n, "SELECT COUNT(*), SUM(score) FROM scores")  # every shard's scan kept, with its aggregate
         sql_json(n, agg)
@@ -496,7 +504,9 @@ def test_kept_scans_and_aggregates_follow_later_updates_inserts_and_deletes(sql_
     del expected[-297]
     rows = pa.table({"key": pa.array(list(expected), pa.int64()), "score": list(expected.values())})
     want = [list(r) for r in duckdb.connect().execute(agg.replace("FROM scores", "FROM rows")).fetchall()]
-    want_counts = [[len(expected), sum(expected), len(expected), max(expected)]]
+    # the followed sum is still a HUGEINT: // divides integers
+    want_counts = [[len(expected), sum(expected), len(expected), max(expected), sum(expected) // len(expected),
+                    "HUGEINT"]]
     for n in cluster.nodes:  # the followed counts first, while no scan has been brought up to date
         assert sql_json(n, counts, consistency_token=token)["rows"] == want_counts
     assert cache_stat("maintained") > maintained_before  # from the written rows, not every row
