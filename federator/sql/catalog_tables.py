@@ -19,13 +19,18 @@ def names_store_schema(catalog: str | None, db: str | None) -> bool:
     return (catalog or CATALOG).lower() == CATALOG and (db or SCHEMA).lower() in STORE_SCHEMAS
 
 
-def unqualify_store_columns(tree: exp.Expression) -> None:
+def unqualify_store_columns(tree: exp.Expression) -> list[tuple[exp.Expression, exp.Expression]]:
     """Columns written ``schema.store.column`` or ``catalog.schema.store.column`` as ``store.column``:
-    the relation a store is read into has no schema, only the store's name or alias."""
+    the relation a store is read into has no schema, only the store's name or alias. Returns,
+    for each, its first qualifier taken off and its store's name (where they stood in the text
+    tells what to take off the user's own text)."""
+    taken = []
     for col in tree.find_all(exp.Column):
         if col.args.get("db") is not None and names_store_schema(col.catalog, col.db):
+            taken.append((col.args.get("catalog") or col.args["db"], col.args["table"]))
             col.set("db", None)
             col.set("catalog", None)
+    return taken
 
 
 def show_tables(stores: dict[str, StoreDefinition]) -> pa.Table:

@@ -23,7 +23,7 @@ from federator.errors import SqlError
 from federator.sql import pushdown
 from federator.sql.copartition import co_join
 from federator.sql.finish import Finish, merge_states, top_rows
-from federator.sql.writeback import Source, Span, table_span
+from federator.sql.writeback import Source, Span, prefix_span, table_span
 from federator.owner.duck_types import wire_schema
 from federator.owner.work import ROWS
 from federator.query.owner_work import KeyJoin, OwnerWork
@@ -162,9 +162,10 @@ def plan_query(tree: exp.Expression, resolve: Resolver, information_schema: Loca
     where possible. ``source``: the text ``tree`` was read from, which the receiver runs with
     its tables renamed (None: sqlglot writes the tree back)."""
     _refuse_engine_introspection(tree)
-    unqualify_store_columns(tree)
+    # the user's text loses the schema of schema.store.column as the tree does
+    unqualified = [(prefix_span(first, name), "") for first, name in unqualify_store_columns(tree)]
     if copartitioned and isinstance(tree, exp.Select):
-        joined = _plan_co_join(tree, resolve, schema_of, source)
+        joined = _plan_co_join(tree, resolve, schema_of, source, unqualified)
         if joined is not None:
             return joined
     mentioned = pushdown.named(tree)
@@ -186,7 +187,8 @@ def plan_query(tree: exp.Expression, resolve: Resolver, information_schema: Loca
     empty: dict[str, pa.Table] = {}  # relation -> no rows of its schema, to bind against
     replaced: list[tuple[exp.Expression, exp.Expression]] = []
     planned: list[tuple[StoreRef, exp.Table, exp.Expression]] = []
-    renamed: list[tuple[tuple[int, int] | None, str]] = []  # each table's name in the text, and its relation
+    # each table's name in the text, and its relation; and each column's qualifier, and nothing
+    renamed: list[tuple[tuple[int, int] | None, str]] = list(unqualified)
     for table, query in tables:
         db, catalog = (table.db or "").lower(), (table.catalog or "").lower()
         if catalog and catalog != CATALOG:
@@ -365,8 +367,9 @@ def _partial_aggregate(ref: StoreRef, table: exp.Table, tree: exp.Select, answer
 
 
 def _plan_co_join(tree: exp.Select, resolve: Resolver, schema_of: Callable[[str, dict[str, pa.Table]], pa.Schema],
-                  source: Source | None) -> QueryPlan | None:
-    """``tree`` as a join of co-partitioned stores run on the owners, or None when it is not one."""
+                  source: Source | None, unqualified: list[tuple[tuple[int, int] | None, str]]) -> QueryPlan | None:
+    """``tree`` as a join of co-partitioned stores run on the owners, or None when it is not one;
+    ``unqualified``: the column qualifiers to take off the user's text."""
 
     def known(name: str) -> StoreDefinition | None:
         try:
@@ -380,8 +383,8 @@ def _plan_co_join(tree: exp.Select, resolve: Resolver, schema_of: Callable[[str,
         return None
     # the user's statement over the two stores first: DuckDB's errors and output names are its own
     original = tree.copy()
-    renamed = [(table_span(t), _rename(t, (cj.left if t.name.lower() == tree.args["from_"].this.name.lower()
-                                           else cj.right).name)) for t in list(original.find_all(exp.Table))]
+    renamed = unqualified + [(table_span(t), _rename(t, (cj.left if t.name.lower() == tree.args["from_"].this.name.lower()
+                                                         else cj.right).name)) for t in list(original.find_all(exp.Table))]
     mentioned = pushdown.named(tree)
     answer = schema_of(_user_sql(original, source, renamed),
                        {d.name: _readable(d, mentioned).empty_table() for d in (cj.left, cj.right)})

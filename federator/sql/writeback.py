@@ -74,3 +74,12 @@ def table_span(table: exp.Table) -> tuple[int, int] | None:
     if not metas or any("start" not in m or "end" not in m for m in metas):
         return None
     return metas[0]["start"], metas[-1]["end"] + 1
+
+
+def prefix_span(first: exp.Expression, name: exp.Expression) -> tuple[int, int] | None:
+    """Where a qualifier stands in the text: from ``first`` (its first part) up to ``name``, the
+    part it qualifies (the dots between included); None when that is not known."""
+    metas = [p.meta if isinstance(p, exp.Identifier) and p._meta else {} for p in (first, name)]
+    if any("start" not in m for m in metas):
+        return None
+    return metas[0]["start"], metas[1]["start"]
