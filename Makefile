@@ -42,6 +42,11 @@ kafka: install
 test: install test-debs kafka
 	$(BIN)/python -m pytest
 
+# Every test marked apache_kafka on Apache Kafka alone, the long ones too (the kill test, every
+# Spark read, joins, standby token reads); `make test` runs a part of them on it, all on tansu.
+test-kafka: install kafka
+	FEDERATOR_APACHE_KAFKA=only $(BIN)/python -m pytest -m apache_kafka
+
 # A Spark standalone cluster (master and worker from the installed PySpark) running the word_counts
 # job submitted with spark-submit, the repository shipped as --py-files (tests/spark/test_cluster.py)
 spark-cluster: install

@@ -9,13 +9,17 @@ import os
 import sys
 from typing import NoReturn, Sequence
 
-DEFAULT_BOOTSTRAP = os.environ.get("FEDERATOR_BOOTSTRAP_SERVERS", "127.0.0.1:9092")
-
-
 def _connection_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--bootstrap-servers", default=DEFAULT_BOOTSTRAP, metavar="HOST:PORT",
-        help="Kafka bootstrap servers (default: $FEDERATOR_BOOTSTRAP_SERVERS or 127.0.0.1:9092)",
+        "--bootstrap-servers", metavar="HOST:PORT",
+        help="Kafka bootstrap servers (default: $FEDERATOR_BOOTSTRAP_SERVERS, else --kafka-config's "
+             "bootstrap.servers, else 127.0.0.1:9092)",
+    )
+    p.add_argument(
+        "--kafka-config", default=os.environ.get("FEDERATOR_KAFKA_CONFIG"), metavar="FILE",
+        help="Kafka client properties for every client this makes, one NAME=VALUE a line, as Kafka's tools "
+             "take --command-config, in librdkafka's names: security.protocol, sasl.mechanism, sasl.username, "
+             "sasl.password, ssl.ca.location, ... (default: $FEDERATOR_KAFKA_CONFIG)",
     )
     p.add_argument(
         "--application-id", default=os.environ.get("FEDERATOR_APPLICATION_ID"), metavar="APP",
@@ -292,6 +296,18 @@ def _exit_now(code: int) -> NoReturn:
     os._exit(code)
 
 
+def _use_kafka_config(args: argparse.Namespace) -> None:
+    """Settle --bootstrap-servers and have every Kafka client of this process use --kafka-config."""
+    from federator import kafka, kafka_properties
+
+    props = kafka_properties.load(args.kafka_config) if args.kafka_config else None
+    from_file = props.values.get("bootstrap.servers") if props else None
+    args.bootstrap_servers = args.bootstrap_servers or os.environ.get("FEDERATOR_BOOTSTRAP_SERVERS") or from_file \
+        or "127.0.0.1:9092"
+    if props is not None:
+        kafka.use_client_properties(args.bootstrap_servers, props)
+
+
 def main(argv: Sequence[str] | None = None, hard_exit: bool = False) -> int:
     """The ``federator`` command; returns its exit code. ``hard_exit``: a node that stopped
     ends the process at once (see _exit_now), as the installed command does."""
@@ -301,6 +317,8 @@ def main(argv: Sequence[str] | None = None, hard_exit: bool = False) -> int:
     from federator.kafka import KafkaUnavailable
 
     try:
+        if hasattr(args, "kafka_config"):
+            _use_kafka_config(args)
         if args.command == "broker":
             from federator.broker import run_foreground
 

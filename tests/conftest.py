@@ -144,16 +144,18 @@ def broker_kinds(marker: pytest.Mark | None) -> list[str]:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    marker = metafunc.definition.get_closest_marker("apache_kafka")
-    if "broker" in metafunc.fixturenames and marker is not None:
-        metafunc.parametrize("broker", broker_kinds(marker), indirect=True, scope="session")
+    # Every test on `broker` is parametrized, the tansu-only ones too: a session fixture built on
+    # it (the Spark tests' world) is then one instance per broker, shared by marked and unmarked
+    # tests alike, and pytest runs the tests of one broker together.
+    if "broker" in metafunc.fixturenames:
+        kinds = broker_kinds(metafunc.definition.get_closest_marker("apache_kafka"))
+        metafunc.parametrize("broker", kinds, indirect=True, scope="session")
 
 
 @pytest.fixture(scope="session")
 def broker(request: pytest.FixtureRequest):
-    """The session's broker: tansu unless the test is parametrized onto Apache Kafka (above).
-    Either has ``bootstrap_servers``."""
-    return request.getfixturevalue(BROKER_FIXTURES[getattr(request, "param", "tansu")])
+    """The session's broker, tansu or Apache Kafka (above); either has ``bootstrap_servers``."""
+    return request.getfixturevalue(BROKER_FIXTURES[request.param])
 
 
 @pytest.fixture

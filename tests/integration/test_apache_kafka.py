@@ -3,9 +3,13 @@ accepts (group.min.session.timeout.ms 6000), and one it refuses said so at start
 
 from __future__ import annotations
 
+import pytest
+
 from federator.node_command import REFUSED
 from tests.integration.changelog_util import register
 from tests.integration.cluster import NodeProcess
+
+pytestmark = pytest.mark.apache_kafka
 
 
 def test_a_session_timeout_the_broker_refuses_stops_the_node_and_says_which_flag(apache_kafka, app_id, tmp_path) -> None:
