@@ -181,6 +181,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--events", type=int, default=1_000_000, help="game events to generate")
     demo.add_argument("--exit", action="store_true", help="stop after the examples instead of serving")
     demo.add_argument("--port", type=int, default=9092, help="broker port")
+    demo.add_argument("--bootstrap-servers", metavar="HOST:PORT",
+                      help="run on this Kafka cluster instead of starting a local broker")
+    demo.add_argument("--kafka-config", default=os.environ.get("FEDERATOR_KAFKA_CONFIG"), metavar="FILE",
+                      help="that cluster's client properties, as for `federator node` (default $FEDERATOR_KAFKA_CONFIG)")
     return parser
 
 
@@ -317,7 +321,7 @@ def main(argv: Sequence[str] | None = None, hard_exit: bool = False) -> int:
     from federator.kafka import KafkaUnavailable
 
     try:
-        if hasattr(args, "kafka_config"):
+        if hasattr(args, "kafka_config") and args.command != "demo":  # the demo hands them to its children
             _use_kafka_config(args)
         if args.command == "broker":
             from federator.broker import run_foreground

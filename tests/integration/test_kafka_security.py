@@ -5,6 +5,7 @@ message that says which. The password is in no log, metadata, metric or message.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import uuid
 from pathlib import Path
@@ -15,13 +16,15 @@ import urllib3
 
 from federator import kafka
 from federator.catalog import Catalog
-from federator.kafka_properties import load
+from federator.kafka_properties import load, parse
 from tests.apache_kafka import KafkaCluster
 from tests.certificates import make_certificate
 from tests.conftest import federator_cmd, free_port
 from tests.integration.cluster import NodeProcess, wait_for, write_with_token
 from tests.registry import REGISTRY
 
+# The how-to's file (docs/how-to/kafka-cluster.md), given this cluster's password and CA
+EXAMPLE = Path(__file__).with_name("kafka-cluster.properties")
 USER, PASSWORD = "federator", f"pw-{uuid.uuid4().hex}"  # a password no other text contains
 SCRAM = "SCRAM-SHA-512"
 pytestmark = pytest.mark.apache_kafka
@@ -34,8 +37,8 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[KafkaClu
     cert, key = make_certificate(root, "broker")
     keystore = root / "broker-keystore.pem"  # Kafka's PEM keystore: the private key, then the certificate
     keystore.write_text(key.read_text() + cert.read_text())
-    client = {"security.protocol": "SASL_SSL", "sasl.mechanism": SCRAM, "sasl.username": USER,
-              "sasl.password": PASSWORD, "ssl.ca.location": str(cert)}
+    client = {**parse(EXAMPLE.read_text(), str(EXAMPLE)), "sasl.password": PASSWORD, "ssl.ca.location": str(cert)}
+    assert (client["sasl.username"], client["sasl.mechanism"]) == (USER, SCRAM)
     cluster = KafkaCluster(
         root, brokers=1, client_protocol="SASL_SSL",
         properties={
@@ -108,3 +111,16 @@ def test_a_wrong_password_or_ca_stops_the_node_at_start_saying_which(secured, ap
         assert ("the Kafka brokers' TLS certificate is not signed by the CA certificate in ssl.ca.location "
                 f"({values['ssl.ca.location']})") in text, text
     assert PASSWORD not in text and "not-" + PASSWORD not in text
+
+
+@pytest.mark.skipif(os.environ.get("FEDERATOR_APACHE_KAFKA") != "only", reason="a Spark run: make test-kafka runs it")
+def test_the_demo_runs_on_the_secured_cluster_with_its_file(secured, tmp_path) -> None:
+    cluster, config = secured
+    done = subprocess.run(federator_cmd("demo", "--events", "2000", "--exit", "--dir", str(tmp_path / "demo"),
+                                        "--bootstrap-servers", cluster.bootstrap_servers, "--kafka-config", str(config)),
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert f"running on the Kafka cluster at {cluster.bootstrap_servers}" in done.stdout
+    assert "SELECT player, total_score FROM leaderboard" in done.stdout and "done (--exit)" in done.stdout
+    logs = [p.read_text() for p in (tmp_path / "demo").glob("*.log")]
+    assert logs and all(PASSWORD not in text for text in [done.stdout, done.stderr, *logs])
