@@ -4,7 +4,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: install demo test test-debs docs spark-cluster bench bench-debs chaos fuzz clean
+.PHONY: install demo test test-debs kafka test-kafka docs spark-cluster bench bench-debs chaos fuzz clean
 
 $(BIN)/.installed: setup.cfg pyproject.toml
 	@echo "==> creating $(VENV) and installing federator with its test dependencies (about a minute)"
@@ -33,8 +33,19 @@ test-debs:
 	  $$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing || \
 	  { echo "apt-get could not install $$missing; install them, then make test again"; exit 1; }; fi
 
-test: install test-debs
+# Apache Kafka's broker (org.apache.kafka:kafka_2.13 and its runtime dependencies) for the tests'
+# KRaft clusters (tests/apache_kafka.py): fetched with Maven from Maven Central once per machine,
+# cached under ~/.cache/federator (and ~/.m2); Java 17 runs it.
+kafka: install
+	@$(BIN)/python -m tests.apache_kafka
+
+test: install test-debs kafka
 	$(BIN)/python -m pytest
+
+# Every test marked apache_kafka on Apache Kafka alone, the long ones too (the kill test, every
+# Spark read, joins, standby token reads); `make test` runs a part of them on it, all on tansu.
+test-kafka: install kafka
+	FEDERATOR_APACHE_KAFKA=only $(BIN)/python -m pytest -m apache_kafka
 
 # A Spark standalone cluster (master and worker from the installed PySpark) running the word_counts
 # job submitted with spark-submit, the repository shipped as --py-files (tests/spark/test_cluster.py)

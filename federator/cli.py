@@ -9,13 +9,17 @@ import os
 import sys
 from typing import NoReturn, Sequence
 
-DEFAULT_BOOTSTRAP = os.environ.get("FEDERATOR_BOOTSTRAP_SERVERS", "127.0.0.1:9092")
-
-
 def _connection_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--bootstrap-servers", default=DEFAULT_BOOTSTRAP, metavar="HOST:PORT",
-        help="Kafka bootstrap servers (default: $FEDERATOR_BOOTSTRAP_SERVERS or 127.0.0.1:9092)",
+        "--bootstrap-servers", metavar="HOST:PORT",
+        help="Kafka bootstrap servers (default: $FEDERATOR_BOOTSTRAP_SERVERS, else --kafka-config's "
+             "bootstrap.servers, else 127.0.0.1:9092)",
+    )
+    p.add_argument(
+        "--kafka-config", default=os.environ.get("FEDERATOR_KAFKA_CONFIG"), metavar="FILE",
+        help="Kafka client properties for every client this makes, one NAME=VALUE a line, as Kafka's tools "
+             "take --command-config, in librdkafka's names: security.protocol, sasl.mechanism, sasl.username, "
+             "sasl.password, ssl.ca.location, ... (default: $FEDERATOR_KAFKA_CONFIG)",
     )
     p.add_argument(
         "--application-id", default=os.environ.get("FEDERATOR_APPLICATION_ID"), metavar="APP",
@@ -152,6 +156,14 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--plugin-errors", choices=("fatal", "warn"), default="fatal",
                    help="a plugin that fails to load: fatal (default) stops the node before it joins the cluster; "
                         "warn logs it and serves without it (its stores and queries are unknown to this node)")
+    from federator.node.group import GroupTimings
+
+    group = n.add_argument_group("the consumer group (the broker's group.min/max.session.timeout.ms bound these)")
+    group.add_argument("--session-timeout-ms", type=int, default=GroupTimings.session_timeout_ms, metavar="MS",
+                       help="how long the group waits for a silent node before moving its partitions "
+                            f"(default {GroupTimings.session_timeout_ms}, Apache Kafka's shortest by default)")
+    group.add_argument("--heartbeat-interval-ms", type=int, default=GroupTimings.heartbeat_interval_ms, metavar="MS",
+                       help=f"how often the node tells the group it is alive (default {GroupTimings.heartbeat_interval_ms})")
 
     from federator.client.sql_cli import add_sql_parser
 
@@ -173,6 +185,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--events", type=int, default=1_000_000, help="game events to generate")
     demo.add_argument("--exit", action="store_true", help="stop after the examples instead of serving")
     demo.add_argument("--port", type=int, default=9092, help="broker port")
+    demo.add_argument("--bootstrap-servers", metavar="HOST:PORT",
+                      help="run on this Kafka cluster instead of starting a local broker")
+    demo.add_argument("--kafka-config", default=os.environ.get("FEDERATOR_KAFKA_CONFIG"), metavar="FILE",
+                      help="that cluster's client properties, as for `federator node` (default $FEDERATOR_KAFKA_CONFIG)")
     return parser
 
 
@@ -288,6 +304,18 @@ def _exit_now(code: int) -> NoReturn:
     os._exit(code)
 
 
+def _use_kafka_config(args: argparse.Namespace) -> None:
+    """Settle --bootstrap-servers and have every Kafka client of this process use --kafka-config."""
+    from federator import kafka, kafka_properties
+
+    props = kafka_properties.load(args.kafka_config) if args.kafka_config else None
+    from_file = props.values.get("bootstrap.servers") if props else None
+    args.bootstrap_servers = args.bootstrap_servers or os.environ.get("FEDERATOR_BOOTSTRAP_SERVERS") or from_file \
+        or "127.0.0.1:9092"
+    if props is not None:
+        kafka.use_client_properties(args.bootstrap_servers, props)
+
+
 def main(argv: Sequence[str] | None = None, hard_exit: bool = False) -> int:
     """The ``federator`` command; returns its exit code. ``hard_exit``: a node that stopped
     ends the process at once (see _exit_now), as the installed command does."""
@@ -297,6 +325,8 @@ def main(argv: Sequence[str] | None = None, hard_exit: bool = False) -> int:
     from federator.kafka import KafkaUnavailable
 
     try:
+        if hasattr(args, "kafka_config") and args.command != "demo":  # the demo hands them to its children
+            _use_kafka_config(args)
         if args.command == "broker":
             from federator.broker import run_foreground
 

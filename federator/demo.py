@@ -23,7 +23,7 @@ from pathlib import Path
 
 import urllib3
 
-from federator.broker import BrokerError, BrokerProcess, die_with_parent
+from federator.broker import TANSU_GROUP_FLAGS, BrokerError, BrokerProcess, die_with_parent
 from federator.client.sql_cli import format_table
 
 APP = "federator-demo"
@@ -39,6 +39,8 @@ def run_demo(args: argparse.Namespace) -> int:
     if state.exists():
         shutil.rmtree(state)  # the broker keeps nothing across runs, so neither do the shards
     state.mkdir(parents=True)
+    if args.bootstrap_servers:
+        return _on_a_cluster(args, state)
     log = open(state / "broker.log", "w")
     step(f"starting the local broker on 127.0.0.1:{args.port} (log: {state / 'broker.log'})")
     broker = BrokerProcess("127.0.0.1", args.port, output=log)  # it dies with us (PR_SET_PDEATHSIG)
@@ -49,16 +51,32 @@ def run_demo(args: argparse.Namespace) -> int:
         return 1
     step(f"broker ready (pid {broker.proc.pid})")  # type: ignore[union-attr]
     try:
-        return _pipeline(broker.bootstrap_servers, state, args)
+        return _pipeline(broker.bootstrap_servers, state, args, [], TANSU_GROUP_FLAGS)
     finally:
         broker.stop()
         log.close()
 
 
-def _pipeline(bootstrap: str, state: Path, args: argparse.Namespace) -> int:
+def _on_a_cluster(args: argparse.Namespace, state: Path) -> int:
+    """The demo on the user's Kafka cluster: its jobs and nodes get --kafka-config too."""
+    from federator import kafka, kafka_properties
+
+    flags = []
+    if args.kafka_config:
+        kafka.use_client_properties(args.bootstrap_servers, kafka_properties.load(args.kafka_config))
+        flags = ["--kafka-config", str(Path(args.kafka_config).resolve())]
+    kafka.check_reachable(args.bootstrap_servers)
+    step(f"running on the Kafka cluster at {args.bootstrap_servers}")
+    return _pipeline(args.bootstrap_servers, state, args, flags, [])
+
+
+def _pipeline(bootstrap: str, state: Path, args: argparse.Namespace, kafka_flags: list[str],
+              group_flags: list[str]) -> int:
+    """The jobs, then the nodes; ``kafka_flags`` (--kafka-config) for both, ``group_flags`` for the nodes."""
     step("running the Spark jobs word_counts and game_events (local[2], one Spark session; their progress follows)")
     cmd = [sys.executable, "-m", "spark.jobs.pipeline", "--bootstrap-servers", bootstrap, "--application-id", APP,
-           "--master", "local[2]", "--events", str(args.events), "--game-input", str(state / "game_events")]
+           "--master", "local[2]", "--events", str(args.events), "--game-input", str(state / "game_events"),
+           *kafka_flags]
     log = state / "spark.log"
     # the job's JVM exits when its Python driver does (it reads the driver's stdin)
     done = subprocess.run(cmd, cwd=REPO_ROOT, stdout=sys.stdout, stderr=open(log, "w"),
@@ -72,7 +90,7 @@ def _pipeline(bootstrap: str, state: Path, args: argparse.Namespace) -> int:
         print(f"error: {foreign}", file=sys.stderr)
         return 1
     pg_port = _port_or_free(5432)
-    nodes = _start_nodes(bootstrap, state, pg_port)
+    nodes = _start_nodes(bootstrap, state, pg_port, [*kafka_flags, *group_flags])
     try:
         step("asking the nodes in SQL over HTTP (POST /v1/sql)")
         url = f"http://{nodes[0][1]}"
@@ -121,7 +139,7 @@ def foreign_nodes_message(bootstrap: str, app: str) -> str | None:
             "They would mix with the demo's own nodes; stop them (an earlier demo's?) and run the demo again")
 
 
-def _start_nodes(bootstrap: str, state: Path, pg_port: int) -> list[tuple[subprocess.Popen, str]]:
+def _start_nodes(bootstrap: str, state: Path, pg_port: int, flags: list[str]) -> list[tuple[subprocess.Popen, str]]:
     """Three nodes; the first also serves the Postgres protocol on ``pg_port``."""
     nodes = []
     for i in range(3):
@@ -130,7 +148,7 @@ def _start_nodes(bootstrap: str, state: Path, pg_port: int) -> list[tuple[subpro
         log = open(state / f"node{i}.log", "w")
         cmd = [sys.executable, "-m", "federator.cli", "node", "--bootstrap-servers", bootstrap, "--application-id", APP,
                "--listen", endpoint, "--state-dir", str(state / f"node{i}"), "--node-id", f"node{i}",
-               "--standby-replicas", "1"] + (["--pg-port", str(pg_port)] if i == 0 else [])
+               "--standby-replicas", "1", *flags] + (["--pg-port", str(pg_port)] if i == 0 else [])
         # SIGKILL when the demo dies: its broker goes too, so there is nothing to hand over to
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent(signal.SIGKILL))
         nodes.append((proc, endpoint))

@@ -10,6 +10,9 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from federator import kafka_properties
+from federator.kafka_properties import ClientProperties
+
 
 class KafkaUnavailable(RuntimeError):
     """The broker could not be reached or refused a request."""
@@ -23,19 +26,62 @@ if not os.environ.get("FEDERATOR_KAFKA_DEBUG"):
     _client_log.propagate = False
 
 
+# The client properties given for a cluster (`--kafka-config`, a Spark write's kafka_config), by
+# its bootstrap servers; a cluster given none gets $FEDERATOR_KAFKA_CONFIG's.
+_GIVEN: dict[str, ClientProperties] = {}
+_FROM_ENVIRONMENT: list[ClientProperties] = []  # read once, when first needed
+
+
+def use_client_properties(bootstrap_servers: str, properties: ClientProperties) -> None:
+    """Every client of ``bootstrap_servers`` that this process makes from now on gets ``properties``."""
+    _GIVEN[bootstrap_servers] = properties
+
+
+def client_properties(bootstrap_servers: str) -> ClientProperties:
+    if bootstrap_servers in _GIVEN:
+        return _GIVEN[bootstrap_servers]
+    if not _FROM_ENVIRONMENT:
+        _FROM_ENVIRONMENT.append(kafka_properties.from_environment())
+    return _FROM_ENVIRONMENT[0]
+
+
 def base_config(bootstrap_servers: str) -> dict[str, Any]:
-    return {"bootstrap.servers": bootstrap_servers, "logger": _client_log}
+    """What every client of the cluster starts from: its client properties, its brokers, our log."""
+    return {**client_properties(bootstrap_servers).values, "bootstrap.servers": bootstrap_servers,
+            "logger": _client_log}
 
 
 def check_reachable(bootstrap_servers: str, timeout: float = 5.0) -> None:
-    """Raise KafkaUnavailable with what to do when no broker answers at ``bootstrap_servers``."""
+    """Raise KafkaUnavailable saying what to do when the cluster at ``bootstrap_servers`` does
+    not answer: no broker there, credentials it refused, or a certificate not trusted."""
+    errors: list[KafkaError] = []
+    adm = AdminClient({**base_config(bootstrap_servers), "error_cb": errors.append})
     try:
-        admin(bootstrap_servers).list_topics(timeout=timeout)
-    except KafkaException:
-        raise KafkaUnavailable(
-            f"no Kafka broker answers at {bootstrap_servers}: start one with `federator broker` "
-            "or pass --bootstrap-servers HOST:PORT"
-        ) from None
+        adm.list_topics(timeout=timeout)
+        return
+    except KafkaException as e:
+        errors.append(e.args[0])
+    adm.poll(0)  # serves the error callbacks of the failed connections
+    raise KafkaUnavailable(_why_unreachable(bootstrap_servers, errors)) from None
+
+
+def _why_unreachable(bootstrap_servers: str, errors: list[KafkaError]) -> str:
+    props = client_properties(bootstrap_servers)
+    by_code = {e.code(): props.redact(e.str()) for e in errors}
+    if KafkaError._AUTHENTICATION in by_code:
+        return (f"the Kafka cluster at {bootstrap_servers} refused the SASL credentials of sasl.username "
+                f"{props.get('sasl.username')!r} (sasl.mechanism {props.get('sasl.mechanism', 'GSSAPI')}): "
+                f"{by_code[KafkaError._AUTHENTICATION]}; check sasl.username and sasl.password in {props.source}")
+    if KafkaError._SSL in by_code:
+        ca = props.get("ssl.ca.location") or "not set, so the system's CA certificates"
+        what = ("the Kafka brokers' TLS certificate is not signed by the CA certificate in ssl.ca.location "
+                f"({ca}) of {props.source}: name the CA that signed it there"
+                if "certificate verify failed" in by_code[KafkaError._SSL] else
+                f"check the ssl.* properties in {props.source}")
+        return f"the TLS handshake with the Kafka cluster at {bootstrap_servers} failed; {what} ({by_code[KafkaError._SSL]})"
+    return (f"no Kafka broker answers at {bootstrap_servers}: start one with `federator broker` "
+            "or pass --bootstrap-servers HOST:PORT (and --kafka-config FILE with the client properties a "
+            "secured cluster needs)")
 
 
 def producer(bootstrap_servers: str, **overrides: Any) -> Producer:
@@ -116,7 +162,8 @@ def ensure_topic(
 ) -> bool:
     """Create ``topic`` unless it exists; an existing topic must have ``partitions``. True if created."""
     futures = adm.create_topics(
-        [NewTopic(topic, num_partitions=partitions, replication_factor=1, config=config or {})],
+        # replicated as the broker's default.replication.factor says: a production cluster's choice
+        [NewTopic(topic, num_partitions=partitions, replication_factor=-1, config=config or {})],
         request_timeout=timeout,
     )
     try:

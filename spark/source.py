@@ -303,7 +303,7 @@ class FederatorWriter(DataSourceArrowWriter):
     """Writes as write_store does, but in one pass: each Spark task checks its own rows and
     produces them. Options as write_store's arguments: store, key, value (a column, or
     columns separated by commas for a JSON record), type, partitions, bootstrap_servers,
-    application_id, window_start, window_size_ms, session_start, session_end; mode("append")
+    kafka_config (a file of the cluster's Kafka client properties), application_id, window_start, window_size_ms, session_start, session_end; mode("append")
     upserts, mode("overwrite") replaces. What write_store checks across all rows before anything
     is written (duplicate keys) is not checked, and a failed task leaves the rows other tasks
     wrote: use write_store where that matters."""
@@ -317,7 +317,7 @@ class FederatorWriter(DataSourceArrowWriter):
         from spark.sink.deletes import live_keys
         from spark.sink.errors import SinkError
         from spark.sink.plan import Columns, shape
-        from spark.sink.producing import PRODUCER_CONFIG, WriteSpec
+        from spark.sink.producing import WriteSpec, producer_config
 
         get = lambda name: options.get(name) or None  # noqa: E731
         store, app, bootstrap = get("store"), get("application_id"), get("bootstrap_servers")
@@ -338,6 +338,7 @@ class FederatorWriter(DataSourceArrowWriter):
                 raise SinkError(f"option {name!r} must be a whole number, not {text!r}") from None
 
         registry = load_plugins()
+        config = producer_config(bootstrap, get("kafka_config"))  # before the first Kafka client
         self.shape = shape(Columns(schema), store, key=get("key"), value=value, type=get("type") or "kv",
                            partitions=number("partitions", 8), topic=changelog_topic(app, store),
                            window_start=get("window_start"), window_size_ms=number("window_size_ms", None),
@@ -358,7 +359,7 @@ class FederatorWriter(DataSourceArrowWriter):
         self.spec = WriteSpec(
             bootstrap_servers=bootstrap, topic=defn.topic, partitions=defn.partitions,
             layout=defn.store_type.changelog_layout, key=defn.key,
-            value=None if self.value_fields else defn.value, now_ms=self.now_ms, producer_config=PRODUCER_CONFIG,
+            value=None if self.value_fields else defn.value, now_ms=self.now_ms, producer_config=config,
             flush_timeout=self.timeout,
             existing=_Held({k: i for i, k in enumerate(self.existing_keys)}) if self.existing_keys else None)
         self.defn_dict = defn.to_dict()

@@ -27,9 +27,22 @@ def parser(prog: str, description: str, require_app: bool = True) -> argparse.Ar
     p.add_argument("--application-id", default=os.environ.get("FEDERATOR_APPLICATION_ID"),
                    required=require_app and not os.environ.get("FEDERATOR_APPLICATION_ID"),
                    help="the nodes' application id (default $FEDERATOR_APPLICATION_ID)")
+    p.add_argument("--kafka-config", default=os.environ.get("FEDERATOR_KAFKA_CONFIG"), metavar="FILE",
+                   help="the cluster's Kafka client properties, as `federator --kafka-config` takes them "
+                        "(default $FEDERATOR_KAFKA_CONFIG)")
     p.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
     p.add_argument("--partitions", type=int, default=8, help="partitions of stores the job creates (default 8)")
     return p
+
+
+def parse(p: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """The job's arguments; its writes use --kafka-config's client properties."""
+    from federator import kafka, kafka_properties
+
+    args = p.parse_args(argv)
+    if args.kafka_config:
+        kafka.use_client_properties(args.bootstrap_servers, kafka_properties.load(args.kafka_config))
+    return args
 
 
 def spark_session(master: str = "local[*]", app_name: str = "federator-job", java_options: Sequence[str] = (),

@@ -40,7 +40,7 @@ import pyarrow.compute as pc
 
 from federator.plugin import load_plugins
 from spark.jobs import streaming
-from spark.jobs.common import merged_token, parser, run_job, step
+from spark.jobs.common import merged_token, parse, parser, run_job, step
 from spark.sink import delete_keys, write_store
 
 DEFAULT_INPUT = ".federator/game_events/input"
@@ -369,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--trigger-seconds", type=float, help="start a micro-batch every S seconds (default 5)")
     s.add_argument("--max-batches", type=int, help="stop after N micro-batches")
     s.add_argument("--until-idle", action="store_true", help="stop once every file in --input now has been read")
-    args = p.parse_args(argv)
+    args = parse(p, argv)
     if args.events < 1:
         p.error("--events must be at least 1")
     if not args.generate_into and not args.application_id:

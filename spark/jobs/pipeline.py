@@ -13,7 +13,7 @@ import sys
 from typing import Any
 
 from spark.jobs import game_events, word_counts
-from spark.jobs.common import parser, run_job, step
+from spark.jobs.common import parse, parser, run_job, step
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=42, help="generator seed (default 42)")
     p.add_argument("--game-input", default=game_events.DEFAULT_INPUT,
                    help=f"where the game events' Parquet goes (default {game_events.DEFAULT_INPUT})")
-    args = p.parse_args(argv)
+    args = parse(p, argv)
     if args.events < 1:
         p.error("--events must be at least 1")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from spark.jobs.common import parser, run_job, step
+from spark.jobs.common import parse, parser, run_job, step
 from spark.sink import write_store
 
 STORE = "word_counts"
@@ -50,7 +50,7 @@ def run(spark: Any, bootstrap: str, app: str, input_path: str | None = None, par
 def main(argv: list[str] | None = None) -> int:
     p = parser("word_counts", "Count the words of text files into the kv store word_counts.")
     p.add_argument("--input", help="text file(s) or folder; default: a small built-in text")
-    args = p.parse_args(argv)
+    args = parse(p, argv)
     return run_job(args.master, "word_counts",
                    lambda spark: run(spark, args.bootstrap_servers, args.application_id, args.input, args.partitions))
 

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import itertools
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from federator import kafka
+from federator import kafka, kafka_properties
 from federator.formats import Format
 from federator.store.layout import changelog_keys
 from spark.sink.encoding import bytes_list, encode
@@ -22,6 +22,16 @@ from spark.sink.partitioning import murmur2_partitions
 PRODUCER_CONFIG: tuple[tuple[str, Any], ...] = (
     ("linger.ms", 20), ("batch.size", 1_000_000), ("queue.buffering.max.messages", 500_000),
 )
+
+
+def producer_config(bootstrap: str, kafka_config: str | None) -> tuple[tuple[str, Any], ...]:
+    """A write's producer settings: the cluster's client properties (the file ``kafka_config``
+    names, else those this driver was given for ``bootstrap``, else $FEDERATOR_KAFKA_CONFIG's),
+    which the driver's own clients use from now on too and the tasks get in their WriteSpec,
+    then PRODUCER_CONFIG."""
+    if kafka_config:
+        kafka.use_client_properties(bootstrap, kafka_properties.load(kafka_config))
+    return (*sorted(kafka.client_properties(bootstrap).values.items()), *PRODUCER_CONFIG)
 
 
 @dataclass(frozen=True)
@@ -35,7 +45,8 @@ class WriteSpec:
     key: Format
     value: Format | None  # None: the column holds the bytes already (a JSON document built by Spark)
     now_ms: int  # kv records' time
-    producer_config: tuple[tuple[str, Any], ...]
+    # the cluster's client properties (secrets among them: never in a repr), then the producer's
+    producer_config: tuple[tuple[str, Any], ...] = field(repr=False)
     flush_timeout: float
     existing: Any = None  # replace mode: Broadcast of {changelog key: index} live before the write
 

@@ -26,8 +26,8 @@ from spark.sink.deletes import live_keys, tombstones, unmarked
 from spark.sink.encoding import encode
 from spark.sink.errors import SinkError
 from spark.sink.plan import SIMPLE_FORMAT_OF, field, plan, time_column, type_name
-from spark.sink.producing import (PRODUCER_CONFIG, RESULT_DDL, WriteSpec, drop_driver_producer, driver_producer,
-                                  write_partition)
+from spark.sink.producing import (RESULT_DDL, WriteSpec, drop_driver_producer, driver_producer,
+                                  producer_config, write_partition)
 from spark.sink.small import Held, fetch_small, fits, produce_small, with_bad
 from spark.sink.tasks import PASS2_ARROW_CONF, SPARK_FAILURES, map_in_arrow, session_conf, worker_failure
 
@@ -54,6 +54,7 @@ def write_store(
     progress: Callable[[str], None] | None = None,
     timeout: float = 120.0,
     registry: Registry | None = None,
+    kafka_config: str | None = None,
 ) -> str:
     """Write ``df`` into the store ``store`` and return a consistency token.
 
@@ -69,7 +70,10 @@ def write_store(
     definition; anything else raises SinkError before a single record is written. A re-run
     with the same DataFrame leaves the same store. ``progress`` gets one line per step.
     ``registry``: the store types and formats to write by (``federator.plugin.load_plugins()``;
-    by default one is loaded for this call).
+    by default one is loaded for this call). ``kafka_config``: a file of the cluster's Kafka client
+    properties (security.protocol, sasl.*, ssl.ca.location, ...) as `federator --kafka-config`
+    takes; default: those this process was given for ``bootstrap_servers``, else the file
+    $FEDERATOR_KAFKA_CONFIG names.
     """
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
@@ -80,6 +84,7 @@ def write_store(
     if not bootstrap_servers or not application_id:
         raise SinkError("pass bootstrap_servers='HOST:PORT' and application_id='APP' (the nodes' application id)")
     registry = registry or load_plugins()
+    config = producer_config(bootstrap_servers, kafka_config)  # before the driver's first Kafka client
     the_plan = plan(
         df, store, key=key, value=value, type=type, partitions=partitions,
         topic=changelog_topic(application_id, store) if isinstance(store, str) else "?",
@@ -163,7 +168,7 @@ def write_store(
             bootstrap_servers=bootstrap_servers, topic=defn.topic, partitions=defn.partitions,
             layout=defn.store_type.changelog_layout, key=defn.key,
             value=None if the_plan.value_encoded else defn.value,
-            now_ms=now_ms, producer_config=PRODUCER_CONFIG, flush_timeout=timeout, existing=bc,
+            now_ms=now_ms, producer_config=config, flush_timeout=timeout, existing=bc,
         )
         # ---- pass 2: serialize and produce, one Python pass over the rows ----------------
         write_started = time.monotonic()

@@ -30,6 +30,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
+import pytest
 import urllib3
 
 from federator import kafka
@@ -222,6 +223,7 @@ def _owners_are(cluster: Cluster, nodes: list[NodeProcess]) -> bool:
     return sorted(owners) == list(range(P)) and set(owners.values()) <= ids
 
 
+@pytest.mark.apache_kafka(long=True)
 def test_kill_and_restart_nodes_under_reads_and_writes(broker, app_id, tmp_path) -> None:
     defn = register(broker, app_id, {"name": "chaos", "type": "kv", "partitions": P,
                                      "key": {"format": "string"}, "value": {"format": "long"}})

@@ -64,6 +64,7 @@ def cluster(broker, app_id, tmp_path):
         c.stop()
 
 
+@pytest.mark.apache_kafka(long=True)  # every Apache Kafka test below joins nodes too
 def test_three_nodes_split_eight_partitions_and_each_owner_answers(broker, app_id, cluster) -> None:
     defn = make_store(broker, app_id)
     model = {f"user-{i}": i for i in range(2000)}
@@ -114,6 +115,7 @@ def test_three_nodes_split_eight_partitions_and_each_owner_answers(broker, app_i
     assert beats <= len(c.nodes) * ((time.monotonic() - started) / HEARTBEAT_SECONDS + 2), beats
 
 
+@pytest.mark.apache_kafka
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
 def test_a_stopped_node_hands_over_and_standbys_serve_meanwhile(broker, app_id, cluster, sig) -> None:
     defn = make_store(broker, app_id)
@@ -150,6 +152,7 @@ def test_a_stopped_node_hands_over_and_standbys_serve_meanwhile(broker, app_id, 
         assert value_of(ask(by_id[owners[partition_for(k.encode(), P)]], "counts", k)) == model[k]
 
 
+@pytest.mark.apache_kafka(long=True)
 def test_a_restarted_node_restores_from_its_checkpoint(broker, app_id, cluster) -> None:
     defn = make_store(broker, app_id)
     model = {f"k{i}": i for i in range(3000)}
@@ -245,6 +248,7 @@ def test_the_broker_restarted_empty_never_serves_old_data_and_rebuilds(app_id, t
         b.stop()
 
 
+@pytest.mark.apache_kafka
 def test_queries_racing_a_rebalance_get_right_data_or_typed_failures(broker, app_id, cluster) -> None:
     defn = make_store(broker, app_id)
     model = {f"k{i}": i * 7 for i in range(1000)}

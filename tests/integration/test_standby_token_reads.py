@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import signal
 
+import pytest
+
 from federator.partitioner import partition_for
 from tests.integration.changelog_util import register
 from tests.integration.cluster import Cluster, wait_for, write_with_token
 
 P = 4
+pytestmark = pytest.mark.apache_kafka(long=True)  # on Apache Kafka by default: test_nodes.py's standbys
 
 
 def unavailable(status: int, body: dict) -> tuple[list | None, str]:

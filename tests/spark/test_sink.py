@@ -18,7 +18,7 @@ from tests.spark.conftest import (BYTES_ROWS, DOUBLE_ROWS, INT_ROWS, JSON_ROWS, 
                                   sql_with_token)
 from tests.registry import REGISTRY
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.apache_kafka]
 
 
 def nan_safe(rows_: list[tuple]) -> list[tuple]:

@@ -7,7 +7,7 @@ import pytest
 
 from tests.spark.conftest import changelog_records, rows, sql
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.apache_kafka]
 
 
 @pytest.fixture(scope="module")
@@ -25,6 +25,7 @@ def read(spark, world):
     return read_
 
 
+@pytest.mark.apache_kafka(long=True)  # reads ask the nodes over HTTP: the broker is not in the way
 @pytest.mark.parametrize("store", ["rt_string", "rt_bytes", "rt_json", "rt_window", "rt_session"])
 def test_a_store_reads_as_the_nodes_answer_it(world, read, store) -> None:
     df = read(store=store, consistency_token=world.tokens[store])
@@ -34,6 +35,7 @@ def test_a_store_reads_as_the_nodes_answer_it(world, read, store) -> None:
     assert rows(df.toArrow()) == rows(expected) and len(expected) > 0
 
 
+@pytest.mark.apache_kafka(long=True)  # reads ask the nodes over HTTP: the broker is not in the way
 def test_an_answer_reads_and_joins_with_the_jobs_own_data(spark, world, read) -> None:
     answer = read(sql="SELECT name, label FROM rt_string WHERE label IS NOT NULL", consistency_token=world.tokens["rt_string"])
     mine = spark.createDataFrame([(r[0], i) for i, r in enumerate(answer.collect())], "name string, mine int")
@@ -43,6 +45,7 @@ def test_an_answer_reads_and_joins_with_the_jobs_own_data(spark, world, read) ->
         rows(answer.toArrow())
 
 
+@pytest.mark.apache_kafka(long=True)  # reads ask the nodes over HTTP: the broker is not in the way
 @pytest.mark.parametrize("store, spark_filter, where, partitions", [
     # the key: only the partition holding it is read (a key lookup on its owner)
     ("rt_json", "player = 'p3'", "player = 'p3'", 1),
@@ -81,6 +84,7 @@ def test_the_reader_keeps_the_filters_it_can_apply_and_gives_back_the_rest() -> 
     assert reader.where == ['"k" = \'a\'', '"n" IN (1, 2)', 'NOT ("n" IS NULL)', 'STARTS_WITH("k", \'x\')']
 
 
+@pytest.mark.apache_kafka(long=True)  # reads ask the nodes over HTTP: the broker is not in the way
 def test_bad_options_say_what_to_pass(read) -> None:
     with pytest.raises(Exception, match="one of the two"):
         read().collect()
