@@ -53,7 +53,7 @@ SIMPLE = [f for f in FORMATS if f != "json"]  # json values are documents Spark 
 
 
 def test_the_built_ins_are_what_this_test_covers():
-    assert STORE_TYPES == ["kv", "window", "session"]
+    assert STORE_TYPES == ["kv", "window", "session", "versioned"]  # versioned: the kv layout
     assert sorted(FORMATS) == ["bytes", "double", "int", "json", "long", "string"]
 
 
