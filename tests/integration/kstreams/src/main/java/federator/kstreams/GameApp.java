@@ -36,6 +36,7 @@ import org.apache.kafka.streams.state.WindowStore;
 public final class GameApp {
     static final Duration RETENTION = Duration.ofDays(30);  // windows, sessions and level history kept
     static final Duration GRACE = Duration.ofDays(7);  // late rounds still counted in their window
+    static final Duration WINDOW = Duration.ofMinutes(1);  // scores per minute
 
     public static Topology topology(final String resultsTopic, final String levelsTopic) {
         final StreamsBuilder builder = new StreamsBuilder();
@@ -51,7 +52,7 @@ public final class GameApp {
                     .withKeySerde(Serdes.String()).withValueSerde(Stats.SERDE));
 
         // scores per minute: tumbling windows
-        scores.windowedBy(TimeWindows.ofSizeAndGrace(Duration.ofMinutes(1), GRACE))
+        scores.windowedBy(TimeWindows.ofSizeAndGrace(WINDOW, GRACE))
             .reduce(Long::sum, Materialized.<String, Long, WindowStore<Bytes, byte[]>>as("scores_per_minute")
                 .withKeySerde(Serdes.String()).withValueSerde(Serdes.Long()).withRetention(RETENTION));
 

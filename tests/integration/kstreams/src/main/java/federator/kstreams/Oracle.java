@@ -24,18 +24,20 @@ import org.apache.kafka.streams.query.StateQueryResult;
 import org.apache.kafka.streams.query.TimestampedKeyQuery;
 import org.apache.kafka.streams.query.TimestampedRangeQuery;
 import org.apache.kafka.streams.query.VersionedKeyQuery;
+import org.apache.kafka.streams.query.WindowKeyQuery;
 import org.apache.kafka.streams.query.WindowRangeQuery;
 import org.apache.kafka.streams.query.Query;
 import org.apache.kafka.streams.state.KeyValueIterator;
 import org.apache.kafka.streams.state.ValueAndTimestamp;
 import org.apache.kafka.streams.state.VersionedRecord;
+import org.apache.kafka.streams.state.WindowStoreIterator;
 
 /**
  * The application's own answers, by IQv2, over HTTP (JSON): what Federator's SQL must equal.
  *
  *   GET /status                                 {"state": "RUNNING"}
  *   GET /kv?store=S[&key=K]                     TimestampedRangeQuery (all) or TimestampedKeyQuery
- *   GET /window?store=S&from=MS&to=MS           WindowRangeQuery.withWindowStartRange
+ *   GET /window?store=S&from=MS&to=MS[&key=K]   WindowRangeQuery.withWindowStartRange, or WindowKeyQuery
  *   GET /session?store=S&key=K[&key=K...]       WindowRangeQuery.withKey (a session fetch) per key
  *   GET /versioned?store=S&key=K[&key=K...]     VersionedKeyQuery (the latest version) per key
  *
@@ -98,8 +100,19 @@ final class Oracle {
 
     private Answer window(final Params p) {
         final Answer a = new Answer();
-        final WindowRangeQuery<String, Object> q = WindowRangeQuery.withWindowStartRange(
-            Instant.ofEpochMilli(Long.parseLong(p.first("from"))), Instant.ofEpochMilli(Long.parseLong(p.first("to"))));
+        final Instant from = Instant.ofEpochMilli(Long.parseLong(p.first("from")));
+        final Instant to = Instant.ofEpochMilli(Long.parseLong(p.first("to")));
+        final String key = p.first("key");
+        if (key != null) {
+            final WindowKeyQuery<String, Object> q = WindowKeyQuery.withKeyAndWindowStartRange(key, from, to);
+            for (final WindowStoreIterator<Object> it : results(p.store(), q, a)) {
+                try (it) {
+                    it.forEachRemaining(kv -> a.rows.add(windowRow(key, kv.key, kv.key + GameApp.WINDOW.toMillis(), kv.value)));
+                }
+            }
+            return a;
+        }
+        final WindowRangeQuery<String, Object> q = WindowRangeQuery.withWindowStartRange(from, to);
         for (final KeyValueIterator<Windowed<String>, Object> it : results(p.store(), q, a)) {
             windowRows(it, a);
         }
@@ -148,11 +161,14 @@ final class Oracle {
         try (it) {
             while (it.hasNext()) {
                 final KeyValue<Windowed<String>, Object> kv = it.next();
-                final Object v = kv.value instanceof ValueAndTimestamp ? ((ValueAndTimestamp<?>) kv.value).value() : kv.value;
-                a.rows.add("{\"key\":" + quote(kv.key.key()) + ",\"start\":" + kv.key.window().start()
-                    + ",\"end\":" + kv.key.window().end() + ",\"value\":" + json(v) + "}");
+                a.rows.add(windowRow(kv.key.key(), kv.key.window().start(), kv.key.window().end(), kv.value));
             }
         }
+    }
+
+    private static String windowRow(final String key, final long start, final long end, final Object value) {
+        final Object v = value instanceof ValueAndTimestamp ? ((ValueAndTimestamp<?>) value).value() : value;
+        return "{\"key\":" + quote(key) + ",\"start\":" + start + ",\"end\":" + end + ",\"value\":" + json(v) + "}";
     }
 
     private static String kvRow(final String key, final Object value, final long timestamp) {
