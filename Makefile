@@ -4,7 +4,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: install demo test test-debs kstreams docs spark-cluster bench bench-debs chaos fuzz clean
+.PHONY: install demo test test-debs kafka kstreams test-kafka docs spark-cluster bench bench-debs chaos fuzz clean
 
 $(BIN)/.installed: setup.cfg pyproject.toml
 	@echo "==> creating $(VENV) and installing federator with its test dependencies (about a minute)"
@@ -33,12 +33,18 @@ test-debs:
 	  $$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing || \
 	  { echo "apt-get could not install $$missing; install them, then make test again"; exit 1; }; fi
 
+# Apache Kafka's broker (org.apache.kafka:kafka_2.13 and its runtime dependencies) for the tests'
+# KRaft clusters (tests/apache_kafka.py): fetched with Maven from Maven Central once per machine,
+# cached under ~/.cache/federator (and ~/.m2); Java 17 runs it.
+kafka: install
+	@$(BIN)/python -m tests.apache_kafka
+
 # The tests' Kafka Streams application (tests/integration/kstreams/, a Maven project): built once
 # per machine into ~/.cache/federator with kafka-streams from Maven Central; a JDK 17 and Maven run it.
 kstreams: install
 	@$(BIN)/python -m tests.integration.kstreams_app
 
-test: install test-debs kstreams
+test: install test-debs kafka kstreams
 	$(BIN)/python -m pytest
 
 # A Spark standalone cluster (master and worker from the installed PySpark) running the word_counts

@@ -148,6 +148,14 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--plugin-errors", choices=("fatal", "warn"), default="fatal",
                    help="a plugin that fails to load: fatal (default) stops the node before it joins the cluster; "
                         "warn logs it and serves without it (its stores and queries are unknown to this node)")
+    from federator.node.group import GroupTimings
+
+    group = n.add_argument_group("the consumer group (the broker's group.min/max.session.timeout.ms bound these)")
+    group.add_argument("--session-timeout-ms", type=int, default=GroupTimings.session_timeout_ms, metavar="MS",
+                       help="how long the group waits for a silent node before moving its partitions "
+                            f"(default {GroupTimings.session_timeout_ms}, Apache Kafka's shortest by default)")
+    group.add_argument("--heartbeat-interval-ms", type=int, default=GroupTimings.heartbeat_interval_ms, metavar="MS",
+                       help=f"how often the node tells the group it is alive (default {GroupTimings.heartbeat_interval_ms})")
 
     from federator.client.sql_cli import add_sql_parser
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import urllib3
 
-from federator.broker import BrokerError, BrokerProcess, die_with_parent
+from federator.broker import TANSU_GROUP_FLAGS, BrokerError, BrokerProcess, die_with_parent
 from federator.client.sql_cli import format_table
 
 APP = "federator-demo"
@@ -130,7 +130,7 @@ def _start_nodes(bootstrap: str, state: Path, pg_port: int) -> list[tuple[subpro
         log = open(state / f"node{i}.log", "w")
         cmd = [sys.executable, "-m", "federator.cli", "node", "--bootstrap-servers", bootstrap, "--application-id", APP,
                "--listen", endpoint, "--state-dir", str(state / f"node{i}"), "--node-id", f"node{i}",
-               "--standby-replicas", "1"] + (["--pg-port", str(pg_port)] if i == 0 else [])
+               "--standby-replicas", "1", *TANSU_GROUP_FLAGS] + (["--pg-port", str(pg_port)] if i == 0 else [])
         # SIGKILL when the demo dies: its broker goes too, so there is nothing to hand over to
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent(signal.SIGKILL))
         nodes.append((proc, endpoint))

@@ -116,7 +116,8 @@ def ensure_topic(
 ) -> bool:
     """Create ``topic`` unless it exists; an existing topic must have ``partitions``. True if created."""
     futures = adm.create_topics(
-        [NewTopic(topic, num_partitions=partitions, replication_factor=1, config=config or {})],
+        # replicated as the broker's default.replication.factor says: a production cluster's choice
+        [NewTopic(topic, num_partitions=partitions, replication_factor=-1, config=config or {})],
         request_timeout=timeout,
     )
     try:

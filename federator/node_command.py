@@ -17,6 +17,7 @@ from typing import Any
 
 from federator.auth import Users
 from federator.tls import from_flags
+from federator.node.group import GroupTimings
 from federator.node.node import Node, NodeConfig
 from federator.plugin import load_plugins
 from federator.store.kept_answers import DEFAULT_PER_SHARD
@@ -26,7 +27,8 @@ from federator.sql.service import SqlService
 
 log = logging.getLogger(__name__)
 
-REFUSED = 3  # the exit code of a node that refused to serve: another live node has its node id
+REFUSED = 3  # the exit code of a node that refused to serve: another live node has its node id, or the
+# broker will never let it into the group
 
 
 def _host_port(text: str, flag: str) -> tuple[str, int]:
@@ -104,6 +106,7 @@ def run_node(args: argparse.Namespace) -> int:
         max_timeout_ms=limits.max_timeout_ms, max_running_queries=limits.max_running,
         max_queued_queries=limits.max_queued,
         key_port=getattr(args, "key_port", 0),
+        group_timings=GroupTimings(args.session_timeout_ms, args.heartbeat_interval_ms),
         tls=tls,
     ), registry)  # raises PluginsFailed when a plugin failed and --plugin-errors is fatal
     if getattr(args, "reuse_answers_seconds", 0) < 0:

@@ -11,13 +11,16 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import pytest
 from hypothesis import settings as hypothesis_settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 
-from federator.broker import die_with_parent
+from federator.broker import TANSU_GROUP_FLAGS, die_with_parent
+
+if TYPE_CHECKING:
+    from tests.apache_kafka import KafkaCluster
 
 # Hypothesis, for every test in the suite (a test's own @settings only adds example counts).
 # "federator" (the default): derandomized, so the examples are a function of the test's code:
@@ -66,10 +69,21 @@ def dies_with_tests(sig: int = signal.SIGKILL) -> Callable[[], None] | None:
     return die_with_parent(sig)
 
 
+# The tansu brokers this run started: nodes on them get the short group timings tansu allows.
+TANSU_BOOTSTRAPS: set[str] = set()
+
+
+def group_flags(bootstrap_servers: str) -> list[str]:
+    """The group timing flags for a node on ``bootstrap_servers``: tansu's short ones, or the
+    node's defaults (which Apache Kafka's default settings accept)."""
+    return list(TANSU_GROUP_FLAGS) if bootstrap_servers in TANSU_BOOTSTRAPS else []
+
+
 class RunningBroker:
     def __init__(self, port: int) -> None:
         self.port = port
         self.bootstrap_servers = f"127.0.0.1:{port}"
+        TANSU_BOOTSTRAPS.add(self.bootstrap_servers)
         self.proc = subprocess.Popen(
             federator_cmd("broker", "--port", str(port)),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -86,11 +100,60 @@ class RunningBroker:
 
 
 @pytest.fixture(scope="session")
-def broker() -> Iterator[RunningBroker]:
+def tansu_broker() -> Iterator[RunningBroker]:
     """A tansu broker on a free port, started by `federator broker`, for the whole session."""
     b = RunningBroker(free_port())
     yield b
     b.stop()
+
+
+@pytest.fixture(scope="session")
+def apache_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator["KafkaCluster"]:
+    """One Apache Kafka broker (KRaft, Kafka's default settings) for the whole session."""
+    from tests.apache_kafka import KafkaCluster
+
+    cluster = KafkaCluster(tmp_path_factory.mktemp("apache-kafka"), brokers=1).start()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def apache_kafka3(tmp_path_factory: pytest.TempPathFactory) -> Iterator["KafkaCluster"]:
+    """Three Apache Kafka brokers, topics replicated three times (min.insync.replicas 2), for
+    the tests that stop and start brokers: each test leaves every broker running."""
+    from tests.apache_kafka import KafkaCluster
+
+    cluster = KafkaCluster(tmp_path_factory.mktemp("apache-kafka3"), brokers=3).start()
+    yield cluster
+    cluster.stop()
+
+
+# The `broker` fixture is tansu, or for tests marked `apache_kafka` each of tansu and Apache
+# Kafka in turn. FEDERATOR_APACHE_KAFKA=only (`make test-kafka`) runs the marked tests on
+# Apache Kafka alone, the long ones (`apache_kafka(long=True)`) included; by default those run
+# on tansu only, to keep `make test` short.
+BROKER_FIXTURES = {"tansu": "tansu_broker", "kafka": "apache_kafka"}
+
+
+def broker_kinds(marker: pytest.Mark | None) -> list[str]:
+    if marker is None:
+        return ["tansu"]
+    if os.environ.get("FEDERATOR_APACHE_KAFKA") == "only":
+        return ["kafka"]
+    return ["tansu"] if marker.kwargs.get("long") else ["tansu", "kafka"]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    marker = metafunc.definition.get_closest_marker("apache_kafka")
+    if "broker" in metafunc.fixturenames and marker is not None:
+        metafunc.parametrize("broker", broker_kinds(marker), indirect=True, scope="session")
+
+
+@pytest.fixture(scope="session")
+def broker(request: pytest.FixtureRequest):
+    """The session's broker: tansu unless the test is parametrized onto Apache Kafka (above).
+    Either has ``bootstrap_servers``."""
+    return request.getfixturevalue(BROKER_FIXTURES[getattr(request, "param", "tansu")])
 
 
 @pytest.fixture

@@ -11,21 +11,52 @@ from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import dataclass
 from typing import Any, Callable
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from federator import kafka
 
 log = logging.getLogger(__name__)
 
-# Measured on tansu: a join or rebalance waits about session.timeout/2; 3 s gives joins in
-# 2-3 s and a killed member's partitions move in about 5 s.
+
+@dataclass(frozen=True)
+class GroupTimings:
+    """How the node keeps its place in the group (`federator node --session-timeout-ms`,
+    `--heartbeat-interval-ms`). A broker refuses a member whose session timeout is outside its
+    group.min/max.session.timeout.ms (Apache Kafka's defaults: 6 s and 30 min) with
+    INVALID_SESSION_TIMEOUT, so the default is the shortest every default broker accepts: a
+    killed node's partitions move after about that long. The heartbeat is how soon a member
+    hears of a rebalance, so it bounds how long a join waits for the others."""
+
+    session_timeout_ms: int = 6000
+    heartbeat_interval_ms: int = 1000
+
+    def __post_init__(self) -> None:
+        if self.heartbeat_interval_ms <= 0 or self.session_timeout_ms <= self.heartbeat_interval_ms:
+            raise ValueError(
+                f"--heartbeat-interval-ms ({self.heartbeat_interval_ms}) must be above 0 and below "
+                f"--session-timeout-ms ({self.session_timeout_ms}); a third of it or less is usual"
+            )
+
+    def refusal(self) -> str:
+        return (f"the broker refused the group session timeout of {self.session_timeout_ms} ms "
+                "(INVALID_SESSION_TIMEOUT): it must lie within the broker's group.min.session.timeout.ms and "
+                "group.max.session.timeout.ms (Apache Kafka's defaults: 6000 and 1800000); "
+                "set --session-timeout-ms within them")
+
+    def consumer_config(self) -> dict[str, Any]:
+        return {
+            "session.timeout.ms": self.session_timeout_ms,
+            "heartbeat.interval.ms": self.heartbeat_interval_ms,
+            # how long a rebalance waits for members to join again; librdkafka wants it >= the session
+            "max.poll.interval.ms": max(10_000, self.session_timeout_ms),
+        }
+
+
 GROUP_CONFIG: dict[str, Any] = {
     "partition.assignment.strategy": "range",
-    "session.timeout.ms": 3000,
-    "heartbeat.interval.ms": 500,
-    "max.poll.interval.ms": 10000,
     "topic.metadata.refresh.interval.ms": 2000,
     # a request the broker never answers (seen after a broker restart) fails in 10 s, not 60
     "socket.timeout.ms": 10000,
@@ -33,7 +64,8 @@ GROUP_CONFIG: dict[str, Any] = {
     "auto.offset.reset": "earliest",
     "enable.partition.eof": False,
 }
-# How long stop() lets a join under way finish before leaving: a join takes 2-3 s here.
+# How long stop() lets a join under way finish before leaving: a join takes a few seconds
+# (on Apache Kafka a new group's first one waits group.initial.rebalance.delay.ms, 3 s).
 LEAVE_AFTER_JOIN_SECONDS = 10.0
 
 
@@ -47,7 +79,11 @@ class GroupMember:
         on_assignment: Callable[[set[tuple[str, int]]], None],
         on_rebalancing: Callable[[], None],
         client_id: str,
+        timings: GroupTimings = GroupTimings(),
+        on_refused: Callable[[str], None] = lambda why: None,
     ) -> None:
+        self.timings = timings
+        self.on_refused = on_refused  # the broker will never let this member in; says why
         self.bootstrap_servers = bootstrap_servers
         self.group_id = group_id
         self.on_assignment = on_assignment
@@ -82,7 +118,7 @@ class GroupMember:
         self._thread.join(15)
 
     def _run(self) -> None:
-        conf = {**kafka.base_config(self.bootstrap_servers), **GROUP_CONFIG, "group.id": self.group_id, "client.id": self.client_id}
+        conf = {**kafka.base_config(self.bootstrap_servers), **GROUP_CONFIG, **self.timings.consumer_config(), "group.id": self.group_id, "client.id": self.client_id}
         consumer = Consumer(conf)
 
         def assigned(c: Consumer, partitions: list[TopicPartition]) -> None:
@@ -121,6 +157,8 @@ class GroupMember:
                         self.on_assignment(set())
                 msg = consumer.poll(0.1)
                 if msg is not None and msg.error():
+                    if msg.error().code() == KafkaError.INVALID_SESSION_TIMEOUT:
+                        self.on_refused(self.timings.refusal())
                     log.info("group consumer: %s", msg.error().str())
         except Exception:  # noqa: BLE001
             log.exception("group member failed")

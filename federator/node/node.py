@@ -22,7 +22,7 @@ from federator.catalog.catalog import COMPACTED, Catalog, apply_catalog_message,
 from federator.catalog.definition import StoreDefinition
 from federator.node import internal_query
 from federator.node.key_server import KeyServer
-from federator.node.group import GroupMember
+from federator.node.group import GroupMember, GroupTimings
 from federator.node.materializer import ACTIVE, STANDBY, Materializer
 from federator.metrics import Metrics
 from federator.cluster.membership import (
@@ -90,6 +90,7 @@ class NodeConfig:
     # listen host; 0: any free port (peers learn it from the heartbeat); None: none, and
     # peers read this node's keys on the general path.
     key_port: int | None = 0
+    group_timings: GroupTimings = GroupTimings()  # session timeout and heartbeat in the group
 
 
 PLUGIN_ERRORS = ("fatal", "warn")
@@ -152,7 +153,7 @@ class Node:
         # This process, as told apart from any other that uses (or used) the same node id.
         self.incarnation = uuid.uuid4().hex[:12]
         self.started_ms = int(time.time() * 1000)
-        self.refused: str | None = None  # why this node will not serve: another live process has its id
+        self.refused: str | None = None  # why this node will not serve (another live process has its id, ...)
         self.on_refused: Callable[[str], None] = lambda why: None  # the process exits (federator node)
         self._rival: NodeInfo | None = None  # the latest record of another process under our id
         self._warned: set[str] = set()  # newer rivals already reported
@@ -182,7 +183,8 @@ class Node:
             bootstrap, catalog_topic(app), self._on_catalog, self._on_catalog_reset, "catalog", COMPACTED
         )
         self.members_tail = TopicTail(bootstrap, nodes_topic(app), self._on_member, self.view.clear, "membership", COMPACTED)
-        self.group = GroupMember(bootstrap, app, self._on_assignment, self._on_rebalancing, client_id=self.node_id)
+        self.group = GroupMember(bootstrap, app, self._on_assignment, self._on_rebalancing, client_id=self.node_id,
+                                 timings=config.group_timings, on_refused=self._refuse_because)
         # Not idempotent: an idempotent producer never recovers from a broker restarted empty.
         self._producer = kafka.producer(bootstrap, **{"enable.idempotence": False, "linger.ms": 0})
         self._loop_thread = threading.Thread(target=self._loop, name="heartbeat", daemon=True)
@@ -278,14 +280,18 @@ class Node:
                         key_endpoint=self.key_endpoint)
 
     def _refuse(self, other: NodeInfo) -> None:
-        if self.refused is not None:
-            return
-        self.state = "ERROR"
-        self.refused = (
+        self._refuse_because(
             f"node id {self.node_id!r} is already used by a live node at {other.endpoint} in application "
             f"{self.config.application_id!r} (it started earlier, incarnation {other.incarnation or 'unknown'}); "
             "node ids are unique within an application: stop that node, or give this one another --node-id"
         )
+
+    def _refuse_because(self, why: str) -> None:
+        """Stop serving for good and say why (the process exits with REFUSED)."""
+        if self.refused is not None:
+            return
+        self.state = "ERROR"
+        self.refused = why
         log.error("refusing to serve: %s", self.refused)
         self._wake.set()
         self.on_refused(self.refused)

@@ -13,7 +13,7 @@ import urllib3
 
 from federator.dispatch import NodeCallError, NodeClient
 from federator.query.position import Position
-from tests.conftest import dies_with_tests, federator_cmd, free_port
+from tests.conftest import dies_with_tests, federator_cmd, free_port, group_flags
 
 T = TypeVar("T")
 _HTTP = urllib3.PoolManager(maxsize=32, retries=False)
@@ -62,7 +62,7 @@ class NodeProcess:
             args += ["--server", self.server]
         if self.pg_port:
             args += ["--pg-port", str(self.pg_port)]
-        args += self.extra_args
+        args += group_flags(self.bootstrap) + self.extra_args
         self.state_dir.parent.mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen(federator_cmd(*args), stdout=open(self.log, "a"), stderr=subprocess.STDOUT,
                                      preexec_fn=dies_with_tests())

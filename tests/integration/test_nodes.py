@@ -64,6 +64,7 @@ def cluster(broker, app_id, tmp_path):
         c.stop()
 
 
+@pytest.mark.apache_kafka
 def test_three_nodes_split_eight_partitions_and_each_owner_answers(broker, app_id, cluster) -> None:
     defn = make_store(broker, app_id)
     model = {f"user-{i}": i for i in range(2000)}
