@@ -86,8 +86,13 @@ def java(libs: Path, main: str, *args: str, jvm: list[str] | None = None) -> lis
 
 
 def random_cluster_id() -> str:
-    """A KRaft cluster id: a UUID in URL-safe base64 without padding, as `kafka-storage random-uuid` prints."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+    """A KRaft cluster id: a UUID in URL-safe base64 without padding, as `kafka-storage random-uuid` prints.
+    Like Kafka's Uuid.randomUuid, never one that starts with '-' (the storage tool's argument
+    parser takes it for a flag, one id in 64)."""
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not cluster_id.startswith("-"):
+            return cluster_id
 
 
 @dataclass
