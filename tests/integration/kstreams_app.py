@@ -9,71 +9,33 @@ works offline after that.
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import json
-import os
-import shutil
 import subprocess
-import tempfile
 import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
 
+from tests import maven_cache
 from tests.conftest import dies_with_tests, stop_process
 
 PROJECT = Path(__file__).resolve().parent / "kstreams"
 MAIN = "federator.kstreams.GameApp"
 # A small heap and the client compiler: the application starts in seconds beside the broker and the nodes.
 JVM_OPTS = ["-Xms64m", "-Xmx384m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-XX:-UsePerfData"]
-INSTALL = ("the Kafka Streams tests need a JDK 17 and Maven: install Debian's openjdk-17-jdk-headless and "
-           "maven packages (apt-get install openjdk-17-jdk-headless maven), then run `make kstreams`")
-
-
-def _sources() -> list[Path]:
-    return [PROJECT / "pom.xml", *sorted((PROJECT / "src").rglob("*.*"))]
 
 
 def build_dir() -> Path:
     """Where the build lives: keyed by the project's files, so a change builds again."""
-    digest = hashlib.sha256()
-    for f in _sources():
-        digest.update(str(f.relative_to(PROJECT)).encode() + b"\0" + f.read_bytes())
-    root = Path(os.environ.get("FEDERATOR_CACHE") or Path.home() / ".cache" / "federator")
-    return root / f"kstreams-game-{digest.hexdigest()[:12]}"
+    return maven_cache.cache_dir("kstreams-game", [PROJECT / "pom.xml", *sorted((PROJECT / "src").rglob("*.*"))],
+                                 base=PROJECT)
 
 
 def built(progress: bool = False) -> Path:
     """The build directory (the application's jar, and its dependencies under lib/), built with
     Maven the first time on this machine."""
-    out = build_dir()
-    if (out / ".complete").exists():
-        return out
-    missing = [tool for tool in ("java", "javac", "mvn") if shutil.which(tool) is None]
-    if missing:
-        raise RuntimeError(f"{' and '.join(missing)} not found: {INSTALL}")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out.parent / f".{out.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # another session or worktree may be building it too
-        if not (out / ".complete").exists():
-            _build(out, progress)
-    return out
-
-
-def _build(out: Path, progress: bool) -> None:
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f"{out.name}-"))
-    cmd = ["mvn", "-B", "-f", str(PROJECT / "pom.xml"), "package", f"-Dout.dir={tmp}"]
-    if not progress:
-        cmd.insert(1, "-q")
-    done = subprocess.run(cmd, stdout=None if progress else subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if done.returncode != 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise RuntimeError(f"building the Kafka Streams application with Maven failed (exit {done.returncode}):\n"
-                           f"{(done.stdout or '')[-4000:]}")
-    (tmp / ".complete").touch()
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
+    return maven_cache.maven_once(build_dir(), lambda tmp: ["-f", str(PROJECT / "pom.xml"), "package", f"-Dout.dir={tmp}"],
+                                  "building the Kafka Streams test application", progress, tools=("java", "javac", "mvn"))
 
 
 class StreamsApp:

@@ -125,11 +125,15 @@ def howto_commands(game: Game) -> list[list[str]]:
 def game(apache_kafka, tmp_path_factory) -> Iterator[Game]:
     g = Game(apache_kafka.bootstrap_servers, tmp_path_factory.mktemp("kstreams"))
     try:
+        g.node.start(wait=False)  # it follows the catalog: stores declared later are picked up
         wait_for(lambda: g.app.state() == "RUNNING", 120, "the Kafka Streams application to run")
-        for args in howto_commands(g):  # the changelogs exist once the application runs
-            done = subprocess.run(federator_cmd(*args), capture_output=True, text=True, timeout=60)
-            assert done.returncode == 0, done.stderr
-        g.node.start()
+        # the changelogs exist once the application runs; the commands run side by side
+        creates = [subprocess.Popen(federator_cmd(*args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                   for args in howto_commands(g)]
+        for proc in creates:
+            out, _ = proc.communicate(timeout=60)
+            assert proc.returncode == 0, out
+        wait_for(g.node.ready, 60, "the Federator node to be ready")
         yield g
     finally:
         g.node.stop()
