@@ -96,8 +96,12 @@ class Game:
 
         wait_for(lambda: self.app.state() == "RUNNING" and idle(), 120, "the Kafka Streams application to be idle")
         changelogs = [TopicPartition(self.app.changelog(s), p) for s in STORES for p in range(PARTITIONS)]
-        return Position({tp.topic: {tp.partition: high - 1} for tp, high in zip(changelogs, self._ends(changelogs))
-                         if high > 0})
+        ends: dict[str, dict[int, int]] = {}
+        for tp, high in zip(changelogs, self._ends(changelogs)):
+            if high > 0:
+                ends.setdefault(tp.topic, {})[tp.partition] = high - 1
+        assert len(ends) == len(STORES), ends
+        return Position(ends)
 
     def _ends(self, tps: list[TopicPartition]) -> list[int]:
         c = kafka.reader(self.bootstrap)
