@@ -4,7 +4,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: install demo test test-debs kafka test-kafka docs spark-cluster bench bench-debs chaos fuzz clean
+.PHONY: install demo test test-debs kafka kstreams test-kafka docs spark-cluster bench bench-debs chaos fuzz clean
 
 $(BIN)/.installed: setup.cfg pyproject.toml
 	@echo "==> creating $(VENV) and installing federator with its test dependencies (about a minute)"
@@ -39,7 +39,12 @@ test-debs:
 kafka: install
 	@$(BIN)/python -m tests.apache_kafka
 
-test: install test-debs kafka
+# The tests' Kafka Streams application (tests/integration/kstreams/, a Maven project): built once
+# per machine into ~/.cache/federator with kafka-streams from Maven Central; a JDK 17 and Maven run it.
+kstreams: install
+	@$(BIN)/python -m tests.integration.kstreams_app
+
+test: install test-debs kafka kstreams
 	$(BIN)/python -m pytest
 
 # Every test marked apache_kafka on Apache Kafka alone, the long ones too (the kill test, every

@@ -72,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     c = ssub.add_parser("create", help="create a store's changelog topic and register its definition")
     c.add_argument("name")
     _connection_args(c)
-    c.add_argument("--type", required=True, help="kv, window, session, or a plugin's store type")
+    c.add_argument("--type", required=True, help="kv, window, session, versioned, or a plugin's store type")
     c.add_argument("--partitions", type=int, required=True)
     c.add_argument("--key", required=True, metavar="FORMAT", help="string, long, int, double or bytes")
     c.add_argument("--key-name", default="key", metavar="COL")

@@ -10,13 +10,8 @@ rest), so what the tests see is what a user's cluster does.
 from __future__ import annotations
 
 import base64
-import fcntl
-import hashlib
-import os
-import shutil
 import signal
 import subprocess
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -25,6 +20,7 @@ from pathlib import Path
 from confluent_kafka.admin import AdminClient
 
 from federator import kafka
+from tests import maven_cache
 from tests.conftest import dies_with_tests, free_port, stop_process
 
 POM = Path(__file__).resolve().parent / "maven" / "kafka-pom.xml"
@@ -46,39 +42,16 @@ logger.server.level = INFO
 
 def cache_dir() -> Path:
     """Where the jars live: keyed by the pom's contents, so a version change fetches again."""
-    root = Path(os.environ.get("FEDERATOR_CACHE") or Path.home() / ".cache" / "federator")
-    return root / f"apache-kafka-{hashlib.sha256(POM.read_bytes()).hexdigest()[:12]}"
+    return maven_cache.cache_dir("apache-kafka", [POM])
 
 
 def kafka_libs(progress: bool = False) -> Path:
     """The directory of the broker's jars, fetched with Maven (from Maven Central, through the
     local ~/.m2 repository) the first time on this machine."""
-    libs = cache_dir() / "libs"
-    if (libs / ".complete").exists():
-        return libs
-    libs.parent.mkdir(parents=True, exist_ok=True)
-    with open(libs.parent / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # another session or worktree may be fetching too
-        if not (libs / ".complete").exists():
-            _fetch(libs, progress)
-    return libs
-
-
-def _fetch(libs: Path, progress: bool) -> None:
-    if shutil.which("mvn") is None:
-        raise RuntimeError("the Apache Kafka tests need Maven (`mvn`); install Debian's maven package")
-    tmp = Path(tempfile.mkdtemp(dir=libs.parent, prefix="libs-"))
-    cmd = ["mvn", "-B", "-f", str(POM), "dependency:copy-dependencies", "-DincludeScope=runtime",
-           f"-DoutputDirectory={tmp}"]
-    if not progress:
-        cmd.insert(1, "-q")
-    done = subprocess.run(cmd, stdout=None if progress else subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if done.returncode != 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise RuntimeError(f"fetching Apache Kafka with Maven failed (exit {done.returncode}):\n{done.stdout or ''}")
-    (tmp / ".complete").touch()
-    shutil.rmtree(libs, ignore_errors=True)
-    tmp.rename(libs)
+    return maven_cache.maven_once(
+        cache_dir() / "libs", lambda tmp: ["-f", str(POM), "dependency:copy-dependencies", "-DincludeScope=runtime",
+                                           f"-DoutputDirectory={tmp}"],
+        "fetching Apache Kafka", progress, tools=("mvn",))
 
 
 def java(libs: Path, main: str, *args: str, jvm: list[str] | None = None) -> list[str]:
@@ -86,8 +59,13 @@ def java(libs: Path, main: str, *args: str, jvm: list[str] | None = None) -> lis
 
 
 def random_cluster_id() -> str:
-    """A KRaft cluster id: a UUID in URL-safe base64 without padding, as `kafka-storage random-uuid` prints."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+    """A KRaft cluster id: a UUID in URL-safe base64 without padding, as `kafka-storage random-uuid` prints.
+    Like Kafka's Uuid.randomUuid, never one that starts with '-' (the storage tool's argument
+    parser takes it for a flag, one id in 64)."""
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not cluster_id.startswith("-"):
+            return cluster_id
 
 
 @dataclass

@@ -20,6 +20,7 @@ from federator.query.queries import (
 from federator.store.kv import KeyValueStoreType
 from federator.store.session import SessionStoreType
 from federator.store.types import StoreType
+from federator.store.versioned import VersionedStoreType
 from federator.store.window import WindowStoreType
 
 NAME = "federator"  # how `federator plugins` and the log name it
@@ -33,7 +34,7 @@ def register_formats() -> list[Format]:
 
 @hookimpl
 def register_store_types() -> list[StoreType]:
-    return [KeyValueStoreType(), WindowStoreType(), SessionStoreType()]
+    return [KeyValueStoreType(), WindowStoreType(), SessionStoreType(), VersionedStoreType()]
 
 
 @hookimpl

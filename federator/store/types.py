@@ -1,7 +1,7 @@
 """Store types: how a changelog record is applied, the Arrow schema, and which queries are answered.
 
-Built-in types are kv, window and session (federator.store.kv, .window, .session). Which name
-stands for which type is the registry's business: the built-in plugin registers those three,
+Built-in types are kv, window, session and versioned (federator.store.kv, .window, .session,
+.versioned). Which name stands for which type is the registry's business: the built-in plugin registers those,
 plugins add more (federator.plugin). A store type's behaviour is asked of the type object,
 never inferred from its name.
 """

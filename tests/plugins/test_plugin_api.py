@@ -78,7 +78,7 @@ def test_the_built_in_plugin_goes_through_the_hooks() -> None:
     registry = load_plugins(names=())  # no installed plugin: the built-in one alone
     (builtin,) = registry.plugins
     assert builtin.builtin and builtin.name == "federator"
-    assert list(registry.store_types) == ["kv", "window", "session"]
+    assert list(registry.store_types) == ["kv", "window", "session", "versioned"]
     assert {"string", "bytes", "long", "int", "double", "json"} == set(registry.formats)
     assert "store type kv" in builtin.provides and "query type KeyQuery" in builtin.provides
     assert registry.sql_rules == () and registry.failures == ()

@@ -53,7 +53,7 @@ SIMPLE = [f for f in FORMATS if f != "json"]  # json values are documents Spark 
 
 
 def test_the_built_ins_are_what_this_test_covers():
-    assert STORE_TYPES == ["kv", "window", "session"]
+    assert STORE_TYPES == ["kv", "window", "session", "versioned"]  # versioned: the kv layout
     assert sorted(FORMATS) == ["bytes", "double", "int", "json", "long", "string"]
 
 
@@ -325,7 +325,9 @@ def plan_of(world_frames: dict[str, Any], name: str) -> Plan:
 
 def test_the_world_covers_every_built_in(world_frames):
     stores = {name: plan_of(world_frames, name).defn for name in WORLD}
-    assert {d.type for d in stores.values()} == set(STORE_TYPES)
+    # every built-in type's changelog layout (a versioned store's records are laid out as kv's)
+    layouts = {REGISTRY.store_type(t).changelog_layout for t in STORE_TYPES}
+    assert {d.store_type.changelog_layout for d in stores.values()} == layouts == {"kv", "window", "session"}
     assert {d.key_format for d in stores.values()} | {d.value_format for d in stores.values()} == set(FORMATS)
 
 
