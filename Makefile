@@ -4,7 +4,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: install demo test test-debs kafka kstreams test-kafka docs spark-cluster bench bench-debs chaos fuzz clean
+.PHONY: install demo test test-debs kafka kstreams test-kafka docs spark-cluster bench bench-debs chaos broker-faults fuzz clean
 
 $(BIN)/.installed: setup.cfg pyproject.toml
 	@echo "==> creating $(VENV) and installing federator with its test dependencies (about a minute)"
@@ -88,6 +88,11 @@ bench-debs:
 bench: install $(FAUST_VENV)/.installed bench-debs
 	$(BIN)/python -m pip install --quiet --progress-bar off -e '.[bench-client]'
 	$(BIN)/python -m pytest tests/bench -s
+
+# broker faults: three Apache Kafka brokers, the leader of a changelog partition stopped and started
+# (SIGTERM, then SIGKILL) while a writer upserts and readers read with its tokens (a few minutes)
+broker-faults: install kafka
+	FEDERATOR_BROKER_FAULTS=1 $(BIN)/python -m pytest tests/integration/test_broker_faults.py -s
 
 # the kill test's long run (9 kills over 2,000 keys; the default test run makes 2 kills)
 chaos: install
