@@ -249,6 +249,7 @@ class Materializer:
             return
         by_tp: dict[tuple[str, int], list] = defaultdict(list)
         eof: list[tuple[str, int, int]] = []
+        out_of_range: set[tuple[str, int]] = set()
         for m in messages:
             err = m.error()
             if err is None:
@@ -256,7 +257,7 @@ class Materializer:
             elif err.code() == KafkaError._PARTITION_EOF:
                 eof.append((m.topic(), m.partition(), m.offset()))
             elif err.code() == KafkaError._AUTO_OFFSET_RESET:
-                self._rebuild(m.topic(), m.partition(), consumer)
+                out_of_range.add((m.topic(), m.partition()))
             elif err.code() in (KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT):
                 self._on_client_error(err)
             else:
@@ -265,23 +266,31 @@ class Materializer:
         changed = moved = False
         for tp, msgs in by_tp.items():
             hs = index.get(tp)
-            if hs is None or hs.gone:
+            # A partition the broker just said is out of range: its records here came from the
+            # log before (truncated, created anew) and are not applied to the rebuilt shard.
+            if hs is None or hs.gone or tp in out_of_range:
                 continue
-            hs.shard.apply(to_records(msgs))
-            hs.applied += len(msgs)
-            moved = True
+            msgs = _past(msgs, hs.shard.offset)
+            if msgs:
+                hs.shard.apply(to_records(msgs))
+                hs.applied += len(msgs)
+                moved = True
             _, high = consumer.get_watermark_offsets(TopicPartition(*tp), cached=True)
             if high is not None and high >= 0:
                 hs.end_offset = high
         for topic, partition, offset in eof:
             hs = index.get((topic, partition))
-            if hs is None:
+            if hs is None or (topic, partition) in out_of_range:
                 continue
             hs.end_offset = offset
             if not hs.restored:
                 hs.restored = hs.caught_up = True
                 changed = True
-        if changed:
+        if out_of_range:
+            # after the other partitions' records are applied: the assignment starts each of
+            # them past what it holds, not where this batch was fetched from
+            self._rebuild(out_of_range, consumer)
+        elif changed:
             self._changed()
         elif moved:
             self._moves_on()
@@ -297,12 +306,21 @@ class Materializer:
             hs.restored = False
         self._changed()
 
-    def _rebuild(self, topic: str, partition: int, consumer) -> None:
-        """The recorded offset is out of the log's range (truncated, reset): start over."""
+    def _rebuild(self, partitions: set[tuple[str, int]], consumer) -> None:
+        """The recorded offsets of ``partitions`` are out of their logs' range (truncated, reset): start over."""
         for hs in self._hosted.values():
-            if hs.shard.topic == topic and hs.shard.partition == partition:
-                log.warning("%s[%d]: offset out of range; rebuilding the shard", topic, partition)
+            if (hs.shard.topic, hs.shard.partition) in partitions:
+                log.warning("%s[%d]: offset out of range; rebuilding the shard", hs.shard.topic, hs.shard.partition)
                 hs.shard.reset()
                 hs.restored, hs.caught_up, hs.end_offset = False, False, None
         self._changed()
         self._assign(consumer)
+
+
+def _past(messages: list, offset: int | None) -> list:
+    """The messages after ``offset``, the last one the shard applied. A message at or before it
+    is one the consumer was not asked for (fetched before the shard last moved): applying it
+    would take the shard back to an older state under a position it has already passed."""
+    if offset is None or not messages or messages[0].offset() > offset:
+        return messages
+    return [m for m in messages if m.offset() > offset]

@@ -1,0 +1,127 @@
+"""What the materializer applies from one fetched batch: records the consumer hands over that do
+not follow the shard's position (fetched before it moved, or from a log the broker has since
+said is out of range) never reach the shard. Real shards on RocksDB; the consumer is a fake
+that hands over the batches a librdkafka consumer can."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
+
+from federator.catalog import StoreDefinition
+from federator.node.materializer import ACTIVE, HostedShard, Materializer
+from federator.query import RangeQuery
+from federator.store import ChangelogRecord, Shard
+from tests.registry import REGISTRY
+
+TOPIC = "app-s-changelog"
+
+
+@dataclass
+class Message:
+    """A consumed record, or an error event (``code``), as confluent-kafka hands them over."""
+
+    partition_: int
+    offset_: int
+    key_: bytes = b""
+    value_: bytes | None = None
+    code: int | None = None
+
+    def error(self) -> KafkaError | None:
+        return None if self.code is None else KafkaError(self.code)
+
+    def topic(self) -> str:
+        return TOPIC
+
+    def partition(self) -> int:
+        return self.partition_
+
+    def offset(self) -> int:
+        return self.offset_
+
+    def key(self) -> bytes:
+        return self.key_
+
+    def value(self) -> bytes | None:
+        return self.value_
+
+    def timestamp(self) -> tuple[int, int]:
+        return 1, 0
+
+
+@dataclass
+class Consumer:
+    """Hands over the queued batches one poll at a time; records what it was assigned."""
+
+    batches: list[list[Message]]
+    assigned: list[list[tuple[int, int]]] = field(default_factory=list)
+
+    def poll(self, timeout: float) -> Message | None:
+        return self.batches[0].pop(0) if self.batches and self.batches[0] else None
+
+    def consume(self, n: int, timeout: float) -> list[Message]:
+        return self.batches.pop(0) if self.batches else []
+
+    def assign(self, tps: list[TopicPartition]) -> None:
+        self.assigned.append([(tp.partition, tp.offset) for tp in tps])
+
+    def get_watermark_offsets(self, tp: TopicPartition, cached: bool = False) -> tuple[int, int]:
+        return -1, -1
+
+
+def record(offset: int, key: str, value: str = "v") -> Message:
+    return Message(0, offset, key.encode(), value.encode())
+
+
+def materializer(tmp_path: Path) -> tuple[Materializer, Shard]:
+    defn = StoreDefinition.from_dict({"name": "s", "type": "kv", "topic": TOPIC, "partitions": 1,
+                                      "key": {"format": "string"}, "value": {"format": "string"}}, REGISTRY)
+    shard = Shard(tmp_path / "s" / "0", defn, 0)
+    m = Materializer("unused:9092", tmp_path)
+    m._hosted[("s", 0)] = HostedShard(shard, ACTIVE)
+    return m, shard
+
+
+def contents(shard: Shard) -> dict[str, str]:
+    r = shard.run(RangeQuery())
+    assert r.ok, r
+    return dict(zip(r.batch.column("key").to_pylist(), r.batch.column("value").to_pylist()))
+
+
+def test_records_fetched_before_an_out_of_range_answer_are_not_applied_to_the_rebuilt_shard(tmp_path) -> None:
+    """The broker's log was truncated or created anew under the shard (at offset 2): the batch
+    holds the old log's next records and then the out-of-range answer. The rebuilt shard
+    starts from the log's beginning, empty, and holds what the log holds now."""
+    m, shard = materializer(tmp_path)
+    shard.apply([ChangelogRecord(f"old{i}".encode(), b"v", i, 1) for i in range(3)])
+    consumer = Consumer([
+        [record(3, "old3"), record(4, "old4"), Message(0, 5, code=KafkaError._AUTO_OFFSET_RESET)],
+    ])
+    m._consume(consumer)
+    assert (shard.offset, contents(shard)) == (None, {})
+    assert consumer.assigned[-1] == [(0, OFFSET_BEGINNING)]
+    # a reassignment before the log was read again (a rebalance, a store added) starts there too,
+    # not past records the rebuilt shard never had
+    m._assign(consumer)
+    assert consumer.assigned[-1] == [(0, OFFSET_BEGINNING)]
+    consumer.batches.append([record(0, "alpha", "A"), record(1, "b"), Message(0, 2, code=KafkaError._PARTITION_EOF)])
+    m._consume(consumer)
+    assert (shard.offset, contents(shard)) == (1, {"alpha": "A", "b": "v"})
+    assert m.hosted("s", 0).restored
+
+
+def test_records_at_or_before_the_shards_position_do_not_take_it_back(tmp_path) -> None:
+    """Records handed over at or before the shard's position (fetched before it last moved)
+    leave the shard as it was; what follows is applied."""
+    m, shard = materializer(tmp_path)
+    shard.apply([record_of(0, "k", "old"), record_of(1, "k", "new"), record_of(2, "j", "x")])
+    m._consume(Consumer([[record(0, "k", "old")]]))
+    assert (shard.offset, contents(shard)) == (2, {"k": "new", "j": "x"})
+    m._consume(Consumer([[record(1, "k", "new"), record(2, "j", "x"), record(3, "i", "y")]]))
+    assert (shard.offset, contents(shard)) == (3, {"k": "new", "j": "x", "i": "y"})
+
+
+def record_of(offset: int, key: str, value: str) -> ChangelogRecord:
+    return ChangelogRecord(key.encode(), value.encode(), offset, 1)
