@@ -60,6 +60,7 @@ def catch_up(
                 if err is None:
                     continue
                 if err.code() == KafkaError._PARTITION_EOF:
+                    shard.apply([], through=m.offset() - 1)  # offsets without data (commit markers) too
                     return applied
                 if err.code() == KafkaError._AUTO_OFFSET_RESET:
                     shard.reset()

@@ -282,6 +282,11 @@ class Materializer:
             hs = index.get((topic, partition))
             if hs is None or (topic, partition) in out_of_range:
                 continue
+            # read to the end: offsets below it that held no data (transaction markers) are
+            # applied too, so a token at the log's end is reached
+            if not hs.gone:
+                before, after = hs.shard.apply([], through=offset - 1)
+                moved = moved or after != before
             hs.end_offset = offset
             if not hs.restored:
                 hs.restored = hs.caught_up = True

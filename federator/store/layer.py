@@ -129,8 +129,8 @@ class WrappedLayer(StoreLayer):
     def changes_since(self, since: int, bound: PositionBound = UNBOUNDED) -> Any:
         return self.inner.changes_since(since, bound)
 
-    def apply(self, records: Sequence[ChangelogRecord]) -> tuple[int, int]:
-        return self.inner.apply(records)  # type: ignore[attr-defined]
+    def apply(self, records: Sequence[ChangelogRecord], through: int | None = None) -> tuple[int, int]:
+        return self.inner.apply(records, through)  # type: ignore[attr-defined]
 
     def reset(self, source: str | None = None) -> None:
         self.inner.reset(source)  # type: ignore[attr-defined]

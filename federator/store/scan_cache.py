@@ -415,11 +415,11 @@ class CachingLayer(WrappedLayer):
             return None
         return changes, position, seq
 
-    def apply(self, records: Sequence[ChangelogRecord]) -> tuple[int, int]:
+    def apply(self, records: Sequence[ChangelogRecord], through: int | None = None) -> tuple[int, int]:
         shard = self._shard
         # read before the write by the shard's one writer (this call), so nothing moves between
-        held = shard.stored_before(records) if self.cache.follows(shard) else None
-        before, after = self.inner.apply(records)
+        held = shard.stored_before(records) if self.cache.follows(shard) and records else None
+        before, after = self.inner.apply(records, through)
         if after != before:  # the write landed: a kept scan can follow it
             self.cache.note_writes(shard, before, after, records, held)
         return before, after

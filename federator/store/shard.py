@@ -125,16 +125,20 @@ class Shard(StoreLayer):
         ``stored_before``); for the shard's writer, which nothing else writes under."""
         return self.store_type.stored_before(self._view(), records)
 
-    def apply(self, records: Sequence[ChangelogRecord]) -> tuple[int, int]:
-        """Apply records (in offset order) and move the position past them, in one atomic write.
+    def apply(self, records: Sequence[ChangelogRecord], through: int | None = None) -> tuple[int, int]:
+        """Apply records (in offset order) and move the position past them, in one atomic write;
+        ``through``: the changelog was read up to that offset, so the position moves there even
+        where no record is data (a transactional producer's commit markers take offsets too).
         Returns the write sequence before and after it: a layer that keeps a read of the shard
         (the scan cache) follows the write when its read was at ``before``."""
-        if not records:
+        last = max(records[-1].offset if records else -1, -1 if through is None else through)
+        if last <= (-1 if self.offset is None else self.offset):
             return self._seq, self._seq
         wb = WriteBatch(raw_mode=True)
         with self._lock:
-            self.store_type.apply(wb, records, self._view())
-            position = self._position.with_offset(self.topic, self.partition, records[-1].offset)
+            if records:
+                self.store_type.apply(wb, records, self._view())
+            position = self._position.with_offset(self.topic, self.partition, last)
             wb.put(_POSITION, json.dumps(position.to_dict()).encode(), self._meta_handle)
             before = self._seq
             self._seq += 1

@@ -208,3 +208,42 @@ def test_a_writer_killed_at_random_leaves_data_and_position_in_step(broker, app_
     data, offset = shard_state(defn, path)
     assert offset == changelog[-1][0]
     assert data == expected_state(changelog, offset)
+
+
+def test_a_transactional_changelog_is_read_to_its_end_past_its_markers(apache_kafka, app_id, tmp_path) -> None:
+    """A transactional producer's commit and abort markers take offsets but hold no data (Kafka
+    Streams' exactly_once_v2 writes changelogs so). A token at the log's end must be reached
+    anyway, by a shard caught up and by a node's materializer, and aborted records never read."""
+    from federator.query.position import Position
+    from confluent_kafka import TopicPartition
+    from tests.integration.cluster import NodeProcess
+
+    defn = register(apache_kafka, app_id, {"name": "tx", "type": "kv", "partitions": 1,
+                                           "key": {"name": "k", "format": "string"},
+                                           "value": {"name": "v", "format": "long"}})
+    producer = kafka.producer(apache_kafka.bootstrap_servers, **{"transactional.id": f"{app_id}-tx"})
+    producer.init_transactions(30)
+    for values, commit in (({"a": 1, "b": 2}, True), ({"c": 3}, False), ({"a": 4}, True)):
+        producer.begin_transaction()
+        for k, v in values.items():
+            producer.produce(defn.topic, key=k.encode(), value=defn.value.serialize(v), partition=0)
+        producer.flush(30)  # sent before an abort, which would otherwise drop what is still queued
+        producer.commit_transaction(30) if commit else producer.abort_transaction(30)
+    reader = kafka.reader(apache_kafka.bootstrap_servers)
+    # 4 records and 3 markers; the coordinator writes a partition's markers after the commit returns
+    end = wait_for(lambda: reader.get_watermark_offsets(TopicPartition(defn.topic, 0), 10)[1] == 7 and 7, 30,
+                   "the transactions' markers in the changelog")
+    (shard,) = shards(defn, tmp_path)
+    catch_up(shard, apache_kafka.bootstrap_servers)
+    assert shard.offset == end - 1
+    assert {r["k"]: r["v"] for r in rows([shard], RangeQuery())} == {"a": 4, "b": 2}
+
+    node = NodeProcess(apache_kafka.bootstrap_servers, app_id, "n0", tmp_path / "n0", standby_replicas=0).start()
+    try:
+        wait_for(lambda: node.ready() and "tx" in str(node.metadata()), 60, "the node to own the store")
+        token = Position({defn.topic: {0: end - 1}}).to_token()
+        status, body = node.sql("SELECT k, v FROM tx ORDER BY k", consistency_token=token, timeout_ms=20_000)
+        assert status == 200, body
+        assert body["rows"] == [["a", 4], ["b", 2]]
+    finally:
+        node.stop()

@@ -869,3 +869,14 @@ def test_what_a_handler_keeps_lasts_until_the_next_write_and_is_not_kept_across_
 
     assert view.kept("racing", count_while_written) == 2  # what it read, for consistent() to discard
     assert view.kept("racing", count) == 3 and len(built) == 4  # not kept: derived again
+
+
+def test_a_position_moves_through_offsets_without_data(open_shard, rec) -> None:
+    """A transactional changelog's commit markers take offsets: read past, the position says so,
+    in a write of its own that changes no data (and a position never moves back)."""
+    shard = open_shard(definition())
+    before, after = shard.apply([rec(b"k", b"v")], through=2)
+    assert shard.offset == 2 and after > before
+    assert shard.apply([], through=1) == (after, after) and shard.offset == 2
+    assert shard.apply([], through=5)[1] > after and shard.offset == 5
+    assert ok(shard, RangeQuery()) == [{"k": "k", "v": "v", "rowtime": ms(1_000)}]

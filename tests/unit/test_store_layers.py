@@ -52,7 +52,7 @@ class FakeBottom(StoreLayer):
             return StoredEntry(b"x", Position())
         return QueryResult.success(0, pa.record_batch({"k": ["a", "b"]}), Position())
 
-    def apply(self, records: Any) -> tuple[int, int]:
+    def apply(self, records: Any, through: int | None = None) -> tuple[int, int]:
         self.applied.extend(records)
         return 0, 2
 
