@@ -231,6 +231,10 @@ class Node:
             self._join_workers.shutdown(wait=False)
 
     # ---- events from the threads -----------------------------------------------------------
+    def catalog_read(self) -> bool:
+        """Whether the catalog has been read to its end once: before, an unknown name may be a store."""
+        return self.catalog_tail.caught_up.is_set()
+
     def _on_catalog(self, msg: Message) -> None:
         stores = dict(self.stores)
         if apply_catalog_message(stores, msg, self.registry, self.unusable_stores) is not None:

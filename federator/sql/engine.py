@@ -132,6 +132,9 @@ class SqlEngine:
         if defn is None and name in unusable:
             raise SqlError("UNKNOWN_STORE", f"this node cannot read store {name!r}: {unusable[name]}; "
                                             "install what it needs on every node, or send the query to a node that has it")
+        if defn is None and not getattr(self.node, "catalog_read", lambda: True)():
+            raise SqlError("UNAVAILABLE", f"this node has not read the catalog yet, so it cannot tell whether store "
+                                          f"{name!r} exists: ask again in a moment, or ask another node")
         if defn is None:
             known = ", ".join(sorted(stores)) or "none yet"
             raise SqlError("UNKNOWN_STORE", f"unknown store {name!r}; stores are: {known} (SHOW TABLES lists them)")

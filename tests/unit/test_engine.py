@@ -685,3 +685,15 @@ def test_a_store_defined_again_over_the_same_changelog_is_not_answered_from_a_ke
     got, result = run(engine, sql)
     assert got.column_names == ["key", "points"] and not result.stats.get("answer_reused")
     assert got.num_rows == world.duckdb(sql).num_rows
+
+
+def test_an_unknown_name_before_the_catalog_was_read_is_unavailable_not_unknown(world) -> None:
+    node = world.cluster.nodes["me"]
+    node.catalog_read = lambda: False
+    try:
+        with pytest.raises(SqlError) as e:
+            run(world.cluster.engine(), "SELECT * FROM nowhere")
+        assert e.value.code == "UNAVAILABLE" and "not read the catalog yet" in e.value.message
+        assert run(world.cluster.engine(), "SELECT count(*) FROM players")[0].num_rows == 1  # known stores answer
+    finally:
+        del node.catalog_read
