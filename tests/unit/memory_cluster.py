@@ -126,6 +126,7 @@ class MemoryNode(Node):
         self.config = NodeConfig("unused:9092", "app", f"{node_id}:1", Path("/nonexistent"), node_id=node_id)
         self.node_id, self.endpoint, self.cluster_secret = node_id, f"{node_id}:1", None
         self.stores, self.unusable_stores, self.view = stores, {}, view
+        self.catalog_read = lambda: True  # its stores are given, not read from a catalog
         self.duck = duck
         self.scan_cache = None
         self.materializer = Materializer(shards)
