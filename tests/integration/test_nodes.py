@@ -115,7 +115,7 @@ def test_three_nodes_split_eight_partitions_and_each_owner_answers(broker, app_i
     assert beats <= len(c.nodes) * ((time.monotonic() - started) / HEARTBEAT_SECONDS + 2), beats
 
 
-@pytest.mark.apache_kafka
+@pytest.mark.apache_kafka(long=True)  # on Apache Kafka by default: the SIGTERM and SIGKILL of the test below
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
 def test_a_stopped_node_hands_over_and_standbys_serve_meanwhile(broker, app_id, cluster, sig) -> None:
     defn = make_store(broker, app_id)

@@ -1,0 +1,102 @@
+"""Hunting the lost record: write the sink's round-trip store again and again while two nodes
+take each new store's partitions in a rebalance, and read each write back with its token.
+
+    python -m tests.spark.lost_record tansu|kafka [ROUNDS] [cold]
+
+``cold``: as the Spark tests' world does, each round writes a store of a new application first,
+then starts its two nodes and reads once they have settled.
+
+Prints each round's outcome and, for an answer that lacks a written row, the changelog's
+records, the answering node's positions and its log lines about that partition.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import urllib3
+
+from federator.query.position import Position
+from tests.conftest import RunningBroker, free_port
+from tests.integration.changelog_util import read_partition
+from tests.integration.cluster import Cluster
+from tests.spark.conftest import STRING_ROWS
+
+HTTP = urllib3.PoolManager()
+
+
+def ask(node, sql: str, token: str, deadline: float) -> tuple[int, dict]:
+    while True:
+        resp = HTTP.request("POST", f"http://{node.endpoint}/v1/sql", json={"sql": sql, "consistency_token": token,
+                                                                           "timeout_ms": 20_000}, timeout=60)
+        body = json.loads(resp.data)
+        if resp.status in (409, 503, 504) and time.monotonic() < deadline:
+            time.sleep(0.2)
+            continue
+        return resp.status, body
+
+
+def main(kind: str, rounds: int, cold: bool) -> int:
+    from spark.jobs.common import spark_session
+    from spark.sink import write_store
+
+    root = Path(tempfile.mkdtemp(prefix="lost-"))
+    if kind == "kafka":
+        from tests.apache_kafka import KafkaCluster
+
+        broker = KafkaCluster(root / "kafka").start()
+    else:
+        broker = RunningBroker(free_port())
+    spark = spark_session("local[2]", "lost-record", **{"spark.sql.shuffle.partitions": "2"})
+    app = f"lr{uuid.uuid4().hex[:6]}"
+    cluster = None if cold else Cluster(broker.bootstrap_servers, app, root / "nodes", size=2, standby_replicas=0).start()
+    df = spark.createDataFrame(STRING_ROWS, "name string, label string")
+    want = sorted(STRING_ROWS)
+    lost = 0
+    try:
+        for i in range(rounds):
+            store = f"rt{i}"
+            if cold:
+                app = f"lr{uuid.uuid4().hex[:6]}"
+            token = write_store(df, store, key="name", value="label", bootstrap_servers=broker.bootstrap_servers,
+                                application_id=app, partitions=4)
+            if cold:
+                if cluster is not None:
+                    cluster.stop()
+                cluster = Cluster(broker.bootstrap_servers, app, root / f"nodes{i}", size=2, standby_replicas=0).start()
+                cluster.wait_settled(store, 4, timeout=60)
+            node = cluster.nodes[i % 2]
+            status, body = ask(node, f"SELECT * FROM {store}", token, time.monotonic() + 60)
+            got = sorted(tuple(r) for r in body.get("rows", []))
+            ok = status == 200 and got == want
+            print(f"round {i}: {status} {'ok' if ok else 'WRONG'} {len(got)} rows", flush=True)
+            if not ok:
+                lost += 1
+                report(broker, app, store, token, body, want, got, node)
+    finally:
+        if cluster is not None:
+            cluster.stop()
+        spark.stop()
+        broker.stop()
+    print(f"{lost} wrong of {rounds} rounds on {kind}")
+    return 1 if lost else 0
+
+
+def report(broker, app, store, token, body, want, got, node) -> None:
+    topic = f"{app}-{store}-changelog"
+    print("  token", Position.from_token(token), "answer", body.get("error") or body.get("stats"))
+    print("  missing", sorted(set(want) - set(got)))
+    for p in range(4):
+        print(f"  {topic}[{p}]", [(o, k, v) for o, k, v, _ in read_partition(broker, topic, p)])
+    for line in node.log.read_text().splitlines():
+        if store in line:
+            print("  log:", line[:300])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 30, sys.argv[3:] == ["cold"]))
