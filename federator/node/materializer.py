@@ -249,14 +249,24 @@ class Materializer:
             return
         by_tp: dict[tuple[str, int], list] = defaultdict(list)
         eof: list[tuple[str, int, int]] = []
+        rebuilt: set[tuple[str, int]] = set()
         for m in messages:
             err = m.error()
+            if (m.topic(), m.partition()) in rebuilt:
+                continue
             if err is None:
                 by_tp[(m.topic(), m.partition())].append(m)
             elif err.code() == KafkaError._PARTITION_EOF:
                 eof.append((m.topic(), m.partition(), m.offset()))
             elif err.code() == KafkaError._AUTO_OFFSET_RESET:
-                self._rebuild(m.topic(), m.partition(), consumer)
+                # What this batch holds of the partition continues the records the rebuild
+                # empties: applied to the emptied shard it would claim their offsets without
+                # the records before them. The partition is read again from the log's start.
+                tp = (m.topic(), m.partition())
+                rebuilt.add(tp)
+                by_tp.pop(tp, None)
+                eof = [e for e in eof if e[:2] != tp]
+                self._rebuild(*tp, consumer)
             elif err.code() in (KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT):
                 self._on_client_error(err)
             else:
