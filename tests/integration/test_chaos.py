@@ -245,6 +245,7 @@ def test_kill_and_restart_nodes_under_reads_and_writes(broker, app_id, tmp_path)
             raise AssertionError(f"{[t.name for t in threads if not t.is_alive()]} stopped")
 
     kills: list[tuple[float, str]] = []
+    takeovers: list[float] = []  # per kill: seconds until the survivors own every partition
     killed: set[str] = set()  # nodes the test has killed and not restarted yet
     self_deaths: list[str] = []
     rnd = random.Random(11)
@@ -264,7 +265,10 @@ def test_kill_and_restart_nodes_under_reads_and_writes(broker, app_id, tmp_path)
             kills.append((time.monotonic(), victim.node_id))
             victim.stop(signal.SIGKILL)
             survivors = [n for n in cluster.nodes if n is not victim]
-            wait_for(lambda: _owners_are(cluster, survivors), 30, f"the survivors to take over from {victim.node_id}")
+            wait_for(lambda: _owners_are(cluster, survivors), 30, f"the survivors to take over from {victim.node_id}",
+                     interval=0.05)
+            # until then a read that needs the active owner of the victim's partitions has none
+            takeovers.append(time.monotonic() - kills[-1][0])
             victim.start()
             wait_for(victim.ready, 60, f"{victim.node_id} to be ready after its restart")
             killed.discard(victim.node_id)
@@ -304,8 +308,9 @@ def test_kill_and_restart_nodes_under_reads_and_writes(broker, app_id, tmp_path)
     print("chaos: worst wait for an answer before the first kill: %.2f s" % before)
     for status, messages in t.why.items():
         print(f"chaos: retried {status}, for example: {messages}")
-    for i, (node, worst, worst_stale) in enumerate(per_kill, 1):
-        print(f"chaos: kill {i} ({node}): worst unavailability {worst:.2f} s with a token, {worst_stale:.2f} s allow_stale")
+    for i, ((node, worst, worst_stale), took) in enumerate(zip(per_kill, takeovers), 1):
+        print(f"chaos: kill {i} ({node}): worst unavailability {worst:.2f} s with a token, {worst_stale:.2f} s allow_stale; "
+              f"the survivors owned its partitions after {took:.2f} s")
     print(f"chaos: worst unavailability per kill {max((w for _, w, _ in per_kill), default=0):.2f} s; "
           f"stale failures {t.stale_failures}; 5xx {t.fivexx}; wrong answers {len(t.wrong)}; "
           f"silent partial answers {len(t.partial)}; other errors {len(t.errors)}; self-deaths {len(self_deaths)}")
