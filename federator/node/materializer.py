@@ -278,6 +278,11 @@ class Materializer:
             _, high = consumer.get_watermark_offsets(TopicPartition(*tp), cached=True)
             if high is not None and high >= 0:
                 hs.end_offset = high
+                # at the log's end as the fetch saw it: as good as the end-of-partition event,
+                # which a log written to all the time may not give for seconds
+                if not hs.restored and hs.lag == 0:
+                    hs.restored = hs.caught_up = True
+                    changed = True
         for topic, partition, offset in eof:
             hs = index.get((topic, partition))
             if hs is None or (topic, partition) in out_of_range:

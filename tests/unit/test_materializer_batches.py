@@ -57,6 +57,7 @@ class Consumer:
 
     batches: list[list[Message]]
     assigned: list[list[tuple[int, int]]] = field(default_factory=list)
+    high: int = -1  # the log end the last fetch saw (-1: not known)
 
     def poll(self, timeout: float) -> Message | None:
         return self.batches[0].pop(0) if self.batches and self.batches[0] else None
@@ -68,7 +69,7 @@ class Consumer:
         self.assigned.append([(tp.partition, tp.offset) for tp in tps])
 
     def get_watermark_offsets(self, tp: TopicPartition, cached: bool = False) -> tuple[int, int]:
-        return -1, -1
+        return -1, self.high
 
 
 def record(offset: int, key: str, value: str = "v") -> Message:
@@ -125,3 +126,14 @@ def test_records_at_or_before_the_shards_position_do_not_take_it_back(tmp_path) 
 
 def record_of(offset: int, key: str, value: str) -> ChangelogRecord:
     return ChangelogRecord(key.encode(), value.encode(), offset, 1)
+
+
+def test_a_copy_at_the_log_end_the_fetch_saw_is_current_without_an_end_of_partition_event(tmp_path) -> None:
+    """A log written to all the time may give no end-of-partition event for seconds; a copy (a
+    standby promoted after a node died) whose records reach the end the fetch reported is
+    current then, not only at the next event."""
+    m, shard = materializer(tmp_path)
+    m._consume(Consumer([[record(0, "a"), record(1, "b")]], high=5))
+    assert not m.hosted("s", 0).restored  # behind the end: restoring
+    m._consume(Consumer([[record(2, "c"), record(3, "d"), record(4, "e")]], high=5))
+    assert m.hosted("s", 0).restored and m.hosted("s", 0).caught_up
