@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Mapping
 
 CONFIG_ENV = "FEDERATOR_KAFKA_CONFIG"
-# Properties whose values are secrets (librdkafka's names): never shown
-_SECRET_WORDS = ("password", "secret", "sasl.jaas.config", "ssl.key.pem", "ssl_key", "ssl.keystore.password",
-                 "sasl.oauthbearer.config")
+# What names a property whose value is a secret (sasl.password, ssl.key.password,
+# sasl.oauthbearer.client.secret, an inline private key, ...): never shown
+_SECRET_WORDS = ("password", "secret", "ssl.key.pem", "sasl.jaas.config", "sasl.oauthbearer.config")
 
 
 class KafkaConfigError(ValueError):
