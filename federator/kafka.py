@@ -126,7 +126,11 @@ def next_batch(consumer: Consumer, max_messages: int, timeout: float) -> list:
 
 
 def admin(bootstrap_servers: str) -> AdminClient:
-    return AdminClient(base_config(bootstrap_servers))
+    # Admin requests go to the broker the client takes for the controller (on KRaft clusters,
+    # any broker). Metadata refreshed every 2 s finds another one soon after that broker stops;
+    # with the 5-minute default, requests failed with "Timed out waiting for controller" for
+    # minutes, and the node's changelog checks with them.
+    return AdminClient({**base_config(bootstrap_servers), "topic.metadata.refresh.interval.ms": 2000})
 
 
 def topic_partitions(adm: AdminClient, topic: str, timeout: float = 10.0) -> int | None:

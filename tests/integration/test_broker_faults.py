@@ -94,3 +94,32 @@ def test_a_changelog_leader_stopped_and_started_loses_nothing(apache_kafka3: Kaf
     for message in t.why.get(503, []):  # a refusal says which partitions it lacks
         assert re.search(r"partition", message), message
     assert all(t.reads[k] > 0 for k in ("point", "count", "scan")), t.reads
+
+
+def test_admin_requests_find_another_controller_when_theirs_stops(apache_kafka3: KafkaCluster) -> None:
+    """A node's changelog checks are admin requests, sent to the broker its client takes for the
+    controller: when that broker stops they must reach another one within seconds."""
+    from confluent_kafka import TopicCollection
+    from confluent_kafka.admin import NewTopic
+
+    from federator import kafka as clients
+
+    kafka = apache_kafka3
+    topic = f"ctl-{random.randrange(10**9)}"
+    adm = clients.admin(kafka.bootstrap_servers)
+    adm.create_topics([NewTopic(topic, 1, 3)])[topic].result(30)
+    assert clients.topic_id(adm, topic) is not None
+    controller = adm.list_topics(timeout=10).controller_id
+    index = next(i for i, n in enumerate(kafka.nodes) if n.node_id == controller)
+    kafka.stop_broker(index, signal.SIGKILL)
+    try:
+        started = time.monotonic()
+        def answered() -> bool:
+            try:
+                return clients.topic_id(adm, topic, timeout=3) is not None
+            except clients.KafkaUnavailable:
+                return False
+        wait_for(answered, 30, f"an admin request with broker {controller} (its controller) down")
+        print(f"\nadmin requests answered again {time.monotonic() - started:.1f} s after the controller stopped")
+    finally:
+        kafka.start_broker(index)
