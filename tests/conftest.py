@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -37,10 +38,35 @@ hypothesis_settings.register_profile(
 hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "federator"))
 
 
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+_PORTS = range(max(1024, _ephemeral_low() - 12_000), _ephemeral_low())
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port free now, for a server a test starts later. Taken below the kernel's
+    ephemeral range, where ports bound to 0 come from (a node's key port, every client
+    connection): one of those took a port handed out here before its server bound it, and the
+    server failed with 'Address already in use'. Never handed out twice in one run."""
+    rnd = random.Random()
+    for _ in range(2000):
+        port = rnd.choice(_PORTS)
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
+    raise RuntimeError(f"no free port in {_PORTS.start}-{_PORTS.stop - 1}")
 
 
 def stop_process(proc: subprocess.Popen, grace: float, sig: int = signal.SIGTERM) -> int:
