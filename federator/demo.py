@@ -74,7 +74,7 @@ def _pipeline(bootstrap: str, state: Path, args: argparse.Namespace, kafka_flags
               group_flags: list[str]) -> int:
     """The jobs, then the nodes; ``kafka_flags`` (--kafka-config) for both, ``group_flags`` for the nodes."""
     step("running the Spark jobs word_counts and game_events (local[2], one Spark session; their progress follows)")
-    cmd = [sys.executable, "-m", "spark.jobs.pipeline", "--bootstrap-servers", bootstrap, "--application-id", APP,
+    cmd = [sys.executable, "-m", "federator_spark.jobs.pipeline", "--bootstrap-servers", bootstrap, "--application-id", APP,
            "--master", "local[2]", "--events", str(args.events), "--game-input", str(state / "game_events"),
            *kafka_flags]
     log = state / "spark.log"

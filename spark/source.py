@@ -1,7 +1,7 @@
 """`spark.read.format("federator")`: a pipeline's live stores as a Spark DataFrame.
 
 A PySpark Python data source (pyspark.sql.datasource). Register it once per session
-(``spark.source.register(spark)``), then:
+(``federator_spark.source.register(spark)``), then:
 
     spark.read.format("federator").option("url", "http://node:8080").option("store", "player_stats").load()
     spark.read.format("federator").option("url", "http://node:8080").option("sql", "SELECT ...").load()
@@ -313,11 +313,11 @@ class FederatorWriter(DataSourceArrowWriter):
 
         from federator.catalog import Catalog, changelog_topic
         from federator.plugin import load_plugins
-        from spark.sink.checks import check_store
-        from spark.sink.deletes import live_keys
-        from spark.sink.errors import SinkError
-        from spark.sink.plan import Columns, shape
-        from spark.sink.producing import WriteSpec, producer_config
+        from federator_spark.sink.checks import check_store
+        from federator_spark.sink.deletes import live_keys
+        from federator_spark.sink.errors import SinkError
+        from federator_spark.sink.plan import Columns, shape
+        from federator_spark.sink.producing import WriteSpec, producer_config
 
         get = lambda name: options.get(name) or None  # noqa: E731
         store, app, bootstrap = get("store"), get("application_id"), get("bootstrap_servers")
@@ -368,7 +368,7 @@ class FederatorWriter(DataSourceArrowWriter):
         import dataclasses
         import time as _time
 
-        from spark.sink.producing import produce_batches
+        from federator_spark.sink.producing import produce_batches
 
         spec = dataclasses.replace(self.spec, now_ms=int(_time.time() * 1000))  # kv records' time: this write's
         result = produce_batches(spec, (_encoded(self, b) for b in iterator))
@@ -392,7 +392,7 @@ class FederatorWriter(DataSourceArrowWriter):
 
     def _token(self, messages: list[_Written]) -> str:
         from federator.query.position import Position
-        from spark.sink.deletes import tombstones, unmarked
+        from federator_spark.sink.deletes import tombstones, unmarked
 
         offsets: dict[int, int] = {}
         seen = 0
@@ -435,13 +435,13 @@ class FederatorStreamWriter(FederatorWriter, DataSourceStreamArrowWriter):
 
     Commit records the batch's token (and, beside it in ``<token file>.batch``, the batch id),
     and the store as written by that micro-batch beside the query's checkpoint
-    (``spark.sink.written_batches``). A micro-batch that Spark runs again because it stopped
+    (``federator_spark.sink.written_batches``). A micro-batch that Spark runs again because it stopped
     after that record but before its own (``commits/``) writes nothing: its tasks see the
     record and produce no rows. One stopped before the record is written again, whole."""
 
     def __init__(self, options: Any, schema: Any, overwrite: bool) -> None:
-        from spark.sink.errors import SinkError
-        from spark.sink.written_batches import WrittenBatches
+        from federator_spark.sink.errors import SinkError
+        from federator_spark.sink.written_batches import WrittenBatches
 
         if overwrite:
             raise SinkError("a streaming write upserts each micro-batch's rows: use outputMode('append')")
@@ -454,7 +454,7 @@ class FederatorStreamWriter(FederatorWriter, DataSourceStreamArrowWriter):
         self.checkpoint = WrittenBatches(checkpoint).location if checkpoint is not None else None
 
     def write(self, iterator: Iterator[Any]) -> _Written:
-        from spark.sink.written_batches import WrittenBatches, task_batch_id
+        from federator_spark.sink.written_batches import WrittenBatches, task_batch_id
 
         batch_id = task_batch_id()
         if self.checkpoint is not None and batch_id is not None \
@@ -463,7 +463,7 @@ class FederatorStreamWriter(FederatorWriter, DataSourceStreamArrowWriter):
         return super().write(iterator)
 
     def commit(self, messages: list[_Written], batchId: int) -> None:  # type: ignore[override]
-        from spark.sink.written_batches import WrittenBatches
+        from federator_spark.sink.written_batches import WrittenBatches
 
         written = WrittenBatches(self.checkpoint) if self.checkpoint is not None else None
         token = written.of(batchId).get(self.store) if written is not None else None

@@ -35,7 +35,7 @@ class PluginFailure:
     """A plugin that did not load: nothing of it is in the registry."""
 
     name: str
-    source: str  # where it comes from: the entry point's target ("plugins.leaderboard"), or the object
+    source: str  # where it comes from: the entry point's target ("federator_plugins.leaderboard"), or the object
     error: str  # what went wrong, as the log and `federator plugins` print it
 
     def __str__(self) -> str:

@@ -8,20 +8,20 @@ from federator.plugin import hookimpl
 
 @hookimpl
 def register_store_types():
-    from plugins.leaderboard.store import LeaderboardStoreType
+    from federator_plugins.leaderboard.store import LeaderboardStoreType
 
     return [LeaderboardStoreType()]
 
 
 @hookimpl
 def register_query_types():
-    from plugins.leaderboard.queries import RankQuery, ScoreIndexQuery, TopKQuery
+    from federator_plugins.leaderboard.queries import RankQuery, ScoreIndexQuery, TopKQuery
 
     return [TopKQuery, RankQuery, ScoreIndexQuery]
 
 
 @hookimpl
 def register_sql_rules():
-    from plugins.leaderboard.rules import RankRule, TopKRule
+    from federator_plugins.leaderboard.rules import RankRule, TopKRule
 
     return [TopKRule(), RankRule()]

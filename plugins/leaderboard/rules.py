@@ -30,8 +30,8 @@ from federator.plan.keys import SubQuery
 from federator.plugin.rules import Fetch, RulePlan, SqlRule, is_plain_column, literal, parameter_of
 from federator.query.queries import KeysQuery
 
-from plugins.leaderboard.queries import RankQuery, ScoreIndexQuery, TopKQuery
-from plugins.leaderboard.store import SORTABLE, TOO_MANY
+from federator_plugins.leaderboard.queries import RankQuery, ScoreIndexQuery, TopKQuery
+from federator_plugins.leaderboard.store import SORTABLE, TOO_MANY
 
 T = TypeVar("T")
 RANK_COLUMN = "__rank"

@@ -22,7 +22,7 @@ from federator.store.record import ChangelogRecord
 from federator.store.view import ShardView
 from federator.store.types import stored_value
 
-from plugins.leaderboard.queries import RankQuery, ScoreIndexQuery, TopKQuery
+from federator_plugins.leaderboard.queries import RankQuery, ScoreIndexQuery, TopKQuery
 
 INDEX = "by_score"
 SORTABLE = "__sortable"  # ScoreIndexQuery's column: each row's score as the index orders it

@@ -1,1 +1,1 @@
-"""Spark jobs that fill Federator stores; each runs as ``python -m spark.jobs.NAME``."""
+"""Spark jobs that fill Federator stores; each runs as ``python -m federator_spark.jobs.NAME``."""

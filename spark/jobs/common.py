@@ -21,7 +21,7 @@ def step(msg: str) -> None:
 def parser(prog: str, description: str, require_app: bool = True) -> argparse.ArgumentParser:
     """The options every job takes; ``require_app=False`` leaves checking --application-id to
     the job (for modes that write no store)."""
-    p = argparse.ArgumentParser(prog=f"python -m spark.jobs.{prog}", description=description)
+    p = argparse.ArgumentParser(prog=f"python -m federator_spark.jobs.{prog}", description=description)
     p.add_argument("--bootstrap-servers", default=os.environ.get("FEDERATOR_BOOTSTRAP_SERVERS", "127.0.0.1:9092"),
                    help="Kafka bootstrap servers (default $FEDERATOR_BOOTSTRAP_SERVERS or 127.0.0.1:9092)")
     p.add_argument("--application-id", default=os.environ.get("FEDERATOR_APPLICATION_ID"),

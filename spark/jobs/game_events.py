@@ -11,7 +11,7 @@ ts timestamp) as Parquet into the input folder; the job reads them back and writ
   session starts at its first event and ends at its last (``window_end``); a gap of 30
   minutes or more starts a new session.
 
-    python -m spark.jobs.game_events --bootstrap-servers HOST:PORT --application-id APP \\
+    python -m federator_spark.jobs.game_events --bootstrap-servers HOST:PORT --application-id APP \\
         [--input PATH] [--events N] [--seed S] [--master local[*]]
 
 The same seed and size give the same events, so a re-run leaves the same stores.
@@ -20,9 +20,9 @@ Streaming: ``--stream`` keeps the same stores equal to the batch answer over eve
 file in --input as new files arrive (see spark/jobs/streaming.py for how), and
 ``--generate-into DIR`` adds one new file of generated events to a folder:
 
-    python -m spark.jobs.game_events --application-id APP --stream [--input PATH] \\
+    python -m federator_spark.jobs.game_events --application-id APP --stream [--input PATH] \\
         [--checkpoint DIR] [--trigger-seconds S] [--max-batches N] [--until-idle]
-    python -m spark.jobs.game_events --generate-into PATH --events N --seed S
+    python -m federator_spark.jobs.game_events --generate-into PATH --events N --seed S
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ from typing import Any, Callable, Iterator, Mapping
 import pyarrow.compute as pc
 
 from federator.plugin import load_plugins
-from spark.jobs import streaming
-from spark.jobs.common import merged_token, parse, parser, run_job, step
-from spark.sink import delete_keys, write_store
+from federator_spark.jobs import streaming
+from federator_spark.jobs.common import merged_token, parse, parser, run_job, step
+from federator_spark.sink import delete_keys, write_store
 
 DEFAULT_INPUT = ".federator/game_events/input"
 BASE_MS = 1_704_067_200_000  # 2024-01-01T00:00:00Z

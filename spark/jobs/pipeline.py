@@ -1,6 +1,6 @@
 """Every job of the demo pipeline in one Spark session: word_counts, then game_events.
 
-    python -m spark.jobs.pipeline --bootstrap-servers HOST:PORT --application-id APP \\
+    python -m federator_spark.jobs.pipeline --bootstrap-servers HOST:PORT --application-id APP \\
         [--events N] [--seed S] [--game-input PATH] [--master local[*]]
 
 One driver instead of one per job: starting Spark (a JVM and its Python workers) costs
@@ -12,8 +12,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from spark.jobs import game_events, word_counts
-from spark.jobs.common import parse, parser, run_job, step
+from federator_spark.jobs import game_events, word_counts
+from federator_spark.jobs.common import parse, parser, run_job, step
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,7 +13,7 @@ Which files earlier micro-batches read is kept beside Spark's checkpoint
 (``<checkpoint>/federator-files/<batch id>.json``), so a restarted stream recomputes over the
 same files; a micro-batch that Spark runs again (after a crash) gets the same files and
 computes the same answer. The stores it had already written then are not written again
-(``MicroBatch.once``, ``spark.sink.written_batches``).
+(``MicroBatch.once``, ``federator_spark.sink.written_batches``).
 """
 
 from __future__ import annotations
@@ -29,11 +29,11 @@ from typing import Any, Callable, Mapping, Sequence, TypeVar
 from urllib.parse import unquote
 
 from federator.query.position import Position
-from spark.jobs.common import merged_token, step
-from spark.sink.checks import estimate
-from spark.sink.checkpoint_files import CheckpointFiles
-from spark.sink.tasks import session_conf
-from spark.sink.written_batches import WrittenBatches
+from federator_spark.jobs.common import merged_token, step
+from federator_spark.sink.checks import estimate
+from federator_spark.sink.checkpoint_files import CheckpointFiles
+from federator_spark.sink.tasks import session_conf
+from federator_spark.sink.written_batches import WrittenBatches
 
 MANIFESTS = "federator-files"
 FILE_COLUMN = "_federator_file"

@@ -3,7 +3,7 @@
 Words are runs of letters (any alphabet), lower-cased. With no --input, a small built-in
 text is counted.
 
-    python -m spark.jobs.word_counts --bootstrap-servers HOST:PORT --application-id APP [--input PATH]
+    python -m federator_spark.jobs.word_counts --bootstrap-servers HOST:PORT --application-id APP [--input PATH]
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from spark.jobs.common import parse, parser, run_job, step
-from spark.sink import write_store
+from federator_spark.jobs.common import parse, parser, run_job, step
+from federator_spark.sink import write_store
 
 STORE = "word_counts"
 TEXT = """\

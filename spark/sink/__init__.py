@@ -38,11 +38,11 @@ The modules, by concern:
 - ``written_batches``: which stores each micro-batch of a stream wrote (there)
 """
 
-from spark.sink.errors import SinkError
-from spark.sink.partitioning import murmur2_partitions
-from spark.sink.plan import JSON_FIELD_OF, SIMPLE_FORMAT_OF
-from spark.sink.producing import PRODUCER_CONFIG
-from spark.sink.write import delete_keys, write_store
+from federator_spark.sink.errors import SinkError
+from federator_spark.sink.partitioning import murmur2_partitions
+from federator_spark.sink.plan import JSON_FIELD_OF, SIMPLE_FORMAT_OF
+from federator_spark.sink.producing import PRODUCER_CONFIG
+from federator_spark.sink.write import delete_keys, write_store
 
 __all__ = [
     "SinkError",

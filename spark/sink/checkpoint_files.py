@@ -27,7 +27,7 @@ class CheckpointFiles:
         try:
             self._fs, root = fs.FileSystem.from_uri(checkpoint)
         except Exception as e:  # noqa: BLE001 - pyarrow raises several kinds for a file system it lacks
-            from spark.sink.errors import SinkError
+            from federator_spark.sink.errors import SinkError
 
             raise SinkError(f"cannot open the checkpoint location {checkpoint!r} ({e}); a stream keeps what its "
                             "micro-batches read and wrote there: use a local, S3, GCS or HDFS path") from None

@@ -14,8 +14,8 @@ from typing import Any, Sequence
 
 from federator import kafka
 from federator.catalog import Catalog, StoreDefinition
-from spark.sink.errors import SinkError
-from spark.sink.plan import Plan
+from federator_spark.sink.errors import SinkError
+from federator_spark.sink.plan import Plan
 
 log = logging.getLogger(__name__)
 

@@ -11,8 +11,8 @@ import pyarrow as pa
 from federator import kafka
 from federator.catalog import StoreDefinition
 from federator.store.layout import plain_key
-from spark.sink.partitioning import murmur2_partitions
-from spark.sink.producing import drop_driver_producer, driver_producer, produce_waiting
+from federator_spark.sink.partitioning import murmur2_partitions
+from federator_spark.sink.producing import drop_driver_producer, driver_producer, produce_waiting
 
 
 def live_keys(bootstrap: str, topic: str, partitions: int, timeout: float) -> set[bytes]:

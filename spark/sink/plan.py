@@ -10,7 +10,7 @@ from typing import Any
 from federator.catalog import DefinitionError, StoreDefinition
 from federator.catalog.definition import RESERVED_COLUMNS
 from federator.plugin import Registry
-from spark.sink.errors import SinkError
+from federator_spark.sink.errors import SinkError
 
 # ---- Spark types -> formats ---------------------------------------------------------------
 # Keys and single-column values: the Spark type decides the format (Kafka's serializers).

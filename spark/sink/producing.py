@@ -16,8 +16,8 @@ import pyarrow.compute as pc
 from federator import kafka, kafka_properties
 from federator.formats import Format
 from federator.store.layout import changelog_keys
-from spark.sink.encoding import bytes_list, encode
-from spark.sink.partitioning import murmur2_partitions
+from federator_spark.sink.encoding import bytes_list, encode
+from federator_spark.sink.partitioning import murmur2_partitions
 
 PRODUCER_CONFIG: tuple[tuple[str, Any], ...] = (
     ("linger.ms", 20), ("batch.size", 1_000_000), ("queue.buffering.max.messages", 500_000),

@@ -15,7 +15,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark.sink.producing import WriteSpec, forget_producers, produce_batches
+from federator_spark.sink.producing import WriteSpec, forget_producers, produce_batches
 
 # A write runs on the driver when it has at most SMALL_ROWS rows and Spark estimates them at
 # most SMALL_BYTES (the driver holds them, as Arrow). At 200,000 rows (tests/bench/
@@ -33,7 +33,7 @@ class Held:
     value: Any
 
 
-Estimate = tuple[int | None, int | None]  # spark.sink.checks.estimate: (row count if known, size in bytes)
+Estimate = tuple[int | None, int | None]  # federator_spark.sink.checks.estimate: (row count if known, size in bytes)
 
 
 def fits(rows: int, guess: Estimate) -> bool:

@@ -67,5 +67,5 @@ def worker_failure(e: Exception) -> str:
     if "ModuleNotFoundError" in msg or "ImportError" in msg:
         msg += (f" (Spark's Python workers cannot import it: set PYSPARK_PYTHON={sys.executable} before the "
                 "SparkSession starts, and put this repository on PYTHONPATH; "
-                "spark.jobs.common.spark_session does both)")
+                "federator_spark.jobs.common.spark_session does both)")
     return msg

@@ -20,16 +20,16 @@ from federator.catalog import Catalog, CatalogConflict, changelog_topic
 from federator.plugin import Registry, load_plugins
 from federator.query.position import Position
 from federator.store.layout import changelog_keys
-from spark.sink.checks import (check_rows, check_store, costly, estimate, failing, hash_summary,
+from federator_spark.sink.checks import (check_rows, check_store, costly, estimate, failing, hash_summary,
                                hash_unless_failing, raise_check_failures, raise_duplicates)
-from spark.sink.deletes import live_keys, tombstones, unmarked
-from spark.sink.encoding import encode
-from spark.sink.errors import SinkError
-from spark.sink.plan import SIMPLE_FORMAT_OF, field, plan, time_column, type_name
-from spark.sink.producing import (RESULT_DDL, WriteSpec, drop_driver_producer, driver_producer,
+from federator_spark.sink.deletes import live_keys, tombstones, unmarked
+from federator_spark.sink.encoding import encode
+from federator_spark.sink.errors import SinkError
+from federator_spark.sink.plan import SIMPLE_FORMAT_OF, field, plan, time_column, type_name
+from federator_spark.sink.producing import (RESULT_DDL, WriteSpec, drop_driver_producer, driver_producer,
                                   producer_config, write_partition)
-from spark.sink.small import Held, fetch_small, fits, produce_small, with_bad
-from spark.sink.tasks import PASS2_ARROW_CONF, SPARK_FAILURES, map_in_arrow, session_conf, worker_failure
+from federator_spark.sink.small import Held, fetch_small, fits, produce_small, with_bad
+from federator_spark.sink.tasks import PASS2_ARROW_CONF, SPARK_FAILURES, map_in_arrow, session_conf, worker_failure
 
 log = logging.getLogger(__name__)
 

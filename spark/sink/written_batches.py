@@ -10,7 +10,7 @@ go into each changelog once. A write stopped before it ended is written again, w
 first records are then in the changelog twice (the same upserts, so the store ends the same).
 
 Spark's tasks read the record too (the format's stream writer), so the checkpoint must be on a
-file system they reach (``spark.sink.checkpoint_files``).
+file system they reach (``federator_spark.sink.checkpoint_files``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from spark.sink.checkpoint_files import CheckpointFiles
+from federator_spark.sink.checkpoint_files import CheckpointFiles
 
 FOLDER = "federator-commits"
 KEPT = 100  # micro-batches whose records are kept; Spark runs again only its latest one

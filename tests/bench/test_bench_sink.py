@@ -2,7 +2,7 @@
 
 (a) A plain producer loop (``federator.kafka.producer``: murmur2_random, idempotent) writes N
     records (40-byte string keys, 8-byte long values) to an 8-partition topic.
-(b) ``spark.sink.write_store`` from a local[2] SparkSession writes a DataFrame of the same N rows
+(b) ``federator_spark.sink.write_store`` from a local[2] SparkSession writes a DataFrame of the same N rows
     (key string, value long) as a new kv store with 8 partitions, twice per round:
     - input materialized: the DataFrame is cached and counted before the timer starts, as the
       plain loop's keys and values are built before its timer starts. This is the sink's own
@@ -187,9 +187,9 @@ def test_sink_vs_plain_producer(broker) -> None:
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
-    from spark.jobs.common import spark_session
-    from spark.sink import PRODUCER_CONFIG, write_store
-    from spark.source import last_write_token, register
+    from federator_spark.jobs.common import spark_session
+    from federator_spark.sink import PRODUCER_CONFIG, write_store
+    from federator_spark.source import last_write_token, register
 
     config = dict(PRODUCER_CONFIG)  # write_store's own producer settings, so both sides produce alike
     report = Report()
@@ -321,7 +321,7 @@ def test_sink_vs_plain_producer(broker) -> None:
         f"untimed {WARMUP_ROWS:,}-row warm-up write in the same SparkSession. The format side "
         f"(df.write.format(\"federator\"), materialized input, append mode), after its own untimed "
         f"{WARMUP_ROWS:,}-row warm-up write, is timed around save(); "
-        f"its records are counted from the token its commit recorded (spark.source.last_write_token).")
+        f"its records are counted from the token its commit recorded (federator_spark.source.last_write_token).")
     text = render(report)
     append_run(text)
     print("\n" + text + f"\n(appended to {RESULTS_MD})", flush=True)

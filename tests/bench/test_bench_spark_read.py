@@ -56,8 +56,8 @@ def timed(fn) -> tuple[float, object]:
 
 @pytest.mark.timeout(1800)
 def test_spark_read_beside_the_arrow_scan(broker, report: Report, tmp_path) -> None:
-    from spark.jobs.common import spark_session
-    from spark.source import register as register_source
+    from federator_spark.jobs.common import spark_session
+    from federator_spark.source import register as register_source
 
     app = f"rd{uuid.uuid4().hex[:8]}"
     defn = register(broker, app, STORE)

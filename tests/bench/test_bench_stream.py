@@ -34,8 +34,8 @@ _TOOK = re.compile(r"^batch (\d+): ([\d,]+) new rows .* \((\d+\.\d)s\)")
 
 @pytest.mark.timeout(1800)
 def test_warm_micro_batch(broker, report: Report, tmp_path) -> None:
-    from spark.jobs import game_events, streaming
-    from spark.jobs.common import spark_session
+    from federator_spark.jobs import game_events, streaming
+    from federator_spark.jobs.common import spark_session
 
     app = f"sb{uuid.uuid4().hex[:8]}"
     inp, checkpoint = tmp_path / "events", tmp_path / "checkpoint"

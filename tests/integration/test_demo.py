@@ -82,7 +82,7 @@ def ms(printed_time: str) -> int:
 
 
 # What the demo answers, every run: `federator demo --events 5000` generates its game events from
-# a fixed seed (spark.jobs.game_events, seed 42), so the stores hold exactly these. A change to the
+# a fixed seed (federator_spark.jobs.game_events, seed 42), so the stores hold exactly these. A change to the
 # generator or the jobs changes them: check the new answers against the events (the second half
 # of the test does) and write them here.
 PLAYERS, POINTS, BEST = 50, 2_512_421, 999
@@ -100,7 +100,7 @@ def test_the_demo_runs_the_pipeline_and_answers(demo: Demo) -> None:
     out = demo.stdout
     assert out.count("started node") == 3
     # the answers the demo prints are the real ones from its text
-    from spark.jobs.word_counts import TEXT
+    from federator_spark.jobs.word_counts import TEXT
 
     counts = collections.Counter(w.lower() for w in re.findall(r"[^\W\d_]+", TEXT))
     assert printed(out, EXAMPLES[0])[1] == [["federator", str(counts["federator"])]]

@@ -25,7 +25,7 @@ from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
 
 from federator import kafka
 from federator.query.position import Position
-from spark.jobs.game_events import EVENTS_PER_PLAYER, GAMES, MEAN_GAP_MS, players_for
+from federator_spark.jobs.game_events import EVENTS_PER_PLAYER, GAMES, MEAN_GAP_MS, players_for
 from tests.conftest import federator_cmd, free_port
 from tests.docs_blocks import ROOT, blocks
 from tests.integration.changelog_util import produce, read_partition

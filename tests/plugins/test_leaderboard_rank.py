@@ -15,8 +15,8 @@ from federator.partitioner import partition_for
 from federator.sql.parse import parse
 from federator.sql.planner import bind_parameters, literal
 from federator.store import ChangelogRecord, Shard
-from plugins.leaderboard import rules
-from plugins.leaderboard.rules import RANK_COLUMN, RankRule
+from federator_plugins.leaderboard import rules
+from federator_plugins.leaderboard.rules import RANK_COLUMN, RankRule
 from tests.registry import REGISTRY
 
 P = 3

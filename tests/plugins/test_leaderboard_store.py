@@ -12,8 +12,8 @@ from federator.catalog import StoreDefinition
 from federator.catalog.definition import DefinitionError
 from federator.query import KeyQuery, RangeQuery
 from federator.store import ChangelogRecord, Shard
-from plugins.leaderboard.queries import RankQuery, TopKQuery
-from plugins.leaderboard.store import INDEX, sortable
+from federator_plugins.leaderboard.queries import RankQuery, TopKQuery
+from federator_plugins.leaderboard.store import INDEX, sortable
 from tests.registry import REGISTRY
 
 

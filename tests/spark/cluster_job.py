@@ -16,6 +16,6 @@ spark = SparkSession.builder.getOrCreate()
 paths = spark.sparkContext.parallelize(range(2), 2).map(where_federator).collect()
 print("executors imported federator from:", sorted(set(paths)), flush=True)
 
-from spark.jobs import word_counts  # noqa: E402 - on the driver, from the shipped zip too
+from federator_spark.jobs import word_counts  # noqa: E402 - on the driver, from the shipped zip too
 
 sys.exit(word_counts.main(sys.argv[1:]))

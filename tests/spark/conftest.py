@@ -35,7 +35,7 @@ T0 = 1_704_067_200_000  # 2024-01-01T00:00:00Z
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
-    from spark.jobs.common import spark_session
+    from federator_spark.jobs.common import spark_session
 
     s = spark_session("local[2]", "federator-tests", **{
         "spark.sql.shuffle.partitions": "2",
@@ -146,7 +146,7 @@ class World:
 
     def write(self, name: str, df: Any = None, **overrides: Any) -> str:
         """Write ``df`` (default: the DataFrame the world wrote) with the store's arguments."""
-        from spark.sink import write_store
+        from federator_spark.sink import write_store
 
         first, kw = self.frames[name]
         return write_store(first if df is None else df, name, bootstrap_servers=self.bootstrap,
@@ -188,7 +188,7 @@ TEXT = "The quick brown fox; the LAZY dog.\nÉtude über alles -- the end_of it,
 
 @pytest.fixture(scope="session")
 def world(broker, spark, tmp_path_factory) -> Iterator[World]:
-    from spark.jobs import game_events
+    from federator_spark.jobs import game_events
     root = tmp_path_factory.mktemp("spark-world")
     app = f"sp{uuid.uuid4().hex[:8]}"
     text = root / "text.txt"
@@ -196,7 +196,7 @@ def world(broker, spark, tmp_path_factory) -> Iterator[World]:
     # The word_counts job as a user runs it, alongside the in-process writes.
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
     cli = subprocess.Popen(
-        [sys.executable, "-m", "spark.jobs.word_counts", "--bootstrap-servers", broker.bootstrap_servers,
+        [sys.executable, "-m", "federator_spark.jobs.word_counts", "--bootstrap-servers", broker.bootstrap_servers,
          "--application-id", app, "--input", str(text), "--master", "local[1]", "--partitions", str(P)],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )

@@ -42,8 +42,8 @@ def ask(node, sql: str, token: str, deadline: float) -> tuple[int, dict]:
 
 
 def main(kind: str, rounds: int, cold: bool) -> int:
-    from spark.jobs.common import spark_session
-    from spark.sink import write_store
+    from federator_spark.jobs.common import spark_session
+    from federator_spark.sink import write_store
 
     root = Path(tempfile.mkdtemp(prefix="lost-"))
     if kind == "kafka":

@@ -1,6 +1,6 @@
 """A job on a real Spark standalone cluster: a master and a worker started from the installed
 PySpark (spark-class), the word_counts job submitted to it with spark-submit, this
-repository's packages shipped to the executors as --py-files (spark.cluster.package), and
+repository's packages shipped to the executors as --py-files (federator_spark.cluster.package), and
 what it wrote read back from the changelog."""
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ def _env() -> dict[str, str]:
 
 
 def test_word_counts_on_a_standalone_cluster(broker, tmp_path) -> None:
-    from spark.cluster.package import build
-    from spark.jobs.word_counts import TEXT
+    from federator_spark.cluster.package import build
+    from federator_spark.jobs.word_counts import TEXT
 
     port, ui = free_port(), free_port()
     master_url = f"spark://127.0.0.1:{port}"

@@ -8,8 +8,8 @@ import pytest
 
 from federator import kafka
 from federator.catalog import Catalog, changelog_topic
-from spark.sink import checks
-from spark.sink import SinkError, write_store
+from federator_spark.sink import checks
+from federator_spark.sink import SinkError, write_store
 from tests.integration.changelog_util import read_partition
 from tests.registry import REGISTRY
 

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from federator.partitioner import partition_for
-from spark.sink import murmur2_partitions
-from spark.sink.encoding import encode
+from federator_spark.sink import murmur2_partitions
+from federator_spark.sink.encoding import encode
 from tests.registry import REGISTRY
 
 

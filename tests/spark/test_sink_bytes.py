@@ -34,12 +34,12 @@ from federator.catalog import Catalog, StoreDefinition
 from federator.formats import JsonFormat
 from federator.partitioner import partition_for
 from federator.store.layout import changelog_keys, plain_key, session_key, window_key
-from spark.sink import PRODUCER_CONFIG, write
-from spark.sink.checks import failing
-from spark.sink.deletes import tombstones
-from spark.sink.encoding import encode
-from spark.sink.plan import Plan, plan
-from spark.sink.producing import WriteSpec, produce_batches
+from federator_spark.sink import PRODUCER_CONFIG, write
+from federator_spark.sink.checks import failing
+from federator_spark.sink.deletes import tombstones
+from federator_spark.sink.encoding import encode
+from federator_spark.sink.plan import Plan, plan
+from federator_spark.sink.producing import WriteSpec, produce_batches
 from tests.integration.changelog_util import read_partition
 from tests.registry import REGISTRY
 from tests.spark.conftest import (BYTES_ROWS, DOUBLE_ROWS, INT_ROWS, JSON_ROWS, LONG_ROWS, SESSION_ROWS, STRING_ROWS,
@@ -113,7 +113,7 @@ class _Producer:
 
 @pytest.fixture
 def fake_kafka(monkeypatch) -> FakeKafka:
-    from spark.sink import producing
+    from federator_spark.sink import producing
 
     fake = FakeKafka()
     monkeypatch.setattr(kafka, "producer", fake.producer)

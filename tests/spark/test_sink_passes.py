@@ -12,8 +12,8 @@ import pytest
 from federator.catalog import changelog_topic
 from federator.partitioner import partition_for
 from federator.query.position import Position
-from spark.sink import checks, small, tasks, write
-from spark.sink import SinkError, write_store
+from federator_spark.sink import checks, small, tasks, write
+from federator_spark.sink import SinkError, write_store
 from tests.integration.changelog_util import read_partition
 
 pytestmark = pytest.mark.integration

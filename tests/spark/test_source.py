@@ -12,7 +12,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.apache_kafka]
 
 @pytest.fixture(scope="module")
 def read(spark, world):
-    from spark.source import register
+    from federator_spark.source import register
 
     register(spark)
     url = ",".join(f"http://{n.endpoint}" for n in world.cluster.nodes)
@@ -70,7 +70,7 @@ def test_the_reader_keeps_the_filters_it_can_apply_and_gives_back_the_rest() -> 
     import pyarrow as pa
     from pyspark.sql import datasource as ds
 
-    from spark.source import FederatorReader, _Options
+    from federator_spark.source import FederatorReader, _Options
 
     reader = object.__new__(FederatorReader)  # its filters alone, without a Spark schema or a node
     reader.opts = _Options({"url": "http://unused:1", "store": "s"})
@@ -93,7 +93,7 @@ def test_bad_options_say_what_to_pass(read) -> None:
 
 
 def test_a_format_write_is_what_the_nodes_answer(spark, world) -> None:
-    from spark.source import last_write_token, register
+    from federator_spark.source import last_write_token, register
 
     register(spark)
     name = "fmt_players"
@@ -116,7 +116,7 @@ def test_a_format_write_is_what_the_nodes_answer(spark, world) -> None:
 
 
 def test_a_format_write_of_windows_and_a_bad_row(spark, world) -> None:
-    from spark.source import last_write_token, register
+    from federator_spark.source import last_write_token, register
     from tests.spark.conftest import T0
 
     register(spark)
@@ -142,7 +142,7 @@ def test_a_streaming_query_upserts_each_micro_batch(spark, world, tmp_path) -> N
     """writeStream.format("federator") over a folder of Parquet files (append mode, the only one
     Spark gives Python data sources): each micro-batch's rows upserted, once; the token file
     follows."""
-    from spark.source import last_write_token, register
+    from federator_spark.source import last_write_token, register
 
     register(spark)
     name, folder = "fmt_stream", tmp_path / "in"

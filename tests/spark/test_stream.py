@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from federator.query.position import Position
-from spark.jobs import game_events
-from spark.jobs.common import merged_token
-from spark.sink import SinkError, delete_keys
+from federator_spark.jobs import game_events
+from federator_spark.jobs.common import merged_token
+from federator_spark.sink import SinkError, delete_keys
 from tests.integration.cluster import Cluster
 from tests.spark.conftest import P, changelog_records, rows, sql
 
@@ -167,7 +167,7 @@ def test_stream_options_are_checked_before_spark_starts(argv, message, capsys, m
 def test_a_summary_counts_a_read_cache_without_a_job(spark):
     """A micro-batch's summary says how many rows each store got: a cached frame that has been
     read knows its count (no Spark job); any other frame is counted."""
-    from spark.jobs import streaming
+    from federator_spark.jobs import streaming
 
     sc = spark.sparkContext
     df = spark.range(1000).where("id % 3 = 0").cache()
@@ -187,7 +187,7 @@ def test_a_summary_counts_a_read_cache_without_a_job(spark):
 def test_store_updates_side_by_side_keep_the_streams_job_group(spark):
     """Stopping a stream cancels its jobs by their group: the jobs the stores' updates start
     from their own threads must be in it too."""
-    from spark.jobs.streaming import in_parallel
+    from federator_spark.jobs.streaming import in_parallel
 
     sc = spark.sparkContext
     sc.setJobGroup("federator-stream-test", "a micro-batch")
@@ -207,7 +207,7 @@ def test_a_micro_batch_reads_the_earlier_rows_of_its_keys_once(spark, tmp_path, 
     rows, and a null key matches nothing."""
     import shutil
 
-    from spark.jobs import streaming
+    from federator_spark.jobs import streaming
 
     if not by_value:
         monkeypatch.setattr(streaming, "TOUCHED_BY_VALUE", 0)
@@ -232,7 +232,7 @@ def test_a_micro_batch_reads_the_earlier_rows_of_its_keys_once(spark, tmp_path, 
 def test_only_the_stream_job_starts_spark_with_the_quick_jit(monkeypatch):
     """The stream's driver JVM compiles with C1 only (streaming.JAVA_OPTIONS); a batch run
     keeps the default JIT, which is faster over large data."""
-    from spark.jobs import streaming
+    from federator_spark.jobs import streaming
 
     asked = []
     monkeypatch.setattr(game_events, "run_job", lambda master, name, job, java_options=(): asked.append(java_options))

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from spark.jobs.streaming import SHUFFLE_PARTITIONS, micro_batch_conf
-from spark.sink.tasks import session_conf
+from federator_spark.jobs.streaming import SHUFFLE_PARTITIONS, micro_batch_conf
+from federator_spark.sink.tasks import session_conf
 
 
 class FakeConf:

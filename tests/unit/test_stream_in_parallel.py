@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from spark.jobs.streaming import in_parallel
+from federator_spark.jobs.streaming import in_parallel
 
 
 def test_groups_run_at_once_and_calls_within_a_group_in_order():

@@ -1,5 +1,5 @@
 """The record, beside a streaming query's checkpoint, of which stores each micro-batch wrote
-(``spark.sink.written_batches``); the streams that use it are tested over real Spark in
+(``federator_spark.sink.written_batches``); the streams that use it are tested over real Spark in
 tests/spark (test_stream.py, test_source.py)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import threading
 
 import pytest
 
-from spark.sink.errors import SinkError
-from spark.sink.written_batches import KEPT, WrittenBatches
+from federator_spark.sink.errors import SinkError
+from federator_spark.sink.written_batches import KEPT, WrittenBatches
 
 
 def test_stores_recorded_at_once_from_threads_are_all_kept(tmp_path) -> None:
