@@ -82,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--value-name", default="value", metavar="COL")
     c.add_argument("--window-size-ms", type=int, metavar="MS", help="window length (window stores)")
     c.add_argument("--topic", help="changelog topic (default <APP>-<NAME>-changelog)")
+    c.add_argument("--global", dest="is_global", action="store_true",
+                   help="a global store: every node keeps all its partitions and answers it without calling "
+                        "another node (for small tables joined with partitioned ones)")
 
     ls = ssub.add_parser("list", help="list the stores in the catalog")
     _connection_args(ls)
@@ -211,11 +214,14 @@ def _store_create(args: argparse.Namespace) -> int:
     }
     if args.window_size_ms is not None:
         d["window_size_ms"] = args.window_size_ms
+    if args.is_global:
+        d["global"] = True
     registry = load_plugins()
     defn = StoreDefinition.from_dict(d, registry)
     created = Catalog(args.bootstrap_servers, args.application_id, registry).register(defn)
     verb = "created" if created else "already exists with this definition:"
-    print(f"store {defn.name} {verb} topic {defn.topic}, {defn.partitions} partitions")
+    print(f"store {defn.name} {verb} topic {defn.topic}, {defn.partitions} partitions"
+          + (", global (every node keeps every partition)" if defn.is_global else ""))
     return 0
 
 
@@ -231,10 +237,11 @@ def _store_list(args: argparse.Namespace) -> int:
     if not stores:
         print(f"no stores in application {args.application_id!r}; create one with `federator store create`")
         return 0
-    rows = [("NAME", "TYPE", "PARTITIONS", "KEY", "VALUE", "TOPIC")]
+    rows = [("NAME", "TYPE", "PARTITIONS", "SCOPE", "KEY", "VALUE", "TOPIC")]
     for defn in sorted(stores.values(), key=lambda s: s.name):
         value = ",".join(f"{n}:{t}" for n, t in defn.value_fields) if defn.value_fields else f"{defn.value_name}:{defn.value_format}"
-        rows.append((defn.name, defn.type, str(defn.partitions), f"{defn.key_name}:{defn.key_format}", value, defn.topic))
+        rows.append((defn.name, defn.type, str(defn.partitions), defn.scope, f"{defn.key_name}:{defn.key_format}",
+                     value, defn.topic))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())

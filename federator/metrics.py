@@ -125,11 +125,24 @@ class NodeCollector(Collector):
                         "serves it actively); they sum to the store's partition count", ("store", "state"))
         standbys = _gauge("federator_partition_standbys", "Standby copies of each store's partitions in the "
                           "cluster view", ("store",))
+        scopes = _gauge("federator_store_info", "Each store: its type and scope (global: every node keeps every "
+                        "partition and answers it alone; partitioned: each partition on its owner); always 1",
+                        ("store", "type", "scope"))
+        global_copies = _gauge("federator_global_copies", "Copies of a global store's partitions on the live "
+                               "nodes of the cluster view (its partitions times the nodes, once all have restored)",
+                               ("store",))
         live = view.live()
         for name, defn in sorted(stores.items()):
+            scopes.add_metric([name, defn.type, defn.scope], 1)
             counts = {"active": 0, "restoring": 0, "uncovered": 0}
             copies = 0
             for p in range(defn.partitions):
+                if defn.is_global:  # active: some node holds a current copy (each answers from its own)
+                    held = [n for n in live if p in n.global_copies.get(name, ())]
+                    copies += len(held)
+                    current = [n for n in held if p not in n.restoring.get(name, ())]
+                    counts["active" if current else "restoring" if held else "uncovered"] += 1
+                    continue
                 owner = next((n for n in live if p in n.active.get(name, ())), None)
                 if owner is None:
                     counts["uncovered"] += 1
@@ -140,9 +153,8 @@ class NodeCollector(Collector):
                 copies += sum(1 for n in live if p in n.standby.get(name, ()))
             for state, n in counts.items():
                 states.add_metric([name, state], n)
-            standbys.add_metric([name], copies)
-        yield states
-        yield standbys
+            (global_copies if defn.is_global else standbys).add_metric([name], copies)
+        yield from (states, standbys, scopes, global_copies)
 
     def _copies(self) -> Iterator[Metric]:
         """The partitions this node hosts: their role, lag, restore and the records applied."""
@@ -150,8 +162,9 @@ class NodeCollector(Collector):
         if materializer is None:
             return
         hosted = materializer.snapshot()
+        stores = getattr(self.node, "stores", {})
         mine = _gauge("federator_node_partitions", "Partitions this node hosts, by state (active, restoring, "
-                      "standby)", ("store", "state"))
+                      "standby, global: a current copy of a global store's)", ("store", "state"))
         lag = _gauge("federator_partition_lag_records", "Records this node's copy is behind its changelog's end",
                      ("store", "partition", "role"))
         restored = _gauge("federator_partition_restored", "1 when this node's copy has caught up with its "
@@ -163,8 +176,9 @@ class NodeCollector(Collector):
         for (store, p), hs in sorted(hosted.items()):
             if hs.gone:
                 continue
-            role = str(hs.role)
-            state = role if role != "active" or hs.restored else "restoring"
+            defn = stores.get(store)
+            role = "global" if defn is not None and defn.is_global else str(hs.role)
+            state = role if role == "standby" or hs.restored else "restoring"
             counts[(store, state)] = counts.get((store, state), 0) + 1
             labels = [store, str(p), role]
             if hs.lag is not None:

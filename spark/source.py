@@ -337,12 +337,19 @@ class FederatorWriter(DataSourceArrowWriter):
             except ValueError:
                 raise SinkError(f"option {name!r} must be a whole number, not {text!r}") from None
 
+        def flag(name: str) -> bool:
+            text = (get(name) or "false").lower()
+            if text not in ("true", "false"):
+                raise SinkError(f"option {name!r} must be true or false, not {get(name)!r}")
+            return text == "true"
+
         registry = load_plugins()
         config = producer_config(bootstrap, get("kafka_config"))  # before the first Kafka client
         self.shape = shape(Columns(schema), store, key=get("key"), value=value, type=get("type") or "kv",
                            partitions=number("partitions", 8), topic=changelog_topic(app, store),
                            window_start=get("window_start"), window_size_ms=number("window_size_ms", None),
-                           session_start=get("session_start"), session_end=get("session_end"), registry=registry)
+                           session_start=get("session_start"), session_end=get("session_end"), registry=registry,
+                           global_store=flag("global"))
         catalog = Catalog(bootstrap, app, registry)
         defn, exists = check_store(catalog, self.shape.defn)
         # what the tasks need of the shape (the definition holds the registry, which stays here)

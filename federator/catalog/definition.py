@@ -70,6 +70,9 @@ class StoreDefinition:
     value_fields: tuple[tuple[str, str], ...] = ()
     window_size_ms: int | None = None
     options: Mapping[str, Any] = field(default_factory=dict)  # store-type specific (plugins)
+    # Kafka Streams' GlobalKTable: every node keeps every partition and answers it alone,
+    # outside the group's assignment of partitions
+    is_global: bool = False
     _: KW_ONLY
     # Where the names above are looked up, once, as the definition is built (and validated).
     types: InitVar[TypeLookup]
@@ -101,6 +104,12 @@ class StoreDefinition:
     def windowed(self) -> bool:
         return self.store_type.windowed
 
+    @property
+    def scope(self) -> str:
+        """How the nodes hold it, as the catalog, metadata and metrics show it: global (every
+        node every partition) or partitioned (each partition on its owner)."""
+        return "global" if self.is_global else "partitioned"
+
     # ---- (de)serialization ---------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         value: dict[str, Any] = {"format": self.value_format}
@@ -120,6 +129,8 @@ class StoreDefinition:
             d["window_size_ms"] = self.window_size_ms
         if self.options:
             d["options"] = dict(self.options)
+        if self.is_global:  # only when set: a partitioned store's record stays as it was
+            d["global"] = True
         return d
 
     def to_json(self) -> bytes:
@@ -133,7 +144,7 @@ class StoreDefinition:
             raise DefinitionError(f"a store definition is a JSON object, got {type(d).__name__}")
         name = d.get("name")
         where = f"store {name!r}" if isinstance(name, str) else "store definition"
-        known = {"name", "type", "topic", "partitions", "key", "value", "window_size_ms", "options"}
+        known = {"name", "type", "topic", "partitions", "key", "value", "window_size_ms", "options", "global"}
         extra = sorted(set(d) - known)
         if extra:
             raise DefinitionError(f"{where}: unknown field {extra[0]!r}; fields are {', '.join(sorted(known))}")
@@ -160,6 +171,7 @@ class StoreDefinition:
             value_fields=value_fields,
             window_size_ms=d.get("window_size_ms"),
             options=dict(d.get("options") or {}),
+            is_global=d.get("global", False),  # type: ignore[arg-type]
             types=types,
         )
         return defn
@@ -181,6 +193,8 @@ class StoreDefinition:
                 f"field 'name': {self.name!r} is not a valid store name; use letters, digits and _, "
                 "starting with a letter or _"
             )
+        if not isinstance(self.is_global, bool):
+            raise DefinitionError(f"{where}: field 'global' must be true or false, got {self.is_global!r}")
         known = types.store_types
         store_type = known.get(self.type) if isinstance(self.type, str) else None
         if store_type is None:

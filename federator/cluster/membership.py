@@ -39,6 +39,9 @@ class NodeInfo:
     incarnation: str = ""
     started_ms: int = 0
     key_endpoint: str | None = None  # host:port of its point lookup call (federator.node.key_server)
+    # global stores' partitions it keeps (every node keeps them all, outside the group's
+    # assignment; it answers them alone, so they route nowhere); restoring ones in ``restoring``
+    global_copies: dict[str, list[int]] = field(default_factory=dict)
 
     def routing(self) -> tuple:
         """What peers place standbys and route by; positions and lags travel with the regular beat."""
@@ -46,7 +49,7 @@ class NodeInfo:
             return tuple(sorted((s, tuple(sorted(ps))) for s, ps in d.items() if ps))
 
         return (self.endpoint, self.state, frozen(self.active), frozen(self.standby), frozen(self.restoring),
-                self.incarnation, self.key_endpoint)
+                frozen(self.global_copies), self.incarnation, self.key_endpoint)
 
     def to_json(self) -> bytes:
         return json.dumps(
@@ -59,6 +62,7 @@ class NodeInfo:
                 "positions": {s: {str(p): o for p, o in d.items()} for s, d in self.positions.items()},
                 "lags": {s: {str(p): o for p, o in d.items()} for s, d in self.lags.items()},
                 "restoring": self.restoring,
+                "global": self.global_copies,
                 "timestamp_ms": self.timestamp_ms,
                 "incarnation": self.incarnation,
                 "started_ms": self.started_ms,
@@ -79,6 +83,7 @@ class NodeInfo:
             positions={s: {int(p): o for p, o in m.items()} for s, m in d.get("positions", {}).items()},
             lags={s: {int(p): o for p, o in m.items()} for s, m in d.get("lags", {}).items()},
             restoring={s: list(ps) for s, ps in d.get("restoring", {}).items()},
+            global_copies={s: list(ps) for s, ps in d.get("global", {}).items()},
             timestamp_ms=int(d.get("timestamp_ms", 0)),
             incarnation=str(d.get("incarnation", "")),
             started_ms=int(d.get("started_ms", 0)),
@@ -93,6 +98,7 @@ class NodeInfo:
             "active": self.active,
             "standby": self.standby,
             "restoring": self.restoring,
+            "global": self.global_copies,
             "lags": {s: {str(p): o for p, o in d.items()} for s, d in self.lags.items()},
             "positions": {s: {str(p): o for p, o in d.items()} for s, d in self.positions.items()},
             "last_heartbeat_ms": self.timestamp_ms,

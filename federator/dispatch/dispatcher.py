@@ -36,7 +36,7 @@ from federator.query.result import FailureReason, QueryResult
 from federator.query.wire import NOT_COLOCATED
 from federator.route.read_options import ReadOptions
 from federator.store.layer import StoredEntry
-from federator.route.router import targets_for
+from federator.route.router import local_refusal, targets_for
 
 
 RETRYABLE = {FailureReason.NOT_PRESENT, FailureReason.NOT_ACTIVE, FailureReason.NOT_UP_TO_BOUND, FailureReason.DOES_NOT_EXIST}
@@ -214,12 +214,22 @@ class Dispatcher:
         delay = 0.02
         view = self.node.view
         bound, allow_stale, deadline = options.bound, options.allow_stale, options.deadline
+        here = defn is not None and defn.is_global  # a global store: this node's copies answer it all
+        if here and token:
+            self.node.wait_applied(store, token, deadline)  # each record applied wakes it: no backoff
         while pending:
             # route every pending partition; group into one request per (node, subquery, whether
             # it must be the active copy: not for a standby that a token sent us to)
             groups: dict[tuple[str, tuple[str, str | None], int, bool], list[int]] = defaultdict(list)
             for item in sorted(pending):
                 i, p = item
+                if here:
+                    refused = local_refusal(options, self.node.local_lag(store, p))
+                    if refused is not None:
+                        reasons[item] = refused
+                    else:
+                        groups[(self.node.node_id, (self.node.endpoint, None), i, not allow_stale)].append(p)
+                    continue
                 targets = targets_for(view, store, p, options, frozenset(avoid[item]), token.get(p))
                 if not targets and avoid[item]:
                     # every copy it may go to failed once: after the backoff they may answer (a
@@ -346,7 +356,7 @@ class Dispatcher:
         key: list[tuple] = []
         offsets: dict[str, dict[int, int]] = {}
         for defn in stores:
-            owners = _active_owners(live, defn.name)
+            owners = self._owners(live, defn)
             parts = offsets.setdefault(defn.topic, {})
             for p in range(defn.partitions):
                 state = self._state(defn.name, p, owners.get(p))
@@ -356,6 +366,14 @@ class Dispatcher:
                 if state[1][1] >= 0:
                     parts[p] = state[1][1]
         return tuple(key), Position(offsets)
+
+    def _owners(self, live: list[Any], defn: Any) -> dict[int, Any]:
+        """partition -> the node that answers it as its active copy: for a global store this
+        node, for every partition."""
+        if defn.is_global:
+            here = _Here(self.node.node_id)
+            return {p: here for p in range(defn.partitions)}
+        return _active_owners(live, defn.name)
 
     def _state(self, store: str, partition: int, owner: Any) -> tuple[str | None, tuple[Any, int]] | None:
         """(whose watch says it: None for this node's own shards, (epoch, offset)) of a partition
@@ -387,7 +405,7 @@ class Dispatcher:
             state = given.get((defn.name, p))
             if state is None:
                 if owners is None:
-                    owners = _active_owners(self.node.view.live(), defn.name)
+                    owners = self._owners(self.node.view.live(), defn)
                 state = self._state(defn.name, p, owners.get(p))
             if state is None:
                 continue
@@ -448,7 +466,7 @@ class Dispatcher:
         so at once (no owner in the view, the owner is this node, it cannot answer so, it does
         not answer): the caller takes ``gather``, with its retries and its errors."""
         defn = self.node.stores.get(store)
-        if defn is None:
+        if defn is None or defn.is_global:  # a global store's keys are read here or not at all
             return None
         token = _token_offsets(options.bound, defn)
         targets = targets_for(self.node.view, store, partition, options, frozenset(), token.get(partition))
@@ -477,6 +495,13 @@ class Dispatcher:
                                "retry, or raise timeout_ms", parts)
         raise Unavailable(f"partitions {parts} are unavailable: {why}; retry shortly, or pass "
                           "allow_stale to read a standby", parts)
+
+
+@dataclass(frozen=True)
+class _Here:
+    """This node, as the owner of a global store's partitions (``_state`` reads its own copies)."""
+
+    node_id: str
 
 
 def _active_owners(live: list[Any], store: str) -> dict[int, Any]:

@@ -38,7 +38,7 @@ from federator.partitioner import partition_for
 from federator.plugin.loader import PluginsFailed
 from federator.plugin.registry import Registry
 from federator.query.owner_work import OwnerWork
-from federator.query.position import PositionBound
+from federator.query.position import Position, PositionBound
 from federator.query.queries import KeyQuery, RangeQuery
 from federator.errors import SqlError
 from federator.owner import keyjoin
@@ -113,6 +113,16 @@ def _answerable(hs: Any) -> bool:
 def _offset(hs: Any) -> int:
     offset = hs.shard.offset
     return -1 if offset is None else offset
+
+
+def _beside(left: QueryResult, broadcast: tuple[pa.Table, Position] | QueryResult) -> QueryResult:
+    """``left`` to be joined with a global store's rows and their positions (``broadcast``):
+    with those positions too, or failed as they failed."""
+    if isinstance(broadcast, QueryResult):
+        return QueryResult.failed(left.partition, broadcast.failure, broadcast.message,  # type: ignore[arg-type]
+                                  code=broadcast.code)
+    left.position = left.position.merge(broadcast[1])
+    return left
 
 
 def _project(columns: list[str], result: QueryResult) -> QueryResult:
@@ -239,7 +249,8 @@ class Node:
         stores = dict(self.stores)
         if apply_catalog_message(stores, msg, self.registry, self.unusable_stores) is not None:
             self.stores = stores
-            self.group.subscribe(sorted({d.topic for d in stores.values()}))
+            # a global store's changelog is read whole by every node: not the group's to assign
+            self.group.subscribe(sorted({d.topic for d in stores.values() if not d.is_global}))
             self._wake.set()
 
     def _on_catalog_reset(self) -> None:
@@ -345,7 +356,8 @@ class Node:
             if self._stop.is_set():
                 break
             try:
-                if self.state == "CREATED" and self.catalog_tail.caught_up.is_set() and not self.stores:
+                if self.state == "CREATED" and self.catalog_tail.caught_up.is_set() and \
+                        all(d.is_global for d in self.stores.values()):
                     self.state = "RUNNING"  # nothing to own yet
                 self._reconcile()
                 info = self.local_info()
@@ -362,14 +374,19 @@ class Node:
         stores = self.stores
         topic_stores: dict[str, list[str]] = {}
         for d in stores.values():
-            topic_stores.setdefault(d.topic, []).append(d.name)
+            if not d.is_global:
+                topic_stores.setdefault(d.topic, []).append(d.name)
         roles = {(s, p): ACTIVE for (t, p) in self._assigned for s in topic_stores.get(t, ())}
+        # every partition of a global store, here as on every node: each answers it alone
+        roles.update({(d.name, p): ACTIVE for d in stores.values() if d.is_global for p in range(d.partitions)})
         replicas = self.config.standby_replicas
         if replicas <= 0:
             return roles
         others = [n for n in self.view.live() if n.node_id != self.node_id]
         live_ids = [self.node_id, *(n.node_id for n in others)]
         for name, defn in stores.items():
+            if defn.is_global:
+                continue
             for p in range(defn.partitions):
                 if (name, p) in roles:
                     continue
@@ -389,8 +406,12 @@ class Node:
     def local_info(self) -> NodeInfo:
         info = NodeInfo(self.node_id, self.endpoint, self.state, timestamp_ms=int(time.time() * 1000),
                         incarnation=self.incarnation, started_ms=self.started_ms, key_endpoint=self.key_endpoint)
+        stores = self.stores
         for (store, p), hs in sorted(self.materializer.snapshot().items()):
-            (info.active if hs.role == ACTIVE else info.standby).setdefault(store, []).append(p)
+            defn = stores.get(store)
+            held = info.global_copies if defn is not None and defn.is_global else \
+                info.active if hs.role == ACTIVE else info.standby
+            held.setdefault(store, []).append(p)
             if hs.shard.offset is not None:
                 info.positions.setdefault(store, {})[p] = hs.shard.offset
             lag = hs.lag
@@ -421,6 +442,26 @@ class Node:
             return None
         offset = _offset(hs)
         return (epoch, offset) if m.epoch == epoch else None
+
+    def local_lag(self, store: str, partition: int) -> int | None:
+        """Records this node's copy of the partition is behind its changelog's end; None when
+        it holds none or has not seen the end yet."""
+        hs = self.materializer.hosted(store, partition)
+        return None if hs is None else hs.lag
+
+    def wait_applied(self, store: str, offsets: dict[int, int], deadline: float) -> None:
+        """Until this node's copies of ``store``'s partitions have applied ``offsets`` (partition
+        -> offset: a consistency token's), or until ``deadline`` (time.monotonic()): woken by
+        each record applied, not polled."""
+        m = self.materializer
+        seen = m.wait_moved(-1, 0)
+        while True:
+            behind = [p for p, o in offsets.items()
+                      if (hs := m.hosted(store, p)) is None or hs.shard.offset is None or hs.shard.offset < o]
+            left = deadline - time.monotonic()
+            if not behind or left <= 0:
+                return
+            seen = m.wait_moved(seen, min(left, 1.0))
 
     def _publish(self, info: NodeInfo | None = None) -> None:
         if self.refused is not None or not self._identity_checked.is_set():
@@ -453,8 +494,10 @@ class Node:
         defn = self.stores.get(request.store)
         partitions = request.partitions if request.partitions is not None else range(defn.partitions if defn else 0)
         results = []
-        # a co-partitioned join takes: (result, its shard, the other store's rows, their shard)
-        joined: list[tuple[int, Any, pa.RecordBatch, Any]] = []
+        # a co-partitioned join takes: (result, its shard, the other store's rows, their shard);
+        # a join with a global store its rows read whole here, once (``broadcast``)
+        joined: list[tuple[int, Any, pa.RecordBatch | None, Any]] = []
+        broadcast: tuple[pa.Table, Position] | QueryResult | None = None
         owned: list[tuple[int, Any]] = []  # (result, its shard) the pushed-down SQL runs over
         # partitions whose pushed-down SQL may follow a kept result instead of reading scans
         deferred: list[tuple[int, int, Any]] = []  # (result, partition, its store)
@@ -496,9 +539,17 @@ class Node:
                 continue
             result = hs.shard.run(request.query, request.bound, request.collect_execution_info)
             if work is not None and result.ok and work.join is not None:
-                result, other_rows, other_shard = self._join_side(request, work.join, result)
-                if other_rows is not None:
-                    joined.append((len(results), hs.shard.base, other_rows, other_shard))
+                joined_defn = self.stores.get(work.join)
+                if joined_defn is not None and joined_defn.is_global:
+                    if broadcast is None:  # read once for all of this request's partitions
+                        broadcast = self._global_rows(request, joined_defn)
+                    result, other_rows, other_shard = _beside(result, broadcast), None, None
+                    if result.ok:
+                        joined.append((len(results), hs.shard.base, None, None))
+                else:
+                    result, other_rows, other_shard = self._join_side(request, work.join, result)
+                    if other_rows is not None:
+                        joined.append((len(results), hs.shard.base, other_rows, other_shard))
             elif work is not None and result.ok:
                 if work.sql is not None:
                     owned.append((len(results), hs.shard.base))
@@ -516,7 +567,8 @@ class Node:
                 if results[i].ok:
                     owned.append((i, store.base))
         if joined:
-            self._join(request, [(results[i], shard, rows, other) for i, shard, rows, other in joined])
+            self._join(request, [(results[i], shard, rows, other) for i, shard, rows, other in joined],
+                       broadcast[0] if isinstance(broadcast, tuple) else None)
         if owned:
             owners_sql(self.duck, request.work.sql, [(results[i], shard) for i, shard in owned],  # type: ignore[union-attr,arg-type]
                        self.scan_cache)
@@ -538,16 +590,42 @@ class Node:
         left.position = left.position.merge(right.position)
         return left, right.batch, hs.shard.base
 
-    def _join(self, request: StateQueryRequest, parts: list[tuple[QueryResult, Any, pa.RecordBatch, Any]]) -> None:
+    def _global_rows(self, request: StateQueryRequest, defn: StoreDefinition) -> tuple[pa.Table, Position] | QueryResult:
+        """Every row of the global store ``defn`` from this node's copies, with their positions,
+        or the first partition's failure; read as ``request`` must read (its bound, a current
+        copy unless any will do)."""
+        query = defn.store_type.full_scan_query()
+        batches: list[pa.RecordBatch] = []
+        position = Position()
+        for p in range(defn.partitions):
+            hs = self.materializer.hosted(defn.name, p)
+            if hs is None or hs.gone or not hs.caught_up or (request.require_active and not hs.restored):
+                return QueryResult.failed(p, FailureReason.STORE_EXCEPTION,
+                                          f"node {self.node_id} does not hold partition {p} of global store "
+                                          f"{defn.name!r} ready to join yet", code="NOT_COLOCATED")
+            r = hs.shard.run(query, request.bound)
+            if not r.ok:
+                return r
+            batches.append(r.batch)
+            position = position.merge(r.position)
+        return pa.Table.from_batches(batches, defn.arrow_schema()), position
+
+    def _join(self, request: StateQueryRequest, parts: list[tuple[QueryResult, Any, pa.RecordBatch | None, Any]],
+              broadcast: pa.Table | None = None) -> None:
         """A co-partitioned join of this node's partitions (each: the left result, its shard,
-        the right rows, their shard). A key lives in one partition of each store, so joining
+        the right rows, their shard), or a join of them with a global store's rows
+        (``broadcast``, read once). A key lives in one partition of each store, so joining
         all of them at once pairs the same rows as joining partition by partition, for one
         DuckDB statement's fixed cost instead of one per partition. As a key lookup in Arrow
         when the planner sent one (federator.owner.keyjoin), else as DuckDB's join. The answer
         rides on the first partition; the others carry no rows."""
         work: OwnerWork = request.work  # type: ignore[assignment]
         try:
-            if work.key_join is not None:
+            if broadcast is not None:
+                batch = self.duck.over(work.sql, {  # type: ignore[arg-type]
+                    LEFT: pa.Table.from_batches([r.batch for r, _, _, _ in parts]),
+                    RIGHT: broadcast})
+            elif work.key_join is not None:
                 query = request.query  # a range comes in key order (and a key is one row)
                 in_key_order = isinstance(query, KeyQuery) or (isinstance(query, RangeQuery) and not query.descending)
                 batch = keyjoin.run(work.key_join, self.duck,
@@ -595,7 +673,8 @@ class Node:
         view["node_id"] = self.node_id
         view["application_id"] = self.config.application_id
         view["stores"] = {
-            name: {"partitions": d.partitions, "topic": d.topic, "type": d.type} for name, d in sorted(self.stores.items())
+            name: {"partitions": d.partitions, "topic": d.topic, "type": d.type, "scope": d.scope}
+            for name, d in sorted(self.stores.items())
         }
         view["local"] = {
             "records_applied": {
@@ -613,11 +692,14 @@ class Node:
             raise KeyError(f"no store {store!r}; GET /v1/metadata lists the stores")
         kb = defn.key.serialize(defn.key.parse(key))
         p = partition_for(kb, defn.partitions)
-        owner = self.view.active_owner(store, p)
+        # a global store's key is answered by whichever node is asked: this one, once it holds it
+        owner = (self.view.get(self.node_id) if self.materializer.hosted(store, p) is not None else None) \
+            if defn.is_global else self.view.active_owner(store, p)
         return {
             "store": store,
             "key": key,
             "partition": p,
+            "scope": defn.scope,
             "active": None if owner is None else {"node_id": owner.node_id, "endpoint": owner.endpoint},
             "standbys": [
                 {"node_id": n.node_id, "endpoint": n.endpoint, "lag": n.lags.get(store, {}).get(p)}
@@ -634,7 +716,7 @@ class Node:
         if self.state != "RUNNING":
             reasons.append(f"state is {self.state}")
         hosted = self.materializer.snapshot()
-        for (store, p), role in sorted(self._roles().items()):
+        for (store, p), role in sorted(self._roles().items()):  # a global store's copies too
             hs = hosted.get((store, p))
             if role != ACTIVE:
                 continue

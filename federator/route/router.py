@@ -1,5 +1,6 @@
 """Partition → node, from the membership view; standbys when stale reads are allowed, or when a
-consistency token asks for no more than a standby already has."""
+consistency token asks for no more than a standby already has. A global store's partitions go
+to no other node: the node asked answers them from its own copies (``local_refusal``)."""
 
 from __future__ import annotations
 
@@ -61,3 +62,15 @@ def targets_for(view: ClusterView, store: str, partition: int, options: ReadOpti
     if owner is not None:
         out.append(Target(owner.node_id, owner.endpoint, True, owner.key_endpoint))
     return out
+
+
+def local_refusal(options: ReadOptions, lag: int | None) -> str | None:
+    """Why this node's own copy of a global store's partition, ``lag`` records behind its
+    changelog (None: not known yet), may not answer a read with ``options``; None when it may.
+    A copy is every node's, as a standby is: ``max_lag`` bounds it when stale reads are
+    allowed. Otherwise the copy must be current, which the copy itself checks (as an active
+    owner does), and a consistency token's offsets are checked by the copy too."""
+    if options.allow_stale and options.max_lag is not None and (lag is None or lag > options.max_lag):
+        behind = "has not seen its changelog's end yet" if lag is None else f"is {lag} records behind"
+        return f"this node's copy {behind}, more than max_lag {options.max_lag}"
+    return None

@@ -59,6 +59,7 @@ def information_schema(name: str, stores: dict[str, StoreDefinition]) -> pa.Tabl
             "table_type": pa.array(["BASE TABLE"] * len(names), pa.string()),
             "store_type": pa.array([stores[n].type for n in names], pa.string()),
             "partitions": pa.array([stores[n].partitions for n in names], pa.int64()),
+            "scope": pa.array([stores[n].scope for n in names], pa.string()),  # global or partitioned
         })
     if name == "columns":
         rows: dict[str, list] = {k: [] for k in ("table_catalog", "table_schema", "table_name", "column_name",

@@ -1,4 +1,5 @@
-"""Joins of co-partitioned stores, run on the nodes that own both shards.
+"""Joins run on the owners: of co-partitioned stores, on the nodes that own both shards; of a
+partitioned store with a global one, on the partitioned store's owners.
 
 Two stores with the same partition count and key format keep a key in the same partition
 number of each (one partitioner over the same key bytes). An equality join on their keys
@@ -6,6 +7,12 @@ therefore only pairs rows of partition p with rows of partition p, and Kafka's r
 gives both partitions p to the same node: each owner can join its own two shards and no row
 crosses the network before the join. The receiver gets the joined rows (filtered, and
 aggregated or cut to a top-k when the statement allows it) and runs the statement over them.
+
+Every node keeps every partition of a global store, so the owner of partition p of the other
+store joins it with all the global store's rows, whatever the ON condition says (Kafka Streams'
+join of a stream with a GlobalKTable): each row of the partitioned store is in one partition,
+so each joined row comes from one owner. An inner join may name the global store first; a LEFT
+JOIN keeps the partitioned store's rows, so that one must come first.
 
 The statement is rewritten over one relation holding the joined columns, named
 ``"<alias>.<column>"``; the owners build that relation from their two shards.
@@ -30,8 +37,8 @@ from federator.owner.work import ROWS
 
 @dataclass
 class CoJoin:
-    left: StoreDefinition
-    right: StoreDefinition
+    left: StoreDefinition  # the store whose owners join: the request's (the first, unless swapped)
+    right: StoreDefinition  # the store read beside it: partition p of it, or all of a global one
     select: exp.Select  # the statement over one table, ``table``, of the joined columns
     table: exp.Table
     schema: pa.Schema  # the joined columns the owners return
@@ -39,6 +46,12 @@ class CoJoin:
     left_keys: exp.Expression | None  # conjuncts over the left store's columns alone (key planning)
     # the join as a lookup in Arrow (federator.owner.keyjoin): (left, right, LEFT JOIN), when exact
     lookup: tuple[Side, Side, bool] | None = None
+    swapped: bool = False  # ``left`` is the statement's second table (a global store comes first)
+
+    @property
+    def broadcast(self) -> bool:
+        """A join with a global store: ``right``'s rows all beside each owner's partitions."""
+        return self.right.is_global
 
 
 def co_join(select: exp.Select, resolve: Callable[[str], StoreDefinition | None], mentioned: set[str],
@@ -58,18 +71,23 @@ def co_join(select: exp.Select, resolve: Callable[[str], StoreDefinition | None]
         return None
     if not all(names_store_schema(t.catalog, t.db) for t in (left_t, right_t)):
         return None
-    left, right = resolve(left_t.name), resolve(right_t.name)
-    if left is None or right is None or not (answers_key_queries(left) and answers_key_queries(right)):
+    first, second = resolve(left_t.name), resolve(right_t.name)
+    if first is None or second is None:
         return None
-    if left.partitions != right.partitions or left.key_format != right.key_format:
+    side_kw = "LEFT" if (join.args.get("side") or "").upper() == "LEFT" else ""
+    mode = join_mode(first, second, bool(side_kw))
+    if mode is None:
         return None
-    aliases = {left_t.alias_or_name.lower(): left, right_t.alias_or_name.lower(): right}
+    swapped = mode == "broadcast, swapped"
+    left, right = (second, first) if swapped else (first, second)
+    aliases = {left_t.alias_or_name.lower(): first, right_t.alias_or_name.lower(): second}
     if len(aliases) != 2:
         return None
-    (la, _), (ra, _) = aliases.items()
+    (fa, _), (sa, _) = aliases.items()
+    la, ra = (sa, fa) if swapped else (fa, sa)  # the owners' store's alias, the other's
     columns = {a: {f.name.lower(): f.name for f in d.arrow_schema()} for a, d in aliases.items()}
     on = join.args["on"]
-    if not any(_keys_equal(c, la, ra, left, right) for c in pushdown.conjuncts(on)):
+    if mode == "co-partitioned" and not any(_keys_equal(c, la, ra, left, right) for c in pushdown.conjuncts(on)):
         return None
     if select.find(exp.Subquery, exp.Exists, exp.Lambda):
         return None
@@ -138,9 +156,10 @@ def co_join(select: exp.Select, resolve: Callable[[str], StoreDefinition | None]
         a, c = name.split(".", 1)
         col.replace(exp.column(c, table=a, quoted=True))
     items_sql = [exp.alias_(exp.column(c, table=a, quoted=True), f"{a}.{c}", quoted=True) for a, c, _ in keep]
-    side_kw = "LEFT" if (join.args.get("side") or "").upper() == "LEFT" else ""
-    join_sql = (exp.select(*items_sql).from_(exp.alias_(exp.to_table(LEFT), la, table=True))
-                .join(exp.alias_(exp.to_table(RIGHT), ra, table=True), on=owner_on, join_type=side_kw or None)
+    # the tables in the statement's order, each the owner's relation for its role
+    (first_rel, second_rel) = (RIGHT, LEFT) if swapped else (LEFT, RIGHT)
+    join_sql = (exp.select(*items_sql).from_(exp.alias_(exp.to_table(first_rel), fa, table=True))
+                .join(exp.alias_(exp.to_table(second_rel), sa, table=True), on=owner_on, join_type=side_kw or None)
                 .sql(dialect="duckdb"))
     schema = pa.schema([f.with_name(f"{a}.{c}") for a, c, f in keep])
 
@@ -151,7 +170,7 @@ def co_join(select: exp.Select, resolve: Callable[[str], StoreDefinition | None]
     lookup = None
     # A lookup is DuckDB's join only when the ON is the key equality alone, each side holds a
     # key once (kv stores; plugin types may not) and equal keys are equal bytes.
-    if (left.type == right.type == "kv" and left.key_format in KEY_FORMATS
+    if (mode == "co-partitioned" and left.type == right.type == "kv" and left.key_format in KEY_FORMATS
             and len(pushdown.conjuncts(on)) == 1):
         sides = []
         for a, t, d in ((la, left_t, left), (ra, right_t, right)):
@@ -165,7 +184,27 @@ def co_join(select: exp.Select, resolve: Callable[[str], StoreDefinition | None]
                 side = Side(d.key_name, kept, filtered.where(pushdown.and_all(conds), copy=False).sql(dialect="duckdb"))
             sides.append(side)
         lookup = (sides[0], sides[1], bool(side_kw))
-    return CoJoin(left, right, rewritten, table, schema, join_sql, pushdown.and_all(left_only), lookup)
+    return CoJoin(left, right, rewritten, table, schema, join_sql, pushdown.and_all(left_only), lookup, swapped)
+
+
+def join_mode(first: StoreDefinition, second: StoreDefinition, left_join: bool) -> str | None:
+    """How the owners can join ``first`` with ``second`` (the statement's order; ``left_join``:
+    a LEFT JOIN): "broadcast" (``second`` is global), "broadcast, swapped" (``first`` is, in
+    an inner join), "co-partitioned" (the same partition count and key format: an equality of
+    their keys is still to be found), or None: the receiver joins them (two global stores,
+    read here anyway; a LEFT JOIN keeping a global store's rows, which many owners would each
+    keep; stores partitioned apart)."""
+    if first.is_global and second.is_global:
+        return None
+    if second.is_global:
+        return "broadcast"
+    if first.is_global:
+        return None if left_join else "broadcast, swapped"
+    if not (answers_key_queries(first) and answers_key_queries(second)):
+        return None
+    if first.partitions != second.partitions or first.key_format != second.key_format:
+        return None
+    return "co-partitioned"
 
 
 def _keys_equal(node: exp.Expression, la: str, ra: str, left: StoreDefinition, right: StoreDefinition) -> bool:

@@ -438,12 +438,15 @@ class SqlEngine:
             via = "; ".join(f"via {n}" for n in ref.notes)
             pushed = ("rows built by the rule" if ref.combine is not None
                       else ref.key_join.describe() if ref.key_join is not None else ref.work.describe())
+            if ref.store.is_global:
+                via = "; ".join(filter(None, [via, "via global store: this node's own copies"]))
             for sq in ref.subqueries:
                 parts = sq.partitions if sq.partitions is not None else range(ref.store.partitions)
                 by_node: dict[str, list[int]] = {}
                 for p in parts:
-                    owner = view.active_owner(ref.store.name, p)
-                    by_node.setdefault(owner.node_id if owner else "(no owner)", []).append(p)
+                    owner = None if ref.store.is_global else view.active_owner(ref.store.name, p)
+                    node_id = self.node.node_id if ref.store.is_global else owner.node_id if owner else "(no owner)"
+                    by_node.setdefault(node_id, []).append(p)
                 for node_id, ps in sorted(by_node.items()):
                     rows["store"].append(ref.store.name)
                     rows["query"].append(repr(sq.query) + (f" {via}" if via else ""))
@@ -510,7 +513,10 @@ def _read_at_known(seen: dict[str, Any], known: Position, plan: QueryPlan, store
         if ref.joined is not None:
             topics[ref.store.name].add(topic_of[ref.joined])
     read: Position = seen["position"]
-    return all(read.get(t, p) == known.get(t, p) for store, p in seen["partitions"] for t in topics[store])
+    # a global store joined on the owners: every partition of it beside each partition read
+    broadcast = [d for d in stores if d.is_global and any(ref.joined == d.name for ref in plan.refs)]
+    return all(read.get(t, p) == known.get(t, p) for store, p in seen["partitions"] for t in topics[store]) and \
+        all(read.get(d.topic, p) == known.get(d.topic, p) for d in broadcast for p in range(d.partitions))
 
 
 _ANSWERS_KEPT = 256  # repeated statements' answers kept at the receiver

@@ -383,8 +383,12 @@ def _plan_co_join(tree: exp.Select, resolve: Resolver, schema_of: Callable[[str,
         return None
     # the user's statement over the two stores first: DuckDB's errors and output names are its own
     original = tree.copy()
-    renamed = unqualified + [(table_span(t), _rename(t, (cj.left if t.name.lower() == tree.args["from_"].this.name.lower()
-                                                         else cj.right).name)) for t in list(original.find_all(exp.Table))]
+    first = tree.args["from_"].this.name.lower()
+
+    def store_of(t: exp.Table) -> StoreDefinition:  # the statement's first table is cj.left unless swapped
+        return cj.left if (t.name.lower() == first) != cj.swapped else cj.right
+
+    renamed = unqualified + [(table_span(t), _rename(t, store_of(t).name)) for t in list(original.find_all(exp.Table))]
     mentioned = pushdown.named(tree)
     answer = schema_of(_user_sql(original, source, renamed),
                        {d.name: _readable(d, mentioned).empty_table() for d in (cj.left, cj.right)})
@@ -398,7 +402,8 @@ def _plan_co_join(tree: exp.Select, resolve: Resolver, schema_of: Callable[[str,
     ref.subqueries = plan_store_queries(cj.left, cj.left_keys, [])
     ref.joined = cj.right.name
     ref.source_schema = cj.schema
-    notes = [f"join of co-partitioned {cj.left.name} and {cj.right.name} on the nodes that own both"]
+    notes = [f"join with global store {cj.right.name} on the owners of {cj.left.name}" if cj.broadcast
+             else f"join of co-partitioned {cj.left.name} and {cj.right.name} on the nodes that own both"]
     ref.notes.append(notes[0])
     sql = select.sql(dialect="duckdb")
     merged = _partial_aggregate(ref, cj.table, select, answer, schema_of, notes)

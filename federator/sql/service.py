@@ -40,7 +40,8 @@ class SqlService:
 
     def stores_info(self) -> list[dict[str, Any]]:
         return [
-            {**d.to_dict(), "columns": [{"name": f.name, "type": sql_type(f.type)} for f in d.arrow_schema()]}
+            {**d.to_dict(), "scope": d.scope,
+             "columns": [{"name": f.name, "type": sql_type(f.type)} for f in d.arrow_schema()]}
             for _, d in sorted(self.stores.items())
         ]
 
@@ -50,6 +51,12 @@ class SqlService:
         view = self.node.view
         parts = []
         for p in range(defn.partitions):
+            if defn.is_global:  # no owner: every node keeps a copy and answers from it
+                parts.append({"partition": p, "active": None, "standbys": [], "copies": [
+                    {"node_id": n.node_id, "endpoint": n.endpoint, "lag": n.lags.get(defn.name, {}).get(p),
+                     "position": n.positions.get(defn.name, {}).get(p)}
+                    for n in view.live() if p in n.global_copies.get(defn.name, ())]})
+                continue
             owner = view.active_owner(defn.name, p)
             parts.append({
                 "partition": p,

@@ -140,10 +140,13 @@ def time_type(df: Any, name: Any, role: str) -> str:
 def shape(
     df: Any, store: str, *, key: Any, value: Any, type: str, partitions: int, topic: str,
     window_start: Any, window_size_ms: Any, session_start: Any, session_end: Any, registry: Registry,
+    global_store: bool = False,
 ) -> Shape:
     """The store a write of ``df``'s columns (a DataFrame, or ``Columns(schema)``) makes; raises
     SinkError naming what does not fit."""
     layout = changelog_layout(registry, type)
+    if not isinstance(global_store, bool):
+        raise SinkError(f"global_store={global_store!r}: pass True (every node keeps every partition) or False")
     if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
         raise SinkError(f"partitions={partitions!r}: pass a positive integer (the changelog topic's partition count)")
     # window/session arguments belong to their store types
@@ -214,7 +217,7 @@ def shape(
         defn = StoreDefinition(
             name=store, type=type, topic=topic, partitions=partitions, key_format=key_format, key_name=key,
             value_format=value_format, value_name=value_name, value_fields=value_fields,
-            window_size_ms=window_size_ms if layout == "window" else None, types=registry,
+            window_size_ms=window_size_ms if layout == "window" else None, is_global=global_store, types=registry,
         )
     except DefinitionError as e:
         raise SinkError(f"{e}; rename the column in the DataFrame (withColumnRenamed) "
@@ -225,12 +228,13 @@ def shape(
 def plan(
     df: Any, store: str, *, key: Any, value: Any, type: str, partitions: int, topic: str,
     window_start: Any, window_size_ms: Any, session_start: Any, session_end: Any, registry: Registry,
+    global_store: bool = False,
 ) -> Plan:
     from pyspark.sql import functions as F
 
     s = shape(df, store, key=key, value=value, type=type, partitions=partitions, topic=topic,
               window_start=window_start, window_size_ms=window_size_ms, session_start=session_start,
-              session_end=session_end, registry=registry)
+              session_end=session_end, registry=registry, global_store=global_store)
     defn, layout, value = s.defn, s.layout, s.value
     col = lambda name: F.col(f"`{name}`")  # noqa: E731  (names may hold dots)
     checks: list[tuple[str, Any]] = []

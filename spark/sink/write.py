@@ -55,6 +55,7 @@ def write_store(
     timeout: float = 120.0,
     registry: Registry | None = None,
     kafka_config: str | None = None,
+    global_store: bool = False,
 ) -> str:
     """Write ``df`` into the store ``store`` and return a consistency token.
 
@@ -65,6 +66,8 @@ def write_store(
     - ``type="window"``: ``window_start`` (timestamp or epoch-ms long column) and
       ``window_size_ms``; ``type="session"``: ``session_start`` and ``session_end`` columns.
     - ``mode="replace"``: keys in the store but not in ``df`` are deleted with tombstones.
+    - ``global_store=True``: a global store (every node keeps all its partitions and answers
+      it without calling another node; a join with it runs on the other store's owners).
 
     The store is registered in the catalog (its topic created) unless it exists with the same
     definition; anything else raises SinkError before a single record is written. A re-run
@@ -89,7 +92,7 @@ def write_store(
         df, store, key=key, value=value, type=type, partitions=partitions,
         topic=changelog_topic(application_id, store) if isinstance(store, str) else "?",
         window_start=window_start, window_size_ms=window_size_ms,
-        session_start=session_start, session_end=session_end, registry=registry,
+        session_start=session_start, session_end=session_end, registry=registry, global_store=global_store,
     )
     catalog = Catalog(bootstrap_servers, application_id, registry)
     # While Spark runs pass 1: read the catalog, and have the driver's producer (catalog record,

@@ -113,6 +113,9 @@ class Materializer:
         shard = self.shards.get((store, partition))
         return None if shard is None else Hosted(shard)
 
+    def wait_moved(self, seen: int, timeout: float) -> int:
+        return 0  # writes here are applied as they are made: nothing to wait for
+
 
 class MemoryNode(Node):
     """A Node with its owner code and none of its Kafka: it hosts ``shards``; ``requests``
@@ -191,7 +194,8 @@ class _Unwatched:
 class MemoryCluster:
     """``node_ids`` share every store's partitions, partition p on ``node_ids[p % n]`` (so
     co-partitioned stores have partition p on one node, as Kafka's range assignor does);
-    ``unowned`` partitions are hosted nowhere. The view says so, as heartbeats would."""
+    ``unowned`` partitions are hosted nowhere. A global store's partitions are on every node
+    (one shard, seen by all). The view says so, as heartbeats would."""
 
     def __init__(self, definitions: list[StoreDefinition], duck: Duck, node_ids: tuple[str, ...] = ("me",),
                  unowned: frozenset[int] = frozenset()) -> None:
@@ -203,7 +207,7 @@ class MemoryCluster:
         self.engines: list[SqlEngine] = []
         for i, node_id in enumerate(node_ids):
             mine = {(s, p): shard for (s, p), shard in self.shards.items()
-                    if p % len(node_ids) == i and p not in unowned}
+                    if self.stores[s].is_global or (p % len(node_ids) == i and p not in unowned)}
             self.nodes[node_id] = MemoryNode(node_id, self.stores, mine, self.view, duck)
         self._beat()
 
@@ -211,10 +215,12 @@ class MemoryCluster:
         """Every node's heartbeat, saying what it hosts, in the view."""
         for node_id, node in self.nodes.items():
             active: dict[str, list[int]] = {}
+            copies: dict[str, list[int]] = {}
             for s, p in sorted(node.materializer.shards):
-                active.setdefault(s, []).append(p)
+                (copies if self.stores[s].is_global else active).setdefault(s, []).append(p)
             self.view.update_local(NodeInfo(node_id, node.endpoint, "RUNNING", active,
-                                            timestamp_ms=int(time.time() * 1000), key_endpoint=node.endpoint))
+                                            timestamp_ms=int(time.time() * 1000), key_endpoint=node.endpoint,
+                                            global_copies=copies))
 
     def move(self, store: str, partition: int, to: str) -> None:
         """A rebalance: the partition's shard goes to node ``to``, and the view says so."""

@@ -106,10 +106,19 @@ class FakeNode:
 
     def __init__(self, world: World, node_id: str = "me") -> None:
         self.node_id, self.world, self.view = node_id, world, world.view
-        self.stores = {"s": type("Defn", (), {"topic": TOPIC, "partitions": 4})()}
+        self.endpoint = f"{node_id}:1"
+        self.stores = {"s": type("Defn", (), {"topic": TOPIC, "partitions": 4, "is_global": False})()}
+        self.lags: dict[int, int | None] = {}  # partition -> its own copy's lag (a global store's)
+        self.waits: list[tuple[str, dict[int, int]]] = []  # wait_applied's calls
 
     def execute(self, req: StateQueryRequest) -> list[QueryResult]:
         return self.world.answer(self.node_id, req)
+
+    def local_lag(self, store: str, partition: int) -> int | None:
+        return self.lags.get(partition, 0)
+
+    def wait_applied(self, store: str, offsets: dict[int, int], deadline: float) -> None:
+        self.waits.append((store, dict(offsets)))
 
 
 class FakeClient:
@@ -435,3 +444,59 @@ def test_calls_to_other_nodes_go_out_before_the_local_part_and_are_abandoned_if_
     with pytest.raises(RuntimeError):
         gather(d, clock, (0, 1, 2, 3))
     assert len(pending) == 1 and pending[0].abandoned
+
+
+# ---- a global store: this node's own copies answer every partition ----------------------------
+def global_store(d: Dispatcher) -> None:
+    d.node.stores["s"].is_global = True
+
+
+def test_a_global_store_is_answered_here_though_the_view_names_other_owners(clock, make) -> None:
+    world = World(info("me"), info("n1", active=[0, 1]), info("n2", active=[2, 3]))
+    d = make(world)
+    global_store(d)
+    out = gather(d, clock, (0, 1, 2, 3))
+    assert served(out) == {0: "me", 1: "me", 2: "me", 3: "me"}
+    assert world.calls == [("me", (0, 1, 2, 3), True)]  # one in-process request, a current copy required
+
+
+def test_a_global_store_with_allow_stale_takes_any_copy_within_max_lag(clock, make) -> None:
+    world = World(info("me"), info("n1", active=[0]))
+    d = make(world)
+    global_store(d)
+    out = gather(d, clock, (0,), allow_stale=True, max_lag=5)
+    assert served(out) == {0: "me"} and world.calls == [("me", (0,), False)]
+
+
+def test_a_global_copy_beyond_max_lag_is_waited_for_and_then_refused_never_sent_elsewhere(clock, make) -> None:
+    world = World(info("me"), info("n1", active=[0], lags={0: 0}))
+    d = make(world)
+    global_store(d)
+    d.node.lags = {0: 50}
+    clock.on_sleep = lambda n: n == 3 and d.node.lags.update({0: 2})  # it catches up meanwhile
+    out = gather(d, clock, (0,), allow_stale=True, max_lag=5)
+    assert served(out) == {0: "me"} and [c[0] for c in world.calls] == ["me"]
+    d.node.lags = {0: 50}
+    clock.on_sleep = lambda n: None
+    with pytest.raises(SqlError) as e:
+        gather(d, clock, (0,), allow_stale=True, max_lag=5)
+    assert e.value.code == "UNAVAILABLE" and "50 records behind, more than max_lag 5" in e.value.message
+    assert [c[0] for c in world.calls] == ["me"]  # n1, within max_lag, was never asked
+
+
+def test_a_token_read_of_a_global_store_waits_for_this_nodes_copies_first(clock, make) -> None:
+    world = World(info("me"))
+    d = make(world)
+    global_store(d)
+    out = gather(d, clock, (0, 2), bound=PositionBound.at(Position({TOPIC: {0: 7, 2: 9}})))
+    assert served(out) == {0: "me", 2: "me"}
+    assert d.node.waits == [("s", {0: 7, 2: 9})]
+    gather(d, clock, (1,))  # no token: nothing to wait for
+    assert len(d.node.waits) == 1
+
+
+def test_a_global_stores_key_is_never_read_from_another_node(clock, make) -> None:
+    world = World(info("me"), info("n1", active=[0]))
+    d = make(world)
+    global_store(d)
+    assert d.read_key("s", 0, b"k", ReadOptions(deadline=clock.now + 1)) is None

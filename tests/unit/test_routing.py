@@ -74,7 +74,7 @@ class FakeNode:
 
     def __init__(self, v: ClusterView) -> None:
         self.view = v
-        self.stores = {"s": type("Defn", (), {"topic": TOPIC})()}
+        self.stores = {"s": type("Defn", (), {"topic": TOPIC, "is_global": False})()}
 
     def execute(self, request):  # nothing is hosted here
         raise AssertionError("no local partitions")

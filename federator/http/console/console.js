@@ -186,7 +186,8 @@ async function showStores(selected) {
   try {
     const {stores} = await getJson("/v1/stores");
     $("store-list").replaceChildren(...stores.map((s) => {
-      const li = el("li", {"data-store": s.name}, s.name);
+      const li = el("li", {"data-store": s.name, "data-scope": s.scope}, s.name,
+                    ...(s.scope === "global" ? [el("span", {class: "scope"}, " global")] : []));
       if (s.name === selected) li.className = "active";
       li.onclick = () => { location.hash = "#stores/" + encodeURIComponent(s.name); };
       return li;
@@ -228,8 +229,10 @@ async function showCluster() {
     const nodes = meta.nodes || [];
     const tables = Object.entries(meta.stores).map(([store, s]) => {
       const cells = [];
-      for (let p = 0; p < s.partitions; p++) cells.push(partitionCell(store, p, nodes));
-      return el("table", {"data-store": store}, el("tr", {}, el("th", {colspan: s.partitions}, `${store} (${s.type}, ${s.topic})`)),
+      const global = s.scope === "global";
+      for (let p = 0; p < s.partitions; p++) cells.push((global ? globalCell : partitionCell)(store, p, nodes));
+      const title = `${store} (${s.type}, ${s.topic}${global ? ", global: every node keeps every partition" : ""})`;
+      return el("table", {"data-store": store, "data-scope": s.scope}, el("tr", {}, el("th", {colspan: s.partitions}, title)),
                 el("tr", {}, ...cells));
     });
     $("cluster-map").replaceChildren(...tables);
@@ -252,6 +255,21 @@ function partitionCell(store, p, nodes) {
   if (restoring) lines.push(`restoring, lag ${active.map(lagOf).join(",")}`);
   for (const n of standbys) lines.push(`standby ${n.node_id} lag ${lagOf(n) ?? "?"}`);
   return el("td", {class: "cell " + kind, "data-partition": p, "data-state": kind}, ...lines.flatMap((l, i) => i ? [el("br"), l] : [l]));
+}
+
+// A global store's partition: no owner, a copy on every node (each answers it alone).
+function globalCell(store, p, nodes) {
+  const has = (list) => (list[store] || []).includes(p);
+  const copies = nodes.filter((n) => has(n.global || {}));
+  const restoring = copies.filter((n) => has(n.restoring || {}));
+  const lagOf = (n) => (n.lags[store] || {})[String(p)];
+  const lagging = copies.filter((n) => (lagOf(n) || 0) > 0);
+  const kind = copies.length === 0 ? "uncovered" : restoring.length ? "restoring" : lagging.length ? "lagging" : "ok";
+  const lines = [`p${p}`, copies.length ? `copies ${copies.map((n) => n.node_id).join(",")}` : "NO COPY"];
+  for (const n of restoring) lines.push(`restoring ${n.node_id} lag ${lagOf(n) ?? "?"}`);
+  for (const n of lagging) if (!restoring.includes(n)) lines.push(`lagging ${n.node_id} lag ${lagOf(n)}`);
+  return el("td", {class: "cell " + kind, "data-partition": p, "data-state": kind},
+            ...lines.flatMap((l, i) => i ? [el("br"), l] : [l]));
 }
 
 // ---- pages -------------------------------------------------------------------------------
