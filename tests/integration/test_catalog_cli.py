@@ -26,6 +26,10 @@ def test_create_list_describe(broker, app_id) -> None:
     r = run(broker, app_id, "store", "create", "scores_per_minute", "--type", "window", "--partitions", "8",
             "--key", "string", "--value", "long", "--window-size-ms", "60000")
     assert r.returncode == 0, r.stderr
+    r = run(broker, app_id, "store", "create", "teams", "--type", "kv", "--partitions", "2", "--key", "string",
+            "--value", "string", "--value-name", "city", "--global")
+    assert r.returncode == 0, r.stderr
+    assert "2 partitions, global (every node keeps every partition)" in r.stdout
 
     adm = kafka.admin(broker.bootstrap_servers)
     assert kafka.topic_partitions(adm, f"{app_id}-word_counts-changelog") == 8
@@ -34,12 +38,15 @@ def test_create_list_describe(broker, app_id) -> None:
     r = run(broker, app_id, "store", "list")
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    assert lines[0].split() == ["NAME", "TYPE", "PARTITIONS", "KEY", "VALUE", "TOPIC"]
-    assert [ln.split()[0] for ln in lines[1:]] == ["player_stats", "scores_per_minute", "word_counts"]
+    assert lines[0].split() == ["NAME", "TYPE", "PARTITIONS", "SCOPE", "KEY", "VALUE", "TOPIC"]
+    assert [ln.split()[:4] for ln in lines[1:]] == [["player_stats", "kv", "8", "partitioned"],
+                                                    ["scores_per_minute", "window", "8", "partitioned"],
+                                                    ["teams", "kv", "2", "global"], ["word_counts", "kv", "8", "partitioned"]]
 
     r = run(broker, app_id, "store", "list", "--json")
     defs = {d["name"]: d for d in map(json.loads, r.stdout.splitlines())}
     assert defs["scores_per_minute"]["window_size_ms"] == 60000
+    assert defs["teams"]["global"] is True and "global" not in defs["word_counts"]
     assert defs["player_stats"]["key"] == {"name": "player", "format": "string"}
     assert [f["name"] for f in defs["player_stats"]["value"]["fields"]] == ["games", "total_score", "best_score", "last_seen"]
 
@@ -49,7 +56,8 @@ def test_create_list_describe(broker, app_id) -> None:
 
     # every other client sees the same catalog
     stores = Catalog(broker.bootstrap_servers, app_id, REGISTRY).load()
-    assert set(stores) == {"word_counts", "player_stats", "scores_per_minute"}
+    assert set(stores) == {"word_counts", "player_stats", "scores_per_minute", "teams"}
+    assert stores["teams"].is_global and not stores["word_counts"].is_global
     assert stores["player_stats"].value_columns == ["games", "total_score", "best_score", "last_seen"]
 
 
