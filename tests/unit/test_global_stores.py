@@ -178,3 +178,22 @@ def test_a_definition_says_global_as_a_boolean() -> None:
     assert plain != StoreDefinition.from_dict({**ORDERS, "global": True}, REGISTRY)
     with pytest.raises(DefinitionError, match="field 'global' must be true or false, got 'yes'"):
         StoreDefinition.from_dict({**REGIONS, "global": "yes"}, REGISTRY)
+
+
+@pytest.mark.parametrize("given, wanted", [(True, True), (False, False), ("yes", None)])
+def test_the_spark_sink_defines_a_global_store_when_asked(given, wanted) -> None:
+    """write_store(global_store=...) and the stream writer's option("global") both build the
+    definition through the sink's shape check (no Spark session needed for it)."""
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    from federator_spark.sink.errors import SinkError
+    from federator_spark.sink.plan import Columns, shape
+
+    columns = Columns(StructType([StructField("team", StringType()), StructField("city", StringType())]))
+    kw = dict(key="team", value=None, type="kv", partitions=2, topic="app-teams-changelog", window_start=None,
+              window_size_ms=None, session_start=None, session_end=None, registry=REGISTRY, global_store=given)
+    if wanted is None:
+        with pytest.raises(SinkError, match="global_store='yes': pass True"):
+            shape(columns, "teams", **kw)
+    else:
+        assert shape(columns, "teams", **kw).defn.is_global is wanted
