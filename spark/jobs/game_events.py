@@ -185,10 +185,11 @@ def write_player_sessions(sessions: Any, mode: str, sink: dict[str, Any]) -> str
 
 
 def write_leaderboard(stats: Any, mode: str, sink: dict[str, Any]) -> str:
-    """Total scores in a ``leaderboard`` store (the leaderboard plugin): its score index
-    answers top-k and a player's rank without scanning every player."""
+    """Total scores in a global ``leaderboard`` store (the leaderboard plugin): every node keeps
+    every player, so the node asked answers top-k and a player's rank from its own score index,
+    with no call to another node."""
     return write_store(stats.select("player", "total_score"), "leaderboard", key="player", value="total_score",
-                       type="leaderboard", mode=mode, **sink)
+                       type="leaderboard", mode=mode, global_store=True, **sink)
 
 
 def run(spark: Any, bootstrap: str, app: str, input_path: str = DEFAULT_INPUT, events: int = 1_000_000,

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+import urllib3
 
 from federator.demo import EXAMPLES, foreign_nodes_message
 from tests.conftest import federator_cmd, free_port, stop_process
@@ -153,6 +154,17 @@ def test_the_demo_runs_the_pipeline_and_answers(demo: Demo) -> None:
              s AS (SELECT t, SUM(gap) OVER (ORDER BY t ROWS UNBOUNDED PRECEDING) AS session FROM e)
         SELECT MIN(t), MAX(t), COUNT(*) FROM s GROUP BY session ORDER BY 1 LIMIT 3""").fetchall()
     assert [list(r) for r in sessions] == P7_SESSIONS
+
+
+def test_the_demos_leaderboard_is_global_and_its_other_stores_partitioned(demo: Demo) -> None:
+    """Every node keeps the whole leaderboard, so the node asked ranks a player alone."""
+    node = re.findall(r"started node\d at http://(\S+),", demo.stdout)[0]
+    r = urllib3.request("POST", f"http://{node}/v1/sql", json={
+        "sql": "SELECT table_name, scope FROM information_schema.tables ORDER BY table_name"}, timeout=30)
+    assert r.status == 200, r.data
+    assert dict(r.json()["rows"]) == {"leaderboard": "global", "player_sessions": "partitioned",
+                                      "player_stats": "partitioned", "scores_per_minute": "partitioned",
+                                      "word_counts": "partitioned"}
 
 
 def test_the_docs_examples_run_against_the_demo(demo: Demo) -> None:
