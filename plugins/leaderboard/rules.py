@@ -109,7 +109,7 @@ def ranking(select: exp.Select, store: StoreDefinition) -> Ranking | None:
     if any(select.args.get(a) for a in ("where", "group", "having", "distinct", "joins")):
         return None
     windows = [w for w in select.find_all(exp.Window) if w.find_ancestor(exp.Select) is select]
-    if not windows or len(windows) != len(list(select.find_all(exp.Window))):
+    if not windows:
         return None
     window = windows[0]
     function = _FUNCTIONS.get(type(window.this))
@@ -340,11 +340,11 @@ def _anchored(node: exp.Expression, select: exp.Select, ranked: Ranking, store: 
     if not isinstance(inner, exp.Select) or len(inner.expressions) != 1 or inner.args.get("where") \
             or inner.args.get("joins") or not isinstance(inner.expressions[0], exp.Column):
         return None
-    source = inner.args.get("from")
+    source = _from(inner)
     cte = _cte(select, source.this.name) if source is not None and isinstance(source.this, exp.Table) else None
     if cte is None:
         return None
-    table = cte.args.get("from")
+    table = _from(cte)
     theirs = ranking(cte, store)
     if table is None or not isinstance(table.this, exp.Table) or table.this.name.lower() != store.name.lower() \
             or theirs is None or theirs.function != ranked.function or theirs.order != ranked.order \
@@ -357,6 +357,10 @@ def _anchored(node: exp.Expression, select: exp.Select, ranked: Ranking, store: 
         return store.key.coerce(literal(named[0])), offset
     except (ValueError, TypeError):
         return None
+
+
+def _from(select: exp.Select) -> exp.From | None:
+    return select.args.get("from_") or select.args.get("from")  # the key sqlglot versions give it
 
 
 def _cte(select: exp.Select, name: str) -> exp.Select | None:
