@@ -29,10 +29,10 @@ class RankQuery(Query):
     counted from are still the players' scores).
 
     A place is ``scores[i]``, with ``keys[i]`` where ties are broken by the key (``tie_key``
-    ``"asc"`` or ``"desc"``). The counts are the answer's schema metadata ``before`` (int64s,
-    packed); with ``dense``, it is ``distinct`` instead: the partition's distinct scores better
-    than the worst place (sortable uint64s, packed), which the receiver merges, as distinct
-    counts do not add up across partitions."""
+    ``"asc"`` or ``"desc"``). The counts follow the rows, one row per place (columns
+    ``__place``, ``__count``; the store's columns null); with ``dense``, the partition's
+    distinct scores better than the worst place instead (``__score``, sortable), which the
+    receiver merges, as distinct counts do not add up across partitions."""
 
     type_name: ClassVar[str] = "RankQuery"
     players: tuple[Any, ...] = ()
@@ -59,10 +59,10 @@ class AroundQuery(Query):
     """The rows ranked near ``score`` (a player's, as the index orders it: a sortable uint64):
     whole score groups, its own and then at
     least ``above`` rows that rank before it and ``below`` that rank after it, each row with
-    its index entry (column ``__entry``). The schema's metadata says how many of the
-    partition's rows rank before the rows returned (``before``), how many after (``after``),
-    and ``player``: ``player``'s sortable score in the same read ("" where the partition
-    does not hold it)."""
+    its index entry (column ``__entry``); then one row (the store's columns null) saying how
+    many of the partition's rows rank before the rows returned (``__before``), how many after
+    (``__after``), and ``player``'s sortable score in the same read (``__score``, null where
+    the partition does not hold it)."""
 
     type_name: ClassVar[str] = "AroundQuery"
     player: Any = None

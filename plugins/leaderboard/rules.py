@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from sortedcontainers import SortedList
 from sqlglot import exp
 
@@ -42,7 +43,7 @@ from federator.query.queries import KeysQuery
 
 from federator_plugins.leaderboard.index import Order, before, key_order, score_of
 from federator_plugins.leaderboard.queries import AroundQuery, RankQuery, TopKQuery
-from federator_plugins.leaderboard.store import AFTER, BEFORE, COUNTS, DISTINCT, ENTRY, PLAYER, sortable_score
+from federator_plugins.leaderboard.store import AFTER, BEFORE, COUNT, ENTRY, PLACE, SCORE, sortable_score
 
 RANK_COLUMN = "__rank"
 ANCHOR_COLUMN = "__anchor_rank"  # the player's rank the rows around it are chosen by
@@ -191,10 +192,10 @@ def _players_plan(named: list[exp.Expression], ranked: Ranking, store: StoreDefi
             query = _rank_query(rows, players, ranked, store)
             if not query.scores:
                 return rows.append_column(RANK_COLUMN, pa.array([], pa.int64()))
-            batches = fetch([SubQuery(query, None)])
-            now = _table(batches, store)
+            now, said = _split(fetch([SubQuery(query, None)]), store)
             if _places(now, store) == _places(rows, store):
-                return now.append_column(RANK_COLUMN, _ranks(batches, query, ranked, store))
+                keys = rows.column(store.key_name).to_pylist()  # the players in the order of query's places
+                return now.append_column(RANK_COLUMN, _ranks(now, said, keys, query, ranked, store))
             rows = now  # a write moved a player between the rounds: count again from its new score
         raise _kept_moving(store)
 
@@ -223,20 +224,22 @@ def _places(rows: pa.Table, store: StoreDefinition) -> dict:
                                                         rows.column(_score_column(store)).to_pylist())}
 
 
-def _ranks(batches: list[pa.RecordBatch], query: RankQuery, ranked: Ranking, store: StoreDefinition) -> pa.Array:
-    """The ranks of ``query``'s places from every partition's answer."""
+def _ranks(rows: pa.Table, said: pa.Table, keys: list, query: RankQuery, ranked: Ranking,
+           store: StoreDefinition) -> pa.Array:
+    """The ranks of ``rows`` (the players ``keys``, at ``query``'s places) from what every
+    partition said beside them."""
     if not ranked.dense:
-        counts = sum((np.frombuffer(b.schema.metadata[COUNTS], np.int64) for b in batches),
-                     np.zeros(len(query.scores), np.int64))
-        return pa.array(counts + 1, pa.int64())
-    better = np.unique(np.concatenate([np.frombuffer(b.schema.metadata[DISTINCT], np.uint64) for b in batches]
-                                      or [np.zeros(0, np.uint64)]))
-    mine = np.array([sortable_score(store, s) for s in query.scores], np.uint64)
-    if ranked.order.descending:
-        n = len(better) - np.searchsorted(better, mine, side="right")
+        mine = np.bincount(said.column(PLACE).drop_null().to_numpy(), said.column(COUNT).drop_null().to_numpy(),
+                           len(query.scores)).astype(np.int64)
     else:
-        n = np.searchsorted(better, mine, side="left")
-    return pa.array(n + 1, pa.int64())
+        better = np.unique(said.column(SCORE).drop_null().to_numpy())
+        places = np.array([sortable_score(store, s) for s in query.scores], np.uint64)
+        if ranked.order.descending:
+            mine = len(better) - np.searchsorted(better, places, side="right")
+        else:
+            mine = np.searchsorted(better, places, side="left")
+    by_player = dict(zip(keys, mine.tolist()))
+    return pa.array([by_player[k] + 1 for k in rows.column(store.key_name).to_pylist()], pa.int64())
 
 
 def _kept_moving(store: StoreDefinition) -> SqlError:
@@ -308,12 +311,12 @@ def _around_plan(select: exp.Select, node: exp.Expression, ranked: Ranking, stor
         for _ in range(TRIES):
             if score is None:
                 return _ranked_rows(_table([], store), [], 0)
-            batches = fetch([SubQuery(AroundQuery(player, score, max(above, 0), max(below, 0),
-                                                  ranked.order.descending), None)])
-            now = next((b.schema.metadata[PLAYER] for b in batches if b.schema.metadata[PLAYER]), b"")
-            if now == str(score).encode():
-                return _around(batches, player, score, ranked, store)
-            score = int(now) if now else None  # a write moved the player between the rounds
+            windows = [_split([b], store, ENTRY) for b in fetch([SubQuery(AroundQuery(
+                player, score, max(above, 0), max(below, 0), ranked.order.descending), None)])]
+            now = next((s for _, said in windows for s in said.column(SCORE).to_pylist() if s is not None), None)
+            if now == score:
+                return _around(windows, player, score, ranked, store)
+            score = now  # a write moved the player between the rounds
         raise _kept_moving(store)
 
     return RulePlan(
@@ -374,7 +377,7 @@ def _cte(select: exp.Select, name: str) -> exp.Select | None:
     return None
 
 
-def _around(batches: list[pa.RecordBatch], player: Any, score: int, ranked: Ranking,
+def _around(answers: list[tuple[pa.Table, pa.Table]], player: Any, score: int, ranked: Ranking,
             store: StoreDefinition) -> pa.Table:
     """The rows of every partition's window that can be in the range, each ranked exactly: a
     row's rank counts, in each partition, the rows before its window and those of its window
@@ -382,13 +385,12 @@ def _around(batches: list[pa.RecordBatch], player: Any, score: int, ranked: Rank
     partition has rows it did not send) ranks further from the player than the range reaches."""
     order, ordered = ranked.order, key_order(store.key_format)
     windows = []
-    for b in batches:
-        entries = SortedList(b.column(ENTRY).to_pylist())
-        meta = b.schema.metadata
+    for rows, said in answers:
+        entries = SortedList(rows.column(ENTRY).to_pylist())
         ends = [score_of(entries[0]), score_of(entries[-1])] if entries else []
         best, worst = (max, min) if order.descending else (min, max)
         ahead_edge, behind_edge = best([*ends, score]), worst([*ends, score])
-        windows.append((entries, int(meta[BEFORE]), int(meta[AFTER]), ahead_edge, behind_edge))
+        windows.append((entries, said.column(BEFORE)[0].as_py(), said.column(AFTER)[0].as_py(), ahead_edge, behind_edge))
 
     def rank(s: int, key: bytes) -> int | None:
         n = 0
@@ -399,8 +401,8 @@ def _around(batches: list[pa.RecordBatch], player: Any, score: int, ranked: Rank
         return n + 1
 
     anchor = rank(score, ordered(store.key.serialize(player)))
-    rows = _table([b.drop_columns([ENTRY]) for b in batches], store)
-    entries = [e for b in batches for e in b.column(ENTRY).to_pylist()]
+    rows = pa.concat_tables([r.drop_columns([ENTRY]) for r, _ in answers]) if answers else _table([], store)
+    entries = [e for r, _ in answers for e in r.column(ENTRY).to_pylist()]
     ranks = [rank(score_of(e), e[8:]) for e in entries]
     keep = [i for i, r in enumerate(ranks) if r is not None]
     return _ranked_rows(rows.take(keep), [ranks[i] for i in keep], anchor or 0)
@@ -438,9 +440,20 @@ def _rebound(node: exp.Expression, parameters: list[exp.Expression]) -> exp.Expr
     return node if index is None else parameters[index]
 
 
+def _split(batches: list[pa.RecordBatch], store: StoreDefinition, *keep: str) -> tuple[pa.Table, pa.Table]:
+    """(the rows, in the store's columns and ``keep``; what the partitions said beside them:
+    the rows whose key is null)."""
+    if not batches:
+        return _table([], store), pa.table({})
+    table = pa.Table.from_batches(batches)
+    held = pc.is_valid(table.column(store.key_name))
+    rows = table.filter(held).select([*store.arrow_schema().names, *keep])
+    return rows.cast(pa.schema([*store.arrow_schema(), *(rows.schema.field(k) for k in keep)])), table.filter(pc.invert(held))
+
+
 def _table(batches: list[pa.RecordBatch], store: StoreDefinition) -> pa.Table:
-    """The batches' rows in the store's schema (their metadata is the queries' own)."""
+    """The batches' rows in the store's schema."""
     schema = store.arrow_schema()
     if not batches:
         return schema.empty_table()
-    return pa.Table.from_batches([b.replace_schema_metadata(None) for b in batches]).combine_chunks().cast(schema)
+    return pa.Table.from_batches(batches).combine_chunks().cast(schema)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import struct
 from typing import Any, Callable, Iterable
 
-import numpy as np
 import pyarrow as pa
 from rocksdict import WriteBatch
 
@@ -32,9 +31,10 @@ from federator_plugins.leaderboard.queries import AroundQuery, RankQuery, TopKQu
 
 INDEX = "by_score"
 ENTRY = "__entry"  # AroundQuery's column: each row's index entry
-# answers' schema metadata: RankQuery's counts (packed int64s) or distinct scores (packed uint64s);
-# AroundQuery's rows beyond its window on either side and the player's score (decimal strings)
-COUNTS, DISTINCT, BEFORE, AFTER, PLAYER = b"counts", b"distinct", b"before", b"after", b"player"
+# what RankQuery and AroundQuery say beside the rows, in rows whose store columns are null
+PLACE, COUNT, SCORE, BEFORE, AFTER = "__place", "__count", "__score", "__before", "__after"
+RANK_FIELDS = [pa.field(PLACE, pa.int64()), pa.field(COUNT, pa.int64()), pa.field(SCORE, pa.uint64())]
+AROUND_FIELDS = [pa.field(BEFORE, pa.int64()), pa.field(AFTER, pa.int64()), pa.field(SCORE, pa.uint64())]
 SCORE_FORMATS = ("long", "int", "double")
 _U64 = struct.Struct(">Q")
 _SIGN = 1 << 63
@@ -83,6 +83,17 @@ def sortable_score(defn: StoreDefinition, score: Any) -> int:
     return score_of(sortable(defn.value_format, defn.value.coerce(score)))
 
 
+def _with_tail(rows: pa.RecordBatch, extra: list[pa.Field], values: dict[str, list]) -> pa.RecordBatch:
+    """``rows`` with the ``extra`` columns (null in them), then rows holding ``values`` in the
+    extra columns and null in the store's: what a partition says beside its rows travels as rows
+    (a call that answers several partitions carries one schema, so not as schema metadata)."""
+    n = len(next(iter(values.values()), []))
+    head = rows.columns + [pa.nulls(rows.num_rows, f.type) for f in extra]
+    tail = [pa.nulls(n, f.type) for f in rows.schema] + [pa.array(values.get(f.name, [None] * n), f.type) for f in extra]
+    return pa.RecordBatch.from_arrays([pa.concat_arrays([h, t]) for h, t in zip(head, tail)],
+                                      schema=pa.schema([*rows.schema, *extra]))
+
+
 def rank(view: ShardView, q: RankQuery) -> pa.RecordBatch:
     defn = view.definition
     order, key_bytes = Order(q.descending, q.tie_key), key_order(defn.key_format)
@@ -92,13 +103,11 @@ def rank(view: ShardView, q: RankQuery) -> pa.RecordBatch:
     with index.lock:
         if q.dense:
             worst = (min if q.descending else max)((s for s, _ in places), default=None)
-            better = [] if worst is None else distinct_better(index.entries, worst, q.descending)
-            meta = {DISTINCT: np.array(better, np.uint64).tobytes()}
+            values = {SCORE: [] if worst is None else distinct_better(index.entries, worst, q.descending)}
         else:
-            counts = [before(index.entries, s, k, order) for s, k in places]
-            meta = {COUNTS: np.array(counts, np.int64).tobytes()}
+            values = {PLACE: list(range(len(places))), COUNT: [before(index.entries, s, k, order) for s, k in places]}
     rows = keys_query(view, KeysQuery(q.players)) if q.players else empty_batch(view.schema)
-    return rows.replace_schema_metadata(meta)
+    return _with_tail(rows, RANK_FIELDS, values)
 
 
 def around_rows(view: ShardView, q: AroundQuery) -> pa.RecordBatch:
@@ -107,10 +116,10 @@ def around_rows(view: ShardView, q: AroundQuery) -> pa.RecordBatch:
     picked, below, above = _entries(view, lambda entries: around(entries, score, q.above, q.below, q.descending),
                                     q.descending)
     stored = view.get(defn.key.serialize(q.player))
-    now = "" if stored is None else str(score_of(sortable(defn.value_format, defn.value.deserialize(stored[8:]))))
+    now = None if stored is None else score_of(sortable(defn.value_format, defn.value.deserialize(stored[8:])))
     rows = _rows(view, picked).append_column(ENTRY, pa.array(picked, pa.binary()))
     ahead, behind = (above, below) if q.descending else (below, above)
-    return rows.replace_schema_metadata({BEFORE: str(ahead), AFTER: str(behind), PLAYER: now})
+    return _with_tail(rows, AROUND_FIELDS, {BEFORE: [ahead], AFTER: [behind], SCORE: [now]})
 
 
 class LeaderboardStoreType(KeyValueStoreType):
