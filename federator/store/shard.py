@@ -60,6 +60,7 @@ class Shard(StoreLayer):
         # state, the one ``_position`` names. (rocksdict snapshots do not cover iterators.)
         self._seq = 0
         self._kept: dict[str, tuple[int, Any]] = {}  # name -> (seq, what a handler derived then)
+        self._memory: Any = None  # what the store type keeps of this shard in memory (StoreType.memory)
         self._closed = False
         self._open()
 
@@ -88,13 +89,15 @@ class Shard(StoreLayer):
         self._source = raw_source.decode() if raw_source else None
         if stored_defn is None:
             meta[_DEFINITION] = self.definition.to_json()
+        self._memory = self.store_type.memory(self._view())
 
     def _wipe_and_open(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
         self._open()
 
     def _view(self) -> ShardView:
-        return ShardView(self.definition, self.schema, self.partition, self.db, self._families, self.kept)
+        return ShardView(self.definition, self.schema, self.partition, self.db, self._families, self.kept,
+                         self._memory)
 
     def kept(self, name: str, build: Callable[[], T]) -> T:
         """``build()``, a handler's derivation of this shard's data (the leaderboard's sorted
@@ -136,8 +139,7 @@ class Shard(StoreLayer):
             return self._seq, self._seq
         wb = WriteBatch(raw_mode=True)
         with self._lock:
-            if records:
-                self.store_type.apply(wb, records, self._view())
+            commit = self.store_type.apply(wb, records, self._view()) if records else None
             position = self._position.with_offset(self.topic, self.partition, last)
             wb.put(_POSITION, json.dumps(position.to_dict()).encode(), self._meta_handle)
             before = self._seq
@@ -145,9 +147,23 @@ class Shard(StoreLayer):
             try:
                 self.db.write(wb)
                 self._position = position
+                if commit is not None:
+                    self._commit(commit)
             finally:
                 self._seq += 1
             return before, self._seq
+
+    def _commit(self, commit: Callable[[], None]) -> None:
+        """Bring the store type's memory to the batch just written; should that fail, build it
+        again from what is written, so it never disagrees with the shard's position."""
+        try:
+            commit()
+        except Exception:
+            log.exception("store %r partition %s: rebuilding its in-memory state after a failed update",
+                          self.definition.name, self.partition)
+            self._memory = None
+            self._memory = self.store_type.memory(self._view())
+            raise
 
     @property
     def source(self) -> str | None:
@@ -185,6 +201,8 @@ class Shard(StoreLayer):
                 self._position = Position()
                 if source is not None:
                     self._source = source
+                self._memory = None  # what the type builds of an empty shard
+                self._memory = self.store_type.memory(self._view())
             finally:
                 self._seq += 1
 
@@ -194,6 +212,7 @@ class Shard(StoreLayer):
         with self._lock:
             self._meta_handle = None
             self._families = {}
+            self._memory = None
             self.db.close()
 
     @property

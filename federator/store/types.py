@@ -9,7 +9,7 @@ never inferred from its name.
 from __future__ import annotations
 
 import copy as _copy
-from typing import TYPE_CHECKING, Callable, ClassVar, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Sequence
 
 import pyarrow as pa
 from rocksdict import WriteBatch
@@ -53,13 +53,22 @@ class StoreType:
     def validate(self, defn: StoreDefinition) -> None:
         """Raise DefinitionError when ``defn`` does not suit this store type."""
 
-    def apply(self, wb: WriteBatch, records: Iterable[ChangelogRecord], shard: ShardView) -> None:
-        """Add a batch of changelog records to ``wb``; the shard writes it with the new position."""
+    def memory(self, shard: ShardView) -> Any:
+        """What this type keeps of a shard in memory beside RocksDB (say, an order-statistics
+        index), built from the shard's data when it opens and when it is emptied, and read by
+        handlers as ``view.memory``; None (the default): nothing."""
+        return None
+
+    def apply(self, wb: WriteBatch, records: Iterable[ChangelogRecord], shard: ShardView) -> Callable[[], None] | None:
+        """Add a batch of changelog records to ``wb``; the shard writes it with the new position.
+        A type that keeps ``memory`` returns the change to it: the shard runs it once ``wb`` is
+        written, inside the same write (no read sees the one without the other)."""
         for r in records:
             if r.value is None:
                 wb.delete(r.key)
             else:
                 wb.put(r.key, stored_value(r))
+        return None
 
     def is_full_scan(self, query: Query) -> bool:
         """Whether ``query`` reads the whole shard in key order (its answer may come from the scan cache)."""

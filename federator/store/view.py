@@ -19,12 +19,13 @@ class ShardView:
     """What store types read and write through: point gets and bounded scans of one shard,
     in its default column family or one the store type declared."""
 
-    __slots__ = ("definition", "schema", "partition", "_db", "_families", "_bounds", "_keep")
+    __slots__ = ("definition", "schema", "partition", "memory", "_db", "_families", "_bounds", "_keep")
 
     def __init__(self, definition: StoreDefinition, schema: pa.Schema, partition: int, db: Rdict,
                  families: dict[str, tuple[Rdict, Any]] | None = None,
-                 keep: Callable[[str, Callable[[], Any]], Any] | None = None) -> None:
+                 keep: Callable[[str, Callable[[], Any]], Any] | None = None, memory: Any = None) -> None:
         self.definition = definition
+        self.memory = memory  # what the store type keeps of the shard in memory (StoreType.memory)
         self.schema = schema
         self.partition = partition
         self._db = db

@@ -1,51 +1,72 @@
-"""The leaderboard's queries: top k of a partition, how many scores beat given ones, and a
-partition's whole index."""
+"""The leaderboard's queries, each answered from a partition's order-statistics index in
+O(log n) (plus the rows returned): the best rows of a partition, how many rows rank before
+given ones, and the rows ranked near a player."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from federator.query.queries import Query
+from federator.query.queries import Query, decode_value, encode_value
 
 
 @dataclass(frozen=True)
 class TopKQuery(Query):
     """The k best rows of a partition by score, plus any rows tied with the k-th (so a
-    tie-breaking ORDER BY at the receiver still sees every candidate)."""
+    tie-breaking ORDER BY at the receiver still sees every candidate); with ``distinct``,
+    every row of the k best scores (what ``DENSE_RANK() <= k`` can keep)."""
 
     type_name: ClassVar[str] = "TopKQuery"
     k: int = 10
     descending: bool = True
+    distinct: bool = False
 
 
 @dataclass(frozen=True)
 class RankQuery(Query):
-    """For each score, how many rows of the partition have a strictly better one.
+    """How many rows of the partition rank before given places, and the rows of ``players``
+    the partition holds, from the same read (so the receiver can tell that the scores it
+    counted from are still the players' scores).
 
-    A player's rank is 1 + the sum over partitions. Only the partition that holds a
-    player knows its score, so the receiver looks the score up first (a KeyQuery)."""
+    A place is ``scores[i]``, with ``keys[i]`` where ties are broken by the key (``tie_key``
+    ``"asc"`` or ``"desc"``). The counts follow the rows, one row per place (columns
+    ``__place``, ``__count``; the store's columns null); with ``dense``, the partition's
+    distinct scores better than the worst place instead (``__score``, sortable), which the
+    receiver merges, as distinct counts do not add up across partitions."""
 
     type_name: ClassVar[str] = "RankQuery"
+    players: tuple[Any, ...] = ()
     scores: tuple[Any, ...] = ()
+    keys: tuple[Any, ...] = ()
     descending: bool = True
+    tie_key: str | None = None
+    dense: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        return {"type": self.type_name, "scores": list(self.scores), "descending": self.descending}
+        return {"type": self.type_name, "players": [encode_value(p) for p in self.players],
+                "scores": list(self.scores), "keys": [encode_value(k) for k in self.keys],
+                "descending": self.descending, "tie_key": self.tie_key, "dense": self.dense}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RankQuery:
-        return cls(tuple(d.get("scores") or ()), bool(d.get("descending", True)))
+        return cls(tuple(decode_value(p) for p in d.get("players") or ()), tuple(d.get("scores") or ()),
+                   tuple(decode_value(k) for k in d.get("keys") or ()), bool(d.get("descending", True)),
+                   d.get("tie_key"), bool(d.get("dense", False)))
 
 
 @dataclass(frozen=True)
-class ScoreIndexQuery(Query):
-    """Every row of the partition in its index's order (score ascending), with each score's
-    sortable form as the uint64 column ``__sortable``; no rows when there are more than
-    ``max_rows`` (the schema's metadata then says how many, as ``too_many``).
+class AroundQuery(Query):
+    """The rows ranked near ``score`` (a player's, as the index orders it: a sortable uint64):
+    whole score groups, its own and then at
+    least ``above`` rows that rank before it and ``below`` that rank after it, each row with
+    its index entry (column ``__entry``); then one row (the store's columns null) saying how
+    many of the partition's rows rank before the rows returned (``__before``), how many after
+    (``__after``), and ``player``'s sortable score in the same read (``__score``, null where
+    the partition does not hold it)."""
 
-    The answer depends on the partition's state alone, so a receiver keeps it while the
-    partition does not move, and ranks any player from it without asking again."""
-
-    type_name: ClassVar[str] = "ScoreIndexQuery"
-    max_rows: int = 50_000
+    type_name: ClassVar[str] = "AroundQuery"
+    player: Any = None
+    score: Any = None
+    above: int = 0
+    below: int = 0
+    descending: bool = True

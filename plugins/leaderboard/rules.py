@@ -1,50 +1,54 @@
-"""SQL shapes the leaderboard answers with its own queries.
+"""SQL shapes the leaderboard answers with its own queries, each answered by the partitions'
+order-statistics indexes (federator_plugins.leaderboard.index) in O(log n).
 
 - ``SELECT ... FROM lb ORDER BY score DESC LIMIT k`` (no WHERE, no GROUP BY): a TopKQuery
   per partition, and the usual ORDER BY + LIMIT over what comes back.
-- A player's rank, asked the standard way (DuckDB and others run it as is):
-  ``SELECT player, score, RANK() OVER (ORDER BY score DESC) AS rank FROM lb QUALIFY player = ?``
-  (``IN (...)`` for several). Where the receiver keeps partition answers, it reads every
-  partition's whole index (ScoreIndexQuery) and ranks from it: while no partition moves
-  it is read once, and every player's rank after that costs no call. Otherwise (answers
-  not kept, or a partition too large to hold) it reads the players' scores, asks every
-  partition how many scores are better (RankQuery), and adds them up.
+- Ranks, ``RANK()``, ``DENSE_RANK()`` or ``ROW_NUMBER() OVER (ORDER BY score DESC|ASC [, player
+  ASC|DESC])`` (ROW_NUMBER only with the key breaking ties: without it DuckDB numbers tied rows
+  in no set order), selected with one of three QUALIFY clauses (DuckDB and others run them as
+  they are):
+  - ``QUALIFY player = ?`` (``IN (...)`` for several): the players' scores (KeysQuery), then
+    every partition counts the rows that rank before them (RankQuery), summed; DENSE_RANK
+    merges the partitions' distinct better scores instead, as distinct counts do not add up.
+  - ``QUALIFY rank <= k`` (``<``, ``=``, ``BETWEEN``; with other filters beside it): each
+    partition's best rows down to rank k (TopKQuery; DENSE_RANK: its k best scores), which
+    hold every row ranked k or better and every row better than those, so DuckDB ranks them
+    exactly: top-k with ties.
+  - the players around one: ``WITH me AS (<that player's rank, QUALIFY player = ?>) SELECT ...
+    QUALIFY rank BETWEEN (SELECT rank FROM me) - a AND (SELECT rank FROM me) + b``: the
+    player's score, then each partition's rows near it (AroundQuery) and how many rank before
+    them, from which every row that can be in the range is ranked exactly.
+
+A rank read in two rounds is of one state: the second round reads the players' rows again
+beside the counts, and is asked again if a write moved a player in between.
 """
 
 from __future__ import annotations
 
-import functools
-import threading
-import time
-import weakref
-from collections import OrderedDict
-from typing import Any, Callable, TypeVar
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
+from sortedcontainers import SortedList
 from sqlglot import exp
 
 from federator.catalog.definition import StoreDefinition
+from federator.errors import SqlError
 from federator.partitioner import partition_for
 from federator.plan.keys import SubQuery
 from federator.plugin.rules import Fetch, RulePlan, SqlRule, is_plain_column, literal, parameter_of
 from federator.query.queries import KeysQuery
 
-from federator_plugins.leaderboard.queries import RankQuery, ScoreIndexQuery, TopKQuery
-from federator_plugins.leaderboard.store import SORTABLE, TOO_MANY
+from federator_plugins.leaderboard.index import Order, before, key_order, score_of
+from federator_plugins.leaderboard.queries import AroundQuery, RankQuery, TopKQuery
+from federator_plugins.leaderboard.store import AFTER, BEFORE, COUNT, ENTRY, PLACE, SCORE, sortable_score
 
-T = TypeVar("T")
 RANK_COLUMN = "__rank"
-INDEX_ROWS = 50_000  # a partition with more rows is ranked by RankQuery: its index costs more to hold
-# index rows read again per rank, on average, above which RankQuery's two rounds cost less
-# (writes moving partitions between ranks, each then read whole): the store is then ranked by
-# them for a while. Counted in rows, not time, so a busy machine does not decide it. On the
-# leaderboard bench (1,250 rows a partition, 10 clients; test_rank_while_the_leaderboard_is_written)
-# 20 writes/s stay under it and rank twice as fast as the two rounds; 200 writes/s go over it
-# and rank as the two rounds do.
-REREAD_ROWS = 500
-MERGED_SCORES = 200_000  # all partitions' scores sorted into one array up to this many
-UNSUITED_SECONDS = 60.0  # how long a store found too large or too slow is ranked by RankQuery before trying again
+ANCHOR_COLUMN = "__anchor_rank"  # the player's rank the rows around it are chosen by
+TRIES = 20  # second rounds asked again because writes kept moving the players in between
+_FUNCTIONS = {exp.Rank: "rank", exp.DenseRank: "dense", exp.RowNumber: "row"}
 
 
 def _score_column(store: StoreDefinition) -> str:
@@ -81,161 +85,340 @@ class TopKRule(SqlRule):
         )
 
 
+@dataclass(frozen=True)
+class Ranking:
+    """The window a statement ranks by: its function ("rank", "dense" or "row") and order."""
+
+    function: str
+    order: Order
+    window: exp.Window
+    alias: str | None  # the select item's name for it
+
+    @property
+    def dense(self) -> bool:
+        return self.function == "dense" and self.order.tie_key is None  # with the key, ranks are row numbers
+
+    def is_rank(self, node: exp.Expression) -> bool:
+        """Whether ``node`` reads the rank: the alias, or the window written out again."""
+        if isinstance(node, exp.Column) and not node.table and self.alias is not None:
+            return node.name.lower() == self.alias.lower()
+        return isinstance(node, exp.Window) and node == self.window
+
+
+def ranking(select: exp.Select, store: StoreDefinition) -> Ranking | None:
+    """The one ranking window ``select`` computes over ``store``, where the rule can answer it."""
+    if any(select.args.get(a) for a in ("where", "group", "having", "distinct", "joins")):
+        return None
+    windows = [w for w in select.find_all(exp.Window) if w.find_ancestor(exp.Select) is select]
+    if not windows:
+        return None
+    window = windows[0]
+    function = _FUNCTIONS.get(type(window.this))
+    order = window.args.get("order")
+    if function is None or window.args.get("partition_by") or window.args.get("spec") or order is None \
+            or any(w != window for w in windows):
+        return None
+    items = order.expressions
+    if not 1 <= len(items) <= 2 or not is_plain_column(items[0].this, _score_column(store)):
+        return None
+    tie_key = None
+    if len(items) == 2:
+        if not is_plain_column(items[1].this, store.key_name) or store.key_format not in ("string", "bytes", "long", "int"):
+            return None
+        tie_key = "desc" if items[1].args.get("desc") else "asc"
+    if function == "row" and tie_key is None:
+        return None  # DuckDB numbers tied rows in no set order: its answer is not one to be equal to
+    alias = None
+    for item in select.expressions:
+        if item is window or item.this is window:
+            alias = item.alias if isinstance(item, exp.Alias) else None
+        elif item.find(exp.Window):
+            return None  # the rank inside a larger expression: leave it to the general path
+    return Ranking(function, Order(bool(items[0].args.get("desc")), tie_key), window, alias)
+
+
 class RankRule(SqlRule):
     name = "leaderboard.rank"
     store_types = ("leaderboard",)
 
-    def __init__(self) -> None:
-        self._unsuited: dict[str, float] = {}  # store -> when its indexes were found too large or too costly
-        self._reread: dict[str, float] = {}  # store -> index rows read again per rank, averaged
-        # what _rows_of and _scores made of kept index batches, by the batches' ids (weakly held)
-        self._made: OrderedDict[tuple, tuple[list[weakref.ref], Any]] = OrderedDict()
-        self._lock = threading.Lock()
-
     def plan(self, select: exp.Select, store: StoreDefinition) -> RulePlan | None:
-        windows = list(select.find_all(exp.Window))
-        if len(windows) != 1 or any(select.args.get(a) for a in ("where", "group", "having", "distinct", "joins")):
-            return None
-        window = windows[0]
-        order = window.args.get("order")
-        if (not isinstance(window.this, exp.Rank) or window.args.get("partition_by") or order is None
-                or len(order.expressions) != 1 or not is_plain_column(order.expressions[0].this, _score_column(store))):
-            return None
-        if window.find_ancestor(exp.Select) is not select or not any(item is window or item.this is window
-                                                                     for item in select.expressions):
-            return None  # RANK() inside a larger expression: leave it to the general path (which refuses it)
+        ranked = ranking(select, store)
         qualify = select.args.get("qualify")
-        named = _players(qualify.this if qualify is not None else None, store)
-        if named is None:
+        if ranked is None or qualify is None:
             return None
-        descending = bool(order.expressions[0].args.get("desc"))
-        remaining = select.copy()
-        remaining.set("qualify", None)
-        for node in list(remaining.find_all(exp.Window)):
-            replacement = exp.column(RANK_COLUMN)
-            if not isinstance(node.parent, exp.Alias):
-                replacement = exp.alias_(replacement, window.sql(dialect="duckdb"), quoted=True)
-            node.replace(replacement)
-        return self._plan_for(named, descending, store, remaining)
+        named = _players(qualify.this, store)
+        if named is not None:
+            if ranked.window.find_ancestor(exp.Qualify) is not None:
+                return None
+            return _players_plan(named, ranked, store, _with_rank_column(select, ranked, drop_qualify=True))
+        k = _rank_bound(qualify.this, ranked)
+        if k is not None:
+            return RulePlan(
+                [SubQuery(TopKQuery(k, ranked.order.descending, ranked.dense), None)],
+                f"each partition's rows down to rank {k} (its {'best scores' if ranked.dense else 'best rows'} "
+                "from its score index), ranked over them all")
+        return _around_plan(select, qualify.this, ranked, store)
 
-    def _plan_for(self, named: list[exp.Expression], descending: bool, store: StoreDefinition,
+
+def _with_rank_column(select: exp.Select, ranked: Ranking, drop_qualify: bool) -> exp.Select:
+    """``select`` reading the rank from the rule's column, not computing it."""
+    remaining = select.copy()
+    if drop_qualify:
+        remaining.set("qualify", None)
+    for node in list(remaining.find_all(exp.Window)):
+        replacement = exp.column(RANK_COLUMN)
+        if not isinstance(node.parent, (exp.Alias, exp.Qualify)) and node.find_ancestor(exp.Qualify) is None:
+            replacement = exp.alias_(replacement, ranked.window.sql(dialect="duckdb"), quoted=True)
+        node.replace(replacement)
+    return remaining
+
+
+# ---- the players' ranks ----------------------------------------------------------------------
+
+def _players_plan(named: list[exp.Expression], ranked: Ranking, store: StoreDefinition,
                   remaining: exp.Select | None) -> RulePlan | None:
-        """The plan that ranks the players ``named`` (literals): for the statement as bound, and
-        again for other values of its parameters (``rebind``), which change nothing else."""
+    """Ranks the players ``named`` (literals): for the statement as bound, and again for other
+    values of its parameters (``rebind``), which change nothing else."""
+    try:
+        players = tuple(dict.fromkeys(store.key.coerce(literal(node)) for node in named))
+    except (ValueError, TypeError):
+        return None
+    by_partition = tuple(sorted({partition_for(store.key.serialize(k), store.partitions) for k in players}))
+    lookups = [SubQuery(KeysQuery(players), by_partition)]
+
+    def combine(fetch: Fetch) -> pa.Table:
+        rows = _table(fetch(lookups), store)
+        for _ in range(TRIES):
+            query = _rank_query(rows, players, ranked, store)
+            if not query.scores:
+                return rows.append_column(RANK_COLUMN, pa.array([], pa.int64()))
+            now, said = _split(fetch([SubQuery(query, None)]), store)
+            if _places(now, store) == _places(rows, store):
+                keys = rows.column(store.key_name).to_pylist()  # the players in the order of query's places
+                return now.append_column(RANK_COLUMN, _ranks(now, said, keys, query, ranked, store))
+            rows = now  # a write moved a player between the rounds: count again from its new score
+        raise _kept_moving(store)
+
+    def rebind(parameters: list[exp.Expression]) -> RulePlan | None:
+        return _players_plan([_rebound(node, parameters) for node in named], ranked, store, None)
+
+    what = "distinct better scores" if ranked.dense else "rows that rank before them"
+    return RulePlan(
+        [*lookups, SubQuery(RankQuery(players, (), (), ranked.order.descending, ranked.order.tie_key,
+                                      ranked.dense), None)],
+        f"read the players' scores, then count the {what} in every partition's score index "
+        "(reading the players again beside the counts)",
+        combine=combine, remaining=remaining, rebind=rebind)
+
+
+def _rank_query(rows: pa.Table, players: tuple, ranked: Ranking, store: StoreDefinition) -> RankQuery:
+    keys = rows.column(store.key_name).to_pylist()
+    scores = rows.column(_score_column(store)).to_pylist()
+    return RankQuery(players, tuple(scores), tuple(keys) if ranked.order.tie_key else (),
+                     ranked.order.descending, ranked.order.tie_key, ranked.dense)
+
+
+def _places(rows: pa.Table, store: StoreDefinition) -> dict:
+    """Each player's score, as the index orders it."""
+    return {k: sortable_score(store, s) for k, s in zip(rows.column(store.key_name).to_pylist(),
+                                                        rows.column(_score_column(store)).to_pylist())}
+
+
+def _ranks(rows: pa.Table, said: pa.Table, keys: list, query: RankQuery, ranked: Ranking,
+           store: StoreDefinition) -> pa.Array:
+    """The ranks of ``rows`` (the players ``keys``, at ``query``'s places) from what every
+    partition said beside them."""
+    if not ranked.dense:
+        mine = np.bincount(said.column(PLACE).drop_null().to_numpy(), said.column(COUNT).drop_null().to_numpy(),
+                           len(query.scores)).astype(np.int64)
+    else:
+        better = np.unique(said.column(SCORE).drop_null().to_numpy())
+        places = np.array([sortable_score(store, s) for s in query.scores], np.uint64)
+        if ranked.order.descending:
+            mine = len(better) - np.searchsorted(better, places, side="right")
+        else:
+            mine = np.searchsorted(better, places, side="left")
+    by_player = dict(zip(keys, mine.tolist()))
+    return pa.array([by_player[k] + 1 for k in rows.column(store.key_name).to_pylist()], pa.int64())
+
+
+def _kept_moving(store: StoreDefinition) -> SqlError:
+    return SqlError("UNAVAILABLE", f"the players' scores in store {store.name!r} changed between every two reads "
+                                   f"of {TRIES}; ask again")
+
+
+# ---- rows down to a rank ---------------------------------------------------------------------
+
+def _rank_bound(node: exp.Expression, ranked: Ranking) -> int | None:
+    """The largest rank a QUALIFY keeps, when one of its conjuncts bounds the rank by a literal
+    and the others read the row alone (no window, subquery or aggregate)."""
+    bound = None
+    for c in _conjuncts(node):
+        k = _upper(c, ranked)
+        if k is not None:
+            bound = k if bound is None else min(bound, k)
+        elif c.find(exp.Subquery, exp.AggFunc, exp.Select) or any(w != ranked.window for w in c.find_all(exp.Window)):
+            return None
+    return bound
+
+
+def _upper(c: exp.Expression, ranked: Ranking) -> int | None:
+    try:
+        if isinstance(c, exp.Between) and ranked.is_rank(c.this):
+            return int(literal(c.args["high"]))
+        for op, flipped, less in ((exp.LTE, exp.GTE, 0), (exp.LT, exp.GT, 1), (exp.EQ, exp.EQ, 0)):
+            if isinstance(c, op) and ranked.is_rank(c.this):
+                return int(literal(c.expression)) - less
+            if isinstance(c, flipped) and ranked.is_rank(c.expression):
+                return int(literal(c.this)) - less
+    except (ValueError, TypeError):
+        return None
+    return None
+
+
+def _conjuncts(node: exp.Expression) -> list[exp.Expression]:
+    if isinstance(node, exp.Paren):
+        return _conjuncts(node.this)
+    if isinstance(node, exp.And):
+        return _conjuncts(node.this) + _conjuncts(node.expression)
+    return [node]
+
+
+# ---- the players around one ------------------------------------------------------------------
+
+def _around_plan(select: exp.Select, node: exp.Expression, ranked: Ranking, store: StoreDefinition) -> RulePlan | None:
+    """QUALIFY rank BETWEEN (SELECT rank FROM me) - a AND (SELECT rank FROM me) + b, where ``me``
+    is a CTE ranking one player the same way over the same store."""
+    if ranked.dense or len(_conjuncts(node)) != 1 or not isinstance(node, exp.Between) or not ranked.is_rank(node.this):
+        return None
+    low, high = _anchored(node.args["low"], select, ranked, store), _anchored(node.args["high"], select, ranked, store)
+    if low is None or high is None or low[0] != high[0]:
+        return None
+    player, above, below = low[0], -low[1], high[1]
+    owner = (partition_for(store.key.serialize(player), store.partitions),)
+    remaining = _with_rank_column(select, ranked, drop_qualify=False)
+    condition = remaining.args["qualify"]
+    for subquery in list(condition.find_all(exp.Subquery)):
+        subquery.replace(exp.column(ANCHOR_COLUMN))  # the player's rank as this read ranked it
+    for column in [c for c in condition.find_all(exp.Column) if ranked.is_rank(c)]:
+        column.replace(exp.column(RANK_COLUMN))
+    remaining.set("where", exp.Where(this=remaining.args["qualify"].this))
+    remaining.set("qualify", None)
+
+    def combine(fetch: Fetch) -> pa.Table:
+        found = _table(fetch([SubQuery(KeysQuery((player,)), owner)]), store)
+        score = sortable_score(store, found.column(_score_column(store))[0].as_py()) if found.num_rows else None
+        for _ in range(TRIES):
+            if score is None:
+                return _ranked_rows(_table([], store), [], 0)
+            windows = [_split([b], store, ENTRY) for b in fetch([SubQuery(AroundQuery(
+                player, score, max(above, 0), max(below, 0), ranked.order.descending), None)])]
+            now = next((s for _, said in windows for s in said.column(SCORE).to_pylist() if s is not None), None)
+            if now == score:
+                return _around(windows, player, score, ranked, store)
+            score = now  # a write moved the player between the rounds
+        raise _kept_moving(store)
+
+    return RulePlan(
+        [SubQuery(KeysQuery((player,)), owner), SubQuery(AroundQuery(player, None, above, below,
+                                                                     ranked.order.descending), None)],
+        f"read the player's score, then each partition's rows near it and how many rank before them "
+        "(reading the player again beside them), ranked at the receiver",
+        combine=combine, remaining=remaining)
+
+
+def _anchored(node: exp.Expression, select: exp.Select, ranked: Ranking, store: StoreDefinition) -> tuple[Any, int] | None:
+    """(player, offset) for ``(SELECT rank FROM me) [+|- literal]`` with ``me`` a CTE that ranks
+    that one player the way ``ranked`` does."""
+    offset = 0
+    if isinstance(node, (exp.Add, exp.Sub)) and isinstance(node.this, exp.Subquery):
         try:
-            players = list(dict.fromkeys(store.key.coerce(literal(node)) for node in named))
+            offset = int(literal(node.expression)) * (1 if isinstance(node, exp.Add) else -1)
         except (ValueError, TypeError):
             return None
-        by_partition = sorted({partition_for(store.key.serialize(k), store.partitions) for k in players})
-        lookups = [SubQuery(KeysQuery(tuple(players)), tuple(by_partition))]
-
-        def combine(fetch: Fetch) -> pa.Table:
-            if fetch.keeps and time.monotonic() - self._unsuited.get(store.name, -1e9) > UNSUITED_SECONDS:
-                indexes = fetch([SubQuery(ScoreIndexQuery(INDEX_ROWS), None)], keep=True)
-                if not any(TOO_MANY in (b.schema.metadata or {}) for b in indexes):
-                    self._count_reread(store.name, fetch.refreshed_rows)  # this once, it has them anyway
-                    return self._ranked(indexes, players, descending, store)
-                self._unsuited[store.name] = time.monotonic()
-            rows = _concat(fetch(lookups), store)
-            scores = rows.column(_score_column(store)).to_pylist()
-            better = [0] * len(scores)
-            if scores:
-                for batch in fetch([SubQuery(RankQuery(tuple(scores), descending), None)]):
-                    for i, n in zip(batch.column("i").to_pylist(), batch.column("better").to_pylist()):
-                        better[i] += n
-            return rows.append_column(RANK_COLUMN, pa.array([b + 1 for b in better], pa.int64()))
-
-        def rebind(parameters: list[exp.Expression]) -> RulePlan | None:
-            return self._plan_for([_rebound(node, parameters) for node in named], descending, store, None)
-
-        direction = "better" if descending else "lower"
-        return RulePlan(
-            [SubQuery(ScoreIndexQuery(INDEX_ROWS), None), *lookups, SubQuery(RankQuery((), descending), None)],
-            "read every partition's whole index, kept while it does not move, and rank from it; where "
-            f"answers are not kept: read the players' scores, then count the {direction} scores in every "
-            "partition's index and sum",
-            combine=combine,
-            remaining=remaining,
-            rebind=rebind,
-        )
-
-    def _count_reread(self, store: str, refreshed_rows: int) -> None:
-        """Average the index rows ranks read again because writes moved their partitions, and
-        give the store to RankQuery for a while when that is too many."""
-        # over about the last fifty ranks: ranks running at once each read a moved partition
-        # again, so one write shows as a burst that a shorter average would take for many
-        average = 0.98 * self._reread.get(store, 0.0) + 0.02 * refreshed_rows
-        if average > REREAD_ROWS:
-            self._unsuited[store] = time.monotonic()
-            self._reread.pop(store, None)  # counted afresh when the indexes are tried again
-        else:
-            self._reread[store] = average
-
-    def _ranked(self, indexes: list[pa.RecordBatch], players: list, descending: bool,
-                store: StoreDefinition) -> pa.Table:
-        """The players' rows with their ranks, from every partition's whole index."""
-        found: list[pa.RecordBatch] = []
-        for player in players:
-            for batch in indexes:
-                row = self._rows_of(batch, store).get(player)
-                if row is not None:
-                    found.append(batch.slice(row, 1))
-                    break
-        schema = store.arrow_schema()
-        if not found:
-            return _concat([], store).append_column(RANK_COLUMN, pa.array([], pa.int64()))
-        rows = found[0] if len(found) == 1 else pa.Table.from_batches(found).combine_chunks().to_batches()[0]
-        wanted = rows.column(SORTABLE).to_numpy()
-        better = np.zeros(len(wanted), dtype=np.int64)
-        for scores in self._scores(indexes):  # each ascending
-            if descending:  # rows with a higher score
-                better += len(scores) - np.searchsorted(scores, wanted, side="right")
-            else:  # rows with a lower one
-                better += np.searchsorted(scores, wanted, side="left")
-        columns = [rows.column(f.name) for f in schema]
-        if not all(c.type == f.type for c, f in zip(columns, schema)):
-            columns = [c.cast(f.type) for c, f in zip(columns, schema)]
-        return pa.Table.from_arrays([*columns, pa.array(better + 1, pa.int64())],
-                                    schema=_ranked_schema(schema))
-
-    def _rows_of(self, batch: pa.RecordBatch, store: StoreDefinition) -> dict:
-        """key -> row of one partition's index, made once per batch the receiver keeps (a
-        write makes only its partition's again)."""
-        return self._memo(("rows", id(batch)), [batch], lambda: {
-            k: i for i, k in enumerate(batch.column(store.key_name).to_pylist())})
-
-    def _scores(self, indexes: list[pa.RecordBatch]) -> list[np.ndarray]:
-        """The partitions' sorted scores: merged into one array, made once per set of kept
-        batches, where that is small enough to sort again after a write (a rank is then one
-        binary search, not one per partition)."""
-        if sum(b.num_rows for b in indexes) > MERGED_SCORES:
-            return [b.column(SORTABLE).to_numpy() for b in indexes]
-        return self._memo(("scores", *map(id, indexes)), indexes, lambda: [
-            np.sort(np.concatenate([b.column(SORTABLE).to_numpy() for b in indexes]))])
-
-    def _memo(self, key: tuple, batches: list[pa.RecordBatch], make: Callable[[], T]) -> T:
-        """``make()``, kept while every one of ``batches`` lives: the receiver's kept answers
-        hold them, so what is made of them goes when they do, and the memory it takes stays
-        within theirs."""
-        with self._lock:
-            kept = self._made.get(key)
-            if kept is not None and all(ref() is b for ref, b in zip(kept[0], batches)):
-                self._made.move_to_end(key)
-                return kept[1]
-        made = make()
-        # ids are reused once an object is gone: an entry goes with the first of its batches
-        refs = [weakref.ref(b, lambda _, key=key: self._made.pop(key, None)) for b in batches]
-        with self._lock:
-            self._made[key] = (refs, made)
-            while len(self._made) > 1024:
-                self._made.popitem(last=False)
-        return made
+        node = node.this
+    if isinstance(node, exp.Paren):
+        node = node.this
+    inner = node.this if isinstance(node, exp.Subquery) else None
+    if not isinstance(inner, exp.Select) or len(inner.expressions) != 1 or inner.args.get("where") \
+            or inner.args.get("joins") or not isinstance(inner.expressions[0], exp.Column):
+        return None
+    source = _from(inner)
+    cte = _cte(select, source.this.name) if source is not None and isinstance(source.this, exp.Table) else None
+    if cte is None:
+        return None
+    table = _from(cte)
+    theirs = ranking(cte, store)
+    if table is None or not isinstance(table.this, exp.Table) or table.this.name.lower() != store.name.lower() \
+            or theirs is None or theirs.function != ranked.function or theirs.order != ranked.order \
+            or theirs.alias is None or theirs.alias.lower() != inner.expressions[0].name.lower():
+        return None
+    named = _players(cte.args["qualify"].this, store) if cte.args.get("qualify") else None
+    if named is None or len(named) != 1:
+        return None
+    try:
+        return store.key.coerce(literal(named[0])), offset
+    except (ValueError, TypeError):
+        return None
 
 
-@functools.lru_cache(maxsize=64)
-def _ranked_schema(schema: pa.Schema) -> pa.Schema:
-    return schema.append(pa.field(RANK_COLUMN, pa.int64()))
+def _from(select: exp.Select) -> exp.From | None:
+    return select.args.get("from_") or select.args.get("from")  # the key sqlglot versions give it
 
+
+def _cte(select: exp.Select, name: str) -> exp.Select | None:
+    node: exp.Expression | None = select
+    while node is not None:
+        with_ = node.args.get("with") or node.args.get("with_")
+        for cte in (with_.expressions if with_ is not None else []):
+            if cte.alias.lower() == name.lower() and isinstance(cte.this, exp.Select):
+                return cte.this
+        node = node.parent
+    return None
+
+
+def _around(answers: list[tuple[pa.Table, pa.Table]], player: Any, score: int, ranked: Ranking,
+            store: StoreDefinition) -> pa.Table:
+    """The rows of every partition's window that can be in the range, each ranked exactly: a
+    row's rank counts, in each partition, the rows before its window and those of its window
+    that rank before the row. A row beyond some partition's window (on a side where that
+    partition has rows it did not send) ranks further from the player than the range reaches."""
+    order, ordered = ranked.order, key_order(store.key_format)
+    windows = []
+    for rows, said in answers:
+        entries = SortedList(rows.column(ENTRY).to_pylist())
+        ends = [score_of(entries[0]), score_of(entries[-1])] if entries else []
+        best, worst = (max, min) if order.descending else (min, max)
+        ahead_edge, behind_edge = best([*ends, score]), worst([*ends, score])
+        windows.append((entries, said.column(BEFORE)[0].as_py(), said.column(AFTER)[0].as_py(), ahead_edge, behind_edge))
+
+    def rank(s: int, key: bytes) -> int | None:
+        n = 0
+        for entries, ahead, behind, ahead_edge, behind_edge in windows:
+            if ahead and _beats(s, ahead_edge, order) or behind and _beats(behind_edge, s, order):
+                return None
+            n += ahead + before(entries, s, key, order)
+        return n + 1
+
+    anchor = rank(score, ordered(store.key.serialize(player)))
+    rows = pa.concat_tables([r.drop_columns([ENTRY]) for r, _ in answers]) if answers else _table([], store)
+    entries = [e for r, _ in answers for e in r.column(ENTRY).to_pylist()]
+    ranks = [rank(score_of(e), e[8:]) for e in entries]
+    keep = [i for i, r in enumerate(ranks) if r is not None]
+    return _ranked_rows(rows.take(keep), [ranks[i] for i in keep], anchor or 0)
+
+
+def _beats(a: int, b: int, order: Order) -> bool:
+    """Whether score ``a`` ranks strictly before score ``b``."""
+    return a > b if order.descending else a < b
+
+
+def _ranked_rows(rows: pa.Table, ranks: list, anchor: int) -> pa.Table:
+    return rows.append_column(RANK_COLUMN, pa.array(ranks, pa.int64())).append_column(
+        ANCHOR_COLUMN, pa.array([anchor] * len(ranks), pa.int64()))
+
+
+# ---- shared ----------------------------------------------------------------------------------
 
 def _players(node: exp.Expression | None, store: StoreDefinition) -> list[exp.Expression] | None:
     """The values a QUALIFY clause names for the key (key = v, or key IN (...)); None for any
@@ -257,8 +440,20 @@ def _rebound(node: exp.Expression, parameters: list[exp.Expression]) -> exp.Expr
     return node if index is None else parameters[index]
 
 
-def _concat(batches: list[pa.RecordBatch], store: StoreDefinition) -> pa.Table:
+def _split(batches: list[pa.RecordBatch], store: StoreDefinition, *keep: str) -> tuple[pa.Table, pa.Table]:
+    """(the rows, in the store's columns and ``keep``; what the partitions said beside them:
+    the rows whose key is null)."""
     if not batches:
-        return store.arrow_schema().empty_table()
-    return pa.Table.from_batches(batches).combine_chunks()
+        return _table([], store), pa.table({})
+    table = pa.Table.from_batches(batches)
+    held = pc.is_valid(table.column(store.key_name))
+    rows = table.filter(held).select([*store.arrow_schema().names, *keep])
+    return rows.cast(pa.schema([*store.arrow_schema(), *(rows.schema.field(k) for k in keep)])), table.filter(pc.invert(held))
 
+
+def _table(batches: list[pa.RecordBatch], store: StoreDefinition) -> pa.Table:
+    """The batches' rows in the store's schema."""
+    schema = store.arrow_schema()
+    if not batches:
+        return schema.empty_table()
+    return pa.Table.from_batches(batches).combine_chunks().cast(schema)

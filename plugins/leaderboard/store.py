@@ -3,30 +3,38 @@
 Data lives in the default column family exactly as in a kv store (so key lookups and
 scans are the kv handlers); the index lives in the ``by_score`` column family as
 ``sortable(score) + key`` → empty, written in the same atomic batch as the data and
-the shard's position, so the two can never disagree.
+the shard's position, so the two can never disagree. In memory each shard keeps the same
+index as an order-statistics structure (federator_plugins.leaderboard.index), read from
+``by_score`` when the shard opens and changed by the same write as the data, from which
+top-k, ranks and the rows around a player are answered in O(log n).
 """
 
 from __future__ import annotations
 
 import struct
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
-import numpy as np
 import pyarrow as pa
 from rocksdict import WriteBatch
 
 from federator.catalog.definition import DefinitionError, StoreDefinition
 from federator.store.arrow import build_batch, empty_batch
-from federator.store.kv import KeyValueStoreType
+from federator.query.queries import KeysQuery
+from federator.store.kv import KeyValueStoreType, keys_query
 from federator.store.record import ChangelogRecord
 from federator.store.view import ShardView
 from federator.store.types import stored_value
 
-from federator_plugins.leaderboard.queries import RankQuery, ScoreIndexQuery, TopKQuery
+from federator_plugins.leaderboard.index import (Order, ScoreIndex, around, before, distinct_better, key_order,
+                                                 score_of, top)
+from federator_plugins.leaderboard.queries import AroundQuery, RankQuery, TopKQuery
 
 INDEX = "by_score"
-SORTABLE = "__sortable"  # ScoreIndexQuery's column: each row's score as the index orders it
-TOO_MANY = b"too_many"  # ScoreIndexQuery's schema metadata when the partition has more rows than asked
+ENTRY = "__entry"  # AroundQuery's column: each row's index entry
+# what RankQuery and AroundQuery say beside the rows, in rows whose store columns are null
+PLACE, COUNT, SCORE, BEFORE, AFTER = "__place", "__count", "__score", "__before", "__after"
+RANK_FIELDS = [pa.field(PLACE, pa.int64()), pa.field(COUNT, pa.int64()), pa.field(SCORE, pa.uint64())]
+AROUND_FIELDS = [pa.field(BEFORE, pa.int64()), pa.field(AFTER, pa.int64()), pa.field(SCORE, pa.uint64())]
 SCORE_FORMATS = ("long", "int", "double")
 _U64 = struct.Struct(">Q")
 _SIGN = 1 << 63
@@ -41,82 +49,83 @@ def sortable(fmt: str, score: Any) -> bytes:
     return _U64.pack(int(score) + _SIGN)
 
 
-def top_k(view: ShardView, q: TopKQuery) -> pa.RecordBatch:
-    keys: list[bytes] = []
-    stored: list[bytes] = []
-    last: bytes | None = None
-    if q.k > 0:
-        for entry, _ in view.scan(reverse=q.descending, family=INDEX):
-            prefix = entry[:8]
-            if len(keys) >= q.k and prefix != last:
-                break
-            value = view.get(entry[8:])
-            if value is None:  # cannot happen while data and index are written together
-                continue
-            keys.append(entry[8:])
-            stored.append(value)
-            last = prefix
+def _index(view: ShardView) -> ScoreIndex:
+    return view.memory
+
+
+def _rows(view: ShardView, entries: list[bytes]) -> pa.RecordBatch:
+    """The rows of index entries, in their order (read in the same consistent read)."""
+    order = key_order(view.definition.key_format)
+    keys = [order(e[8:]) for e in entries]
+    stored = [view.get(k) for k in keys]
     if not keys:
         return empty_batch(view.schema)
-    return build_batch(view.schema, view.definition, keys, stored)
+    return build_batch(view.schema, view.definition, keys, stored)  # type: ignore[arg-type]
 
 
-RANK_SCHEMA = pa.schema([pa.field("i", pa.int64()), pa.field("better", pa.int64())])  # i: index into scores
+def _entries(view: ShardView, span: Callable[[Any], tuple[int, int]], descending: bool) -> tuple[list[bytes], int, int]:
+    """The entries of the span ``span(entries)`` picks, best first, with how many entries lie
+    below it (lower scores) and above it."""
+    index = _index(view)
+    with index.lock:
+        lo, hi = span(index.entries)
+        picked = list(index.entries.islice(lo, hi, reverse=descending))
+        return picked, lo, len(index.entries) - hi
 
 
-def sorted_scores(view: ShardView) -> np.ndarray:
-    """Every index entry's sortable score as a uint64, ascending (the index's own order), kept
-    by the shard until its next write: a rank is then a binary search, not a walk over every
-    better entry (which cost a rank query milliseconds per partition in Python)."""
-    def build() -> np.ndarray:
-        prefixes = b"".join(entry[:8] for entry, _ in view.scan(family=INDEX, fill_cache=False))
-        return np.frombuffer(prefixes, dtype=">u8").astype(np.uint64)
-    return view.kept("leaderboard.sorted_scores", build)
+def top_k(view: ShardView, q: TopKQuery) -> pa.RecordBatch:
+    picked, _, _ = _entries(view, lambda entries: top(entries, q.k, q.descending, q.distinct), q.descending)
+    return _rows(view, picked)
+
+
+def sortable_score(defn: StoreDefinition, score: Any) -> int:
+    """A score as the index orders it (a uint64)."""
+    return score_of(sortable(defn.value_format, defn.value.coerce(score)))
+
+
+def _with_tail(rows: pa.RecordBatch, extra: list[pa.Field], values: dict[str, list]) -> pa.RecordBatch:
+    """``rows`` with the ``extra`` columns (null in them), then rows holding ``values`` in the
+    extra columns and null in the store's: what a partition says beside its rows travels as rows
+    (a call that answers several partitions carries one schema, so not as schema metadata)."""
+    n = len(next(iter(values.values()), []))
+    head = rows.columns + [pa.nulls(rows.num_rows, f.type) for f in extra]
+    tail = [pa.nulls(n, f.type) for f in rows.schema] + [pa.array(values.get(f.name, [None] * n), f.type) for f in extra]
+    return pa.RecordBatch.from_arrays([pa.concat_arrays([h, t]) for h, t in zip(head, tail)],
+                                      schema=pa.schema([*rows.schema, *extra]))
 
 
 def rank(view: ShardView, q: RankQuery) -> pa.RecordBatch:
-    fmt = view.definition.value_format
-    scores = sorted_scores(view)
-    better = []
-    for score in q.scores:
-        value = np.uint64(_U64.unpack(sortable(fmt, view.definition.value.coerce(score)))[0])
-        if q.descending:  # entries with a higher score
-            n = len(scores) - int(np.searchsorted(scores, value, side="right"))
-        else:  # entries with a lower one
-            n = int(np.searchsorted(scores, value, side="left"))
-        better.append(n)
-    return pa.RecordBatch.from_arrays(
-        [pa.array(range(len(better)), pa.int64()), pa.array(better, pa.int64())], schema=RANK_SCHEMA
-    )
+    defn = view.definition
+    order, key_bytes = Order(q.descending, q.tie_key), key_order(defn.key_format)
+    places = [(sortable_score(defn, s), key_bytes(defn.key.serialize(k)) if q.tie_key else b"")
+              for s, k in zip(q.scores, q.keys or [None] * len(q.scores))]
+    index = _index(view)
+    with index.lock:
+        if q.dense:
+            worst = (min if q.descending else max)((s for s, _ in places), default=None)
+            values = {SCORE: [] if worst is None else distinct_better(index.entries, worst, q.descending)}
+        else:
+            values = {PLACE: list(range(len(places))), COUNT: [before(index.entries, s, k, order) for s, k in places]}
+    rows = keys_query(view, KeysQuery(q.players)) if q.players else empty_batch(view.schema)
+    return _with_tail(rows, RANK_FIELDS, values)
 
 
-def score_index(view: ShardView, q: ScoreIndexQuery) -> pa.RecordBatch:
-    count = len(sorted_scores(view))
-    if count > q.max_rows:
-        schema = view.schema.append(pa.field(SORTABLE, pa.uint64())).with_metadata({TOO_MANY: str(count).encode()})
-        return pa.RecordBatch.from_pylist([], schema=schema)
-
-    def build() -> pa.RecordBatch:
-        keys: list[bytes] = []
-        stored: list[bytes] = []
-        prefixes: list[bytes] = []
-        for entry, _ in view.scan(family=INDEX, fill_cache=False):
-            value = view.get(entry[8:])
-            if value is None:  # cannot happen while data and index are written together
-                continue
-            prefixes.append(entry[:8])
-            keys.append(entry[8:])
-            stored.append(value)
-        rows = build_batch(view.schema, view.definition, keys, stored) if keys else empty_batch(view.schema)
-        sortables = np.frombuffer(b"".join(prefixes), dtype=">u8").astype(np.uint64)
-        return rows.append_column(SORTABLE, pa.array(sortables, pa.uint64()))
-    return view.kept("leaderboard.score_index", build)
+def around_rows(view: ShardView, q: AroundQuery) -> pa.RecordBatch:
+    defn = view.definition
+    score = int(q.score)
+    picked, below, above = _entries(view, lambda entries: around(entries, score, q.above, q.below, q.descending),
+                                    q.descending)
+    stored = view.get(defn.key.serialize(q.player))
+    now = None if stored is None else score_of(sortable(defn.value_format, defn.value.deserialize(stored[8:])))
+    rows = _rows(view, picked).append_column(ENTRY, pa.array(picked, pa.binary()))
+    ahead, behind = (above, below) if q.descending else (below, above)
+    return _with_tail(rows, AROUND_FIELDS, {BEFORE: [ahead], AFTER: [behind], SCORE: [now]})
 
 
 class LeaderboardStoreType(KeyValueStoreType):
     name = "leaderboard"
     column_families = (INDEX,)
-    handlers = {**KeyValueStoreType.handlers, TopKQuery: top_k, RankQuery: rank, ScoreIndexQuery: score_index}
+    handlers = {**KeyValueStoreType.handlers, TopKQuery: top_k, RankQuery: rank, AroundQuery: around_rows}
 
     def validate(self, defn: StoreDefinition) -> None:
         if defn.value_format not in SCORE_FORMATS:
@@ -125,23 +134,36 @@ class LeaderboardStoreType(KeyValueStoreType):
                 f"{', '.join(SCORE_FORMATS)}, got {defn.value_format!r}"
             )
 
-    def apply(self, wb: WriteBatch, records: Iterable[ChangelogRecord], shard: ShardView) -> None:
+    def memory(self, shard: ShardView) -> ScoreIndex:
+        """The order-statistics index, read from the by_score column family."""
+        order = key_order(shard.definition.key_format)
+        return ScoreIndex(e[:8] + order(e[8:]) for e, _ in shard.scan(family=INDEX, fill_cache=False))
+
+    def apply(self, wb: WriteBatch, records: Iterable[ChangelogRecord], shard: ShardView) -> Callable[[], None]:
         defn = shard.definition
         fmt, value_fmt, index = defn.value_format, defn.value, shard.handle(INDEX)
+        before_batch: dict[bytes, bytes | None] = {}  # key -> stored before this batch
         latest: dict[bytes, bytes | None] = {}  # what this batch has written so far, key -> stored
 
-        def score_of(stored: bytes) -> Any:
-            return value_fmt.deserialize(stored[8:])
+        def score_of_stored(stored: bytes) -> bytes:
+            return sortable(fmt, value_fmt.deserialize(stored[8:]))
 
         for r in records:
-            old = latest[r.key] if r.key in latest else shard.get(r.key)
+            if r.key in latest:
+                old = latest[r.key]
+            else:
+                old = before_batch[r.key] = shard.get(r.key)
             if old is not None:
-                wb.delete(sortable(fmt, score_of(old)) + r.key, index)
+                wb.delete(score_of_stored(old) + r.key, index)
             if r.value is None:
                 wb.delete(r.key)
                 latest[r.key] = None
             else:
                 stored = stored_value(r)
                 wb.put(r.key, stored)
-                wb.put(sortable(fmt, score_of(stored)) + r.key, b"", index)
+                wb.put(score_of_stored(stored) + r.key, b"", index)
                 latest[r.key] = stored
+        order = key_order(defn.key_format)
+        removed = [score_of_stored(v) + order(k) for k, v in before_batch.items() if v is not None]
+        added = [score_of_stored(v) + order(k) for k, v in latest.items() if v is not None]
+        return shard.memory.change(removed, added)

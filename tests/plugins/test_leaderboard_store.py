@@ -13,7 +13,7 @@ from federator.catalog.definition import DefinitionError
 from federator.query import KeyQuery, RangeQuery
 from federator.store import ChangelogRecord, Shard
 from federator_plugins.leaderboard.queries import RankQuery, TopKQuery
-from federator_plugins.leaderboard.store import INDEX, sortable
+from federator_plugins.leaderboard.store import COUNT, INDEX, sortable
 from tests.registry import REGISTRY
 
 
@@ -40,8 +40,8 @@ def top(shard: Shard, k: int, descending: bool = True) -> list[tuple[str, float]
 
 
 def better(shard: Shard, scores: list, descending: bool = True) -> list[int]:
-    batch, _ = shard.query(RankQuery(tuple(scores), descending))
-    return batch.column("better").to_pylist()
+    batch, _ = shard.query(RankQuery(scores=tuple(scores), descending=descending))
+    return batch.column(COUNT).drop_null().to_pylist()
 
 
 def test_index_follows_updates_and_deletes_in_one_batch(tmp_path) -> None:

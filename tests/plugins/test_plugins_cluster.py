@@ -8,6 +8,8 @@ import os
 import random
 import subprocess
 import sys
+import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -16,8 +18,10 @@ import pyarrow as pa
 import pytest
 import urllib3
 
+from federator import kafka
 from federator.partitioner import partition_for
-from tests.integration.changelog_util import produce, register
+from federator.query.position import Position
+from tests.integration.changelog_util import produce, read_partition, register
 from tests.integration.cluster import Cluster, NodeProcess, wait_for
 
 HTTP = urllib3.PoolManager()
@@ -112,7 +116,7 @@ def test_top_k_is_planned_as_topk_queries(plugin_cluster) -> None:
     plan = sql(c.nodes[0], "EXPLAIN SELECT player, score FROM lb ORDER BY score DESC LIMIT 3")
     cols = [col["name"] for col in plan["columns"]]
     rows = [dict(zip(cols, r)) for r in plan["rows"]]
-    assert {r["query"] for r in rows} == {"TopKQuery(k=3, descending=True) via rule leaderboard.top_k: "
+    assert {r["query"] for r in rows} == {"TopKQuery(k=3, descending=True, distinct=False) via rule leaderboard.top_k: "
                                           "top 3 by score DESC from each partition's score index"}
     assert sorted(int(p) for r in rows for p in r["partitions"].split(",")) == list(range(P))
     # the index's rows per partition are the top-k already (rows_are_top_k): owners send them
@@ -140,39 +144,89 @@ def test_rank_of_one_player_and_its_plan(plugin_cluster) -> None:
     assert sql(c.nodes[2], text, [tied])["rows"] == duck(db, text, [tied])
     rows = sql(c.nodes[2], "EXPLAIN " + text, [tied])["rows"]
     nodes = len({r[3] for r in rows})
-    index, keys, ranks = ([r for r in rows if r[1].startswith(q)] for q in ("ScoreIndexQuery", "KeysQuery", "RankQuery"))
-    assert len(index) == len(ranks) == nodes and len(keys) == 1 and len(rows) == 2 * nodes + 1
+    keys, ranks = ([r for r in rows if r[1].startswith(q)] for q in ("KeysQuery", "RankQuery"))
+    assert len(ranks) == nodes and len(keys) == 1 and len(rows) == nodes + 1
     assert keys[0][1].startswith("KeysQuery(keys=('%s',))" % tied)
     assert keys[0][2] == str(partition_for(tied.encode(), P))
 
 
-def test_ranks_come_from_indexes_kept_while_nothing_moves(plugin_cluster) -> None:
-    """One statement text, many players: planned once, and after the first rank every
-    partition's index is given again by the receiver without a call; allow_stale (answers
-    never kept) counts better scores with RankQuery, and answers the same."""
-    c, db, scores, *_ = plugin_cluster
-    text = "SELECT player, score, RANK() OVER (ORDER BY score DESC) AS rank FROM lb QUALIFY player = ?"
-    node = c.nodes[0]
-    players = ["player_002", "player_150", "player_299", "nobody"]
-    # the first asks open the positions watches of the other nodes; then every index is kept.
-    # Never a player asked below: that player's whole answer would be kept too, and given again
-    # as it is (answer_reused) rather than ranked from the kept indexes.
-    others = [f"player_{i:03d}" for i in range(300) if f"player_{i:03d}" not in players]
-    wait_for(lambda: sql(node, text, [random.choice(others)])["stats"].get(
-        "partition_answers_reused") == P, 10, "every partition's index kept")
-    for player in players:
-        got = sql(node, text, [player])
-        assert got["rows"] == duck(db, text, [player])
-        assert got["stats"]["partition_answers_reused"] == P and got["stats"]["nodes"] == 0
-        stale = sql(node, text, [player], allow_stale=True)
-        assert stale["rows"] == got["rows"] and "partition_answers_reused" not in stale["stats"]
-        # the players' scores, then every node's RankQuery (none for a player not there)
-        assert stale["stats"]["nodes"] > (1 if got["rows"] else 0)
-    assert sql(node, text, [players[0]])["stats"]["answer_reused"]  # the same statement: its answer again
-    # a parameter read outside the rule's calls: planned for each value, not rebound
-    labelled = "SELECT ? AS label, player, RANK() OVER (ORDER BY score DESC) AS r FROM lb QUALIFY player = ?"
-    for params in (["a", "player_010"], ["b", "player_011"], [7, "player_010"]):
-        assert sql(node, labelled, params)["rows"] == duck(db, labelled, params)
+RANKS = [  # every shape the leaderboard's rank rule answers, in one direction or the other
+    "SELECT player, score, RANK() OVER (ORDER BY score DESC) AS rank FROM lb QUALIFY player IN (?, ?, ?) "
+    "ORDER BY player",
+    "SELECT player, DENSE_RANK() OVER (ORDER BY score ASC) AS rank FROM lb QUALIFY player IN (?, ?, ?) ORDER BY player",
+    "SELECT player, ROW_NUMBER() OVER (ORDER BY score DESC, player) AS n FROM lb QUALIFY player IN (?, ?, ?) "
+    "ORDER BY player",
+    "SELECT player, score, RANK() OVER (ORDER BY score DESC) AS rank FROM lb QUALIFY rank <= 7 "
+    "ORDER BY rank, player",
+    "SELECT player, score, DENSE_RANK() OVER (ORDER BY score DESC) AS rank FROM lb QUALIFY rank <= 3 "
+    "ORDER BY rank, player",
+]
+AROUND = ("WITH me AS (SELECT RANK() OVER (ORDER BY score DESC) AS r FROM lb QUALIFY player = ?) "
+          "SELECT player, score, RANK() OVER (ORDER BY score DESC) AS r FROM lb "
+          "QUALIFY r BETWEEN (SELECT r FROM me) - 5 AND (SELECT r FROM me) + 5 ORDER BY r, player")
+
+
+@pytest.mark.parametrize("text", RANKS + [AROUND])
+def test_every_rank_shape_equals_duckdb_and_reads_no_whole_partition(plugin_cluster, text) -> None:
+    c, db, *_ = plugin_cluster
+    params = ["player_002", "player_150", "nobody"][:text.count("?")]
+    for node in c.nodes:
+        assert sql(node, text, params)["rows"] == duck(db, text, params)
+    queries = {r[1].split("(")[0] for r in sql(c.nodes[0], "EXPLAIN " + text, params)["rows"]}
+    assert queries <= {"KeysQuery", "RankQuery", "TopKQuery", "AroundQuery"}, queries
+
+
+def test_ranks_follow_writes_as_of_their_token(plugin_cluster) -> None:
+    """A producer writes scores while ranks are asked, each with the token of the last write
+    acknowledged: every answer shows that write, and equals DuckDB's over the rows as of the
+    positions its own token names (read back from the changelog afterwards)."""
+    c, db, scores, broker, lb, _ = plugin_cluster
+    asked = ["player_002", "player_150", "player_299"]
+    rnd = random.Random(4)
+    acked: list[Position] = []
+    stop = threading.Event()
+
+    def writer() -> None:
+        producer = kafka.producer(broker.bootstrap_servers, **{"linger.ms": 0})
+        while not stop.is_set():
+            player = rnd.choice(asked + [f"player_{rnd.randrange(300):03d}"])
+            producer.produce(lb.topic, key=player.encode(), value=lb.value.serialize(rnd.randrange(0, 150)),
+                             partition=partition_for(player.encode(), P), timestamp=TS + 50_000,
+                             on_delivery=lambda err, m: acked.append(Position.of(m.topic(), m.partition(), m.offset())))
+            producer.flush(10)
+            time.sleep(0.01)
+
+    thread = threading.Thread(target=writer, daemon=True)
+    thread.start()
+    answers: list[tuple[str, dict, Position]] = []
+    try:
+        wait_for(lambda: acked, 10, "a first write acknowledged")
+        for i in range(40):
+            text, wrote = RANKS[i % len(RANKS)], acked[-1]
+            got = sql(c.nodes[i % 3], text, asked[:text.count("?")], consistency_token=wrote.to_token())
+            read = Position.from_token(got["consistency_token"])
+            assert read.merge(wrote) == read, "the answer is older than the write it was asked after"
+            answers.append((text, got, read))
+    finally:
+        stop.set()
+        thread.join(10)
+    assert len({read.to_token() for _, _, read in answers}) > 10, "the answers were not read while writes went on"
+    history = {p: read_partition(broker, lb.topic, p) for p in range(P)}
+    for text, got, read in answers:
+        rows = {}
+        for p, records in history.items():
+            for offset, key, value, _ in records:
+                if offset <= (read.get(lb.topic, p) or -1):
+                    rows[key.decode()] = None if value is None else lb.value.deserialize(value)
+        at = duckdb.connect()
+        live = {k: v for k, v in rows.items() if v is not None}
+        at.register("lb", pa.table({"player": list(live), "score": pa.array(list(live.values()), pa.int64())}))
+        assert got["rows"] == duck(at, text, asked[:text.count("?")]), text
+    # the scores as the module's other tests know them
+    written = sorted({key.decode() for records in history.values() for _, key, _, ts in records if ts == TS + 50_000})
+    produce(broker, lb.topic, P, [(p.encode(), p.encode(), lb.value.serialize(scores[p]), TS + 60_000) for p in written])
+    text = "SELECT player, score FROM lb ORDER BY score DESC, player LIMIT 300"
+    wait_for(lambda: sql(c.nodes[0], text)["rows"] == duck(db, text), 30, "the module's scores back")
 
 
 def test_other_sql_on_a_leaderboard_store_uses_the_kv_paths(plugin_cluster) -> None:

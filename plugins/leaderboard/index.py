@@ -1,0 +1,143 @@
+"""The leaderboard's order-statistics index: every row of a partition as one entry,
+``sortable(score) + ordered(key)``, in a sorted list (sortedcontainers' SortedList: a list of
+sorted sublists with a positional index), so that how many rows rank before a given one, and
+which rows hold given ranks, each cost O(log n), and so does a write.
+
+Entries compare as bytes: by score (``sortable`` makes byte order the scores' numeric order),
+then by key in the order DuckDB sorts the key column (``key_order``). The functions here take
+any such sorted list: a shard's whole index, or the windows of several partitions a receiver
+got back.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+from sortedcontainers import SortedList
+
+_U64 = struct.Struct(">Q")
+END = 1 << 64  # one past the largest sortable score
+SIGNED_KEYS = ("long", "int")  # big-endian two's complement: byte order puts negatives last
+
+
+def score_of(entry: bytes) -> int:
+    """The sortable score (a uint64) an entry starts with."""
+    return _U64.unpack_from(entry)[0]
+
+
+def key_order(key_format: str) -> Callable[[bytes], bytes]:
+    """The key's bytes in the order DuckDB sorts the key column (and back: it is its own
+    inverse): signed integers with the sign bit flipped, strings and bytes as they are (UTF-8
+    byte order is code point order, and DuckDB compares both bytewise)."""
+    if key_format in SIGNED_KEYS:
+        return lambda key: bytes((key[0] ^ 0x80,)) + key[1:] if key else key
+    return lambda key: key
+
+
+def entry(score: int, key: bytes) -> bytes:
+    return _U64.pack(score) + key
+
+
+@dataclass(frozen=True)
+class Order:
+    """A ranking order: by score (``descending`` or not), ties left tied (``tie_key`` None) or
+    broken by the key, ``"asc"`` or ``"desc"``."""
+
+    descending: bool = True
+    tie_key: str | None = None
+
+
+def start(entries: SortedList, score: int) -> int:
+    """The position of the first entry whose score is ``score`` or more."""
+    return entries.bisect_left(_U64.pack(score)) if score < END else len(entries)
+
+
+def before(entries: SortedList, score: int, key: bytes, order: Order) -> int:
+    """How many entries rank strictly before a row with this score and (ordered) key."""
+    lo, hi = start(entries, score), start(entries, score + 1)
+    n = len(entries) - hi if order.descending else lo
+    if order.tie_key == "asc":
+        n += entries.bisect_left(entry(score, key)) - lo
+    elif order.tie_key == "desc":
+        n += hi - entries.bisect_right(entry(score, key))
+    return n
+
+
+def distinct_better(entries: SortedList, score: int, descending: bool) -> list[int]:
+    """The distinct scores better than ``score``, one bisect per score."""
+    out: list[int] = []
+    if descending:
+        i = start(entries, score + 1)
+        while i < len(entries):
+            out.append(s := score_of(entries[i]))
+            i = start(entries, s + 1)
+    else:
+        i = start(entries, score)
+        while i > 0:
+            out.append(s := score_of(entries[i - 1]))
+            i = start(entries, s)
+    return out
+
+
+def _up(entries: SortedList, at: int, rows: int) -> int:
+    """The end of the score group holding the ``rows``-th entry from ``at`` up (``at`` when
+    ``rows`` <= 0): at least ``rows`` entries, never a group cut."""
+    if rows <= 0 or at >= len(entries):
+        return at
+    return start(entries, score_of(entries[min(at + rows, len(entries)) - 1]) + 1)
+
+
+def _down(entries: SortedList, at: int, rows: int) -> int:
+    """The start of the score group holding the ``rows``-th entry from ``at`` down."""
+    if rows <= 0 or at <= 0:
+        return at
+    return start(entries, score_of(entries[max(at - rows, 0)]))
+
+
+def top(entries: SortedList, k: int, descending: bool, distinct: bool = False) -> tuple[int, int]:
+    """Positions [lo, hi) of the ``k`` best rows with every row tied with the k-th (or, with
+    ``distinct``, every row of the ``k`` best scores)."""
+    n = len(entries)
+    if not distinct:
+        return (_down(entries, n, k), n) if descending else (0, _up(entries, 0, k))
+    at = n if descending else 0
+    for _ in range(max(k, 0)):
+        if descending and at > 0:
+            at = start(entries, score_of(entries[at - 1]))
+        elif not descending and at < n:
+            at = start(entries, score_of(entries[at]) + 1)
+    return (at, n) if descending else (0, at)
+
+
+def around(entries: SortedList, score: int, above: int, below: int, descending: bool) -> tuple[int, int]:
+    """Positions [lo, hi) of whole score groups around ``score``: its own group, then at
+    least ``above`` rows that rank before it and ``below`` that rank after it."""
+    lo, hi = start(entries, score), start(entries, score + 1)
+    if descending:
+        return _down(entries, lo, below), _up(entries, hi, above)
+    return _down(entries, lo, above), _up(entries, hi, below)
+
+
+class ScoreIndex:
+    """A shard's index, in memory. Readers take ``lock`` for the few bisects they make: a
+    write moves entries between SortedList's sublists, and a read in between could see
+    neither place (the shard's sequence lock then discards what it read, but it may raise)."""
+
+    def __init__(self, entries: Iterable[bytes] = ()) -> None:
+        self.entries = SortedList(entries)
+        self.lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def change(self, removed: list[bytes], added: list[bytes]) -> Callable[[], None]:
+        """The change a batch makes, to run once the batch is written (StoreType.apply)."""
+        def run() -> None:
+            with self.lock:
+                for e in removed:
+                    self.entries.remove(e)
+                self.entries.update(added)
+        return run
