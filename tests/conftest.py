@@ -178,6 +178,42 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("broker", kinds, indirect=True, scope="session")
 
 
+# Fixtures that a run of consecutive tests shares and that stop when the next test does not use
+# them (tests/integration/bi_cluster.py): their users run one after the other, those that also use
+# the fixture named beside it last (the fuzzer's stores stay in the shared cluster's catalog,
+# where the tests that list the stores would see them).
+RUN_TOGETHER = {"bi_cluster": "fuzz_db"}
+
+
+@pytest.hookimpl(trylast=True)  # after pytest has ordered the tests by the session's broker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for fixture, last in RUN_TOGETHER.items():
+        items[:] = run_together(items, fixture, last)
+
+
+def run_together(items: list[pytest.Item], fixture: str, last: str) -> list[pytest.Item]:
+    """``items`` with every user of ``fixture`` on one broker moved up beside the first one (users
+    of ``last`` at the end), the order otherwise kept: each separate run of them started the
+    shared cluster anew."""
+    def uses(item: pytest.Item, name: str) -> bool:
+        return name in getattr(item, "fixturenames", ())
+
+    def broker_of(item: pytest.Item) -> object:
+        return getattr(item, "callspec", None) and item.callspec.params.get("broker")
+
+    users: dict[object, list[pytest.Item]] = {}
+    for item in items:
+        if uses(item, fixture):
+            users.setdefault(broker_of(item), []).append(item)
+    out: list[pytest.Item] = []
+    for item in items:
+        if not uses(item, fixture):
+            out.append(item)
+        elif users[broker_of(item)][0] is item:
+            out.extend(sorted(users[broker_of(item)], key=lambda i: uses(i, last)))  # a stable sort
+    return out
+
+
 @pytest.fixture(scope="session")
 def broker(request: pytest.FixtureRequest):
     """The session's broker, tansu or Apache Kafka (above); either has ``bootstrap_servers``."""

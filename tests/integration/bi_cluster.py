@@ -11,7 +11,6 @@ left idling beside them: it stops, and starts again for the next module.
 from __future__ import annotations
 
 import datetime as dt
-import signal
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,10 +127,7 @@ _shared: dict[str, BiCluster] = {}
 
 def _stop() -> None:
     if "c" in _shared:
-        cluster = _shared.pop("c").cluster
-        for node in cluster.running():  # all at once: each takes ~2 s to hand over and exit
-            node.proc.send_signal(signal.SIGTERM)
-        cluster.stop()  # waits for each (a second SIGTERM changes nothing)
+        _shared.pop("c").cluster.stop()
 
 
 def _uses_me(item: Any) -> bool:

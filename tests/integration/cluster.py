@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import time
+import warnings
 from pathlib import Path
 from typing import Callable, TypeVar
 
@@ -32,6 +33,10 @@ def wait_for(cond: Callable[[], T], timeout: float = 30.0, what: str = "conditio
             pass
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+
+
+# How long a node has to stop on SIGTERM (hand over, leave the group, close its shards).
+STOP_GRACE = 20.0
 
 
 class NodeProcess:
@@ -63,22 +68,39 @@ class NodeProcess:
             args += ["--pg-port", str(self.pg_port)]
         args += group_flags(self.bootstrap) + self.extra_args
         self.state_dir.parent.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "FEDERATOR_CLUSTER_SECRET": self.secret} if self.secret else None
+        # faulthandler: a node that will not stop is sent SIGABRT (see finish), which writes every
+        # thread's stack into its log
+        env = {**os.environ, "PYTHONFAULTHANDLER": "1",
+               **({"FEDERATOR_CLUSTER_SECRET": self.secret} if self.secret else {})}
         self.proc = subprocess.Popen(federator_cmd(*args), stdout=open(self.log, "a"), stderr=subprocess.STDOUT,
                                      preexec_fn=dies_with_tests(), env=env)
         if wait:
-            wait_for(lambda: self.client.get_json("/healthz", timeout=1)[0] == 200, 30,
-                     f"{self.node_id} to answer /healthz")
+            self.wait_healthy()
         return self
 
-    def stop(self, sig: int = signal.SIGTERM) -> int:
+    def wait_healthy(self, timeout: float = 30.0) -> None:
+        wait_for(lambda: self.client.get_json("/healthz", timeout=1)[0] == 200, timeout,
+                 f"{self.node_id} to answer /healthz")
+
+    def stop(self, sig: int = signal.SIGTERM, grace: float = STOP_GRACE) -> int:
         if self.proc is None or self.proc.poll() is not None:
             return self.proc.returncode if self.proc else 0
         self.proc.send_signal(sig)
+        return self.finish(time.monotonic() + grace)
+
+    def finish(self, deadline: float) -> int:
+        """Wait for the process to end by ``deadline``; past it, have it write its threads'
+        stacks into its log (SIGABRT, faulthandler), say so, and kill it. Its exit code."""
+        assert self.proc is not None
         try:
-            return self.proc.wait(20)
+            return self.proc.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            self.proc.kill()
+            self.proc.send_signal(signal.SIGABRT)
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+            warnings.warn(f"node {self.node_id} did not stop in time; its threads' stacks are at the end of {self.log}")
             return self.proc.wait()
 
     def metadata(self) -> dict:
@@ -109,17 +131,24 @@ class Cluster:
         ]
 
     def start(self) -> Cluster:
+        # all at once, as an operator's nodes come up: started one after the other, each
+        # waited out a node's start-up (imports, plugins) before the next began
         for n in self.nodes:
-            n.start()
+            n.start(wait=False)
+        for n in self.nodes:
+            n.wait_healthy()
         return self
 
-    def stop(self) -> None:
-        # every node told at once: stopping one at a time made the others rebalance in turn
-        for n in self.nodes:
-            if n.proc is not None and n.proc.poll() is None:
-                n.proc.send_signal(signal.SIGTERM)
-        for n in self.nodes:
-            n.stop()  # waits for it (a second SIGTERM changes nothing)
+    def stop(self, grace: float = STOP_GRACE) -> None:
+        """SIGTERM every running node at once (one at a time, the others rebalanced in turn),
+        then wait for them all, within one ``grace``: waiting for each in turn made two nodes
+        that would not stop cost twice as long."""
+        running = self.running()
+        for n in running:
+            n.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for n in running:
+            n.finish(deadline)
 
     def running(self) -> list[NodeProcess]:
         return [n for n in self.nodes if n.proc is not None and n.proc.poll() is None]
