@@ -24,7 +24,7 @@ psycopg = pytest.importorskip("psycopg")
 import sqlglot  # noqa: E402
 
 from tests.integration.bi_cluster import BiCluster, bi_cluster  # noqa: F401,E402 - bi_cluster is a fixture
-from tests.integration.pg_inspect import sqla14_python  # noqa: E402
+from tests.integration.tool_venv import sqla14_python  # noqa: E402
 from tests.integration.pg_tool_queries import DATA_QUERIES, QUERIES  # noqa: E402
 from tests.integration.test_connect_names import bag  # noqa: E402
 from tests.integration.test_sql import post  # noqa: E402
