@@ -245,14 +245,15 @@ def _build(stores: dict[str, StoreDefinition]) -> duckdb.DuckDBPyConnection:
     # Postgres's types as drivers know them, in pg_catalog: DuckDB's, and the ones it lacks
     db.execute(f"""CREATE TABLE {FIX}.pg_type AS
         SELECT * REPLACE ({PG_CATALOG_OID} AS typnamespace,  -- DuckDB gives its own sizes of variable-length types
-                          CASE WHEN typname IN ('varchar', 'bytea', 'bit', 'numeric') THEN -1 ELSE typlen END AS typlen)
+                          CASE WHEN typname IN ('varchar', 'bytea', 'bit', 'numeric') THEN -1 ELSE typlen END AS typlen,
+                          0::INTEGER AS typrelid)  -- no type is a table's row type (pgjdbc's getTypeInfo asks)
         FROM pg_catalog.pg_type WHERE oid IS NOT NULL
         UNION ALL BY NAME SELECT 25::INTEGER AS oid, 'text' AS typname, -1 AS typlen, 'b' AS typtype, 'S' AS typcategory,
-            {PG_CATALOG_OID} AS typnamespace, 0 AS typowner, false AS typbyval, true AS typisdefined
+            {PG_CATALOG_OID} AS typnamespace, 0 AS typowner, false AS typbyval, true AS typisdefined, 0 AS typrelid
         UNION ALL BY NAME SELECT * FROM (VALUES (114, 'json', -1, 'b', 'U', false),
             ({_ANYELEMENT}, 'anyelement', 4, 'p', 'P', true), (2279, 'trigger', 4, 'p', 'P', true))
             AS t(oid, typname, typlen, typtype, typcategory, typbyval),
-            (SELECT {PG_CATALOG_OID} AS typnamespace, 0 AS typowner, true AS typisdefined)""")
+            (SELECT {PG_CATALOG_OID} AS typnamespace, 0 AS typowner, true AS typisdefined, 0 AS typrelid)""")
     db.execute(f"""CREATE VIEW {FIX}.pg_attribute AS
         SELECT a.* REPLACE (coalesce(t.oid, 1043) AS atttypid, coalesce(t.typmod, -1) AS atttypmod,
                             coalesce((SELECT typlen FROM {FIX}.pg_type p WHERE p.oid = t.oid), -1) AS attlen,
@@ -465,6 +466,9 @@ def rewrite(tree: exp.Expression, session: dict[str, str], user: str, pid: int) 
                 and node.name.lower() == "columns":  # with Postgres's type names
             return exp.Table(this=exp.to_identifier("information_schema_columns"), db=exp.to_identifier(FIX),
                              alias=node.args.get("alias") or exp.TableAlias(this=exp.to_identifier("columns")))
+        if isinstance(node, exp.Table) and node.name.lower() == "pg_settings" \
+                and (node.db or "").lower() in ("", "pg_catalog"):
+            return _settings_table(session, node.alias_or_name)
         if isinstance(node, exp.Table) and node.name.lower() in _TABLES and (node.db or "").lower() in ("", "pg_catalog"):
             return exp.Table(this=exp.to_identifier(node.name.lower()), db=exp.to_identifier(FIX),
                              alias=node.args.get("alias"))
@@ -526,7 +530,8 @@ def rewrite(tree: exp.Expression, session: dict[str, str], user: str, pid: int) 
         if name in ("current_database", "current_catalog"):
             return exp.Literal.string("federator")
         if name == "current_schemas":  # the search path; with pg_catalog when asked for the implicit schemas
-            implicit = (node.args.get("this") or (node.args.get("expressions") or [exp.true()])[0]).transform(fix)
+            given = node.expressions if isinstance(node, exp.Anonymous) else [node.this] if node.this else []
+            implicit = (given or [exp.true()])[0].transform(fix)
             listed = [exp.Literal.string(STORES)]
             return exp.case().when(implicit, exp.Array(expressions=[exp.Literal.string("pg_catalog"), *listed])) \
                 .else_(exp.Array(expressions=listed))
@@ -546,6 +551,15 @@ def rewrite(tree: exp.Expression, session: dict[str, str], user: str, pid: int) 
             if name in _SESSION_FUNCTIONS | _FUNCTIONS:
                 e.replace(exp.alias_(e.copy(), name, quoted=True))
     return tree.transform(fix)
+
+
+def _settings_table(session: dict[str, str], alias: str) -> exp.Expression:
+    """pg_settings: the session's settings, as SHOW gives them (pgjdbc reads max_index_keys here)."""
+    rows = sorted(session.items()) or [("", "")]
+    values = exp.values(rows, alias="s", columns=["name", "setting"])
+    columns = ["name", "setting", *(exp.alias_(exp.cast(exp.Null(), "VARCHAR"), c) for c in (
+        "unit", "category", "short_desc", "extra_desc", "context", "vartype", "source", "boot_val", "reset_val"))]
+    return exp.select(*columns).from_(values).subquery(alias)
 
 
 def _lookup(table: str, key: str, value: str, column_value: str, arguments: list[exp.Expression]) -> exp.Expression:

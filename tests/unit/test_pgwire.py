@@ -228,6 +228,19 @@ def test_what_pgcli_asks_on_connect_and_for_completion(session) -> None:
     assert session.service.requests == []
 
 
+def test_what_pgjdbc_asks_for_dbeavers_navigator(session) -> None:
+    session.execute("SET max_index_keys = 16")
+    assert rows(session.execute("SELECT setting FROM pg_catalog.pg_settings WHERE name='max_index_keys'")) == [("16",)]
+    types = rows(session.execute(  # getTypeInfo's
+        "SELECT t.typname FROM pg_catalog.pg_type t JOIN pg_catalog.pg_namespace n ON (t.typnamespace = n.oid) "
+        "WHERE n.nspname != 'pg_toast' AND (t.typrelid = 0 OR (SELECT c.relkind = 'c' FROM pg_catalog.pg_class c "
+        "WHERE c.oid = t.typrelid))"))
+    assert {("int8",), ("varchar",), ("timestamptz",), ("text",)} <= set(types)
+    assert rows(session.execute("SELECT typlen FROM pg_catalog.pg_type WHERE typname IN ('varchar', 'int8') "
+                                "ORDER BY typname")) == [(8,), (-1,)]  # Postgres's sizes, not DuckDB's
+    assert session.service.requests == []
+
+
 @pytest.mark.parametrize("name", ["players", "main.players", "public.players", 'PUBLIC."players"',
                                   "federator.main.players", '"federator"."public"."players"'])
 @pytest.mark.parametrize("template", ["SELECT * FROM {}", "SELECT {}.player FROM {} ORDER BY 1",
