@@ -20,10 +20,10 @@ demo: install
 
 # Debian packages the tests drive as a user would: chromium (the console, headless), openssl
 # (self-signed certificates for the TLS tests), postgresql-client (psql) and libpostgresql-jdbc-java
-# (pgjdbc) for the Postgres protocol's tests, and maven (Apache Kafka's jars and the Kafka Streams application,
+# (pgjdbc) for the Postgres protocol's tests, tmux (the terminal pgcli runs in), and maven (Apache Kafka's jars and the Kafka Streams application,
 # from Maven Central). Installed
 # with apt-get when missing (CI and the developers' machines run as root; else sudo).
-TEST_DEBS := chromium openssl postgresql-client libpostgresql-jdbc-java maven
+TEST_DEBS := chromium openssl postgresql-client libpostgresql-jdbc-java maven tmux
 
 test-debs:
 	@missing=$$(for p in $(TEST_DEBS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \

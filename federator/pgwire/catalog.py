@@ -28,6 +28,7 @@ from sqlglot import exp
 
 from federator.cancel import Cancel
 from federator.catalog.definition import StoreDefinition
+from federator.errors import SqlError
 from federator.owner.duck import sql_error
 from federator.pgwire import types as pgt
 from federator.pgwire.names import CATALOG_SCHEMAS, point_at, relations
@@ -36,6 +37,8 @@ from federator.sql.types import sql_type_name
 FIX = "pg_fix"  # our schema of fixed catalog views
 STORES = "public"  # the schema of the stores' tables, Postgres's default
 SERVER_VERSION = "16.0"  # what drivers parse to choose their catalog queries
+PG_CATALOG_OID = 11  # Postgres's OID of the pg_catalog schema, home of the types and functions
+_ANYELEMENT = 2283  # Postgres's pseudo-type of a generic function's result
 
 # Columns Postgres's catalog has and DuckDB's views lack, which psql, pgjdbc and SQLAlchemy read
 _EXTRA_COLUMNS: dict[str, dict[str, str]] = {
@@ -47,6 +50,8 @@ _EXTRA_COLUMNS: dict[str, dict[str, str]] = {
     "pg_collation": {"collnamespace": "0"},
     "pg_proc": {},
 }
+# Array columns DuckDB's views type as NULL, which tools unnest or concatenate (pgcli's \d+)
+_ARRAY_COLUMNS = {"pg_class": ("reloptions", "relacl")}
 # Catalog tables DuckDB does not have, as empty tables (nothing of theirs exists here)
 _EMPTY: dict[str, str] = {
     "pg_roles": "rolname VARCHAR, oid INTEGER, rolsuper BOOLEAN, rolcanlogin BOOLEAN, rolinherit BOOLEAN, "
@@ -88,7 +93,7 @@ _EMPTY: dict[str, str] = {
 _TABLES = {"pg_attribute", "pg_type", "pg_index", *_EXTRA_COLUMNS, *_EMPTY}
 # Postgres catalog functions of a session: name -> the value given the session's settings
 _SESSION_FUNCTIONS = {"version", "current_setting", "pg_backend_pid", "current_user", "session_user",
-                      "current_schema", "current_database", "current_catalog", "user"}
+                      "current_schema", "current_schemas", "current_database", "current_catalog", "user"}
 # catalog functions answered by a macro of FIX
 _MACROS = {  # name -> (parameters, body): Postgres catalog functions DuckDB lacks, as tools call them
     "pg_get_userbyid": ("role_oid", "'federator'"),
@@ -130,8 +135,13 @@ _OPERATOR = re.compile(r"OPERATOR\s*\(\s*pg_catalog\s*\.\s*([~!<>=*+\-/^|&#@]+)\
 _COLLATE = re.compile(r"\s+COLLATE\s+(?:pg_catalog\s*\.\s*)?\"?(?:default|C|POSIX)\"?", re.I)
 
 
+# ::regtype[] (pgcli's function list), which sqlglot does not read: the catalog's lists of argument
+# types (pg_proc's) hold DuckDB's type names already
+_OBJECT_ARRAY = re.compile(r"::\s*(?:pg_catalog\s*\.\s*)?regtype\s*\[\s*\]", re.I)
+
+
 def plain_sql(sql: str) -> str:
-    return _COLLATE.sub("", _OPERATOR.sub(r"\1", sql))
+    return _OBJECT_ARRAY.sub("::VARCHAR[]", _COLLATE.sub("", _OPERATOR.sub(r"\1", sql)))
 
 
 def _column_oid(t: pa.DataType) -> int:
@@ -232,17 +242,24 @@ def _build(stores: dict[str, StoreDefinition]) -> duckdb.DuckDBPyConnection:
                "is_key BOOLEAN)")
     if fixes:
         db.executemany(f"INSERT INTO {FIX}.column_types VALUES (?, ?, ?, ?, ?)", fixes)
-    # Postgres's types as drivers know them: DuckDB's, and the ones it lacks
+    # Postgres's types as drivers know them, in pg_catalog: DuckDB's, and the ones it lacks
     db.execute(f"""CREATE TABLE {FIX}.pg_type AS
-        SELECT * FROM pg_catalog.pg_type WHERE oid IS NOT NULL
+        SELECT * REPLACE ({PG_CATALOG_OID} AS typnamespace,  -- DuckDB gives its own sizes of variable-length types
+                          CASE WHEN typname IN ('varchar', 'bytea', 'bit', 'numeric') THEN -1 ELSE typlen END AS typlen,
+                          0::INTEGER AS typrelid)  -- no type is a table's row type (pgjdbc's getTypeInfo asks)
+        FROM pg_catalog.pg_type WHERE oid IS NOT NULL
         UNION ALL BY NAME SELECT 25::INTEGER AS oid, 'text' AS typname, -1 AS typlen, 'b' AS typtype, 'S' AS typcategory,
-            (SELECT typnamespace FROM pg_catalog.pg_type WHERE oid = 1043) AS typnamespace, 0 AS typowner,
-            false AS typbyval, true AS typisdefined
-        UNION ALL BY NAME SELECT 114::INTEGER, 'json', -1, 'b', 'U',
-            (SELECT typnamespace FROM pg_catalog.pg_type WHERE oid = 1043), 0, false, true""")
+            {PG_CATALOG_OID} AS typnamespace, 0 AS typowner, false AS typbyval, true AS typisdefined, 0 AS typrelid
+        UNION ALL BY NAME SELECT * FROM (VALUES (114, 'json', -1, 'b', 'U', false),
+            ({_ANYELEMENT}, 'anyelement', 4, 'p', 'P', true), (2279, 'trigger', 4, 'p', 'P', true))
+            AS t(oid, typname, typlen, typtype, typcategory, typbyval),
+            (SELECT {PG_CATALOG_OID} AS typnamespace, 0 AS typowner, true AS typisdefined, 0 AS typrelid)""")
     db.execute(f"""CREATE VIEW {FIX}.pg_attribute AS
         SELECT a.* REPLACE (coalesce(t.oid, 1043) AS atttypid, coalesce(t.typmod, -1) AS atttypmod,
-                            coalesce((SELECT typlen FROM {FIX}.pg_type p WHERE p.oid = t.oid), -1) AS attlen)
+                            coalesce((SELECT typlen FROM {FIX}.pg_type p WHERE p.oid = t.oid), -1) AS attlen,
+                            -- Postgres's storage: plain for fixed-size types, extended for the others (\d+ shows it)
+                            CASE WHEN coalesce((SELECT typlen FROM {FIX}.pg_type p WHERE p.oid = t.oid), -1) > 0
+                                 THEN 'p' ELSE 'x' END AS attstorage)
         FROM pg_catalog.pg_attribute a
         JOIN pg_catalog.pg_class c ON c.oid = a.attrelid
         LEFT JOIN {FIX}.column_types t ON t.relname = c.relname AND t.attname = a.attname""")
@@ -254,16 +271,18 @@ def _build(stores: dict[str, StoreDefinition]) -> duckdb.DuckDBPyConnection:
                   WHEN 'varchar' THEN 'character varying' WHEN 'timestamptz' THEN 'timestamp with time zone'
                   WHEN 'timestamp' THEN 'timestamp without time zone' ELSE typname END
                   FROM {FIX}.pg_type WHERE oid = type_oid) END""")
-    # neither FIX nor DuckDB's default schema (empty: the stores are in STORES) is shown,
-    # and no database but federator (DuckDB's system, temp and memory are not the server's)
-    not_hidden = f"NOT IN (SELECT oid FROM duckdb_schemas() WHERE schema_name IN ('{FIX}', 'main') AND " \
+    # neither FIX nor DuckDB's default schema (empty: the stores are in STORES) is shown, and no
+    # database but federator (DuckDB's system views, temp and memory are not the server's)
+    not_hidden = f"IN (SELECT oid FROM duckdb_schemas() WHERE schema_name NOT IN ('{FIX}', 'main') AND " \
                  "database_name = 'federator')"
     shown = {"pg_class": f"relnamespace {not_hidden}", "pg_namespace": f"oid {not_hidden}",
              "pg_database": "datname = 'federator'"}
     for name, extra in _EXTRA_COLUMNS.items():
         added = "".join(f", {value} AS {column}" for column, value in extra.items())
         where = f" WHERE {shown[name]}" if name in shown else ""
-        db.execute(f"CREATE VIEW {FIX}.{name} AS SELECT *{added} FROM pg_catalog.{name}{where}")
+        arrays = ", ".join(f"NULL::VARCHAR[] AS {column}" for column in _ARRAY_COLUMNS.get(name, ()))
+        star = f"* REPLACE ({arrays})" if arrays else "*"
+        db.execute(f"CREATE VIEW {FIX}.{name} AS SELECT {star}{added} FROM pg_catalog.{name}{where}")
     for name, columns in _EMPTY.items():
         db.execute(f"CREATE TABLE {FIX}.{name} ({columns})")
     db.execute(f"""CREATE VIEW {FIX}.information_schema_columns AS
@@ -275,9 +294,39 @@ def _build(stores: dict[str, StoreDefinition]) -> duckdb.DuckDBPyConnection:
         LEFT JOIN {FIX}.column_types t ON t.relname = c.table_name AND t.attname = c.column_name""")
     for name, (params, body) in _MACROS.items():
         db.execute(f"CREATE MACRO {FIX}.{name}({params}) AS {body}")
+    _functions(db)
     _primary_keys(db)
     db.execute("SET lock_configuration = true")
     return db
+
+
+def _functions(db: duckdb.DuckDBPyConnection) -> None:
+    """DuckDB's functions (what a statement can call) in a pg_catalog schema, as pgcli completes
+    them and DBeaver lists them; a function's result type is Postgres's OID of its DuckDB type."""
+    names = [r[0] for r in db.execute("SELECT DISTINCT prorettype FROM pg_catalog.pg_proc "
+                                      "WHERE prorettype IS NOT NULL").fetchall()]
+    oids = [(n, o) for n, o in ((n, _duck_type_oid(n)) for n in names) if o is not None]
+    db.execute(f"CREATE TABLE {FIX}.result_types (name VARCHAR, oid INTEGER)")
+    if oids:
+        db.executemany(f"INSERT INTO {FIX}.result_types VALUES (?, ?)", oids)
+    db.execute(f"ALTER VIEW {FIX}.pg_proc RENAME TO pg_proc_duckdb")
+    db.execute(f"""CREATE VIEW {FIX}.pg_proc AS
+        SELECT p.* REPLACE ({PG_CATALOG_OID} AS pronamespace, coalesce(r.oid, {_ANYELEMENT}) AS prorettype)
+        FROM {FIX}.pg_proc_duckdb p
+        LEFT JOIN {FIX}.result_types r ON r.name = p.prorettype AND r.oid IN (SELECT oid FROM {FIX}.pg_type)""")
+    db.execute(f"ALTER VIEW {FIX}.pg_namespace RENAME TO pg_namespace_schemas")
+    db.execute(f"""CREATE VIEW {FIX}.pg_namespace AS SELECT * FROM {FIX}.pg_namespace_schemas
+        UNION ALL BY NAME SELECT {PG_CATALOG_OID} AS oid, 'pg_catalog' AS nspname, 10 AS nspowner""")
+
+
+def _duck_type_oid(name: str) -> int | None:
+    """Postgres's OID of a DuckDB type named in its function list, or None (a generic type: T, ANY)."""
+    upper = name.upper()
+    if upper.endswith("[]"):
+        element = _duck_type_oid(upper[:-2])
+        return pgt.ARRAYS.get(element) if element is not None else None
+    known = _DUCK_TO_ARROW.get(upper)
+    return None if known is None or upper == "UUID" else pgt.oid_of(known)
 
 
 _INDEX_OID = 1_000_000  # a store's primary-key index is its table's OID plus this (DuckDB lists none)
@@ -386,14 +435,26 @@ def _parameter_types(tree: exp.Expression, stores: dict[str, StoreDefinition], c
         if isinstance(parent, (exp.Limit, exp.Offset)):
             types[index] = "BIGINT"
             continue
+        array = _quantified(node)  # x = ANY($1): an array of x's type (pgcli binds relkinds so)
+        if array is not None:
+            node, parent = array, array.parent
+            types[index] = "VARCHAR[]"
         other = None
         if isinstance(parent, exp.Binary):
             other = parent.expression if parent.this is node else parent.this
         elif isinstance(parent, (exp.In, exp.Between)):
             other = parent.this
         if other is not None and other.type is not None and not other.type.is_type(exp.DataType.Type.UNKNOWN):
-            types[index] = other.type.sql(dialect="duckdb")
+            types[index] = other.type.sql(dialect="duckdb") + ("[]" if array is not None else "")
     return types
+
+
+def _quantified(node: exp.Expression) -> exp.Expression | None:
+    """The ``ANY(...)``/``ALL(...)`` that ``node`` is the whole argument of, if so."""
+    parent = node.parent.parent if isinstance(node.parent, exp.Paren) else node.parent
+    if isinstance(parent, exp.Any) or (isinstance(parent, exp.Anonymous) and str(parent.this).upper() in ("ANY", "ALL")):
+        return parent
+    return None
 
 
 # ---- statements ------------------------------------------------------------------------------
@@ -405,6 +466,9 @@ def rewrite(tree: exp.Expression, session: dict[str, str], user: str, pid: int) 
                 and node.name.lower() == "columns":  # with Postgres's type names
             return exp.Table(this=exp.to_identifier("information_schema_columns"), db=exp.to_identifier(FIX),
                              alias=node.args.get("alias") or exp.TableAlias(this=exp.to_identifier("columns")))
+        if isinstance(node, exp.Table) and node.name.lower() == "pg_settings" \
+                and (node.db or "").lower() in ("", "pg_catalog"):
+            return _settings_table(session, node.alias_or_name)
         if isinstance(node, exp.Table) and node.name.lower() in _TABLES and (node.db or "").lower() in ("", "pg_catalog"):
             return exp.Table(this=exp.to_identifier(node.name.lower()), db=exp.to_identifier(FIX),
                              alias=node.args.get("alias"))
@@ -427,6 +491,16 @@ def rewrite(tree: exp.Expression, session: dict[str, str], user: str, pid: int) 
             inner = node.expression  # pg_catalog.f(...): the call itself
             if isinstance(node.this, exp.Identifier) and node.this.name.lower() in CATALOG_SCHEMAS:
                 return fix(inner.copy().transform(fix))  # transform does not walk into what fix returns
+        if isinstance(node, exp.Literal) and node.is_string and node.this.startswith("{") and _quantified(node):
+            return _array_of(node.this)  # x = ANY('{r,p}'), as psycopg writes a list into SQL
+        if isinstance(node, exp.Cast) and node.to.is_type(exp.DataType.Type.ARRAY) and node.this.is_string \
+                and node.this.this.startswith("{"):
+            return exp.cast(_array_of(node.this.this), node.to)  # '{r,p}'::text[]: DuckDB reads no such literal
+        if isinstance(node, (exp.EQ, exp.NEQ)) and all(
+                isinstance(side, exp.Cast) and _object_type(side.to) for side in (node.this, node.expression)):
+            # a::regtype <> 'trigger'::regtype (pgcli) compares OIDs, where a lone a::regtype is a name
+            return node.__class__(**{k: _object_oid(side.this.transform(fix), _object_type(side.to))
+                                     for k, side in (("this", node.this), ("expression", node.expression))})
         if isinstance(node, exp.Cast):
             target = _object_type(node.to)
             if target is not None:  # the value rewritten too: transform does not walk into what fix returns
@@ -455,6 +529,12 @@ def rewrite(tree: exp.Expression, session: dict[str, str], user: str, pid: int) 
             return exp.Literal.string(STORES)
         if name in ("current_database", "current_catalog"):
             return exp.Literal.string("federator")
+        if name == "current_schemas":  # the search path; with pg_catalog when asked for the implicit schemas
+            given = node.expressions if isinstance(node, exp.Anonymous) else [node.this] if node.this else []
+            implicit = (given or [exp.true()])[0].transform(fix)
+            listed = [exp.Literal.string(STORES)]
+            return exp.case().when(implicit, exp.Array(expressions=[exp.Literal.string("pg_catalog"), *listed])) \
+                .else_(exp.Array(expressions=listed))
         if name == "pg_backend_pid":
             return exp.Literal.number(pid)
         if name == "current_setting":
@@ -471,6 +551,15 @@ def rewrite(tree: exp.Expression, session: dict[str, str], user: str, pid: int) 
             if name in _SESSION_FUNCTIONS | _FUNCTIONS:
                 e.replace(exp.alias_(e.copy(), name, quoted=True))
     return tree.transform(fix)
+
+
+def _settings_table(session: dict[str, str], alias: str) -> exp.Expression:
+    """pg_settings: the session's settings, as SHOW gives them (pgjdbc reads max_index_keys here)."""
+    rows = sorted(session.items()) or [("", "")]
+    values = exp.values(rows, alias="s", columns=["name", "setting"])
+    columns = ["name", "setting", *(exp.alias_(exp.cast(exp.Null(), "VARCHAR"), c) for c in (
+        "unit", "category", "short_desc", "extra_desc", "context", "vartype", "source", "boot_val", "reset_val"))]
+    return exp.select(*columns).from_(values).subquery(alias)
 
 
 def _lookup(table: str, key: str, value: str, column_value: str, arguments: list[exp.Expression]) -> exp.Expression:
@@ -495,6 +584,22 @@ def _object_type(to: exp.Expression) -> str | None:
     text = to.sql(dialect="postgres").lower().replace("pg_catalog.", "")
     return text if text in ("regclass", "regtype", "regproc", "regprocedure", "regnamespace", "regrole", "oid",
                             "regoper", "regconfig") else None
+
+
+def _array_of(text: str) -> exp.Expression:
+    """A Postgres array literal's text, ``{a,"b c",NULL}``, as an array of its elements' texts."""
+    try:
+        elements = pgt.array_text_elements(text)
+    except ValueError as e:
+        raise SqlError("SQL_PARSE_ERROR", f"{text!r} is not an array literal: {e}") from None
+    return exp.Array(expressions=[exp.Null() if e is None else exp.Literal.string(e) for e in elements])
+
+
+def _object_oid(value: exp.Expression, target: str | None) -> exp.Expression:
+    """The OID an object identifier cast stands for: of a name, looked up; else the number."""
+    if isinstance(value, exp.Literal) and value.is_string and not value.this.isdigit():
+        return _object_cast(value, target or "oid")
+    return exp.cast(value, "INTEGER")
 
 
 def _object_cast(value: exp.Expression, target: str) -> exp.Expression:
@@ -525,7 +630,7 @@ def _sets_of_rows(func: exp.Func) -> bool:
 _FUNCTION_CLASSES: dict[type, str] = {
     cls: name for cls, name in ((getattr(exp, c, None), n) for c, n in (
         ("CurrentVersion", "version"), ("CurrentUser", "current_user"), ("CurrentSchema", "current_schema"),
-        ("CurrentDatabase", "current_database"), ("CurrentCatalog", "current_catalog"),
+        ("CurrentDatabase", "current_database"), ("CurrentSchemas", "current_schemas"), ("CurrentCatalog", "current_catalog"),
         ("SessionUser", "session_user"))) if cls is not None}
 
 

@@ -49,6 +49,8 @@ DEFAULT_SETTINGS: dict[str, str] = {
 REPORTED = ("server_version", "server_encoding", "client_encoding", "datestyle", "intervalstyle", "timezone",
             "integer_datetimes", "standard_conforming_strings", "is_superuser", "application_name")
 _DISPLAY = {"datestyle": "DateStyle", "intervalstyle": "IntervalStyle", "timezone": "TimeZone"}
+# settings SHOW takes under the SQL standard's spelling (pgcli asks SHOW TIME ZONE on connect)
+_SHOW_ALIASES = {"time zone": "timezone", "transaction isolation level": "transaction_isolation"}
 
 
 def display_name(name: str) -> str:
@@ -255,11 +257,10 @@ class Session:
             names = sorted(self.settings)
             return _rows("SHOW", pa.table({"name": names, "setting": [self._setting(n) for n in names],
                                            "description": [""] * len(names)}))
-        if key == "transaction isolation level":
-            key = "transaction_isolation"
+        key = _SHOW_ALIASES.get(key, key)
         if key not in self.settings:
             raise SqlError("INVALID_PARAMETER", f"unrecognized configuration parameter {name!r}; SHOW ALL lists them")
-        return _one_value(key.split(".")[-1] if key != TOKEN else TOKEN, self._setting(key))
+        return _one_value(display_name(key.split(".")[-1]) if key != TOKEN else TOKEN, self._setting(key))
 
     def _setting(self, name: str) -> str:
         if name == TOKEN and self._answer_token is not None:

@@ -259,10 +259,82 @@ _PARAM_BINARY: dict[int, Callable[[bytes], Any]] = {
 }
 
 
+_ELEMENTS = {array: element for element, array in ARRAYS.items()}
+
+
+def array_text_elements(text: str) -> list[str | None]:
+    """The elements of a one-dimensional array literal, ``{a,"b c",NULL}``, as their texts."""
+    body = text.strip()
+    if body.startswith("["):  # [1:3]={...}: the bounds change nothing here
+        body = body.split("=", 1)[-1].strip()
+    if not (body.startswith("{") and body.endswith("}")):
+        raise ValueError(f"{text!r} is not an array: write it as {{a,b,c}}")
+    inner, out, i = body[1:-1], [], 0
+    if not inner.strip():
+        return []
+    while True:
+        while i < len(inner) and inner[i].isspace():
+            i += 1
+        if inner[i:i + 1] == "{":
+            raise ValueError("only one-dimensional arrays are taken as parameters")
+        if inner[i:i + 1] == '"':
+            i, chars = i + 1, []
+            while i < len(inner) and inner[i] != '"':
+                i += inner[i] == "\\"
+                chars.append(inner[i:i + 1])
+                i += 1
+            if i >= len(inner):
+                raise ValueError(f"{text!r} has an unterminated quote")
+            out.append("".join(chars))
+            end = inner.find(",", i)
+            end = len(inner) if end < 0 else end
+            if inner[i + 1:end].strip():
+                raise ValueError(f"{text!r}: text after a quoted element")
+        else:
+            end = inner.find(",", i)
+            end = len(inner) if end < 0 else end
+            word = inner[i:end].strip()
+            out.append(None if word.upper() == "NULL" else word)
+        if end >= len(inner):
+            return out
+        i = end + 1
+
+
+def _array_elements_binary(b: bytes) -> tuple[int, list[bytes | None]]:
+    """The element OID and elements of a one-dimensional array in the binary format."""
+    ndim, _, element = struct.unpack_from("!iiI", b)
+    if ndim == 0:
+        return element, []
+    if ndim != 1:
+        raise ValueError("only one-dimensional arrays are taken as parameters")
+    count, _ = struct.unpack_from("!ii", b, 12)
+    out: list[bytes | None] = []
+    at = 20
+    for _ in range(count):
+        (size,) = struct.unpack_from("!i", b, at)
+        at += 4
+        out.append(None if size < 0 else b[at:at + size])
+        at += max(size, 0)
+    return element, out
+
+
+def _decode_array(value: bytes, oid: int, fmt: int) -> list:
+    if fmt == 1:
+        element, parts = _array_elements_binary(value)
+        return [decode_parameter(p, element, 1) for p in parts]
+    return [None if p is None else decode_parameter(p.encode("utf-8"), _ELEMENTS[oid], 0)
+            for p in array_text_elements(value.decode("utf-8"))]
+
+
 def decode_parameter(value: bytes | None, oid: int, fmt: int) -> Any:
     """A bound parameter as the engine takes it; ValueError says what did not read."""
     if value is None:
         return None
+    if oid in _ELEMENTS:
+        try:
+            return _decode_array(value, oid, fmt)
+        except struct.error as e:
+            raise ValueError(f"array value of type {by_oid(oid).name} does not read: {e}") from None
     if fmt == 1:
         reader = _PARAM_BINARY.get(oid)
         if reader is None:  # text-like types send their UTF-8 bytes in binary too

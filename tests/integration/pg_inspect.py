@@ -1,6 +1,6 @@
 """SQLAlchemy's inspector over the Postgres port, the calls Superset makes for a dataset; run as
 a script (``python pg_inspect.py URL``) under each SQLAlchemy the tests check: 2.x with psycopg 3
-(the project's .venv) and 1.4 with psycopg2 (``sqla14_python``). Prints what it found as JSON.
+(the project's .venv) and 1.4 with psycopg2 (``tool_venv.sqla14_python``). Prints what it found as JSON.
 
 Only SQLAlchemy here: the 1.4 venv has nothing else.
 """
@@ -8,26 +8,7 @@ Only SQLAlchemy here: the 1.4 venv has nothing else.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
-SQLA14_VENV = ROOT / ".venv-sqla14"  # ignored by git; made once, kept between runs
-SQLA14_PINS = ("SQLAlchemy==1.4.54", "psycopg2-binary==2.9.13")
-
-
-def sqla14_python() -> Path:
-    """The Python of a venv with SQLAlchemy 1.4 and psycopg2, made when missing or pinned otherwise."""
-    python = SQLA14_VENV / "bin" / "python"
-    marker = SQLA14_VENV / ".installed"
-    if marker.exists() and marker.read_text() == "\n".join(SQLA14_PINS):
-        return python
-    subprocess.run([sys.executable, "-m", "venv", "--clear", str(SQLA14_VENV)], check=True, timeout=300)
-    subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                    "--progress-bar", "off", *SQLA14_PINS], check=True, timeout=600)
-    marker.write_text("\n".join(SQLA14_PINS))
-    return python
 
 
 def inspect(url: str) -> dict:

@@ -24,7 +24,7 @@ psycopg = pytest.importorskip("psycopg")
 import sqlglot  # noqa: E402
 
 from tests.integration.bi_cluster import BiCluster, bi_cluster  # noqa: F401,E402 - bi_cluster is a fixture
-from tests.integration.pg_inspect import sqla14_python  # noqa: E402
+from tests.integration.tool_venv import sqla14_python  # noqa: E402
 from tests.integration.pg_tool_queries import DATA_QUERIES, QUERIES  # noqa: E402
 from tests.integration.test_connect_names import bag  # noqa: E402
 from tests.integration.test_sql import post  # noqa: E402
@@ -221,18 +221,26 @@ JAVA = Path(__file__).parent / "java" / "PgjdbcCheck.java"
 INSPECT = Path(__file__).parent / "pg_inspect.py"
 
 
-@pytest.mark.skipif(PGJDBC is None or shutil.which("javac") is None,
-                    reason="Debian's libpostgresql-jdbc-java (make test installs it) or a JDK's javac is missing")
-def test_pgjdbc_metadata_and_a_paged_prepared_statement(bi_cluster, tmp_path) -> None:
-    c = bi_cluster
-    done = subprocess.run(["javac", "-d", str(tmp_path), "-cp", PGJDBC, str(JAVA)], capture_output=True, text=True,
+needs_pgjdbc = pytest.mark.skipif(
+    PGJDBC is None or shutil.which("javac") is None,
+    reason="Debian's libpostgresql-jdbc-java (make test installs it) or a JDK's javac is missing")
+
+
+def _java(source: Path, tmp_path: Path, *args: str) -> list[str]:
+    """The lines a Java check of java/ printed, compiled and run against pgjdbc."""
+    done = subprocess.run(["javac", "-d", str(tmp_path), "-cp", PGJDBC, str(source)], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr
-    url = f"jdbc:postgresql://127.0.0.1:{c.nodes[1].pg_port}/federator"
-    run = subprocess.run(["java", "-cp", f"{tmp_path}:{PGJDBC}", "PgjdbcCheck", url], capture_output=True, text=True,
+    run = subprocess.run(["java", "-cp", f"{tmp_path}:{PGJDBC}", source.stem, *args], capture_output=True, text=True,
                          timeout=120)
     assert run.returncode == 0, run.stderr
-    lines = run.stdout.splitlines()
+    return run.stdout.splitlines()
+
+
+@needs_pgjdbc
+def test_pgjdbc_metadata_and_a_paged_prepared_statement(bi_cluster, tmp_path) -> None:
+    c = bi_cluster
+    lines = _java(JAVA, tmp_path, f"jdbc:postgresql://127.0.0.1:{c.nodes[1].pg_port}/federator")
     assert lines[0] == "product PostgreSQL 16"
     assert [x for x in lines if x.startswith("table ")] == ["table public.blobs", "table public.per_minute",
                                                                   "table public.players"]
@@ -246,6 +254,44 @@ def test_pgjdbc_metadata_and_a_paged_prepared_statement(bi_cluster, tmp_path) ->
     assert [x for x in lines if x.startswith("row ")] == [
         f"row {p} {g} {'null' if s is None else s} {'null' if t is None else int(t.timestamp() * 1000)}" for p, g, s, t in expected]
     assert f"rows {len(expected)}" in lines and len(expected) > 3  # more rows than one page of 3
+
+
+# pgjdbc's TYPE_NAME and java.sql.Types of each SQL type /v1/stores gives a column
+JDBC_TYPES = {"VARCHAR": ("varchar", 12), "BIGINT": ("int8", -5), "INTEGER": ("int4", 4), "DOUBLE": ("float8", 8),
+              "BOOLEAN": ("bool", -7), "BLOB": ("bytea", -2), "TIMESTAMP WITH TIME ZONE": ("timestamptz", 93)}
+
+
+@needs_pgjdbc
+def test_dbeavers_jdbc_metadata_walk_matches_the_stores(bi_cluster, tmp_path) -> None:
+    """DBeaver's navigator through pgjdbc's DatabaseMetaData: what it lists is what GET /v1/stores says."""
+    c = bi_cluster
+    status, listing = c.nodes[0].client.get_json("/v1/stores")
+    assert status == 200
+    stores = {s["name"]: s for s in listing["stores"]}
+    lines = _java(JAVA.parent / "JdbcMetadataWalk.java", tmp_path,
+                  f"jdbc:postgresql://127.0.0.1:{c.nodes[2].pg_port}/federator")
+
+    def kind(word: str) -> list[str]:
+        return [x[len(word) + 1:] for x in lines if x.startswith(word + " ")]
+
+    assert kind("catalog") == ["federator"]
+    assert kind("schema") == ["pg_catalog", "public"]
+    assert kind("table") == [f"public {name} TABLE" for name in sorted(stores)]  # no view: a store is a table
+    columns, pks, indexes = [], [], []
+    for name in sorted(stores):
+        key = stores[name]["key"]["name"]
+        for i, col in enumerate(stores[name]["columns"], start=1):
+            type_name, java_type = JDBC_TYPES[col["type"]]
+            nullable = col["name"] != key
+            columns.append(f"{name} {i} {col['name']} {type_name} {java_type} {int(nullable)} {'YES' if nullable else 'NO'}")
+        pks.append(f"{name} {key} 1 {name}_pkey")
+        indexes.append(f"{name} {name}_pkey {key} 1 unique")
+    assert kind("column") == columns
+    assert kind("pk") == pks and kind("index") == indexes
+    assert kind("fk") == []  # stores reference no other store
+    types = dict(t.split() for t in kind("type"))
+    assert {JDBC_TYPES[col["type"]][0] for s in stores.values() for col in s["columns"]} <= set(types)
+    assert all(int(types[name]) == java for name, java in JDBC_TYPES.values())
 
 
 def test_a_cancel_request_stops_the_running_statement(bi_cluster) -> None:

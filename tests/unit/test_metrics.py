@@ -267,9 +267,8 @@ def test_get_metrics_needs_no_secret_and_speaks_prometheus_text() -> None:
     assert {"federator_sql_queries", "federator_partitions", "federator_node_info"} <= names
 
 
-def test_the_dashboard_and_the_readme_name_only_metrics_a_node_exposes() -> None:
-    import json
-    import re
+def test_the_reference_names_every_metric_a_node_exposes() -> None:
+    """(The dashboard is checked against running nodes: tests/integration/test_dashboard.py.)"""
     from pathlib import Path
 
     from prometheus_client import generate_latest
@@ -283,11 +282,7 @@ def test_the_dashboard_and_the_readme_name_only_metrics_a_node_exposes() -> None
     node.metrics.query("point", "ok", 0.0001)
     node.metrics.internal_call("n2", "key", "ok", 0.0001)
     text = generate_latest(node.metrics.registry).decode()
-    exposed = {s.name for f in text_string_to_metric_families(text) for s in f.samples}
     root = Path(__file__).resolve().parents[2]
-    dashboard = json.loads((root / "docs" / "grafana-dashboard.json").read_text())
-    used = set(re.findall(r"federator_[a-z_]+", json.dumps(dashboard)))
-    assert used and used <= exposed, used - exposed
     readme = (root / "docs" / "reference" / "metrics.md").read_text()
     families = {f.name + ("_total" if f.type == "counter" else "")
                 for f in text_string_to_metric_families(text) if not f.name.endswith("_created")}

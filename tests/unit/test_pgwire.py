@@ -94,6 +94,26 @@ def test_a_list_is_written_as_a_postgres_array() -> None:
     assert binary([]) == struct.pack("!iiI", 0, 0, pgt.INT4)
 
 
+@pytest.mark.parametrize("oid,values", [
+    (pgt.ARRAYS[pgt.VARCHAR], ["r", None, "a b", 'say "hi"', "", "null", "x,y", "back\\slash"]),
+    (pgt.ARRAYS[pgt.INT8], [1, None, -3]),
+    (pgt.ARRAYS[pgt.TEXT], []),
+])
+def test_an_array_parameter_reads_back_as_a_list(oid, values) -> None:
+    for fmt in (0, 1):
+        (encode,) = pgt.row_encoders([oid], [fmt])
+        assert pgt.decode_parameter(encode(values), oid, fmt) == values
+    assert pgt.decode_parameter(b"{r, p ,f}", pgt.ARRAYS[pgt.VARCHAR], 0) == ["r", "p", "f"]
+    assert pgt.decode_parameter(b"[1:2]={1,2}", pgt.ARRAYS[pgt.INT4], 0) == [1, 2]
+
+
+@pytest.mark.parametrize("text,why", [(b"r,p", "is not an array"), (b"{{1},{2}}", "only one-dimensional"),
+                                      (b'{"r}', "unterminated quote"), (b'{"r"p}', "text after a quoted element")])
+def test_an_array_parameter_that_does_not_read_says_why(text, why) -> None:
+    with pytest.raises(ValueError, match=why):
+        pgt.decode_parameter(text, pgt.ARRAYS[pgt.VARCHAR], 0)
+
+
 # ---- a session over a fake SQL service ----------------------------------------------------------
 
 class FakeService:
@@ -187,6 +207,38 @@ def test_catalog_queries_never_reach_the_engine(session) -> None:
     assert session.service.requests == []
     assert session.describe("SELECT player FROM players WHERE games > $1 LIMIT $2") == \
            ([pgt.INT8, pgt.INT8], pa.schema([pa.field("player", pa.string())]))
+
+
+def test_what_pgcli_asks_on_connect_and_for_completion(session) -> None:
+    assert rows(session.execute("SHOW TIME ZONE")) == [("UTC",)]
+    assert session.execute("SHOW TIME ZONE").schema.names == ["TimeZone"]
+    assert rows(session.execute("SELECT * FROM unnest(current_schemas(true))")) == [("pg_catalog",), ("public",)]
+    assert rows(session.execute("SELECT current_schemas(false)")) == [(["public"],)]
+    relations = "SELECT c.relname FROM pg_catalog.pg_class c WHERE c.relkind = ANY({}) ORDER BY 1"
+    assert session.describe(relations.format("$1"))[0] == [pgt.ARRAYS[pgt.VARCHAR]]  # a list binds as text[]
+    assert rows(session.execute(relations.format("$1"), [["r", "p"]])) == [("players",)]
+    assert rows(session.execute(relations.format("""'{r,p,""}'"""))) == [("players",)]  # psycopg's sql.Literal
+    assert rows(session.execute(relations.format("'{v,m}'::text[]"))) == []  # no views: DuckDB's own are not shown
+    functions = rows(session.execute(
+        "SELECT n.nspname, p.proname, COALESCE(proallargtypes::regtype[], proargtypes::regtype[])::text[], "
+        "prorettype::regtype::text FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace "
+        "WHERE p.prorettype::regtype != 'trigger'::regtype AND p.proname IN ('lower', 'range') ORDER BY 2, 3"))
+    assert ("pg_catalog", "lower", ["VARCHAR"], "character varying") in functions  # DuckDB's, as they are called
+    assert {f[1] for f in functions} == {"lower", "range"}
+    assert session.service.requests == []
+
+
+def test_what_pgjdbc_asks_for_dbeavers_navigator(session) -> None:
+    session.execute("SET max_index_keys = 16")
+    assert rows(session.execute("SELECT setting FROM pg_catalog.pg_settings WHERE name='max_index_keys'")) == [("16",)]
+    types = rows(session.execute(  # getTypeInfo's
+        "SELECT t.typname FROM pg_catalog.pg_type t JOIN pg_catalog.pg_namespace n ON (t.typnamespace = n.oid) "
+        "WHERE n.nspname != 'pg_toast' AND (t.typrelid = 0 OR (SELECT c.relkind = 'c' FROM pg_catalog.pg_class c "
+        "WHERE c.oid = t.typrelid))"))
+    assert {("int8",), ("varchar",), ("timestamptz",), ("text",)} <= set(types)
+    assert rows(session.execute("SELECT typlen FROM pg_catalog.pg_type WHERE typname IN ('varchar', 'int8') "
+                                "ORDER BY typname")) == [(8,), (-1,)]  # Postgres's sizes, not DuckDB's
+    assert session.service.requests == []
 
 
 @pytest.mark.parametrize("name", ["players", "main.players", "public.players", 'PUBLIC."players"',
