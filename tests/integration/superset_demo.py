@@ -64,7 +64,7 @@ def main() -> int:
     STATE.mkdir(parents=True, exist_ok=True)
     superset_env.step("starting Superset (its log: .federator/superset/superset.log)")
     try:
-        with superset_env.running(STATE, _port(8088), die_with_parent(signal.SIGTERM)) as server:
+        with superset_env.running(STATE, _port(8088)) as server:
             api = SupersetApi(server.url, *superset_env.ADMIN)
             site = provision(api, DEMO, f"federator://{node}", f"postgresql://superset@127.0.0.1:{pg}/federator")
             superset_env.step(f"Superset: {site.dashboard_url}  (login {superset_env.ADMIN[0]} / "

@@ -29,6 +29,7 @@ from typing import Callable, Iterator
 
 import urllib3
 
+from federator.broker import die_with_parent
 from tests import maven_cache
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -160,9 +161,11 @@ class Superset:
 
 
 @contextmanager
-def running(run_dir: Path, port: int, preexec_fn: Callable[[], None] | None = None) -> Iterator[Superset]:
+def running(run_dir: Path, port: int, preexec_fn: Callable[[], None] | None = die_with_parent(signal.SIGTERM)
+            ) -> Iterator[Superset]:
     """Superset's web server (gunicorn, one worker with threads) on 127.0.0.1:``port``, over a copy
-    of the initialised metadata in ``run_dir``; stopped on leaving."""
+    of the initialised metadata in ``run_dir``; stopped on leaving (and when this process dies:
+    ``preexec_fn``)."""
     python = superset_python()
     metadata = run_dir / "superset.db"
     shutil.copyfile(metadata_template(), metadata)
