@@ -60,6 +60,9 @@ def _port(preferred: int) -> int:
 
 
 def main() -> int:
+    stop: list[int] = []  # Ctrl-C or SIGTERM (set explicitly: a shell's background job ignores SIGINT)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda signum, _frame: stop.append(signum))
     demo, node, pg = start_demo()
     STATE.mkdir(parents=True, exist_ok=True)
     superset_env.step("starting Superset (its log: .federator/superset/superset.log)")
@@ -69,10 +72,8 @@ def main() -> int:
             site = provision(api, DEMO, f"federator://{node}", f"postgresql://superset@127.0.0.1:{pg}/federator")
             superset_env.step(f"Superset: {site.dashboard_url}  (login {superset_env.ADMIN[0]} / "
                               f"{superset_env.ADMIN[1]}); SQL Lab at {server.url}/sqllab/. Ctrl-C stops all.")
-            while demo.poll() is None and server.proc.poll() is None:
+            while not stop and demo.poll() is None and server.proc.poll() is None:
                 time.sleep(0.5)
-    except KeyboardInterrupt:
-        pass
     finally:
         demo.send_signal(signal.SIGTERM)
         demo.wait(60)
