@@ -4,7 +4,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: install demo test test-debs kafka kstreams test-kafka docs spark-cluster bench bench-debs chaos broker-faults fuzz clean
+.PHONY: install demo test test-debs kafka kstreams superset-env superset test-kafka docs spark-cluster bench bench-debs chaos broker-faults fuzz clean
 
 $(BIN)/.installed: setup.cfg pyproject.toml
 	@echo "==> creating $(VENV) and installing federator with its test dependencies (about a minute)"
@@ -45,7 +45,18 @@ kafka: install
 kstreams: install
 	@$(BIN)/python -m tests.integration.kstreams_app
 
-test: install test-debs kafka kstreams
+# Apache Superset 6.1 in its own environment beside Federator's client (tests/integration/superset_env.py):
+# Superset once per machine under ~/.cache/federator (a few minutes), .venv-superset with the client
+# from this checkout (seconds).
+superset-env: install
+	@$(BIN)/python -m tests.integration.superset_env
+
+# The demo in Superset: the demo's broker, jobs and nodes, and Superset with Federator added twice
+# (federator:// and postgresql://), datasets and a dashboard; prints the URL and login. Ctrl-C stops all.
+superset: superset-env
+	@$(BIN)/python -m tests.integration.superset_demo
+
+test: install test-debs kafka kstreams superset-env
 	$(BIN)/python -m pytest
 
 # Every test marked apache_kafka on Apache Kafka alone, the long ones too (the kill test, every
@@ -106,4 +117,4 @@ fuzz: install
 	FEDERATOR_HOSTILE_HUGE=1 $(BIN)/python -m pytest tests/integration/test_hostile.py -s && exit $$status
 
 clean:
-	rm -rf $(VENV) $(FAUST_VENV) .venv-sqla14 .federator
+	rm -rf $(VENV) $(FAUST_VENV) .venv-sqla14 .venv-pgcli .venv-superset .federator

@@ -1,5 +1,6 @@
-"""What the tests build or fetch with Maven (Apache Kafka's jars, the Kafka Streams application),
-once per machine: into a cache directory keyed by the inputs, under a lock, complete or absent."""
+"""What the tests build or fetch once per machine (with Maven: Apache Kafka's jars, the Kafka
+Streams application; Superset's environment): into a cache directory keyed by the inputs, under
+a lock, complete or absent."""
 
 from __future__ import annotations
 
@@ -19,39 +20,54 @@ INSTALL = ("install a JDK 17 and Maven (Debian: apt-get install openjdk-17-jdk-h
 def cache_dir(name: str, inputs: Iterable[Path], base: Path | None = None) -> Path:
     """``name``-HASH under the cache root (FEDERATOR_CACHE, else ~/.cache/federator): the hash is
     of the ``inputs`` files (their paths relative to ``base``, and contents), so a change makes anew."""
+    root = Path(os.environ.get("FEDERATOR_CACHE") or Path.home() / ".cache" / "federator")
+    return root / f"{name}-{files_digest(inputs, base)[:12]}"
+
+
+def files_digest(inputs: Iterable[Path], base: Path | None = None) -> str:
+    """SHA-256 of the ``inputs`` files' contents (and their paths relative to ``base`` when given)."""
     digest = hashlib.sha256()
     for f in inputs:
         if base is not None:
             digest.update(str(f.relative_to(base)).encode() + b"\0")
         digest.update(f.read_bytes())
-    root = Path(os.environ.get("FEDERATOR_CACHE") or Path.home() / ".cache" / "federator")
-    return root / f"{name}-{digest.hexdigest()[:12]}"
+    return digest.hexdigest()
 
 
 def maven_once(out: Path, maven_args: Callable[[Path], list[str]], what: str, progress: bool = False,
                tools: tuple[str, ...] = ("java", "mvn")) -> Path:
-    """``out``, made by ``mvn -B *maven_args(tmp)`` into a temporary directory renamed to ``out``
-    when Maven succeeds, unless a complete ``out`` exists; ``what`` names it in errors."""
+    """``out``, made by ``mvn -B *maven_args(tmp)`` (see ``build_once``); ``what`` names it in errors."""
     if (out / ".complete").exists():
         return out
     missing = [tool for tool in tools if shutil.which(tool) is None]
     if missing:
         raise RuntimeError(f"{what} needs {' and '.join(missing)}, not found: {INSTALL}")
+    return build_once(out, lambda tmp: _run_maven(tmp, maven_args, what, progress))
+
+
+def build_once(out: Path, build: Callable[[Path], None]) -> Path:
+    """``out``, made by ``build(tmp)`` into a temporary directory renamed to ``out`` when it
+    returns, unless a complete ``out`` exists; a ``build`` that raises leaves nothing."""
+    if (out / ".complete").exists():
+        return out
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out.parent / f".{out.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another session or worktree may be making it too
         if not (out / ".complete").exists():
-            _run_maven(out, maven_args, what, progress)
+            tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f"{out.name}-"))
+            try:
+                build(tmp)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+            (tmp / ".complete").touch()
+            shutil.rmtree(out, ignore_errors=True)
+            tmp.rename(out)
     return out
 
 
-def _run_maven(out: Path, maven_args: Callable[[Path], list[str]], what: str, progress: bool) -> None:
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f"{out.name}-"))
+def _run_maven(tmp: Path, maven_args: Callable[[Path], list[str]], what: str, progress: bool) -> None:
     cmd = ["mvn", "-B", *(() if progress else ("-q",)), *maven_args(tmp)]
     done = subprocess.run(cmd, stdout=None if progress else subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if done.returncode != 0:
-        shutil.rmtree(tmp, ignore_errors=True)
         raise RuntimeError(f"{what} with Maven failed (exit {done.returncode}):\n{(done.stdout or '')[-4000:]}")
-    (tmp / ".complete").touch()
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)

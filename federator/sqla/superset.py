@@ -3,8 +3,9 @@
 Imports without Superset (the base class is then a stand-in), so the entry point never
 breaks an environment that has Federator but not Superset.
 
-Time grains are DuckDB's DATE_TRUNC, the engine the service runs, from second to year
-(week starts on Monday, as in DuckDB). On window stores, ``window_start`` is the natural time
+Time grains are every one Superset names, in DuckDB's functions (the engine the service runs):
+DATE_TRUNC from second to year (a week starts on Monday, as in DuckDB), time_bucket for 5 s to
+6 h, and weeks starting or ending on Sunday, Monday or Saturday. On window stores, ``window_start`` is the natural time
 column: it is already on the window's grid, so grains at or above the window size
 aggregate whole windows.
 """
@@ -29,6 +30,15 @@ TIME_GRAIN_EXPRESSIONS: dict[str | None, str] = {
     **{grain: f"DATE_TRUNC('{unit}', {{col}})" for grain, unit in (
         ("PT1S", "second"), ("PT1M", "minute"), ("PT1H", "hour"), ("P1D", "day"), ("P1W", "week"),
         ("P1M", "month"), ("P3M", "quarter"), ("P1Y", "year"))},
+    # buckets of a few seconds, minutes or hours: DuckDB's time_bucket, on UTC's grid
+    **{grain: f"time_bucket(INTERVAL '{width}', {{col}})" for grain, width in (
+        ("PT5S", "5 seconds"), ("PT30S", "30 seconds"), ("PT5M", "5 minutes"), ("PT10M", "10 minutes"),
+        ("PT15M", "15 minutes"), ("PT30M", "30 minutes"), ("PT6H", "6 hours"))},
+    # weeks named by their first or last day (DuckDB's weeks start on Monday)
+    "1969-12-28T00:00:00Z/P1W": "DATE_TRUNC('week', {col} + INTERVAL 1 DAY) - INTERVAL 1 DAY",
+    "1969-12-29T00:00:00Z/P1W": "DATE_TRUNC('week', {col})",
+    "P1W/1970-01-03T00:00:00Z": "DATE_TRUNC('week', {col} + INTERVAL 1 DAY) + INTERVAL 5 DAY",
+    "P1W/1970-01-04T00:00:00Z": "DATE_TRUNC('week', {col}) + INTERVAL 6 DAY",
 }
 
 

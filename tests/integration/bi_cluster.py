@@ -19,6 +19,7 @@ from typing import Any, Iterator
 import duckdb
 import pyarrow as pa
 import pytest
+import sqlglot
 
 from federator.store.layout import window_key
 from tests.integration.changelog_util import produce, register
@@ -120,6 +121,17 @@ def start(broker, root: Path) -> BiCluster:
         "points": pa.array([r["points"] for r in mrow], pa.int64()),
     }))
     return BiCluster(cluster, db, prow, brow, mrow, app_id)
+
+
+def unqualified(sql: str, read: str = "postgres") -> str:
+    """``sql`` (in dialect ``read``) as DuckDB's over the bare names the oracle's tables have."""
+    tree = sqlglot.parse_one(sql, read=read)
+    for node in tree.find_all(sqlglot.exp.Table, sqlglot.exp.Column):
+        if isinstance(node, sqlglot.exp.Column) and node.args.get("db") is None:
+            continue
+        node.set("db", None)
+        node.set("catalog", None)
+    return tree.sql(dialect="duckdb")
 
 
 _shared: dict[str, BiCluster] = {}

@@ -21,9 +21,8 @@ import pyarrow as pa
 import pytest
 
 psycopg = pytest.importorskip("psycopg")
-import sqlglot  # noqa: E402
 
-from tests.integration.bi_cluster import BiCluster, bi_cluster  # noqa: F401,E402 - bi_cluster is a fixture
+from tests.integration.bi_cluster import BiCluster, bi_cluster, unqualified  # noqa: F401,E402 - bi_cluster is a fixture
 from tests.integration.tool_venv import sqla14_python  # noqa: E402
 from tests.integration.pg_tool_queries import DATA_QUERIES, QUERIES  # noqa: E402
 from tests.integration.test_connect_names import bag  # noqa: E402
@@ -343,23 +342,12 @@ def test_sqlalchemy_inspector_finds_the_stores_as_superset_asks(bi_cluster, pyth
         c, "SELECT team, count(*) AS n FROM players GROUP BY team ORDER BY team NULLS FIRST")
 
 
-def _unqualified(sql: str) -> str:
-    """``sql`` (Postgres's) as DuckDB's over the bare names the oracle's tables have."""
-    tree = sqlglot.parse_one(sql, read="postgres")
-    for node in tree.find_all(sqlglot.exp.Table, sqlglot.exp.Column):
-        if isinstance(node, sqlglot.exp.Column) and node.args.get("db") is None:
-            continue
-        node.set("db", None)
-        node.set("catalog", None)
-    return tree.sql(dialect="duckdb")
-
-
 @pytest.mark.parametrize("tool,where,sql", DATA_QUERIES, ids=[f"{q[0]}: {q[1]}" for q in DATA_QUERIES])
 def test_data_queries_of_bi_tools_equal_duckdb_and_http(bi_cluster, tool, where, sql) -> None:
     c = bi_cluster
     with psycopg.connect(dsn(c), autocommit=True) as conn:
         got = bag(utc(conn.execute(sql).fetchall()))  # no parameters: the simple protocol, as psycopg2 sends
-    want = bag(duck(c, _unqualified(sql)))
+    want = bag(duck(c, unqualified(sql)))
     assert got == want and want, (got[:5], want[:5])
     resp = post(c.nodes[2], {"sql": sql, "dialect": "postgres", "format": "arrow"})
     assert resp.status == 200, resp.data[:300]

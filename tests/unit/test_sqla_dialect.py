@@ -78,7 +78,10 @@ def test_service_type_names_map_to_sqlalchemy_types(name, want) -> None:
 
 def test_superset_spec_imports_without_superset() -> None:
     grains = FederatorEngineSpec._time_grain_expressions
-    assert {None, "PT1S", "PT1M", "PT1H", "P1D", "P1W", "P1M", "P3M", "P1Y"} == set(grains)
+    # every grain Superset names (superset.db_engine_specs.base.builtin_time_grains), and None
+    assert {None, "PT1S", "PT5S", "PT30S", "PT1M", "PT5M", "PT10M", "PT15M", "PT30M", "PT1H", "PT6H", "P1D", "P1W",
+            "1969-12-28T00:00:00Z/P1W", "1969-12-29T00:00:00Z/P1W", "P1W/1970-01-03T00:00:00Z",
+            "P1W/1970-01-04T00:00:00Z", "P1M", "P3M", "P1Y"} == set(grains)
     assert all("{col}" in e for e in grains.values())
     assert FederatorEngineSpec.convert_dttm("TIMESTAMP WITH TIME ZONE", dt.datetime(2024, 5, 1, 12)) == (
         "TIMESTAMP '2024-05-01 12:00:00.000000'")
