@@ -1,5 +1,6 @@
-"""What the tests build or fetch with Maven (Apache Kafka's jars, the Kafka Streams application),
-once per machine: into a cache directory keyed by the inputs, under a lock, complete or absent."""
+"""What the tests build or fetch once per machine (Apache Kafka's jars and the Kafka Streams application
+with Maven, a wheel of the repository): into a cache directory keyed by the inputs, under a lock,
+complete or absent."""
 
 from __future__ import annotations
 
@@ -37,21 +38,32 @@ def maven_once(out: Path, maven_args: Callable[[Path], list[str]], what: str, pr
     missing = [tool for tool in tools if shutil.which(tool) is None]
     if missing:
         raise RuntimeError(f"{what} needs {' and '.join(missing)}, not found: {INSTALL}")
+    return made_once(out, lambda tmp: _run_maven(tmp, maven_args, what, progress))
+
+
+def made_once(out: Path, make: Callable[[Path], None]) -> Path:
+    """``out``, made by ``make(tmp)`` into a temporary directory renamed to ``out`` when it returns,
+    unless a complete ``out`` exists; a failed ``make`` leaves nothing behind."""
+    if (out / ".complete").exists():
+        return out
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out.parent / f".{out.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another session or worktree may be making it too
         if not (out / ".complete").exists():
-            _run_maven(out, maven_args, what, progress)
+            tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f"{out.name}-"))
+            try:
+                make(tmp)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+            (tmp / ".complete").touch()
+            shutil.rmtree(out, ignore_errors=True)
+            tmp.rename(out)
     return out
 
 
-def _run_maven(out: Path, maven_args: Callable[[Path], list[str]], what: str, progress: bool) -> None:
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f"{out.name}-"))
+def _run_maven(tmp: Path, maven_args: Callable[[Path], list[str]], what: str, progress: bool) -> None:
     cmd = ["mvn", "-B", *(() if progress else ("-q",)), *maven_args(tmp)]
     done = subprocess.run(cmd, stdout=None if progress else subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if done.returncode != 0:
-        shutil.rmtree(tmp, ignore_errors=True)
         raise RuntimeError(f"{what} with Maven failed (exit {done.returncode}):\n{(done.stdout or '')[-4000:]}")
-    (tmp / ".complete").touch()
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)

@@ -8,7 +8,6 @@ Only SQLAlchemy here: the 1.4 venv has nothing else.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -19,15 +18,9 @@ SQLA14_PINS = ("SQLAlchemy==1.4.54", "psycopg2-binary==2.9.13")
 
 def sqla14_python() -> Path:
     """The Python of a venv with SQLAlchemy 1.4 and psycopg2, made when missing or pinned otherwise."""
-    python = SQLA14_VENV / "bin" / "python"
-    marker = SQLA14_VENV / ".installed"
-    if marker.exists() and marker.read_text() == "\n".join(SQLA14_PINS):
-        return python
-    subprocess.run([sys.executable, "-m", "venv", "--clear", str(SQLA14_VENV)], check=True, timeout=300)
-    subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                    "--progress-bar", "off", *SQLA14_PINS], check=True, timeout=600)
-    marker.write_text("\n".join(SQLA14_PINS))
-    return python
+    from tests.light_install import cached_venv  # here: this file also runs as a script in that venv
+
+    return cached_venv(SQLA14_VENV, SQLA14_PINS)
 
 
 def inspect(url: str) -> dict:
