@@ -54,7 +54,8 @@ def new_venv(path: Path, requirements: Sequence[str]) -> Path:
     """A fresh venv at ``path`` with ``requirements`` installed; its Python."""
     subprocess.run([sys.executable, "-m", "venv", "--clear", str(path)], check=True, timeout=300)
     python = path / "bin" / "python"
-    subprocess.run([str(python), "-m", "pip", "install", *PIP_QUIET, *requirements], check=True, timeout=900)
+    if requirements:
+        subprocess.run([str(python), "-m", "pip", "install", *PIP_QUIET, *requirements], check=True, timeout=900)
     return python
 
 
