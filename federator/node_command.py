@@ -17,7 +17,7 @@ from typing import Any
 
 from federator.auth import Users
 from federator.tls import from_flags
-from federator.node.group import GroupTimings
+from federator.node.timings import GroupTimings
 from federator.node.node import Node, NodeConfig
 from federator.plugin import load_plugins
 from federator.store.kept_answers import DEFAULT_PER_SHARD
@@ -61,7 +61,8 @@ def arrow_memory_pool() -> str:
 
 def run_node(args: argparse.Namespace) -> int:
     from federator.http.app import create_app
-    from federator.http.server import default_server, serve, shutdown
+    from federator.http.server import serve, shutdown
+    from federator.http.server_choice import default_server
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     logging.getLogger("waitress").setLevel(logging.WARNING)

@@ -1,5 +1,5 @@
 """What the tests build or fetch once per machine (with Maven: Apache Kafka's jars, the Kafka
-Streams application; Superset's environment): into a cache directory keyed by the inputs, under
+Streams application; Superset's environment; a wheel of the repository): into a cache directory keyed by the inputs, under
 a lock, complete or absent."""
 
 from __future__ import annotations

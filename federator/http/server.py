@@ -7,7 +7,6 @@ port before any request arrives; ``start`` runs it in a thread; ``shutdown`` end
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from typing import Any
@@ -21,18 +20,6 @@ log = logging.getLogger(__name__)
 # How long shutdown waits for a loop it was not told about before closing the sockets itself;
 # a running loop wakes on the trigger and empties its map within milliseconds.
 _GRACE_S = 1.0
-
-
-SERVERS = ("granian", "waitress")
-
-
-def default_server() -> str:
-    """The HTTP server `federator node` uses unless told otherwise: $FEDERATOR_HTTP_SERVER,
-    else granian."""
-    chosen = os.environ.get("FEDERATOR_HTTP_SERVER", "granian")
-    if chosen not in SERVERS:
-        raise ValueError(f"FEDERATOR_HTTP_SERVER must be one of {', '.join(SERVERS)}, got {chosen!r}")
-    return chosen
 
 
 def serve(app: Any, host: str, port: int, threads: int = 8) -> Any:

@@ -22,7 +22,8 @@ from federator.catalog.catalog import COMPACTED, Catalog, apply_catalog_message,
 from federator.catalog.definition import StoreDefinition
 from federator.node import internal_query
 from federator.node.key_server import KeyServer
-from federator.node.group import GroupMember, GroupTimings
+from federator.node.group import GroupMember
+from federator.node.timings import GroupTimings
 from federator.node.materializer import ACTIVE, STANDBY, Materializer
 from federator.metrics import Metrics
 from federator.cluster.membership import (

@@ -24,9 +24,20 @@ from federator.sqla.types import FederatorDate, FederatorDateTime, FederatorType
 
 SCHEMA = "main"
 _SQLALCHEMY_1 = sqlalchemy.__version__.startswith("1.")
-# Inspector-level caching of reflection; SQLAlchemy 1.4's decorator cannot copy the signature
-# of annotated methods (it writes broken code for string annotations), so none there.
-_cache = (lambda fn: fn) if _SQLALCHEMY_1 else reflection.cache
+
+
+def _cache(fn: Any) -> Any:
+    """SQLAlchemy's reflection cache (one per Inspector: a dataset editor's repeated calls ask the
+    node once). 1.4's decorator copies the method's signature into generated code, which breaks
+    on string annotations, so there it wraps an unannotated stand-in of the same name."""
+    if not _SQLALCHEMY_1:
+        return reflection.cache(fn)
+
+    def unannotated(self, connection, *args, **kw):  # type: ignore[no-untyped-def]
+        return fn(self, connection, *args, **kw)
+
+    unannotated.__name__ = fn.__name__  # the cache's key
+    return reflection.cache(unannotated)
 
 
 class FederatorCompiler(compiler.SQLCompiler):

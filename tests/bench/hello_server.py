@@ -18,7 +18,8 @@ import threading
 
 from flask import Flask, Response, request
 
-from federator.http.server import SERVERS, default_server, serve, shutdown
+from federator.http.server import serve, shutdown
+from federator.http.server_choice import SERVERS, default_server
 
 
 def create_app() -> Flask:

@@ -79,10 +79,11 @@ def superset_python() -> Path:
 
 
 def install_client(python: Path) -> None:
-    """Federator's client into the environment of ``python``, from this repository. Without its
-    dependencies, which are the node's too (the base layer holds urllib3 and pyarrow, what the
-    client imports); once the package installs light, this becomes a plain install."""
-    _pip(python, "install", "--no-deps", "--force-reinstall", str(ROOT))
+    """Federator's client into the environment of ``python``, from this repository, as a user
+    installs it beside Superset: the client alone with the SQLAlchemy extra, its dependencies
+    resolved against Superset's pins; ``pip check`` then finds no conflict."""
+    _pip(python, "install", f"{ROOT}[sqlalchemy]")
+    _pip(python, "check")
 
 
 def _client_digest() -> str:

@@ -4,9 +4,9 @@ between runs, so that a run pays for the install once per machine."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
+
+from tests.light_install import cached_venv
 
 ROOT = Path(__file__).resolve().parents[2]
 SQLA14_PINS = ("SQLAlchemy==1.4.54", "psycopg2-binary==2.9.13")
@@ -16,15 +16,7 @@ PGCLI_PINS = ("pgcli==4.7.1", "pgspecial==2.2.1", "psycopg==3.3.9", "prompt_tool
 
 def tool_venv(name: str, pins: tuple[str, ...]) -> Path:
     """The bin folder of ``.venv-<name>``, with ``pins`` installed."""
-    venv = ROOT / f".venv-{name}"
-    marker = venv / ".installed"
-    if marker.exists() and marker.read_text() == "\n".join(pins):
-        return venv / "bin"
-    subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True, timeout=300)
-    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                    "--progress-bar", "off", *pins], check=True, timeout=600)
-    marker.write_text("\n".join(pins))
-    return venv / "bin"
+    return cached_venv(ROOT / f".venv-{name}", pins).parent
 
 
 def sqla14_python() -> Path:

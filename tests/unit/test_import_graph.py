@@ -14,6 +14,9 @@ import counts as one of each package on the way that is not the importer's own.
 from __future__ import annotations
 
 import ast
+import configparser
+import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 LAYERS: list[tuple[str, list[str]]] = [
     ("foundation", ["federator", "federator.partitioner", "federator.kafka", "federator.kafka_properties", "federator.broker",
                     "federator.formats", "federator.errors", "federator.metrics", "federator.auth", "federator.tls",
-                    "federator.cancel"]),
+                    "federator.cancel", "federator.extras"]),
     ("query model (IQv2)", ["federator.query"]),
     ("catalog", ["federator.catalog"]),
     ("stores", ["federator.store"]),
@@ -260,6 +263,49 @@ def test_each_allowed_exception_is_still_needed(federator) -> None:
     _, edges = federator
     for a in ALLOWED:
         assert any(_within(e.importer, a.importer) and _within(e.imported, a.imported) for e in edges), a
+
+
+# The client alone (`pip install federator`, no extras): what these modules run, lazily too, may
+# import only the standard library, the base requirements of setup.cfg, SQLAlchemy (the dialect's
+# extra) and Superset (the engine spec's base class, imported only where Superset is installed).
+CLIENT = ("federator.dbapi", "federator.sqla", "federator.client")
+CLIENT_EXTRAS = ("sqlalchemy",)
+ONLY_WHERE_PRESENT = {"superset"}
+
+
+def _requirement_names(text: str) -> set[str]:
+    lines = (line.split("#", 1)[0].strip() for line in text.splitlines())
+    return {re.match(r"[A-Za-z0-9_.-]+", line).group().lower().replace("-", "_") for line in lines if line}
+
+
+def _external_imports(path: Path) -> set[str]:
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            out.add(node.module.split(".")[0])
+    return out - set(sys.stdlib_module_names) - {"federator", "__future__"}
+
+
+def test_the_client_imports_only_what_its_install_brings(federator) -> None:
+    known, edges = federator
+    runs = {m for m in known if any(_within(m, root) for root in CLIENT)}
+    todo = list(runs)
+    while todo:
+        importer = todo.pop()
+        for e in edges:
+            if e.importer == importer and not e.type_only and e.imported not in runs:
+                runs.add(e.imported)
+                todo.append(e.imported)
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "setup.cfg")
+    allowed = _requirement_names(cfg["options"]["install_requires"]) | ONLY_WHERE_PRESENT
+    allowed |= {n for extra in CLIENT_EXTRAS for n in _requirement_names(cfg["options.extras_require"][extra])}
+    imported = {name: sorted(m for m in runs if name in _external_imports(known[m]))
+                for m in runs for name in _external_imports(known[m])}
+    assert {name: by for name, by in imported.items() if name.lower() not in allowed} == {}
+    assert "federator.dbapi.connection" in runs and "federator.query.position" in runs  # the walk follows imports
 
 
 # ---- the checker itself, on a small made-up package ---------------------------------------
