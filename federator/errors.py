@@ -177,6 +177,18 @@ def unsupported(construct: str, hint: str = "") -> SqlError:
     return SqlError("UNSUPPORTED", f"{msg}; {hint}" if hint else msg)
 
 
+def error_schema() -> dict[str, Any]:
+    """The body's JSON Schema, for the OpenAPI document: the codes are the table's."""
+    return {"type": "object", "required": ["error"], "properties": {"error": {
+        "type": "object", "required": ["code", "message"], "properties": {
+            "code": {"type": "string", "enum": list(CODES),
+                     "description": "; ".join(f"{c}: {row.meaning}" for c, row in CODES.items())},
+            "message": {"type": "string", "description": "what was wrong and what to do"},
+            "line": {"type": "integer"}, "col": {"type": "integer"},
+            "partitions": {"type": "array", "items": {"type": "integer"}},
+            "store": {"type": "string"}, "key": {"type": "string"}}}}}
+
+
 def markdown_table() -> str:
     """The table of codes as docs/reference/errors.md shows it (a MkDocs hook puts it there)."""
     lines = ["| Code | HTTP | Flight SQL (gRPC) | Postgres SQLSTATE | DB-API | Meaning | What to do |",

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from federator import __version__
-from federator.errors import CODES
+from federator.errors import CODES, error_schema
 
 _ERROR = {"$ref": "#/components/schemas/Error"}
 
@@ -123,14 +123,7 @@ def document() -> dict[str, Any]:
                 **{"x-internal": True})},
         },
         "components": {
-            "schemas": {"Error": {"type": "object", "required": ["error"], "properties": {"error": {
-                "type": "object", "required": ["code", "message"], "properties": {
-                    "code": {"type": "string", "enum": list(CODES),
-                             "description": "; ".join(f"{c}: {row.meaning}" for c, row in CODES.items())},
-                    "message": {"type": "string", "description": "what was wrong and what to do"},
-                    "line": {"type": "integer"}, "col": {"type": "integer"},
-                    "partitions": {"type": "array", "items": {"type": "integer"}},
-                    "store": {"type": "string"}, "key": {"type": "string"}}}}}},
+            "schemas": {"Error": error_schema()},
             "securitySchemes": {"bearerAuth": {"type": "http", "scheme": "bearer",
                                                "description": "a token `federator users add` printed"}},
         },
