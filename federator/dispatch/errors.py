@@ -18,7 +18,7 @@ class DispatchError(FederatorError):
     code = "UNAVAILABLE"
 
     def __init__(self, message: str, partitions: list[int] | None = None) -> None:
-        super().__init__(message)
+        super().__init__(message, **({} if partitions is None else {"partitions": partitions}))
         self.partitions = partitions
 
 
