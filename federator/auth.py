@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from federator.errors import FederatorError, SqlError
+
 SCHEME = "SCRAM-SHA-256"
 ITERATIONS = 4096  # Postgres's default for SCRAM-SHA-256
 USERS_FILE_ENV = "FEDERATOR_USERS_FILE"
@@ -84,8 +86,10 @@ def salted_password(token: str, salt: bytes, iterations: int) -> bytes:
     return hashlib.pbkdf2_hmac("sha256", token.encode("utf-8"), salt, iterations)
 
 
-class UsersFileError(ValueError):
+class UsersFileError(FederatorError, ValueError):
     """The users file cannot be read; the message names the file, the line and what to do."""
+
+    code = "INVALID_PARAMETER"
 
 
 @dataclass(frozen=True)
@@ -95,6 +99,12 @@ class Login:
 
     user: str | None
     retry_after: float = 0.0
+
+    def error(self) -> SqlError | None:
+        """The refusal as an error (TOO_MANY_FAILED_LOGINS while shut out), or None for a user."""
+        if self.retry_after:
+            return SqlError("TOO_MANY_FAILED_LOGINS", self.refusal(), retry_after=self.retry_after)
+        return None if self.user is not None else SqlError("UNAUTHENTICATED", self.refusal())
 
     def refusal(self) -> str:
         """What to tell a refused caller."""

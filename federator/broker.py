@@ -11,9 +11,11 @@ import time
 from types import FrameType
 from typing import IO, Callable
 
+from federator.errors import FederatorError
 
-class BrokerError(RuntimeError):
-    pass
+
+class BrokerError(FederatorError, RuntimeError):
+    code = "UNAVAILABLE"
 
 
 # `federator node` flags for a node on tansu, which has no minimum session timeout: joins and

@@ -21,10 +21,13 @@ from typing import Any, Callable, ClassVar, Sequence
 
 import numpy as np
 import pyarrow as pa
+from federator.errors import FederatorError
 
 
-class FormatError(ValueError):
+class FormatError(FederatorError, ValueError):
     """A value that does not fit its format, or a format that does not exist."""
+
+    code = "INVALID_PARAMETER"
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,13 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from federator import kafka_properties
 from federator.kafka_properties import ClientProperties
+from federator.errors import FederatorError
 
 
-class KafkaUnavailable(RuntimeError):
+class KafkaUnavailable(FederatorError, RuntimeError):
     """The broker could not be reached or refused a request."""
+
+    code = "UNAVAILABLE"
 
 
 # librdkafka logs every failed connect attempt; callers report failures themselves, so the

@@ -10,6 +10,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
+from federator.errors import FederatorError
 
 CONFIG_ENV = "FEDERATOR_KAFKA_CONFIG"
 # What names a property whose value is a secret (sasl.password, ssl.key.password,
@@ -17,8 +18,10 @@ CONFIG_ENV = "FEDERATOR_KAFKA_CONFIG"
 _SECRET_WORDS = ("password", "secret", "ssl.key.pem", "sasl.jaas.config", "sasl.oauthbearer.config")
 
 
-class KafkaConfigError(ValueError):
+class KafkaConfigError(FederatorError, ValueError):
     """A client properties file that cannot be used; the message says what to change."""
+
+    code = "INVALID_PARAMETER"
 
 
 def is_secret(name: str) -> bool:

@@ -15,14 +15,17 @@ from confluent_kafka.admin import AdminClient
 
 from federator import kafka
 from federator.catalog.definition import DefinitionError, StoreDefinition, TypeLookup
+from federator.errors import FederatorError
 
 log = logging.getLogger(__name__)
 
 COMPACTED = {"cleanup.policy": "compact"}
 
 
-class CatalogConflict(ValueError):
+class CatalogConflict(FederatorError, ValueError):
     """A store of that name exists with another definition."""
+
+    code = "INVALID_PARAMETER"
 
 
 def catalog_topic(application_id: str) -> str:

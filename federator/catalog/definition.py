@@ -17,14 +17,17 @@ import pyarrow as pa
 
 from federator.formats import JSON_FIELD_TYPES, TIMESTAMP, Format, FormatError, JsonFormat
 from federator.query.queries import Query
+from federator.errors import FederatorError
 
 NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,199}$")
 # Columns every windowed/session store adds, and the record timestamp every store adds.
 RESERVED_COLUMNS = ("window_start", "window_end", "rowtime")
 
 
-class DefinitionError(ValueError):
+class DefinitionError(FederatorError, ValueError):
     """A store definition that cannot be used; the message names the field."""
+
+    code = "INVALID_PARAMETER"
 
 
 class StoreKind(Protocol):

@@ -1,5 +1,9 @@
 """PEP 249 exceptions, and the mapping from the service's error codes to them.
 
+They are the driver's own hierarchy (PEP 249: ``Error`` is the base of every error the driver
+raises), not federator.errors.FederatorError: they describe an answer received, whose code may be
+one this driver does not know, or no code at all when nothing answered.
+
 Every exception raised for an answer of the service carries that answer's ``code`` (e.g.
 ``UNKNOWN_STORE``), ``message``, and for SQL errors ``line``/``col``, so a caller can act on
 the stable code rather than parse text.
@@ -8,6 +12,8 @@ the stable code rather than parse text.
 from __future__ import annotations
 
 from typing import Any
+
+from federator.errors import CODES
 
 
 class Warning(Exception):  # noqa: A001 - the name PEP 249 asks for
@@ -63,26 +69,10 @@ class NotSupportedError(DatabaseError):
     pass
 
 
-# The service's codes (federator.errors.STATUS). A code this driver does not know yet
-# still raises a DatabaseError carrying it, so newer servers never crash older clients.
-CODE_TO_CLASS: dict[str, type[DatabaseError]] = {
-    "SQL_PARSE_ERROR": ProgrammingError,
-    "INVALID_PARAMETER": ProgrammingError,
-    "SQL_TOO_LONG": ProgrammingError,
-    "REQUEST_TOO_LARGE": ProgrammingError,
-    "ANSWER_TOO_LARGE": ProgrammingError,  # the statement must ask for less (LIMIT, a WHERE on the key)
-    "UNKNOWN_STORE": ProgrammingError,
-    "UNKNOWN_COLUMN": ProgrammingError,
-    "UNSUPPORTED": NotSupportedError,
-    "UNKNOWN_QUERY_TYPE": NotSupportedError,
-    "UNAVAILABLE": OperationalError,
-    "TIMEOUT": OperationalError,
-    "NOT_UP_TO_BOUND": OperationalError,
-    "TOO_MANY_QUERIES": OperationalError,  # the node is busy: retry after retry_after seconds
-    "UNAUTHENTICATED": OperationalError,  # no auth_token, or not one of the node's users' (as psycopg's failed login)
-    "INVALID_DATA": DataError,
-    "INTERNAL": InternalError,
-}
+# The service's codes, each to the class its row of federator.errors.CODES names. A code this
+# driver does not know yet still raises a DatabaseError carrying it, so newer servers never crash
+# older clients.
+CODE_TO_CLASS: dict[str, type[Error]] = {code: globals()[row.dbapi] for code, row in CODES.items()}
 
 
 def error_from_answer(status: int, body: Any, retry_after: str | None = None) -> Error:

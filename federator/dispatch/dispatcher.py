@@ -27,9 +27,10 @@ from federator.dispatch.client import NodeCallError, NodeClient
 from federator.dispatch.key_client import CallClient, CallUnavailable, KeyClient
 from federator.dispatch.kept_partitions import KeptPartitionAnswers
 from federator.dispatch.position_watch import PositionWatch
-from federator.dispatch.errors import NotColocated, NotUpToBound, OwnerFailed, Timeout, Unavailable, UnknownQueryType
+from federator.dispatch.errors import NotColocated, NotUpToBound, OwnerFailed, Timeout, Unavailable
 from federator.plan.keys import SubQuery
 from federator.query.owner_work import OwnerWork
+from federator.query.queries import UnknownQueryType
 from federator.query.position import Position, PositionBound
 from federator.query.request import StateQueryRequest
 from federator.query.result import FailureReason, QueryResult

@@ -1,25 +1,31 @@
 """Why the dispatcher could not gather every partition's answer.
 
 The dispatcher knows nodes, partitions and per-partition failures, not SQL: it raises these,
-and the SQL layer maps each to its error code and HTTP status (federator.errors).
+each with its error code (federator.errors), and the SQL layer words them for the statement
+(federator.sql.dispatch_errors). A node without the query type's plugin raises
+federator.query.queries.UnknownQueryType.
 """
 
 from __future__ import annotations
 
+from federator.errors import FederatorError
 from federator.query.result import FailureReason
 
 
-class DispatchError(Exception):
+class DispatchError(FederatorError):
     """Base: ``partitions`` are the ones that did not answer, when that is known."""
 
+    code = "UNAVAILABLE"
+
     def __init__(self, message: str, partitions: list[int] | None = None) -> None:
-        super().__init__(message)
-        self.message = message
+        super().__init__(message, **({} if partitions is None else {"partitions": partitions}))
         self.partitions = partitions
 
 
 class Timeout(DispatchError):
     """Nodes did not answer before the request's deadline."""
+
+    code = "TIMEOUT"
 
 
 class Unavailable(DispatchError):
@@ -31,26 +37,24 @@ class Unavailable(DispatchError):
 class NotUpToBound(DispatchError):
     """Every missing partition was reachable but behind the consistency token."""
 
+    code = "NOT_UP_TO_BOUND"
+
 
 class NotColocated(DispatchError):
-    """A co-partitioned join cannot run on the owners: the caller joins at the receiver instead."""
-
-
-class UnknownQueryType(DispatchError):
-    """A node has no class for the query type (the plugin that provides it is not installed there)."""
-
-    def __init__(self, type_name: str, node_id: str, reason: str) -> None:
-        super().__init__(f"node {node_id} cannot answer {type_name}: {reason}")
-        self.type_name, self.node_id, self.reason = type_name, node_id, reason
+    """A co-partitioned join cannot run on the owners: the caller joins at the receiver instead
+    (control flow; should one escape, its partitions were unavailable)."""
 
 
 class OwnerFailed(DispatchError):
     """An owner answered a partition with a failure that retrying elsewhere cannot fix.
 
-    ``code`` is the owner's (QueryResult.code): for an error in the work it ran for the caller
-    (the pushed-down SQL), the caller's own code for it."""
+    ``owner_code`` is the owner's (QueryResult.code): for an error in the work it ran for the
+    caller (the pushed-down SQL), the caller's own code for it."""
 
-    def __init__(self, partition: int, node_id: str, failure: FailureReason, message: str, code: str | None) -> None:
+    code = "INTERNAL"
+
+    def __init__(self, partition: int, node_id: str, failure: FailureReason, message: str,
+                 owner_code: str | None) -> None:
         super().__init__(f"partition {partition} on node {node_id}: {failure.value}: {message}", [partition])
-        self.partition, self.node_id, self.failure, self.owner_message, self.code = (
-            partition, node_id, failure, message, code)
+        self.partition, self.node_id, self.failure, self.owner_message, self.owner_code = (
+            partition, node_id, failure, message, owner_code)

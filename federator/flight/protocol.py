@@ -14,6 +14,8 @@ from typing import Any as _Any
 from google.protobuf import any_pb2, descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError, Message
 
+from federator.errors import FederatorError
+
 PACKAGE = "arrow.flight.protocol.sql"
 TYPE_URL_PREFIX = "type.googleapis.com/"
 
@@ -98,8 +100,10 @@ CREATE_PREPARED_STATEMENT = "CreatePreparedStatement"
 CLOSE_PREPARED_STATEMENT = "ClosePreparedStatement"
 
 
-class ProtocolError(ValueError):
+class ProtocolError(FederatorError, ValueError):
     """Bytes that are not the Flight SQL message they should be."""
+
+    code = "INVALID_PARAMETER"
 
 
 def type_name(type_url: str) -> str:

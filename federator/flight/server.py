@@ -24,7 +24,7 @@ from federator.tls import Tls
 from federator.flight import metadata, protocol
 from federator.flight.errors import flight_error
 from federator.flight.statements import Expiring, PendingResult, PreparedStatement
-from federator.errors import SqlError
+from federator.errors import FederatorError, SqlError, as_error
 from federator.sql.limits import DEFAULT_LIMITS, Limits, admitted, limits_of
 from federator.sql.result import SqlRequest
 
@@ -52,15 +52,13 @@ def _translated(fn: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except SqlError as e:
+        except FederatorError as e:  # a ProtocolError too: bytes that are not the message they should be
             raise flight_error(e) from None
-        except protocol.ProtocolError as e:
-            raise flight_error(SqlError("INVALID_PARAMETER", str(e))) from None
         except flight.FlightError:
             raise
         except Exception as e:  # noqa: BLE001 - a bug must still answer as a typed INTERNAL error
             log.exception("Flight SQL %s failed", fn.__name__)
-            raise flight_error(SqlError("INTERNAL", f"{type(e).__name__}: {e}")) from None
+            raise flight_error(as_error(e)) from None
 
     return wrapper  # type: ignore[return-value]
 
@@ -143,9 +141,10 @@ class _BearerAuthFactory(flight.ServerMiddlewareFactory):
         value = values[-1] if values else None
         token = bearer(value.decode() if isinstance(value, bytes) else value)
         if token is None:
-            raise flight.FlightUnauthenticatedError(
-                "this node needs a bearer token: send the header 'authorization: Bearer <token>' (ADBC: "
-                "db_kwargs={'adbc.flight.sql.authorization_header': 'Bearer <token>'}); `federator users add` makes one")
+            raise flight_error(SqlError(
+                "UNAUTHENTICATED", "this node needs a bearer token: send the header 'authorization: Bearer <token>' "
+                "(ADBC: db_kwargs={'adbc.flight.sql.authorization_header': 'Bearer <token>'}); `federator users add` "
+                "makes one"))
         return _BearerToken(token)
 
 
@@ -196,9 +195,9 @@ class FlightSqlServer(flight.FlightServerBase):
         bearer_token = context.get_middleware(_AUTH)
         if self.users is None or bearer_token is None:
             return
-        login = self.users.login(bearer_token.token, peer_address(context.peer()))
-        if login.user is None:
-            raise flight.FlightUnauthenticatedError(login.refusal())
+        refused = self.users.login(bearer_token.token, peer_address(context.peer())).error()
+        if refused is not None:
+            raise flight_error(refused)
 
     # ---- running SQL ------------------------------------------------------------------------
     def _options(self, context: flight.ServerCallContext) -> CallOptions:

@@ -2,7 +2,8 @@
 
 The node is duck-typed (see ``Node``) so the app can be tested without Kafka or RocksDB.
 Every error, including Flask's own 404/405 and unexpected exceptions, is a JSON body
-``{"error": {"code", "message"}}``: callers are programs and a user reads the message.
+``{"error": {"code", "message"}}`` from its code's row (federator.errors): callers are
+programs and a user reads the message.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from flask import Flask, Response, jsonify, request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from werkzeug.exceptions import HTTPException
 
+from federator.errors import FederatorError, SqlError
 from federator.metrics import Metrics
 from federator.node import internal_query as internal
 from federator.query.request import StateQueryRequest
@@ -23,6 +25,7 @@ from federator.query.result import QueryResult
 from federator.auth import Users
 from federator.http.bearer_auth import BearerAuth
 from federator.http.console import register_console
+from federator.http.errors import error_response
 from federator.http.openapi import document as openapi_document
 from federator.http.sql_routes import SqlNode, register_sql_routes
 from federator.query.wire import MEDIA_TYPE, SECRET_HEADER
@@ -47,24 +50,13 @@ class Node(Protocol):
     def ready(self) -> tuple[bool, list[str]]: ...
 
 
-class ApiError(Exception):
-    """An error answered as JSON with an HTTP status and a stable code."""
-
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status, self.code, self.message = status, code, message
+# Werkzeug's own refusals (no route, a method the route does not take) by their HTTP status;
+# any other 4xx it raises is a request the protocol does not expect
+_HTTP_CODES = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED", 413: "REQUEST_TOO_LARGE"}
 
 
-def error_response(status: int, code: str, message: str) -> Response:
-    resp = jsonify({"error": {"code": code, "message": message}})
-    resp.status_code = status
-    return resp
-
-
-def _unknown_store(store: str) -> ApiError:
-    return ApiError(
-        404, "UNKNOWN_STORE", f"unknown store {store!r}; `federator store list` shows the stores of this application"
-    )
+def _unknown_store(store: str) -> SqlError:
+    return SqlError("UNKNOWN_STORE", f"unknown store {store!r}; `federator store list` shows the stores of this application")
 
 
 def _as_bytes(s: str) -> bytes:
@@ -79,14 +71,11 @@ def _check_secret(secret: str) -> None:
     given = request.headers.get(SECRET_HEADER)
     if given is None:
         _log.warning("an internal call from %s without the cluster secret was refused", request.remote_addr)
-        raise ApiError(
-            403, "FORBIDDEN", f"internal endpoints need the cluster secret: pass it in the {SECRET_HEADER} header"
-        )
+        raise SqlError("FORBIDDEN", f"internal endpoints need the cluster secret: pass it in the {SECRET_HEADER} header")
     # compare_digest so the time taken does not reveal how much of the secret was right.
     if not hmac.compare_digest(_as_bytes(given), secret.encode("utf-8")):
         _log.warning("an internal call from %s with a wrong cluster secret was refused", request.remote_addr)
-        raise ApiError(
-            403,
+        raise SqlError(
             "FORBIDDEN",
             f"the {SECRET_HEADER} header does not match this node's cluster secret; "
             "pass the cluster secret every node of the application was started with",
@@ -145,21 +134,16 @@ def create_app(node: Node, registry: Registry, sql: SqlNode | None = None, users
         except KeyError as e:
             if not e.args:
                 raise _unknown_store(store) from e
-            raise ApiError(404, "UNKNOWN_STORE", str(e.args[0])) from e
+            raise SqlError("UNKNOWN_STORE", str(e.args[0])) from e
         except ValueError as e:
-            raise ApiError(400, "INVALID_KEY", str(e) or f"key {key!r} does not parse for store {store!r}") from e
+            raise SqlError("INVALID_KEY", str(e) or f"key {key!r} does not parse for store {store!r}") from e
 
     @app.post("/internal/v1/query")
     def internal_query() -> Response:
-        try:
-            body = internal.answer(node, registry.query_types, internal.parse_body(request.get_data(cache=False)))
-        except internal.InternalQueryError as e:
-            raise ApiError(e.status, e.code, e.message) from None
+        body = internal.answer(node, registry.query_types, internal.parse_body(request.get_data(cache=False)))
         return Response(body, mimetype=MEDIA_TYPE)
 
-    @app.errorhandler(ApiError)
-    def api_error(e: ApiError) -> Response:
-        return error_response(e.status, e.code, e.message)
+    app.register_error_handler(FederatorError, error_response)
 
     @app.errorhandler(HTTPException)
     def http_error(e: HTTPException) -> Response:
@@ -171,12 +155,13 @@ def create_app(node: Node, registry: Registry, sql: SqlNode | None = None, users
             message = f"{request.method} is not allowed on {request.path}; use {allowed or 'another method'}"
         else:
             message = e.description or e.name
-        return error_response(status, e.name.upper().replace(" ", "_").replace("'", ""), message)
+        code = _HTTP_CODES.get(status) or ("BAD_REQUEST" if status < 500 else "INTERNAL")
+        return error_response(SqlError(code, message))
 
     @app.errorhandler(Exception)
     def unexpected(e: Exception) -> Response:
         app.logger.exception("unexpected error on %s %s", request.method, request.path)
-        return error_response(500, "INTERNAL", f"{type(e).__name__}: {e}")
+        return error_response(e)
 
     sql = sql if sql is not None else node if hasattr(node, "sql") else None
     if sql is not None:  # a node without the SQL engine still serves the internal API

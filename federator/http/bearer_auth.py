@@ -8,10 +8,11 @@ for a token and sends it with its API calls), health and readiness (for probes),
 
 from __future__ import annotations
 
-import json
 from typing import Any, Callable, Iterable
 
 from federator.auth import Users, bearer
+from federator.errors import SqlError
+from federator.http.errors import wsgi_error
 
 _OPEN = frozenset({"/", "/healthz", "/readyz", "/metrics", "/openapi.json"})
 _OPEN_PREFIXES = ("/console/", "/internal/")
@@ -23,7 +24,8 @@ def needs_token(path: str) -> bool:
 
 
 class BearerAuth:
-    """WSGI middleware: a public request without a valid bearer token gets a 401 JSON error."""
+    """WSGI middleware: a public request without a valid bearer token gets a 401 UNAUTHENTICATED
+    (429 TOO_MANY_FAILED_LOGINS while its address is shut out)."""
 
     def __init__(self, app: Callable[..., Iterable[bytes]], users: Users) -> None:
         self.app, self.users = app, users
@@ -32,13 +34,11 @@ class BearerAuth:
         if needs_token(environ.get("PATH_INFO", "")):
             token = bearer(environ.get("HTTP_AUTHORIZATION"))
             if token is None:
-                return _unauthorized(start_response, _NO_TOKEN)
+                return wsgi_error(SqlError("UNAUTHENTICATED", _NO_TOKEN), start_response)
             login = self.users.login(token, environ.get("REMOTE_ADDR") or "unknown")
-            if login.retry_after:
-                return _refused(start_response, "429 TOO MANY REQUESTS", "TOO_MANY_FAILED_LOGINS", login.refusal(),
-                                ("Retry-After", str(max(1, round(login.retry_after)))))
-            if login.user is None:
-                return _unauthorized(start_response, login.refusal())
+            refused = login.error()
+            if refused is not None:
+                return wsgi_error(refused, start_response)
             environ[USER_KEY] = login.user
         return self.app(environ, start_response)
 
@@ -46,14 +46,3 @@ class BearerAuth:
 _NO_TOKEN = ("this node needs a bearer token: send 'Authorization: Bearer <token>' (the DB-API driver's "
              "auth_token, `federator sql --auth-token` or $FEDERATOR_AUTH_TOKEN); `federator users add NAME "
              "--users-file FILE` makes a token")
-
-
-def _unauthorized(start_response: Any, message: str) -> list[bytes]:
-    return _refused(start_response, "401 UNAUTHORIZED", "UNAUTHENTICATED", message,
-                    ("WWW-Authenticate", 'Bearer realm="federator"'))
-
-
-def _refused(start_response: Any, status: str, code: str, message: str, header: tuple[str, str]) -> list[bytes]:
-    body = json.dumps({"error": {"code": code, "message": message}}).encode()
-    start_response(status, [("Content-Type", "application/json"), ("Content-Length", str(len(body))), header])
-    return [body]

@@ -7,10 +7,12 @@ public API as any client (``POST /v1/sql``, ``GET /v1/stores``, ``GET /v1/metada
 
 from __future__ import annotations
 
-import json
 from importlib import resources
 
 from flask import Flask, Response
+
+from federator.errors import SqlError
+from federator.http.errors import error_response
 
 # the only files served: a fixed table, so no request path reaches the file system
 ASSETS = {
@@ -38,7 +40,5 @@ def register_console(app: Flask) -> None:
     @app.get("/console/<name>")
     def console_asset(name: str) -> Response:
         if name not in files:
-            message = f"no console file {name!r}; open / for the console"
-            return Response(json.dumps({"error": {"code": "NOT_FOUND", "message": message}}), status=404,
-                            content_type="application/json")
+            return error_response(SqlError("NOT_FOUND", f"no console file {name!r}; open / for the console"))
         return serve(name)

@@ -52,7 +52,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 import pyarrow.ipc as pa_ipc
 
-from federator.errors import SqlError
+from federator.errors import SqlError, as_error
 from federator.sql.types import _is, sql_type_name
 
 log = logging.getLogger(__name__)
@@ -362,9 +362,7 @@ def _rows_json(batch: pa.RecordBatch, converters: list[Converter], remember: boo
 
 def error_body(e: BaseException) -> dict:
     """The ``{"error": ...}`` object for an exception raised while streaming."""
-    if isinstance(e, SqlError):
-        return e.to_dict()
-    return {"error": {"code": "INTERNAL", "message": f"{type(e).__name__}: {e}"}}
+    return as_error(e).to_dict()
 
 
 # --- the four formats -----------------------------------------------------------------------

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from federator import __version__
-from federator.errors import STATUS
+from federator.errors import CODES, error_schema
 
 _ERROR = {"$ref": "#/components/schemas/Error"}
 
@@ -20,8 +20,14 @@ def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
 
 
 def _errors(*statuses: int) -> dict[str, Any]:
-    codes = {s: sorted(c for c, st in STATUS.items() if st == s) for s in statuses}
-    return {str(s): _json(_ERROR, "codes: " + ", ".join(codes[s]) if codes[s] else "error") for s in statuses}
+    """The error responses of a route that answers ``statuses``, each naming its codes (federator.errors)."""
+    codes = {s: sorted(c for c, row in CODES.items() if row.http == s) for s in statuses}
+    return {str(s): _json(_ERROR, "codes: " + ", ".join(codes[s])) for s in statuses}
+
+
+def _public(*statuses: int) -> dict[str, Any]:
+    """A public route's: a node with --users-file also answers 401, and 429 to an address shut out."""
+    return _errors(*sorted({*statuses, 401, 429}))
 
 
 _SQL_REQUEST = {
@@ -70,30 +76,30 @@ def document() -> dict[str, Any]:
                          "content": {"application/json": {"schema": _SQL_ANSWER},
                                      "application/x-ndjson": {}, "text/csv": {},
                                      "application/vnd.apache.arrow.stream": {}}},
-                 **_errors(400, 401, 404, 409, 413, 422, 429, 503, 504)},
+                 **_public(400, 404, 409, 413, 422, 503, 504)},
                 requestBody={"required": True, "content": {"application/json": {"schema": _SQL_REQUEST}}},
                 security=_PUBLIC)},
             "/v1/stores": {"get": op("The stores, with their columns and SQL types",
                                      {"200": _json({"type": "array", "items": {"type": "object"}}, "stores"),
-                                      **_errors(401)}, security=_PUBLIC)},
+                                      **_public()}, security=_PUBLIC)},
             "/v1/stores/{name}": {"get": op(
                 "One store: its definition, columns and each partition's active and standby owners with lag",
-                {"200": _json({"type": "object"}, "the store"), **_errors(401, 404)},
+                {"200": _json({"type": "object"}, "the store"), **_public(404)},
                 parameters=[path_param("name", "the store")], security=_PUBLIC)},
             "/v1/stores/{name}/keys/{key}": {"get": op(
                 "A routed point lookup: the key's row as a JSON object (404 when absent)",
-                {"200": _json({"type": "object"}, "the row"), **_errors(400, 401, 404, 503, 504)},
+                {"200": _json({"type": "object"}, "the row"), **_public(400, 404, 503, 504)},
                 parameters=[path_param("name", "the store"), path_param("key", "the key, as text")],
                 security=_PUBLIC)},
             "/v1/plugins": {"get": op("The plugins loaded, what each provides, and the ones that failed",
-                                      {"200": _json({"type": "object"}, "plugins"), **_errors(401)},
+                                      {"200": _json({"type": "object"}, "plugins"), **_public()},
                                       security=_PUBLIC)},
             "/v1/metadata": {"get": op("The cluster view: nodes, the partitions each holds, lags and positions",
-                                       {"200": _json({"type": "object"}, "the routing view"), **_errors(401)},
+                                       {"200": _json({"type": "object"}, "the routing view"), **_public()},
                                        security=_PUBLIC)},
             "/v1/metadata/stores/{store}/keys/{key}": {"get": op(
                 "Which partition holds a key, and its active and standby nodes",
-                {"200": _json({"type": "object"}, "the key's partition and owners"), **_errors(400, 401, 404)},
+                {"200": _json({"type": "object"}, "the key's partition and owners"), **_public(400, 404)},
                 parameters=[path_param("store", "the store"), path_param("key", "the key, as text")],
                 security=_PUBLIC)},
             "/healthz": {"get": op("The process answers (open without a token)", {"200": {"description": "alive"}})},
@@ -107,20 +113,17 @@ def document() -> dict[str, Any]:
             "/": {"get": op("The console (open; its calls need a token when the node has users)",
                             {"200": {"description": "HTML", "content": {"text/html": {}}}})},
             "/console/{name}": {"get": op("The console's scripts and styles",
-                                          {"200": {"description": "a file of the console"}, "404": {"description": "none such"}},
+                                          {"200": {"description": "a file of the console"}, **_errors(404)},
                                           parameters=[path_param("name", "the file")])},
             "/internal/v1/query": {"post": op(
                 "Node to node: per-partition queries of one store (authenticated by the cluster secret)",
                 {"200": {"description": "the per-partition results as an Arrow stream",
                          "content": {"application/vnd.apache.arrow.stream": {}}},
-                 **_errors(400, 401, 422)},
+                 **_errors(400, 403, 404, 422)},
                 **{"x-internal": True})},
         },
         "components": {
-            "schemas": {"Error": {"type": "object", "properties": {"error": {"type": "object", "properties": {
-                "code": {"type": "string", "enum": sorted(STATUS)}, "message": {"type": "string"},
-                "line": {"type": "integer"}, "col": {"type": "integer"},
-                "partitions": {"type": "array"}}}}}},
+            "schemas": {"Error": error_schema()},
             "securitySchemes": {"bearerAuth": {"type": "http", "scheme": "bearer",
                                                "description": "a token `federator users add` printed"}},
         },

@@ -1,7 +1,7 @@
 """The public SQL endpoints: ``POST /v1/sql`` and the ``/v1/stores`` browsing routes.
 
 Results stream in the format the caller asked for (see ``formats``). Every error is
-``{"error": {"code", "message", ...}}`` with the status its code maps to (``SqlError.status``).
+``{"error": {"code", "message", ...}}`` with the status its code maps to (federator.http.errors).
 """
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-import math
 import reprlib
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Iterator, Protocol
@@ -19,8 +18,9 @@ from werkzeug.datastructures import MIMEAccept
 from werkzeug.http import parse_accept_header
 from werkzeug.wsgi import get_input_stream
 
+from federator.http.errors import error_response
 from federator.http.formats import MEDIA_TYPES, body_chunks, choose_format, json_object_body, json_object_from_arrow, json_rows_body, jsonable
-from federator.errors import SqlError
+from federator.errors import FederatorError, SqlError
 from federator.sql.limits import (DEFAULT_LIMITS, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_TIMEOUT_MS, CappedBatches, Limits,
                                   Slot, admit, limits_of)
 from federator.sql.result import SqlRequest, SqlResult
@@ -175,14 +175,6 @@ def _read_body(environ: dict[str, Any], limits: Limits = DEFAULT_LIMITS) -> Any:
                                             'send a flat object like {"sql": "SELECT ...", "parameters": [1, "a"]}') from None
 
 
-def sql_error_response(err: SqlError) -> Response:
-    resp = json_response(err.to_dict(), err.status)
-    if err.retry_after is not None:
-        # Retry-After takes whole seconds; 0 would invite an immediate retry storm.
-        resp.headers["Retry-After"] = str(max(1, math.ceil(err.retry_after)))
-    return resp
-
-
 def json_response(obj: Any, status: int = 200) -> Response:
     """JSON in the SQL value conventions (Flask's jsonify would write dates as RFC 822)."""
     return Response(json.dumps(jsonable(obj), ensure_ascii=False, separators=(",", ":")),
@@ -285,22 +277,22 @@ def sql_response(node: SqlNode, environ: dict[str, Any]) -> Response | _JsonBody
     except SqlError as e:
         if batches is not None:
             batches.close()
-        return sql_error_response(limits.timed_out(e) if capped_from is not None else e)
+        return error_response(limits.timed_out(e) if capped_from is not None else e)
     except RecursionError:
         # a planner or evaluator recursing over a deep expression tree (a chain of hundreds of
         # OR or + terms): the SQL is valid but more than this engine can take
         _log.warning("POST /v1/sql: the statement recursed too deeply", exc_info=True)
-        return sql_error_response(SqlError("SQL_PARSE_ERROR", "the SQL is nested too deeply to plan (a long chain of "
+        return error_response(SqlError("SQL_PARSE_ERROR", "the SQL is nested too deeply to plan (a long chain of "
                                                               "AND/OR or arithmetic terms?); simplify it, for example "
                                                               "with IN (...) instead of a chain of ORs"))
     except OverflowError as e:
         # a number too large for a 64-bit integer reached a conversion (LIMIT 9223372036854775808)
         _log.warning("POST /v1/sql: a number out of range", exc_info=True)
-        return sql_error_response(SqlError("INVALID_DATA", f"a number in the SQL or its parameters is out of range "
+        return error_response(SqlError("INVALID_DATA", f"a number in the SQL or its parameters is out of range "
                                                            f"({e}); LIMIT, OFFSET and integers must fit in 64 bits"))
     except Exception as e:  # noqa: BLE001 - the same JSON 500 the app gives for any other route
         _log.exception("unexpected error on POST /v1/sql")
-        return json_response({"error": {"code": "INTERNAL", "message": f"{type(e).__name__}: {e}"}}, 500)
+        return error_response(e)
     finally:
         if slot is not None and not streaming:
             slot.release()
@@ -334,8 +326,7 @@ def _lookup_answer(node: SqlNode, name: str, key: str) -> Response | _JsonBody:
             return _JsonBody(body)
     batch = next((b for b in ([] if result.rows == [] else result.batches) if b.num_rows), None)
     if batch is None:
-        return json_response({"error": {"code": "KEY_NOT_FOUND", "message": f"store {name!r} has no key {key!r}",
-                                        "store": name, "key": key}}, 404)
+        return error_response(SqlError("KEY_NOT_FOUND", f"store {name!r} has no key {key!r}", store=name, key=key))
     return _JsonBody(json_object_from_arrow(batch))
 
 
@@ -345,11 +336,11 @@ def _lookup_fast(node: SqlNode, environ: dict[str, Any]) -> Response | _JsonBody
         # as Werkzeug decodes a path: WSGI gives its bytes as latin-1
         return lookup_response(node, name.encode("latin-1").decode("utf-8", "replace"),
                                key.encode("latin-1").decode("utf-8", "replace"))
-    except SqlError as e:
-        return sql_error_response(e)
+    except FederatorError as e:
+        return error_response(e)
     except Exception as e:  # noqa: BLE001 - the same JSON 500 the app gives for any other route
         _log.exception("unexpected error on GET %s", environ.get("PATH_INFO"))
-        return json_response({"error": {"code": "INTERNAL", "message": f"{type(e).__name__}: {e}"}}, 500)
+        return error_response(e)
 
 
 _STORES, _KEYS = "/v1/stores/", "/keys/"
@@ -384,7 +375,6 @@ def _is_lookup(path: str) -> bool:
 
 
 def register_sql_routes(app: Flask, node: SqlNode, registry: Registry) -> None:
-    app.register_error_handler(SqlError, sql_error_response)
     app.wsgi_app = SqlFastPath(app.wsgi_app, node)  # type: ignore[method-assign]
 
     @app.post("/v1/sql")

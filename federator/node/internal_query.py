@@ -9,22 +9,15 @@ from typing import Any, Mapping
 
 import pyarrow as pa
 
+from federator.errors import SqlError
 from federator.query.queries import UnknownQueryType
 from federator.query.request import StateQueryRequest
 from federator.query.result import FailureReason, QueryResult
 from federator.query.wire import encode_results
 
 
-class InternalQueryError(Exception):
-    """A request this node cannot take, with the HTTP status and code it answers with."""
-
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status, self.code, self.message = status, code, message
-
-
-def _bad(message: str) -> InternalQueryError:
-    return InternalQueryError(400, "BAD_REQUEST", message)
+def _bad(message: str) -> SqlError:
+    return SqlError("BAD_REQUEST", message)
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:
@@ -40,11 +33,11 @@ def parse_body(raw: bytes) -> dict[str, Any]:
 
 
 def answer(node: Any, query_types: Mapping[str, Any], body: dict[str, Any]) -> bytes:
-    """The result stream for ``body``; InternalQueryError for a request it cannot take."""
+    """The result stream for ``body``; SqlError for a request it cannot take."""
     _check_fields(body)
     schema = node.schema_for(body["store"])
     if schema is None:
-        raise InternalQueryError(404, "UNKNOWN_STORE", f"unknown store {body['store']!r}; `federator store list` "
+        raise SqlError("UNKNOWN_STORE", f"unknown store {body['store']!r}; `federator store list` "
                                                        "shows the stores of this application")
     try:
         req = StateQueryRequest.from_dict(body, query_types)
@@ -95,7 +88,7 @@ def _unknown_type_results(body: dict[str, Any], e: UnknownQueryType) -> list[Que
     partitions = _partitions_field(body)
     if partitions is None:
         # "All partitions", but how many the node cannot know, and a silent partial answer is worse.
-        raise InternalQueryError(422, "UNKNOWN_QUERY_TYPE", f"{e} (request for all partitions of store {body['store']!r})")
+        raise SqlError("UNKNOWN_QUERY_TYPE", f"{e} (request for all partitions of store {body['store']!r})")
     # The node cannot run it, yet the request is well-formed: each partition says so, and the
     # caller turns that into an error that names the missing plugin.
     return [QueryResult.failed(p, FailureReason.UNKNOWN_QUERY_TYPE, str(e)) for p in partitions]

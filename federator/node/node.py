@@ -4,7 +4,6 @@ copies, publishes its heartbeat, and answers per-partition queries for the shard
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import threading
 import time
@@ -41,7 +40,7 @@ from federator.plugin.registry import Registry
 from federator.query.owner_work import OwnerWork
 from federator.query.position import Position, PositionBound
 from federator.query.queries import KeyQuery, RangeQuery
-from federator.errors import SqlError
+from federator.errors import FederatorError, SqlError, as_error
 from federator.owner import keyjoin
 from federator.owner.duck import Duck, DuckConfig
 from federator.owner.keyjoin import LEFT, RIGHT
@@ -485,11 +484,11 @@ class Node:
         the JSON error body), as ``POST /internal/v1/query`` answers it."""
         try:
             return 200, internal_query.answer(self, self.registry.query_types, internal_query.parse_body(raw))
-        except internal_query.InternalQueryError as e:
-            return e.status, json.dumps({"error": {"code": e.code, "message": e.message}}).encode()
-        except Exception as e:  # noqa: BLE001 - as the HTTP app's 500: logged, and the caller told
-            log.exception("a per-partition query over the call port failed")
-            return 500, json.dumps({"error": {"code": "INTERNAL", "message": f"{type(e).__name__}: {e}"}}).encode()
+        except Exception as e:  # noqa: BLE001 - as the HTTP app answers: a bug is logged, and the caller told
+            if not isinstance(e, FederatorError):
+                log.exception("a per-partition query over the call port failed")
+            err = as_error(e)
+            return err.status, err.to_json()
 
     def execute(self, request: StateQueryRequest) -> list[QueryResult]:
         defn = self.stores.get(request.store)

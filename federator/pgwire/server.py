@@ -9,7 +9,8 @@ Flight SQL.
 - TLS: an SSLRequest is accepted when the node has --tls-cert/--tls-key, and then required.
 - Authentication: SCRAM-SHA-256 against the node's users file (the token is the password);
   without one, anyone who reaches the port (a loopback --listen unless --allow-anonymous).
-- Errors: each Federator code has a SQLSTATE (``SQLSTATE``), the code itself in the detail.
+- Errors: each Federator code's SQLSTATE (federator.errors.CODES), the code itself in the detail;
+  a refused startup or login too (FATAL).
 - Cancel requests stop the statement's answer at its next batch.
 """
 
@@ -33,7 +34,7 @@ from pygwire.constants import ConnectionPhase, TransactionStatus
 from pygwire import messages as m
 
 from federator.auth import Login, Users, Verifier
-from federator.errors import SqlError
+from federator.errors import FederatorError, SqlError, as_error
 from federator.pgwire import types as pgt
 from federator.pgwire.catalog import PgCatalog
 from federator.pgwire.session import REPORTED, Answer, Session, count_rows, display_name
@@ -41,12 +42,6 @@ from federator.tls import Tls
 
 log = logging.getLogger(__name__)
 
-SQLSTATE = {
-    "SQL_PARSE_ERROR": "42601", "INVALID_PARAMETER": "22023", "INVALID_DATA": "22000", "SQL_TOO_LONG": "54000",
-    "REQUEST_TOO_LARGE": "54000", "UNKNOWN_STORE": "42P01", "UNKNOWN_COLUMN": "42703", "UNSUPPORTED": "0A000",
-    "UNKNOWN_QUERY_TYPE": "0A000", "ANSWER_TOO_LARGE": "54000", "TOO_MANY_QUERIES": "53300",
-    "NOT_UP_TO_BOUND": "55000", "UNAVAILABLE": "57P03", "TIMEOUT": "57014", "INTERNAL": "XX000",
-}
 _SEND_AT = 256 * 1024  # bytes of rows gathered before a write to the socket
 _MAX_MESSAGE = 64 * 1024 * 1024  # a client message longer than this closes the connection
 
@@ -55,18 +50,13 @@ class _Closed(Exception):
     """The client went away."""
 
 
-def _error(code: str, message: str, detail: str | None = None, severity: str = "ERROR") -> m.ErrorResponse:
-    fields = {"S": severity, "V": severity, "C": code, "M": message}
-    if detail:
-        fields["D"] = detail
-    return m.ErrorResponse(fields=fields)
-
-
-def error_of(e: SqlError) -> m.ErrorResponse:
-    detail = f"Federator error code {e.code}"
-    if e.partitions:
-        detail += f"; partitions: {e.partitions}"
-    return _error(SQLSTATE.get(e.code, "XX000"), e.message, detail)
+def error_of(e: BaseException, severity: str = "ERROR") -> m.ErrorResponse:
+    """``e`` as an ErrorResponse: its code's SQLSTATE, and the code in the detail."""
+    err = as_error(e)
+    detail = f"Federator error code {err.code}"
+    if err.fields.get("partitions"):
+        detail += f"; partitions: {err.fields['partitions']}"
+    return m.ErrorResponse(fields={"S": severity, "V": severity, "C": err.row.sqlstate, "M": err.message, "D": detail})
 
 
 @dataclass
@@ -190,8 +180,8 @@ class _Connection:
             try:
                 msg = next(self.decoder, None)
             except PygwireError as e:
-                self._refuse("08P01", f"cannot read the client's message ({e}); this node speaks the Postgres "
-                                      "protocol version 3")
+                self._refuse(SqlError("BAD_REQUEST", f"cannot read the client's message ({e}); this node speaks "
+                                                     "the Postgres protocol version 3"))
                 raise _Closed() from None
             if msg is not None:
                 return msg
@@ -216,7 +206,7 @@ class _Connection:
         try:  # startup parameters are settings (psql's PGOPTIONS: -c name=value)
             self.session = Session(self.server.service, self.server.catalog, user or "federator", next_pid(), params)
         except SqlError as e:
-            self._refuse(SQLSTATE[e.code], e.message)
+            self._refuse(e)
             return
         self.send(m.AuthenticationOk())
         for name in REPORTED:
@@ -249,20 +239,20 @@ class _Connection:
                 return None
             if isinstance(msg, m.StartupMessage):
                 if self.server.tls is not None and not tls_done:
-                    self._refuse("28000", "this node takes Postgres connections over TLS only: connect with "
-                                          "sslmode=require (or verify-full with the node's CA)")
+                    self._refuse(SqlError("FORBIDDEN", "this node takes Postgres connections over TLS only: connect "
+                                                       "with sslmode=require (or verify-full with the node's CA)"))
                     return None
                 if (msg.protocol_version >> 16) != 3:
-                    self._refuse("0A000", "only protocol version 3 is served")
+                    self._refuse(SqlError("UNSUPPORTED", "only protocol version 3 is served"))
                     return None
                 if msg.protocol_version & 0xFFFF:  # 3.2: we speak 3.0, which every 3.x client also speaks
                     self.send(m.NegotiateProtocolVersion(newest_minor=0, unrecognized=[]))
                 return msg
-            self._refuse("08P01", f"expected a startup message, got {type(msg).__name__}")
+            self._refuse(SqlError("BAD_REQUEST", f"expected a startup message, got {type(msg).__name__}"))
             return None
 
-    def _refuse(self, code: str, message: str) -> None:
-        self.send(_error(code, message, severity="FATAL"))
+    def _refuse(self, err: FederatorError) -> None:
+        self.send(error_of(err, severity="FATAL"))
         self.flush()
 
     def _authenticate(self, user: str) -> bool:
@@ -271,8 +261,9 @@ class _Connection:
             return True
         peer = _peer(self.sock)
         wait = users.failures.wait(peer)
-        if wait:
-            self._refuse("28000", Login(None, wait).refusal())
+        shut_out = Login(None, wait).error() if wait else None  # TOO_MANY_FAILED_LOGINS
+        if shut_out is not None:
+            self._refuse(shut_out)
             return False
         # an unknown user goes through the same exchange and checks with a made-up verifier:
         # neither the answer nor its time says which was wrong
@@ -283,12 +274,13 @@ class _Connection:
         self.decoder.phase = ConnectionPhase.AUTHENTICATING_SASL_INITIAL
         first = self.receive()
         if not isinstance(first, m.SASLInitialResponse) or first.mechanism != "SCRAM-SHA-256":
-            self._refuse("28000", "authenticate with SCRAM-SHA-256 (the token `federator users add` printed is the password)")
+            self._refuse(SqlError("FORBIDDEN", "authenticate with SCRAM-SHA-256 (the token `federator users add` printed "
+                                               "is the password)"))
             return False
         client_first = bytes(first.data).decode("utf-8", "replace")
         match = re.match(r"^[nyp][^,]*,[^,]*,(?P<bare>(?:m=[^,]*,)?n=[^,]*,r=(?P<nonce>[^,]+).*)$", client_first)
         if match is None:
-            self._refuse("08P01", "malformed SCRAM client-first message")
+            self._refuse(SqlError("BAD_REQUEST", "malformed SCRAM client-first message"))
             return False
         nonce = match.group("nonce") + base64.b64encode(secrets.token_bytes(18)).decode()
         server_first = f"r={nonce},s={base64.b64encode(verifier.salt).decode()},i={verifier.iterations}"
@@ -305,8 +297,8 @@ class _Connection:
         ok = hmac.compare_digest(hashlib.sha256(client_key).digest(), verifier.stored_key)
         if not (ok and fm is not None and fm.group("nonce") == nonce and len(proof) == 32 and user in users.verifiers):
             users.failures.failed(peer, f"a Postgres password that is not user {user!r}'s")
-            self._refuse("28P01", f"password authentication failed for user {user!r}: the password is the token "
-                                  "`federator users add` printed for this user")
+            self._refuse(SqlError("UNAUTHENTICATED", f"password authentication failed for user {user!r}: the password "
+                                                     "is the token `federator users add` printed for this user"))
             return False
         users.failures.succeeded(peer)
         server_signature = hmac.digest(verifier.server_key, auth_message, "sha256")
@@ -350,7 +342,7 @@ class _Connection:
             except Exception as e:  # noqa: BLE001
                 log.exception("Postgres statement failed")
                 self.session.fail()
-                self.send(_error("XX000", f"{type(e).__name__}: {e}", "Federator error code INTERNAL"))
+                self.send(error_of(e))
                 skipping = True
 
     def _simple(self, sql: str) -> None:
@@ -383,7 +375,7 @@ class _Connection:
             except Exception as e:  # noqa: BLE001
                 log.exception("Postgres statement failed")
                 self.session.fail()
-                self.send(_error("XX000", f"{type(e).__name__}: {e}", "Federator error code INTERNAL"))
+                self.send(error_of(e))
                 return
 
     def _send_rows(self, answer: Answer, oids: list[int], formats: list[int], limit: int | None, skip: int) -> int:

@@ -28,6 +28,7 @@ from federator.plugin.registry import PluginFailure, PluginInfo, Registry
 from federator.plugin.rules import SqlRule
 from federator.query.queries import Query
 from federator.store.types import Handler, StoreType
+from federator.errors import FederatorError
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +36,7 @@ GROUP = "federator.plugins"
 ENV = "FEDERATOR_PLUGINS"
 
 
-class PluginsFailed(RuntimeError):
+class PluginsFailed(FederatorError, RuntimeError):
     """Plugins failed to load where that is fatal (the node's ``--plugin-errors fatal``)."""
 
     def __init__(self, failures: Iterable[PluginFailure], hint: str = "") -> None:

@@ -12,16 +12,26 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar, Mapping
 
+from federator.errors import FederatorError
 
-class UnknownQueryType(KeyError):
-    """A query type this process has no class for (a plugin that is not installed here)."""
 
-    def __init__(self, type_name: str):
-        super().__init__(type_name)
-        self.type_name = type_name
+class UnknownQueryType(FederatorError, KeyError):
+    """A query type a process has no class for (a plugin that is not installed there): this one,
+    decoding a query; or, with ``node_id``, the node a dispatched query reached, which said why
+    in ``reason``. A KeyError, as a name a lookup did not find."""
 
-    def __str__(self) -> str:
-        return f"unknown query type {self.type_name!r}: install the plugin that provides it on every node"
+    code = "UNKNOWN_QUERY_TYPE"
+
+    def __init__(self, type_name: str, node_id: str | None = None, reason: str = "") -> None:
+        self.type_name, self.node_id, self.reason = type_name, node_id, reason
+        if node_id is None:
+            message = f"unknown query type {type_name!r}: install the plugin that provides it on every node"
+        else:
+            message = f"node {node_id} cannot answer {type_name}: {reason}"
+        super().__init__(message)
+
+    def __str__(self) -> str:  # KeyError's would quote the message
+        return self.message
 
 
 def encode_value(v: Any) -> Any:

@@ -18,6 +18,7 @@ import pyarrow as pa
 
 from federator.query.position import Position
 from federator.query.result import FailureReason, QueryResult
+from federator.errors import FederatorError
 
 MEDIA_TYPE = "application/vnd.apache.arrow.stream"
 # The header that carries the cluster secret on node-to-node calls (--cluster-secret).
@@ -162,7 +163,7 @@ _HEADER_KEY = b"federator.result"
 _VERSION = 1
 
 
-class WireError(ValueError):
+class WireError(FederatorError, ValueError):
     """Bytes that are not a Federator result stream (or one this version cannot read)."""
 
 

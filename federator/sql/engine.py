@@ -23,7 +23,7 @@ from federator.sql import writeback
 from federator.sql.parse import DIALECT, Statement, dialect_of, parse
 from federator.partitioner import partition_for
 from federator.plan.keys import SubQuery
-from federator.query.queries import KeyQuery
+from federator.query.queries import KeyQuery, UnknownQueryType
 from federator.owner.duck import Duck
 from federator.owner.duck_types import as_typed, wire_schema
 from federator.sql.planner import QueryPlan, StoreRef, bind_parameters, literal, plan_query
@@ -149,7 +149,7 @@ class SqlEngine:
         except SqlError as e:
             self._count(track[0], e.code, started)
             raise
-        except DispatchError as e:  # partitions could not be read: the dispatcher says why, in its words
+        except (DispatchError, UnknownQueryType) as e:  # partitions could not be read: the dispatcher says why
             err = from_dispatch(e, self.registry.provider_of)
             self._count(track[0], err.code, started)
             raise err from None

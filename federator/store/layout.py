@@ -17,6 +17,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from federator.errors import FederatorError
+
 _WINDOW_SUFFIX = struct.Struct(">qi")
 _SESSION_SUFFIX = struct.Struct(">qq")
 # The same suffixes as numpy record types (fields in byte order), for many keys at once.
@@ -34,7 +36,7 @@ ROWTIME_LEN = ROWTIME.size
 SUFFIX_LEN = {"kv": 0, "window": WINDOW_SUFFIX_LEN, "session": SESSION_SUFFIX_LEN}
 
 
-class LayoutError(ValueError):
+class LayoutError(FederatorError, ValueError):
     pass
 
 

@@ -108,9 +108,14 @@ def _http(method: str, path: str, guard: str, body: dict | None = None) -> Calla
         resp = http.request(method, url, body=json.dumps(body).encode() if body is not None else None,
                             headers=headers, timeout=20)
         if resp.status != 200:
+            # the one body, with the code the status stands for in the table (federator.errors)
+            assert json.loads(resp.data)["error"]["code"] == _REFUSED[resp.status], resp.data
             return str(resp.status)
         return "rows" if _holds_row(resp.data) else "ok"
     return ask
+
+
+_REFUSED = {401: "UNAUTHENTICATED", 403: "FORBIDDEN"}
 
 
 def _holds_row(data: bytes) -> bool:
@@ -179,7 +184,7 @@ def _flight(node: Node, credential: str | None) -> str:
             cur.execute("SELECT player, score FROM scores WHERE player = ?", [KEY])
             return "rows" if cur.fetchall() == [(KEY, VALUE)] else "ok"
     except adbc_driver_manager.Error as e:
-        assert "UNAUTHENTICATED" in str(e) or "bearer token" in str(e), e
+        assert "UNAUTHENTICATED: " in str(e), e  # the code first, as in the HTTP body
         return "refused"
 
 
@@ -192,6 +197,8 @@ def _postgres(node: Node, credential: str | None) -> str:
             return "rows" if rows == [(KEY, VALUE)] else "ok"
     except psycopg.OperationalError as e:
         assert "password" in str(e), e
+        # the server's refusal (without a password the client stops first) names the code
+        assert not credential or "Federator error code UNAUTHENTICATED" in str(e), e
         return "refused"
 
 

@@ -11,8 +11,8 @@ from federator.dispatch.errors import (
     OwnerFailed,
     Timeout,
     Unavailable,
-    UnknownQueryType,
 )
+from federator.query.queries import UnknownQueryType
 from federator.query.result import FailureReason
 from federator.sql.dispatch_errors import from_dispatch
 

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from federator.errors import STATUS
-from federator.pgwire.server import SQLSTATE
+from federator.errors import CODES
 from tests.docs_blocks import ROOT, all_blocks
 
 MKDOCS = Path(sys.executable).with_name("mkdocs")
@@ -46,10 +45,16 @@ def test_excerpts_are_in_the_files_they_name() -> None:
 
 
 def test_the_error_reference_lists_every_code_as_it_maps() -> None:
-    page = (ROOT / "docs" / "reference" / "errors.md").read_text()
-    rows = {m.group(1): (int(m.group(2)), m.group(3)) for m in
-            re.finditer(r"^\| `([A-Z_]+)` \| (\d{3}) \| [A-Z_]+ \| (\w{5}) \|", page, re.M)}
-    assert rows == {code: (status, SQLSTATE[code]) for code, status in STATUS.items()}
+    sys.path.insert(0, str(ROOT / "docs" / "hooks"))
+    try:
+        from error_reference import MARKER, on_page_markdown
+    finally:
+        sys.path.remove(str(ROOT / "docs" / "hooks"))
+    source = (ROOT / "docs" / "reference" / "errors.md").read_text()
+    assert MARKER in source
+    page = on_page_markdown(source, None, None, None)
+    rows = [tuple(m.group(1).split(" | ")) for m in re.finditer(r"^\| (`[A-Z_]+`.*) \|$", page, re.M)]
+    assert rows == [(f"`{r.code}`", str(r.http), r.grpc, r.sqlstate, r.dbapi, r.meaning, r.action) for r in CODES.values()]
 
 
 def _flags_of(parser, path: list[str]) -> tuple[set[str], dict]:
