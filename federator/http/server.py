@@ -16,6 +16,8 @@ import waitress
 from waitress import wasyncore
 from waitress.trigger import trigger as Trigger
 
+from federator.settings import SERVERS
+
 log = logging.getLogger(__name__)
 
 # How long shutdown waits for a loop it was not told about before closing the sockets itself;
@@ -23,7 +25,6 @@ log = logging.getLogger(__name__)
 _GRACE_S = 1.0
 
 
-SERVERS = ("granian", "waitress")
 
 
 def default_server() -> str:

@@ -50,6 +50,7 @@ from federator.store.metered import Meter
 from federator.store.kept_answers import DEFAULT_PER_SHARD, KeptAnswers
 from federator.store.scan_cache import DEFAULT_FOLLOW, DEFAULT_MB, ScanCache
 from federator.store.stack import open_store
+from federator.settings import PLUGIN_ERRORS, NodeSettings
 from federator.tls import Tls
 from federator.query.request import StateQueryRequest
 from federator.query.result import FailureReason, QueryResult
@@ -68,8 +69,8 @@ class NodeConfig:
     node_id: str | None = None
     cluster_secret: str | None = field(default=None, repr=False)  # never in a logged or printed config
     tls: Tls | None = None  # --tls-cert/--tls-key/--tls-ca (federator.tls)
-    duckdb_memory_limit: str = "2GB"  # DuckDB's memory_limit; past it, queries spill under state_dir/spill
-    reuse_answers_seconds: float = 5.0  # how long the receiver reuses an answer over unchanged positions
+    duckdb_memory_limit: str = NodeSettings.duckdb_memory_limit  # DuckDB's memory_limit; past it, queries spill under state_dir/spill
+    reuse_answers_seconds: float = NodeSettings.reuse_answers_seconds  # how long the receiver reuses an answer over unchanged positions
     # A plugin that failed to load: "fatal" stops the node before it joins anything (the
     # default: a node must not serve a cluster some of whose stores or queries it cannot);
     # "warn" logs it and serves without it.
@@ -91,9 +92,6 @@ class NodeConfig:
     # peers read this node's keys on the general path.
     key_port: int | None = 0
     group_timings: GroupTimings = GroupTimings()  # session timeout and heartbeat in the group
-
-
-PLUGIN_ERRORS = ("fatal", "warn")
 
 
 def _node_id(state_dir: Path) -> str:

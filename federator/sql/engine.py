@@ -32,6 +32,7 @@ from federator.plugin.registry import Registry
 from federator.sql.dispatch_errors import from_dispatch
 from federator.sql.point import PointAnswer, PointPlan, point_plan
 from federator.sql.result import SqlRequest, SqlResult
+from federator.settings import NodeSettings
 
 
 def _plan_key(req: SqlRequest) -> tuple | None:
@@ -526,6 +527,6 @@ _ANSWER_MAX_BYTES = 1 << 20  # larger answers cost more to keep than DuckDB's fi
 # broker restarted empty) starts its offsets over, and could come back to the same offsets
 # with other rows. Such a reset takes longer than this to be noticed and refilled, so within
 # it a position is a name.
-_ANSWER_SECONDS = 5.0
+_ANSWER_SECONDS = NodeSettings.reuse_answers_seconds
 
 _EXPLAIN_COLUMNS = ("store", "query", "partitions", "node", "pushed_down", "at_receiver")
