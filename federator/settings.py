@@ -33,7 +33,7 @@ MASK = "********"  # a secret as --print-config shows it
 GROUPS: dict[str, str] = {
     "kafka": "Kafka and the application",
     "node": "the node and its addresses",
-    "memory": "memory: caches and DuckDB (what each costs is in the docs' settings table)",
+    "memory": "memory: caches and DuckDB",
     "limits": "limits and admission (each refusal is a JSON error saying what to change)",
     "doors": "front doors besides HTTP",
     "security": "users, the cluster secret and TLS (every port of the node, and its calls to other nodes)",
@@ -94,15 +94,16 @@ class NodeSettings:
                                      "node)", "node", choices=PLUGIN_ERRORS)
     # ---- memory
     scan_cache_mb: int = _s(256, "memory for keeping unchanged shards' full scans as Arrow (0 = off)", "memory",
-                            metavar="MB", sizing="at most this many MiB of Arrow for the whole node, least recently "
-                                                 "used dropped first; a scan larger than the budget is not kept")
+                            metavar="MB", sizing="at most this many MiB for the whole node: the kept scans as Arrow, the "
+                                                 "writes held beside them and the results made from them; the least "
+                                                 "recently used go first")
     scan_cache_follow: int = _s(50_000, "writes a kept scan is brought up to date with, per shard, before it is read "
                                         "again from RocksDB instead (0 = drop it on any write)", "memory", metavar="N",
-                                sizing="the writes are held beside the kept scan, in the same budget")
+                                sizing="the held writes count against --scan-cache-mb")
     kept_answers: int = _s(16, "answers of small queries (top-k, rank, key sets) each store partition keeps and gives "
                                "again while nothing is written to it (0 = off)", "memory", metavar="N",
-                           sizing="N answers per store partition the node hosts, each as large as the answer "
-                                  "(a top-k's k rows)")
+                           sizing="N small answers (larger ones are not kept) per store partition the node "
+                                  "hosts")
     duckdb_memory_limit: str = _s("2GB", "memory DuckDB may use for this node's SQL before it spills to "
                                          "--state-dir/spill (DuckDB's memory_limit, e.g. 512MB, 4GB)", "memory",
                                   metavar="SIZE", sizing="a bound DuckDB keeps to by spilling to disk; the node's "
@@ -411,9 +412,14 @@ def sample_toml() -> str:
     for group, title in GROUPS.items():
         out.append(f"# ---- {title}")
         for s in (s for s in SETTINGS if s.meta.group == group):
-            env = f" (${s.meta.env})" if s.meta.env else ""
-            out.extend(textwrap.wrap(s.meta.help + env, 98, initial_indent="# ", subsequent_indent="# "))
-            value = toml_value(s, s.default)
-            out.append(f"# {s.name} = " + (value or '""') if s.default is None else f"{s.name} = {value}")
+            about = "required" if s.meta.required else (f"unset: {s.meta.unset}" if s.meta.unset else "")
+            about = "; ".join(a for a in (about, f"${s.meta.env}" if s.meta.env else "") if a)
+            help = s.meta.help + (f" ({about})" if about else "")
+            out.extend(textwrap.wrap(help, 98, initial_indent="# ", subsequent_indent="# ", break_on_hyphens=False))
+            if s.default is not None:
+                out.append(f"{s.name} = {toml_value(s, s.default)}")
+            else:
+                placeholder = f'"{s.meta.metavar}"' if s.kind is str else f"<{s.meta.metavar}>"
+                out.append(f"# {s.name} = {placeholder}")
         out.append("")
     return "\n".join(out)
