@@ -101,7 +101,8 @@ def run_node(resolved: Resolved) -> int:
 
 
 def _check_not_negative(st: NodeSettings) -> None:
-    for name in ("standby_replicas", "scan_cache_mb", "scan_cache_follow", "kept_answers", "reuse_answers_seconds"):
+    for name in ("standby_replicas", "scan_cache_mb", "scan_cache_follow", "kept_answers", "reuse_answers_seconds",
+                 "statement_answers", "partition_answers_mb"):
         if getattr(st, name) < 0:
             raise ValueError(f"{BY_NAME[name].flag} must be 0 or more")
 
@@ -124,6 +125,8 @@ def _node_config(st: NodeSettings, listen: str, cluster_secret: str | None, limi
         scan_cache_mb=st.scan_cache_mb,  # the node makes its one scan cache from these
         scan_cache_follow=st.scan_cache_follow,
         kept_answers=st.kept_answers,
+        statement_answers=st.statement_answers,
+        partition_answers_mb=st.partition_answers_mb,
         max_body_bytes=limits.max_body_bytes, max_sql_chars=limits.max_sql_chars,
         max_answer_rows=limits.max_answer_rows, max_answer_bytes=limits.max_answer_bytes,
         max_timeout_ms=limits.max_timeout_ms, max_running_queries=limits.max_running,

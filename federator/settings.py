@@ -28,6 +28,10 @@ SERVERS = ("granian", "waitress")  # the HTTP servers a node runs on (federator.
 PLUGIN_ERRORS = ("fatal", "warn")  # what a plugin that failed to load does to the node
 FLAG, ENV, FILE, DEFAULT = "flag", "environment", "file", "default"  # where a value came from, strongest first
 MASK = "********"  # a secret as --print-config shows it
+# The largest single answer each answer cache keeps: a larger one costs more to hold than to make again
+SHARD_ANSWER_MAX_BYTES = 64 << 10  # a store partition's small answers (kept_answers)
+STATEMENT_ANSWER_MAX_BYTES = 1 << 20  # a statement's answer at the node it was asked of (statement_answers)
+PARTITION_ANSWER_SHARE = 4  # one of other nodes' partition answers: at most this part of partition_answers_mb
 
 # Groups, in the order the help and the docs show them: title, what they hold
 GROUPS: dict[str, str] = {
@@ -52,7 +56,8 @@ class Meta:
     metavar: str | None = None
     choices: tuple[str, ...] | None = None
     size: bool = False  # bytes, given as 1048576, 64KB, 16MiB or 1GB
-    off: bool = False  # an optional port that also takes "off" (None)
+    port: bool = False  # a TCP port: 0-65535
+    off: bool = False  # also takes "off" (None)
     sizing: str | None = None  # what the setting costs, for the docs
     required: bool = False
     unset: str | None = None  # what leaving an optional setting unset means
@@ -102,8 +107,8 @@ class NodeSettings:
                                 sizing="the held writes count against --scan-cache-mb")
     kept_answers: int = _s(16, "answers of small queries (top-k, rank, key sets) each store partition keeps and gives "
                                "again while nothing is written to it (0 = off)", "memory", metavar="N",
-                           sizing="N small answers (larger ones are not kept) per store partition the node "
-                                  "hosts")
+                           sizing=f"up to N answers of at most {SHARD_ANSWER_MAX_BYTES >> 10} KiB (larger ones "
+                                  "are not kept) per store partition the node hosts")
     duckdb_memory_limit: str = _s("2GB", "memory DuckDB may use for this node's SQL before it spills to "
                                          "--state-dir/spill (DuckDB's memory_limit, e.g. 512MB, 4GB)", "memory",
                                   metavar="SIZE", sizing="a bound DuckDB keeps to by spilling to disk; the node's "
@@ -113,6 +118,15 @@ class NodeSettings:
              "the same position, for up to S seconds after it was computed; other nodes' positions come from their "
              "positions watch on the key port, so such an answer asks no owner (0 = always run the statement)",
         "memory", metavar="S", sizing="each kept statement holds its last answer until it is older than this")
+    statement_answers: int = _s(
+        256, "answers of repeated deterministic statements this node keeps, to give again within "
+             "--reuse-answers-seconds while the partitions they read have not moved (0 = off)", "memory", metavar="N",
+        sizing=f"up to N answers of at most {STATEMENT_ANSWER_MAX_BYTES >> 20} MiB (larger ones are not kept)")
+    partition_answers_mb: int = _s(
+        64, "memory for other nodes' answers for single partitions (a plugin's whole-partition index, read for "
+            "ranks) this node keeps while those partitions have not moved (0 = off)", "memory", metavar="MB",
+        sizing=f"at most this many MiB, least recently used dropped first; an answer over 1/{PARTITION_ANSWER_SHARE} "
+               "of it is not kept")
     # ---- limits
     max_body_bytes: int = _s(16 * 1024**2, "largest POST /v1/sql body; larger ones get 413", "limits",
                              metavar="SIZE", size=True, sizing="read whole into memory, once per request being read")
@@ -138,12 +152,12 @@ class NodeSettings:
     key_port: int | None = _s(0, "the port other nodes read single keys from this one on (a routed point lookup), "
                                  "on the --listen host; 0 = any free port (peers learn it from the heartbeat); "
                                  "off: none, and peers read this node's keys over HTTP on the general path",
-                              "doors", metavar="P", off=True)
+                              "doors", metavar="P", port=True, off=True)
     flight_sql_port: int | None = _s(None, "also serve Arrow Flight SQL on this port, on the --listen host",
-                                     "doors", metavar="P", unset="off")
+                                     "doors", metavar="P", port=True, unset="off")
     pg_port: int | None = _s(None, "also serve the Postgres wire protocol (psql, JDBC, psycopg, BI tools) on this "
                                    "port, on the --listen host; users of --users-file log in with their token as "
-                                   "password", "doors", metavar="P", unset="off")
+                                   "password", "doors", metavar="P", port=True, unset="off")
     # ---- security
     users_file: str | None = _s(None, "users whose bearer tokens the public API, the console's calls, Flight SQL "
                                       "and Postgres accept (`federator users add`)", "security",
@@ -177,8 +191,7 @@ class Setting:
     """One row of the table: a field of NodeSettings with its type and Meta."""
 
     name: str
-    kind: type  # int, float, str or bool (the type without None)
-    optional: bool  # None is a value: unset
+    kind: type  # int, float, str or bool (the type without None, which means unset)
     default: Any
     meta: Meta
 
@@ -193,7 +206,7 @@ def _settings() -> tuple[Setting, ...]:
     for f in dataclasses.fields(NodeSettings):
         args = [a for a in typing.get_args(hints[f.name]) if a is not type(None)]
         kind = args[0] if args else hints[f.name]
-        rows.append(Setting(f.name, kind, bool(args), f.default, f.metadata["meta"]))
+        rows.append(Setting(f.name, kind, f.default, f.metadata["meta"]))
     return tuple(rows)
 
 
@@ -244,7 +257,7 @@ def from_text(s: Setting, text: str, where: str) -> Any:
         value = s.kind(text)
     except ValueError as e:
         raise SettingsError(str(e) if s.meta.size else f"{where} must be {_expected(s)}, got {text!r}") from None
-    _check_choice(s, value, where)
+    _check_value(s, value, where)
     return value
 
 
@@ -259,7 +272,7 @@ def from_toml(s: Setting, value: Any, where: str) -> Any:
         value, ok = float(value), True
     if not ok:
         raise SettingsError(f"{where} must be {_expected(s)}, got {type(value).__name__} {value!r}")
-    _check_choice(s, value, where)
+    _check_value(s, value, where)
     return value
 
 
@@ -267,13 +280,15 @@ def _expected(s: Setting) -> str:
     if s.meta.choices:
         return "one of " + ", ".join(repr(c) for c in s.meta.choices)
     what = {int: "a whole number", float: "a number", str: "a string", bool: "true or false"}[s.kind]
+    if s.meta.port:
+        what = "a port, 0-65535"
     if s.meta.size:
         what = "a size (a whole number of bytes, or a string such as \"64KB\", \"16MiB\", \"1GB\")"
     return what + (', or "off"' if s.meta.off else "")
 
 
-def _check_choice(s: Setting, value: Any, where: str) -> None:
-    if s.meta.choices and value not in s.meta.choices:
+def _check_value(s: Setting, value: Any, where: str) -> None:
+    if (s.meta.choices and value not in s.meta.choices) or (s.meta.port and not 0 <= value <= 65535):
         raise SettingsError(f"{where} must be {_expected(s)}, got {value!r}")
 
 

@@ -78,6 +78,8 @@ class NodeConfig:
     scan_cache_mb: int = DEFAULT_MB  # the scan cache's budget (0: off); see federator.store.scan_cache
     scan_cache_follow: int = DEFAULT_FOLLOW  # writes a kept scan follows before it is read again (0: never)
     kept_answers: int = DEFAULT_PER_SHARD  # small answers each shard keeps until its next write (0: off)
+    statement_answers: int = NodeSettings.statement_answers  # repeated statements' answers kept here (0: off)
+    partition_answers_mb: int = NodeSettings.partition_answers_mb  # other nodes' partition answers kept here
     # The public query entries' limits (federator.sql.limits has the defaults and their use);
     # None: that default.
     max_body_bytes: int | None = None

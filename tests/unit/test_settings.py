@@ -57,6 +57,8 @@ def test_the_file_alone_can_name_the_required_settings(tmp_path: Path) -> None:
     ("scan_cache_mb = true\n", "scan_cache_mb in .* must be a whole number, got bool True"),
     ('server = "nginx"\n', "server in .* must be one of 'granian', 'waitress', got 'nginx'"),
     ('max_answer_bytes = "lots"\n', "max_answer_bytes in .* must be a size"),
+    ("pg_port = 70000\n", "pg_port in .* must be a port, 0-65535, got 70000"),
+    ('key_port = "none"\n', "key_port in .* must be a port, 0-65535, or \"off\", got str 'none'"),
     ("threads = \n", "is not TOML"),
 ])
 def test_a_bad_file_names_the_key_and_what_to_write(tmp_path: Path, text: str, message: str) -> None:
@@ -133,3 +135,27 @@ def test_the_docs_table_names_every_setting_flag_and_variable() -> None:
         assert row.startswith(f"| `{s.name}` | `{s.flag}` | " + (f"`{s.meta.env}`" if s.meta.env else ""))
     page = (ROOT / "docs/reference/cli.md").read_text()
     assert cli_reference.SETTINGS_MARKER in page and cli_reference.MARKER in page
+
+
+@pytest.mark.parametrize("flags, environ, file, expected", [
+    (["--cluster-secret", "a" * 16], {}, 'cluster_secret_file = "{path}"\n', "a" * 16),  # the flag wins
+    ([], {"FEDERATOR_CLUSTER_SECRET": "e" * 16}, 'cluster_secret_file = "{path}"\n', "e" * 16),
+    ([], {"FEDERATOR_CLUSTER_SECRET": "e" * 16, "FEDERATOR_CLUSTER_SECRET_FILE": "{path}"}, "", "f" * 16),
+    (["--cluster-secret", "a" * 16, "--cluster-secret-file", "{path}"], {}, "", "pass the cluster secret once"),
+    ([], {}, 'cluster_secret = "{secret}"\ncluster_secret_file = "{path}"\n', "pass the cluster secret once"),
+])
+def test_the_cluster_secret_comes_from_the_stronger_source(tmp_path: Path, flags, environ, file, expected) -> None:
+    from federator.node_command import _cluster_secret
+
+    path = tmp_path / "secret"
+    path.write_text("f" * 16 + "\n")
+    fill = {"path": str(path), "secret": "s" * 16}
+    argv = [*REQUIRED, *(f.format(**fill) for f in flags)]
+    if file:
+        argv += ["--config", _file(tmp_path, file.format(**fill))]
+    resolved = _resolve(argv, {k: v.format(**fill) for k, v in environ.items()})
+    if expected.startswith("pass"):
+        with pytest.raises(ValueError, match=expected):
+            _cluster_secret(resolved, "127.0.0.1", None)
+    else:
+        assert _cluster_secret(resolved, "127.0.0.1", None) == expected
