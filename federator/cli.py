@@ -9,7 +9,7 @@ import os
 import sys
 from typing import NoReturn, Sequence
 
-from federator.settings import BY_NAME, NodeSettings, add_flag, add_node_flags, from_args, to_toml
+from federator.settings import BY_NAME, LOCAL_BROKER, NodeSettings, add_flag, add_node_flags, from_args, to_toml
 
 
 def _connection_args(p: argparse.ArgumentParser) -> None:
@@ -206,13 +206,13 @@ def _exit_now(code: int) -> NoReturn:
 
 
 def _use_kafka_config(args: argparse.Namespace | NodeSettings) -> None:
-    """Settle --bootstrap-servers and have every Kafka client of this process use --kafka-config."""
+    """Settle --bootstrap-servers (given, or from its variable: its flag's default) and have every
+    Kafka client of this process use --kafka-config."""
     from federator import kafka, kafka_properties
 
     props = kafka_properties.load(args.kafka_config) if args.kafka_config else None
     from_file = props.values.get("bootstrap.servers") if props else None
-    args.bootstrap_servers = args.bootstrap_servers or os.environ.get("FEDERATOR_BOOTSTRAP_SERVERS") or from_file \
-        or "127.0.0.1:9092"
+    args.bootstrap_servers = args.bootstrap_servers or from_file or LOCAL_BROKER
     if props is not None:
         kafka.use_client_properties(args.bootstrap_servers, props)
 

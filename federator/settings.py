@@ -28,6 +28,7 @@ SERVERS = ("granian", "waitress")  # the HTTP servers a node runs on (federator.
 PLUGIN_ERRORS = ("fatal", "warn")  # what a plugin that failed to load does to the node
 FLAG, ENV, FILE, DEFAULT = "flag", "environment", "file", "default"  # where a value came from, strongest first
 MASK = "********"  # a secret as --print-config shows it
+LOCAL_BROKER = "127.0.0.1:9092"  # the bootstrap servers when neither a setting nor --kafka-config names them
 # The largest single answer each answer cache keeps: a larger one costs more to hold than to make again
 SHARD_ANSWER_MAX_BYTES = 64 << 10  # a store partition's small answers (kept_answers)
 STATEMENT_ANSWER_MAX_BYTES = 1 << 20  # a statement's answer at the node it was asked of (statement_answers)
@@ -72,7 +73,7 @@ class NodeSettings:
     # ---- Kafka and the application
     bootstrap_servers: str | None = _s(
         None, "Kafka bootstrap servers", "kafka", env="FEDERATOR_BOOTSTRAP_SERVERS", metavar="HOST:PORT",
-        unset="--kafka-config's bootstrap.servers, else 127.0.0.1:9092")
+        unset=f"--kafka-config's bootstrap.servers, else {LOCAL_BROKER}")
     kafka_config: str | None = _s(
         None, "Kafka client properties for every client this makes, one NAME=VALUE a line, as Kafka's tools take "
               "--command-config, in librdkafka's names: security.protocol, sasl.mechanism, sasl.username, "
@@ -184,6 +185,49 @@ class NodeSettings:
     session_timeout_ms: int = _s(6000, "how long the group waits for a silent node before moving its partitions "
                                        "(the default is Apache Kafka's shortest by default)", "group", metavar="MS")
     heartbeat_interval_ms: int = _s(1000, "how often the node tells the group it is alive", "group", metavar="MS")
+
+
+# ---- the node's caches: what each keeps, and what bounds it ------------------------------------
+# Limits small enough not to need a setting (entries that hold plans, not rows):
+POINT_PLANS = 4096  # SQL texts the engine knows to be (or not be) a point lookup; then it forgets them all
+STATEMENT_PLANS = 1024  # statements' plans by text and parameters; past it all are forgotten
+PLAN_TEMPLATES = 256  # plans by text and parameter types, to bind other parameters into
+JSON_ROWS = 64  # answers given again whose JSON rows are kept, so they are not encoded again
+JSON_ROWS_MAX_CHARS = 64 * 1024  # the longest such JSON kept
+
+
+@dataclass(frozen=True)
+class Cache:
+    name: str
+    keeps: str  # what it keeps, and until when
+    bound: str  # what bounds it: the settings, or the fixed limits above
+    module: str
+
+
+CACHES: tuple[Cache, ...] = (
+    Cache("scan cache", "each store partition's last full scan as Arrow, the writes held beside it and the results "
+          "the owners' SQL made from them, until a write it cannot follow", "--scan-cache-mb for all of them, least "
+          "recently used dropped first; --scan-cache-follow writes per scan", "federator.store.scan_cache"),
+    Cache("shard answers", "small answers (top-k, rank, key sets) of each store partition, until its next write",
+          f"--kept-answers per store partition, each at most {SHARD_ANSWER_MAX_BYTES >> 10} KiB",
+          "federator.store.kept_answers"),
+    Cache("shard derivations", "what a store type derives from a store partition (the leaderboard's sorted scores), "
+          "until its next write", "one per derivation the store type names, per store partition, as large as the "
+          "type makes it", "federator.store.shard"),
+    Cache("statement answers", "answers of repeated deterministic statements at the node asked, while the partitions "
+          "they read have not moved", f"--statement-answers, each at most {STATEMENT_ANSWER_MAX_BYTES >> 20} MiB, "
+          "for --reuse-answers-seconds", "federator.sql.engine"),
+    Cache("partition answers", "other nodes' answers for single partitions (a plugin's whole-partition index), while "
+          "those partitions have not moved", f"--partition-answers-mb, each at most 1/{PARTITION_ANSWER_SHARE} of it, "
+          "for --reuse-answers-seconds", "federator.dispatch.partition_answers"),
+    Cache("statement plans", "statements' plans by text and parameters, and templates to bind other parameters into",
+          f"{STATEMENT_PLANS} plans and {PLAN_TEMPLATES} templates; past either, all of that kind are forgotten",
+          "federator.sql.engine"),
+    Cache("point plans", "whether a statement's text is a point lookup, and its plan", f"{POINT_PLANS} texts, then "
+          "all forgotten", "federator.sql.engine"),
+    Cache("JSON rows", "the JSON rows of answers given again, so a repeated answer is not encoded again",
+          f"{JSON_ROWS} answers of at most {JSON_ROWS_MAX_CHARS >> 10}K characters", "federator.http.formats"),
+)
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,9 @@ and the node's settings (federator.settings).
 
 A page that holds the marker ``<!-- cli-reference -->`` gets, in its place, each command's
 ``--help`` as the installed ``federator`` prints it, and one that holds ``<!-- node-settings -->``
-the table of the node's settings (key, flag, variable, default, what it costs), so a renamed or
-new flag changes the docs with the code.
+the table of the node's settings (key, flag, variable, default, what it costs), and one that
+holds ``<!-- node-caches -->`` the table of its caches, so a renamed or new flag changes the
+docs with the code.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any, Iterator
 
 MARKER = "<!-- cli-reference -->"
 SETTINGS_MARKER = "<!-- node-settings -->"
+CACHES_MARKER = "<!-- node-caches -->"
 
 
 def _commands(parser: argparse.ArgumentParser, path: list[str]) -> Iterator[tuple[list[str], argparse.ArgumentParser]]:
@@ -59,7 +61,17 @@ def settings_table() -> str:
     return "\n".join(out)
 
 
+def caches_table() -> str:
+    """The node's caches as a Markdown table: what each keeps, what bounds it."""
+    from federator.settings import CACHES
+
+    rows = [f"| {c.name} | {_cell(c.keeps)} | {_cell(c.bound)} |" for c in CACHES]
+    return "\n".join(["| Cache | What it keeps | What bounds it |", "|---|---|---|", *rows, ""])
+
+
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
+    if CACHES_MARKER in markdown:
+        markdown = markdown.replace(CACHES_MARKER, caches_table())
     if SETTINGS_MARKER in markdown:
         markdown = markdown.replace(SETTINGS_MARKER, settings_table())
     return markdown.replace(MARKER, reference()) if MARKER in markdown else markdown

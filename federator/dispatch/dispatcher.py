@@ -25,7 +25,7 @@ import pyarrow as pa
 
 from federator.dispatch.client import NodeCallError, NodeClient
 from federator.dispatch.key_client import CallClient, CallUnavailable, KeyClient
-from federator.dispatch.kept_partitions import KeptPartitionAnswers
+from federator.dispatch.partition_answers import PartitionAnswers
 from federator.settings import NodeSettings
 from federator.dispatch.position_watch import PositionWatch
 from federator.dispatch.errors import NotColocated, NotUpToBound, OwnerFailed, Timeout, Unavailable, UnknownQueryType
@@ -66,7 +66,7 @@ class Dispatcher:
         self._watches: dict[str, PositionWatch] = {}  # key port -> its node's positions, as it says them
         self._watches_lock = threading.Lock()
         config = getattr(node, "config", None)  # a test's fake node may have none
-        self.partition_answers = KeptPartitionAnswers(
+        self.partition_answers = PartitionAnswers(
             getattr(config, "partition_answers_mb", NodeSettings.partition_answers_mb) << 20)
         # kept-answer key -> (the partition's state, the answer one gather is asking for): the
         # others that want it at the same state wait for that call rather than make their own
@@ -162,7 +162,7 @@ class Dispatcher:
     ) -> Gathered:
         """Every partition's answer to its subquery. ``keep_for`` > 0: answers are kept, and
         given again for up to that many seconds without a call while the partition stays
-        where it was (``KeptPartitionAnswers``); for queries whose answer depends on nothing
+        where it was (``PartitionAnswers``); for queries whose answer depends on nothing
         but the partition's state. ``known``: the key ``known_positions`` gave the caller for
         this request, whose partition states are then not read again."""
         out = Gathered()

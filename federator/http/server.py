@@ -16,7 +16,7 @@ import waitress
 from waitress import wasyncore
 from waitress.trigger import trigger as Trigger
 
-from federator.settings import SERVERS
+from federator.settings import BY_NAME, SERVERS, NodeSettings, from_text
 
 log = logging.getLogger(__name__)
 
@@ -28,12 +28,11 @@ _GRACE_S = 1.0
 
 
 def default_server() -> str:
-    """The HTTP server `federator node` uses unless told otherwise: $FEDERATOR_HTTP_SERVER,
-    else granian."""
-    chosen = os.environ.get("FEDERATOR_HTTP_SERVER", "granian")
-    if chosen not in SERVERS:
-        raise ValueError(f"FEDERATOR_HTTP_SERVER must be one of {', '.join(SERVERS)}, got {chosen!r}")
-    return chosen
+    """The HTTP server `federator node` uses unless told otherwise: its variable
+    ($FEDERATOR_HTTP_SERVER), else the setting's default."""
+    setting = BY_NAME["server"]
+    env = setting.meta.env
+    return from_text(setting, os.environ[env], f"${env}") if env and os.environ.get(env) else NodeSettings.server
 
 
 def serve(app: Any, host: str, port: int, threads: int = 8) -> Any:

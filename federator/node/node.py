@@ -175,8 +175,9 @@ class Node:
         self._stop = threading.Event()
         app, bootstrap = config.application_id, config.bootstrap_servers
         self.view = ClusterView()
-        # One scan cache and one meter for all of this node's stores: each store's stack is
-        # Metered(Caching(Shard)) over them, and the owner's work keeps its results in the cache.
+        # One scan cache, one shard-answers count and one meter for all of this node's stores: each
+        # store's stack is Metered(KeptAnswers(Caching(Shard))) over them (federator.store.stack), and
+        # the owner's work keeps its results in the scan cache.
         self.scan_cache = ScanCache(config.scan_cache_mb << 20, config.scan_cache_follow)
         self.kept_answers = KeptAnswers(config.kept_answers)
         self.meter = Meter()

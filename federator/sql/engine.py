@@ -32,7 +32,7 @@ from federator.plugin.registry import Registry
 from federator.sql.dispatch_errors import from_dispatch
 from federator.sql.point import PointAnswer, PointPlan, point_plan
 from federator.sql.result import SqlRequest, SqlResult
-from federator.settings import STATEMENT_ANSWER_MAX_BYTES, NodeSettings
+from federator.settings import PLAN_TEMPLATES, POINT_PLANS, STATEMENT_ANSWER_MAX_BYTES, STATEMENT_PLANS, NodeSettings
 
 
 def _plan_key(req: SqlRequest) -> tuple | None:
@@ -206,7 +206,7 @@ class SqlEngine:
             cached = point_plan(stmt.select, stores) if stmt.select is not None else None
             if cached is not None:  # DuckDB's names and types (and its errors), planned once per text
                 cached = cached.typed(self._plan(stmt, req, options.deadline).schema)
-            if len(self._points) > 4096:  # one entry per distinct SQL text; keep it bounded
+            if len(self._points) > POINT_PLANS:  # one entry per distinct SQL text; keep it bounded
                 self._points.clear()
             self._points[text] = cached
         if cached is None or len(req.parameters) != stmt.param_count:
@@ -395,11 +395,11 @@ class SqlEngine:
         if plan_key is not None:
             self._keep_plan(plan_key, plan)
             if text_key is not None and plan.rebind is not None:
-                _put_bounded(self._templates, text_key, plan, 256)
+                _put_bounded(self._templates, text_key, plan, PLAN_TEMPLATES)
         return plan
 
     def _keep_plan(self, plan_key: tuple, plan: QueryPlan) -> None:
-        _put_bounded(self._plans, plan_key, plan, 1024)  # one entry per distinct SQL text and parameters
+        _put_bounded(self._plans, plan_key, plan, STATEMENT_PLANS)  # one entry per distinct SQL text and parameters
 
     def _schema_of(self, sql: str, relations: dict[str, pa.Table], deadline: float) -> pa.Schema:
         """The schema of ``sql``'s answer over ``relations`` (DuckDB binds it: its errors are the

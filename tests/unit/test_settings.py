@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from federator.cli import build_parser, main
-from federator.settings import BY_NAME, DEFAULT, ENV, FILE, FLAG, MASK, SETTINGS, NodeSettings, from_args, \
+from federator.settings import BY_NAME, CACHES, DEFAULT, ENV, FILE, FLAG, MASK, SETTINGS, NodeSettings, from_args, \
     sample_toml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -135,6 +135,19 @@ def test_the_docs_table_names_every_setting_flag_and_variable() -> None:
         assert row.startswith(f"| `{s.name}` | `{s.flag}` | " + (f"`{s.meta.env}`" if s.meta.env else ""))
     page = (ROOT / "docs/reference/cli.md").read_text()
     assert cli_reference.SETTINGS_MARKER in page and cli_reference.MARKER in page
+    assert cli_reference.CACHES_MARKER in page
+    assert [line.split(" | ")[0] for line in cli_reference.caches_table().splitlines()[2:] if line] == \
+        [f"| {c.name}" for c in CACHES]
+
+
+def test_every_cache_names_its_module_and_settings_that_exist() -> None:
+    import importlib.util
+    import re
+
+    for cache in CACHES:
+        assert importlib.util.find_spec(cache.module) is not None, cache
+        for flag in re.findall(r"--[a-z-]+", cache.bound):
+            assert flag[2:].replace("-", "_") in BY_NAME, (cache.name, flag)
 
 
 @pytest.mark.parametrize("flags, environ, file, expected", [

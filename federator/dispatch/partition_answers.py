@@ -23,7 +23,7 @@ from federator.settings import PARTITION_ANSWER_SHARE, NodeSettings
 MAX_BYTES = NodeSettings.partition_answers_mb << 20  # all kept answers together, least recently used dropped first
 
 
-class KeptPartitionAnswers:
+class PartitionAnswers:
     def __init__(self, max_bytes: int = MAX_BYTES) -> None:
         """``max_bytes``: all the answers together (--partition-answers-mb; 0 keeps none). One
         answer larger than a share of it costs more to hold than to ask for again."""
