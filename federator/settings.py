@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import json
 import re
 import textwrap
 import tomllib
@@ -444,7 +445,7 @@ def toml_value(s: Setting, value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        return json.dumps(value, ensure_ascii=False)  # a JSON string is a TOML basic string
     return repr(value)
 
 

@@ -172,3 +172,10 @@ def test_the_cluster_secret_comes_from_the_stronger_source(tmp_path: Path, flags
             _cluster_secret(resolved, "127.0.0.1", None)
     else:
         assert _cluster_secret(resolved, "127.0.0.1", None) == expected
+
+
+def test_print_config_reads_back_any_string(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    odd = 'C:\\state "n1"\tü'
+    assert main(["node", *REQUIRED, "--node-id", odd, "--print-config"]) == 0
+    again = _resolve(["--config", _file(tmp_path, capsys.readouterr().out)]).settings
+    assert again.node_id == odd
