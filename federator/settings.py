@@ -345,6 +345,18 @@ def default_text(s: Setting) -> str:
     return toml_value(s, s.default).strip('"')
 
 
+def described(s: Setting, with_default: bool) -> str:
+    """The help with what is given when nothing names the setting, and its variable."""
+    if s.meta.required:
+        given = "required"
+    elif s.default is None:
+        given = f"unset: {s.meta.unset}" if s.meta.unset else ""
+    else:
+        given = f"default {default_text(s)}" if with_default else ""
+    about = "; ".join(part for part in (given, f"${s.meta.env}" if s.meta.env else "") if part)
+    return f"{s.meta.help} ({about})" if about else s.meta.help
+
+
 def add_flag(parser: argparse._ActionsContainer, s: Setting, from_env: bool = False) -> None:
     """``s`` as a flag. A node's flags default to nothing (argparse.SUPPRESS), so only the flags
     given reach resolve(); ``from_env``: the other commands' flags default to their variable."""
@@ -352,8 +364,7 @@ def add_flag(parser: argparse._ActionsContainer, s: Setting, from_env: bool = Fa
     default: Any = argparse.SUPPRESS
     if from_env:
         default = None if s.kind is bool else (os.environ.get(env) if env else s.default)
-    about = ("required" if s.meta.required else f"default {default_text(s)}") + (f"; ${env}" if env else "")
-    kwargs: dict[str, Any] = {"default": default, "help": f"{s.meta.help} ({about})".replace("%", "%%")}
+    kwargs: dict[str, Any] = {"default": default, "help": described(s, with_default=True).replace("%", "%%")}
     if s.kind is bool:
         parser.add_argument(s.flag, action="store_true", **kwargs)
         return
@@ -472,10 +483,7 @@ def sample_toml() -> str:
     for group, title in GROUPS.items():
         out.append(f"# ---- {title}")
         for s in (s for s in SETTINGS if s.meta.group == group):
-            about = "required" if s.meta.required else (f"unset: {s.meta.unset}" if s.meta.unset else "")
-            about = "; ".join(a for a in (about, f"${s.meta.env}" if s.meta.env else "") if a)
-            help = s.meta.help + (f" ({about})" if about else "")
-            out.extend(textwrap.wrap(help, 98, initial_indent="# ", subsequent_indent="# ", break_on_hyphens=False))
+            out.extend(textwrap.wrap(described(s, with_default=False), 98, initial_indent="# ", subsequent_indent="# ", break_on_hyphens=False))
             if s.default is not None:
                 out.append(f"{s.name} = {toml_value(s, s.default)}")
             else:
