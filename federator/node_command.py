@@ -58,6 +58,8 @@ def arrow_memory_pool() -> str:
 
 
 def run_node(resolved: Resolved) -> int:
+    """Serve a node with ``resolved`` settings (federator.settings.from_args) until SIGINT or
+    SIGTERM; its exit code. A setting that cannot be used raises ValueError before it joins."""
     from federator.http.app import create_app
     from federator.http.server import serve, shutdown
 
@@ -109,6 +111,7 @@ def _check_not_negative(st: NodeSettings) -> None:
 
 def _node_config(st: NodeSettings, listen: str, cluster_secret: str | None, limits: Limits,
                  tls: Tls | None) -> NodeConfig:
+    # resolve() refused a missing application_id or state_dir; main() settled bootstrap_servers
     assert st.application_id is not None and st.bootstrap_servers is not None and st.state_dir is not None
     return NodeConfig(
         bootstrap_servers=st.bootstrap_servers,
@@ -263,10 +266,9 @@ def _is_loopback(host: str) -> bool:
 
 def _freeze_startup_heap() -> None:
     """Leave what the node made to start (its modules: DuckDB, pyarrow, sqlglot, Flask, ...)
-    out of every later garbage collection. A full collection otherwise walks all of it and held
-    the GIL for 75-82 ms in the leaderboard's rank runs (a p99 of 67 ms at one client); after
-    this it took 8-16 ms (scratch run of 2026-11-27 12:20, n0's gen-2 collections timed by a
-    gc callback). Objects made later are collected as before."""
+    out of every later garbage collection. A full collection otherwise walks all of it, holding
+    the GIL for several times longer than a quick query takes (the leaderboard's rank runs,
+    tests/bench/results.md). Objects made later are collected as before."""
     gc.collect()
     gc.freeze()
 
