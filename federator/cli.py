@@ -9,54 +9,13 @@ import os
 import sys
 from typing import NoReturn, Sequence
 
+from federator.settings import BY_NAME, LOCAL_BROKER, NodeSettings, add_flag, add_node_flags, from_args, to_toml
+
+
 def _connection_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--bootstrap-servers", metavar="HOST:PORT",
-        help="Kafka bootstrap servers (default: $FEDERATOR_BOOTSTRAP_SERVERS, else --kafka-config's "
-             "bootstrap.servers, else 127.0.0.1:9092)",
-    )
-    p.add_argument(
-        "--kafka-config", default=os.environ.get("FEDERATOR_KAFKA_CONFIG"), metavar="FILE",
-        help="Kafka client properties for every client this makes, one NAME=VALUE a line, as Kafka's tools "
-             "take --command-config, in librdkafka's names: security.protocol, sasl.mechanism, sasl.username, "
-             "sasl.password, ssl.ca.location, ... (default: $FEDERATOR_KAFKA_CONFIG)",
-    )
-    p.add_argument(
-        "--application-id", default=os.environ.get("FEDERATOR_APPLICATION_ID"), metavar="APP",
-        required="FEDERATOR_APPLICATION_ID" not in os.environ,
-        help="application id: names the catalog topic <APP>-catalog (default: $FEDERATOR_APPLICATION_ID)",
-    )
-
-
-# `federator node`'s limits (federator.sql.limits): flag, type, default, metavar, help
-_LIMIT_FLAGS: list[tuple[str, type, object, str, str]] = [
-    ("--max-body-bytes", str, "16MiB", "SIZE",
-     "largest POST /v1/sql body; larger ones get 413 (default 16MiB; sizes like 64KB, 1MB, 1GiB)"),
-    ("--max-sql-chars", int, 1024 * 1024, "N",
-     "longest SQL text, HTTP and Flight SQL; longer gets 400 (default 1048576, also the most)"),
-    ("--max-answer-rows", int, 10_000_000, "N",
-     "most rows in an answer; more gets 422 saying how to page (default 10000000, 0 = no cap)"),
-    ("--max-answer-bytes", str, "1GiB", "SIZE",
-     "largest answer, as Arrow data; larger gets 422 saying how to page (default 1GiB, 0 = no cap)"),
-    ("--max-timeout-ms", int, 600_000, "MS",
-     "most a request's timeout_ms may be; one asking more runs with this, and its answer's stats say so "
-     "(default 600000, 10 minutes)"),
-    ("--max-running-queries", int, 2, "N",
-     "queries (HTTP and Flight SQL) running at once on this node; more wait in arrival order (default 2: the "
-     "node's Python runs one thread at a time, so more running together only lengthen each other's tail; "
-     "raise it when long statements would hold both slots)"),
-    ("--max-queued-queries", int, 12, "N",
-     "queries waiting for a running slot, each at most its timeout_ms; more get 429 with Retry-After (default 12)"),
-]
-
-
-def _key_port(text: str) -> int | None:
-    if text == "off":
-        return None
-    port = int(text)
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"{text} is not a port; give 0-65535, or off")
-    return port
+    """The Kafka flags every command that reads the catalog takes, as `federator node` declares them."""
+    for name in ("bootstrap_servers", "kafka_config", "application_id"):
+        add_flag(p, BY_NAME[name], from_env=True)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -93,80 +52,15 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("name")
     _connection_args(d)
 
-    n = sub.add_parser("node", help="run a node: materialize stores, own partitions, answer queries over HTTP")
-    _connection_args(n)
-    n.add_argument("--listen", default="127.0.0.1:8080", metavar="HOST:PORT", help="HTTP address (default 127.0.0.1:8080)")
-    n.add_argument("--advertise", metavar="HOST:PORT", help="address other nodes and clients use (default --listen)")
-    n.add_argument("--state-dir", required=True, metavar="DIR", help="where this node keeps its RocksDB shards")
-    n.add_argument("--standby-replicas", type=int, default=0, metavar="N", help="extra copies of each partition (default 0)")
-    n.add_argument("--node-id", metavar="ID", help="stable node id (default: one kept in --state-dir)")
-    n.add_argument("--cluster-secret-file", default=os.environ.get("FEDERATOR_CLUSTER_SECRET_FILE"), metavar="FILE",
-                   help="a file holding the secret every node of the application shares, which node-to-node calls "
-                        "(/internal/ and the key port) must carry (default $FEDERATOR_CLUSTER_SECRET_FILE, else "
-                        "$FEDERATOR_CLUSTER_SECRET); required with --users-file or a --listen beyond loopback")
-    n.add_argument("--cluster-secret", metavar="S",
-                   help="the cluster secret itself; `ps` shows it to every local user: prefer --cluster-secret-file")
-    n.add_argument("--threads", type=int, default=16,
-                   help="HTTP worker threads (default 16); running and queued queries may hold all but 2, "
-                        "which stay free for node-to-node calls")
-    from federator.http.server_choice import SERVERS
-
-    n.add_argument("--server", choices=SERVERS, default=None,
-                   help="HTTP server: granian (Rust; ~4x less CPU per small request) or waitress (pure Python); "
-                        "default $FEDERATOR_HTTP_SERVER, else granian")
-    n.add_argument("--scan-cache-mb", type=int, default=256, metavar="MB",
-                   help="memory for keeping unchanged shards' full scans as Arrow (default 256, 0 = off)")
-    n.add_argument("--scan-cache-follow", type=int, default=50_000, metavar="N",
-                   help="writes a kept scan is brought up to date with, per shard, before it is read "
-                        "again from RocksDB instead (default 50000, 0 = drop it on any write)")
-    n.add_argument("--kept-answers", type=int, default=16, metavar="N",
-                   help="answers of small queries (top-k, rank, key sets) each store partition keeps and gives "
-                        "again while nothing is written to it (default 16, 0 = off)")
-    n.add_argument("--duckdb-memory-limit", default="2GB", metavar="SIZE",
-                   help="memory DuckDB may use for this node's SQL before it spills to --state-dir/spill "
-                        "(DuckDB's memory_limit, e.g. 512MB, 4GB; default 2GB)")
-    n.add_argument("--reuse-answers-seconds", type=float, default=5.0, metavar="S",
-                   help="answer a repeated deterministic statement from its last answer while every partition "
-                        "it read is at the same position, for up to S seconds after it was computed; other "
-                        "nodes' positions come from their positions watch on the key port, so such an answer "
-                        "asks no owner (default 5, 0 = always run the statement)")
-    limits = n.add_argument_group("limits and admission (each refusal is a JSON error saying what to change)")
-    for flag, kind, default, metavar, what in _LIMIT_FLAGS:
-        limits.add_argument(flag, type=kind, default=default, metavar=metavar, help=what)
-    n.add_argument("--key-port", type=_key_port, default=0, metavar="P",
-                   help="the port other nodes read single keys from this one on (a routed point lookup), on the "
-                        "--listen host; default 0 = any free port (peers learn it from the heartbeat); "
-                        "'off': none, and peers read this node's keys over HTTP on the general path")
-    n.add_argument("--flight-sql-port", type=int, metavar="P",
-                   help="also serve Arrow Flight SQL on this port, on the --listen host (default: off)")
-    n.add_argument("--pg-port", type=int, metavar="P",
-                   help="also serve the Postgres wire protocol (psql, JDBC, psycopg, BI tools) on this port, on the "
-                        "--listen host; users of --users-file log in with their token as password (default: off)")
-    n.add_argument("--users-file", default=os.environ.get("FEDERATOR_USERS_FILE"), metavar="FILE",
-                   help="users whose bearer tokens the public API, the console's calls and Flight SQL accept "
-                        "(`federator users add`); default $FEDERATOR_USERS_FILE; none: open to anyone who can "
-                        "reach the node, so only on a loopback --listen unless --allow-anonymous")
-    n.add_argument("--allow-anonymous", action="store_true",
-                   help="serve without --users-file on a --listen address other machines can reach")
-    tls = n.add_argument_group("TLS (every port of the node, and its calls to other nodes; see README \"TLS\")")
-    tls.add_argument("--tls-cert", default=os.environ.get("FEDERATOR_TLS_CERT"), metavar="PEM",
-                     help="the node's certificate (chain), naming its advertised host (default $FEDERATOR_TLS_CERT)")
-    tls.add_argument("--tls-key", default=os.environ.get("FEDERATOR_TLS_KEY"), metavar="PEM",
-                     help="the certificate's private key (default $FEDERATOR_TLS_KEY)")
-    tls.add_argument("--tls-ca", default=os.environ.get("FEDERATOR_TLS_CA"), metavar="PEM",
-                     help="the CA certificates peers' certificates are checked against (default $FEDERATOR_TLS_CA, "
-                          "else --tls-cert itself: one self-signed certificate shared by every node)")
-    n.add_argument("--plugin-errors", choices=("fatal", "warn"), default="fatal",
-                   help="a plugin that fails to load: fatal (default) stops the node before it joins the cluster; "
-                        "warn logs it and serves without it (its stores and queries are unknown to this node)")
-    from federator.node.timings import GroupTimings
-
-    group = n.add_argument_group("the consumer group (the broker's group.min/max.session.timeout.ms bound these)")
-    group.add_argument("--session-timeout-ms", type=int, default=GroupTimings.session_timeout_ms, metavar="MS",
-                       help="how long the group waits for a silent node before moving its partitions "
-                            f"(default {GroupTimings.session_timeout_ms}, Apache Kafka's shortest by default)")
-    group.add_argument("--heartbeat-interval-ms", type=int, default=GroupTimings.heartbeat_interval_ms, metavar="MS",
-                       help=f"how often the node tells the group it is alive (default {GroupTimings.heartbeat_interval_ms})")
+    n = sub.add_parser("node", help="run a node: materialize stores, own partitions, answer queries over HTTP",
+                       description="Each setting below is a flag, some an environment variable, and each a key of "
+                                   "the TOML file --config names: a flag wins over its variable, which wins over the "
+                                   "file, which wins over the default. TLS: see the docs' Run nodes page.")
+    n.add_argument("--config", metavar="FILE", help="a TOML file of settings, one key per flag without its dashes "
+                                                    "(max_body_bytes = \"16MiB\"); flags and variables win over it")
+    n.add_argument("--print-config", action="store_true",
+                   help="print the settings the node would run with, as TOML (secrets masked), and exit")
+    add_node_flags(n)
 
     from federator.client.sql_cli import add_sql_parser
 
@@ -311,14 +205,14 @@ def _exit_now(code: int) -> NoReturn:
     os._exit(code)
 
 
-def _use_kafka_config(args: argparse.Namespace) -> None:
-    """Settle --bootstrap-servers and have every Kafka client of this process use --kafka-config."""
+def _use_kafka_config(args: argparse.Namespace | NodeSettings) -> None:
+    """Settle --bootstrap-servers (given, or from its variable: its flag's default) and have every
+    Kafka client of this process use --kafka-config."""
     from federator import kafka, kafka_properties
 
     props = kafka_properties.load(args.kafka_config) if args.kafka_config else None
     from_file = props.values.get("bootstrap.servers") if props else None
-    args.bootstrap_servers = args.bootstrap_servers or os.environ.get("FEDERATOR_BOOTSTRAP_SERVERS") or from_file \
-        or "127.0.0.1:9092"
+    args.bootstrap_servers = args.bootstrap_servers or from_file or LOCAL_BROKER
     if props is not None:
         kafka.use_client_properties(args.bootstrap_servers, props)
 
@@ -369,8 +263,8 @@ def main(argv: Sequence[str] | None = None, hard_exit: bool = False) -> int:
         return 2
     reported = _reported_errors(args.command)
     try:
-        if hasattr(args, "kafka_config") and args.command != "demo":  # the demo hands them to its children
-            _use_kafka_config(args)
+        if hasattr(args, "kafka_config") and args.command not in ("demo", "node"):  # the demo hands them to its
+            _use_kafka_config(args)  # children; a node's come from its settings
         if args.command == "broker":
             from federator.broker import run_foreground
 
@@ -381,8 +275,13 @@ def main(argv: Sequence[str] | None = None, hard_exit: bool = False) -> int:
             from federator.node_command import run_node
             from federator.plugin import PluginsFailed
 
+            resolved = from_args(args, os.environ)  # SettingsError names the setting and what to do
+            if args.print_config:
+                print(to_toml(resolved), end="")
+                return 0
+            _use_kafka_config(resolved.settings)
             try:
-                code = run_node(args)
+                code = run_node(resolved)
             except PluginsFailed as e:  # --plugin-errors fatal: the log named each; say so once more
                 print(f"error: {e}", file=sys.stderr)
                 return 2

@@ -3,7 +3,6 @@ finds that another live process has its node id (then it exits with REFUSED)."""
 
 from __future__ import annotations
 
-import argparse
 import gc
 import ipaddress
 import logging
@@ -16,13 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from federator.auth import Users
-from federator.tls import from_flags
+from federator.settings import BY_NAME, ENV, FILE, FLAG, NodeSettings, Resolved
+from federator.tls import Tls, from_flags
 from federator.node.timings import GroupTimings
 from federator.node.node import Node, NodeConfig
 from federator.plugin import load_plugins
-from federator.store.kept_answers import DEFAULT_PER_SHARD
-from federator.store.scan_cache import DEFAULT_FOLLOW
-from federator.sql.limits import Limits, parse_size
+from federator.sql.limits import Limits
 from federator.sql.service import SqlService
 
 log = logging.getLogger(__name__)
@@ -59,69 +57,40 @@ def arrow_memory_pool() -> str:
     return pool.backend_name
 
 
-def run_node(args: argparse.Namespace) -> int:
+def run_node(resolved: Resolved) -> int:
+    """Serve a node with ``resolved`` settings (federator.settings.from_args) until SIGINT or
+    SIGTERM; its exit code. A setting that cannot be used raises ValueError before it joins."""
     from federator.http.app import create_app
     from federator.http.server import serve, shutdown
-    from federator.http.server_choice import default_server
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     logging.getLogger("waitress").setLevel(logging.WARNING)
     logging.getLogger(__name__).info("Arrow memory pool: %s", arrow_memory_pool())
-    host, port = _host_port(args.listen, "--listen")
-    if args.advertise:
-        _host_port(args.advertise, "--advertise")
-    if args.standby_replicas < 0:
-        raise ValueError("--standby-replicas must be 0 or more")
-    if args.scan_cache_mb < 0:
-        raise ValueError("--scan-cache-mb must be 0 or more")
-    if getattr(args, "scan_cache_follow", 0) < 0:
-        raise ValueError("--scan-cache-follow must be 0 or more")
-    if getattr(args, "kept_answers", 0) < 0:
-        raise ValueError("--kept-answers must be 0 or more")
-    limits = _limits(args)  # checked before the node joins anything
-    users = _users(args, host)
-    cluster_secret = _cluster_secret(args, host, users)
-    tls = from_flags(getattr(args, "tls_cert", None), getattr(args, "tls_key", None), getattr(args, "tls_ca", None))
-    server_kind = getattr(args, "server", None) or default_server()
-    if tls is not None and server_kind != "granian":
+    st = resolved.settings
+    host, port = _host_port(st.listen, "--listen")
+    if st.advertise:
+        _host_port(st.advertise, "--advertise")
+    _check_not_negative(st)
+    limits = _limits(st)  # checked before the node joins anything
+    users = _users(st, host)
+    cluster_secret = _cluster_secret(resolved, host, users)
+    tls = from_flags(st.tls_cert, st.tls_key, st.tls_ca)
+    if tls is not None and st.server != "granian":
         raise ValueError("TLS (--tls-cert/--tls-key) is served by granian only: drop --server waitress "
                          "(or $FEDERATOR_HTTP_SERVER=waitress)")
     # The one registry of this process: built here, owned by the node, passed to the HTTP app.
     registry = load_plugins()
-    node = Node(NodeConfig(
-        bootstrap_servers=args.bootstrap_servers,
-        application_id=args.application_id,
-        listen=f"{host}:{port}",
-        advertise=args.advertise,
-        state_dir=Path(args.state_dir),
-        standby_replicas=args.standby_replicas,
-        node_id=args.node_id,
-        cluster_secret=cluster_secret,
-        duckdb_memory_limit=getattr(args, "duckdb_memory_limit", "2GB"),
-        reuse_answers_seconds=getattr(args, "reuse_answers_seconds", 5.0),
-        plugin_errors=getattr(args, "plugin_errors", "fatal"),
-        scan_cache_mb=args.scan_cache_mb,  # the node makes its one scan cache from these
-        scan_cache_follow=getattr(args, "scan_cache_follow", DEFAULT_FOLLOW),
-        kept_answers=getattr(args, "kept_answers", DEFAULT_PER_SHARD),
-        max_body_bytes=limits.max_body_bytes, max_sql_chars=limits.max_sql_chars,
-        max_answer_rows=limits.max_answer_rows, max_answer_bytes=limits.max_answer_bytes,
-        max_timeout_ms=limits.max_timeout_ms, max_running_queries=limits.max_running,
-        max_queued_queries=limits.max_queued,
-        key_port=getattr(args, "key_port", 0),
-        group_timings=GroupTimings(args.session_timeout_ms, args.heartbeat_interval_ms),
-        tls=tls,
-    ), registry)  # raises PluginsFailed when a plugin failed and --plugin-errors is fatal
-    if getattr(args, "reuse_answers_seconds", 0) < 0:
-        raise ValueError("--reuse-answers-seconds must be 0 or more")
+    node = Node(_node_config(st, f"{host}:{port}", cluster_secret, limits, tls), registry)
+    # (Node raises PluginsFailed when a plugin failed and --plugin-errors is fatal)
     stopping = threading.Event()
     _stop_on_signals(stopping)
     node.on_refused = lambda why: stopping.set()  # the node logged why; exit with REFUSED
     sql = SqlService(node, registry)
     app = create_app(node, registry, sql, users)
-    if server_kind == "granian":
-        return _run_on_granian(node, sql, app, host, port, args, stopping, users)
-    server = serve(app, host, port, threads=args.threads)
-    doors = _start_doors(sql, host, args, users)
+    if st.server == "granian":
+        return _run_on_granian(node, sql, app, host, port, st, stopping, users)
+    server = serve(app, host, port, threads=st.threads)
+    doors = _start_doors(sql, host, st, users)
     node.start()
     http = threading.Thread(target=server.run, name="http", daemon=True)
     http.start()
@@ -133,24 +102,51 @@ def run_node(args: argparse.Namespace) -> int:
     return _exit_code(node)
 
 
-def _limits(args: argparse.Namespace) -> Limits:
-    """The limits the flags name (ValueError names a bad one), fitting in --threads."""
-    defaults = Limits()
+def _check_not_negative(st: NodeSettings) -> None:
+    for name in ("standby_replicas", "scan_cache_mb", "scan_cache_follow", "kept_answers", "reuse_answers_seconds",
+                 "statement_answers", "partition_answers_mb"):
+        if getattr(st, name) < 0:
+            raise ValueError(f"{BY_NAME[name].flag} must be 0 or more")
 
-    def flag(name: str, default: int) -> Any:
-        value = getattr(args, name, None)
-        return default if value is None else value
 
-    limits = Limits(
-        max_body_bytes=parse_size(flag("max_body_bytes", defaults.max_body_bytes), "--max-body-bytes"),
-        max_sql_chars=flag("max_sql_chars", defaults.max_sql_chars),
-        max_answer_rows=flag("max_answer_rows", defaults.max_answer_rows),
-        max_answer_bytes=parse_size(flag("max_answer_bytes", defaults.max_answer_bytes), "--max-answer-bytes"),
-        max_timeout_ms=flag("max_timeout_ms", defaults.max_timeout_ms),
-        max_running=flag("max_running_queries", defaults.max_running),
-        max_queued=flag("max_queued_queries", defaults.max_queued),
+def _node_config(st: NodeSettings, listen: str, cluster_secret: str | None, limits: Limits,
+                 tls: Tls | None) -> NodeConfig:
+    # resolve() refused a missing application_id or state_dir; main() settled bootstrap_servers
+    assert st.application_id is not None and st.bootstrap_servers is not None and st.state_dir is not None
+    return NodeConfig(
+        bootstrap_servers=st.bootstrap_servers,
+        application_id=st.application_id,
+        listen=listen,
+        advertise=st.advertise,
+        state_dir=Path(st.state_dir),
+        standby_replicas=st.standby_replicas,
+        node_id=st.node_id,
+        cluster_secret=cluster_secret,
+        duckdb_memory_limit=st.duckdb_memory_limit,
+        reuse_answers_seconds=st.reuse_answers_seconds,
+        plugin_errors=st.plugin_errors,
+        scan_cache_mb=st.scan_cache_mb,  # the node makes its one scan cache from these
+        scan_cache_follow=st.scan_cache_follow,
+        kept_answers=st.kept_answers,
+        statement_answers=st.statement_answers,
+        partition_answers_mb=st.partition_answers_mb,
+        max_body_bytes=limits.max_body_bytes, max_sql_chars=limits.max_sql_chars,
+        max_answer_rows=limits.max_answer_rows, max_answer_bytes=limits.max_answer_bytes,
+        max_timeout_ms=limits.max_timeout_ms, max_running_queries=limits.max_running,
+        max_queued_queries=limits.max_queued,
+        key_port=st.key_port,
+        group_timings=GroupTimings(st.session_timeout_ms, st.heartbeat_interval_ms),
+        tls=tls,
     )
-    limits.check_threads(args.threads)
+
+
+def _limits(st: NodeSettings) -> Limits:
+    """The limits the settings name (ValueError names a bad one), fitting in --threads."""
+    limits = Limits(max_body_bytes=st.max_body_bytes, max_sql_chars=st.max_sql_chars,
+                    max_answer_rows=st.max_answer_rows, max_answer_bytes=st.max_answer_bytes,
+                    max_timeout_ms=st.max_timeout_ms, max_running=st.max_running_queries,
+                    max_queued=st.max_queued_queries)
+    limits.check_threads(st.threads)
     return limits
 
 
@@ -181,31 +177,31 @@ def _stop_on_signals(stopping: threading.Event) -> None:
     threading.Thread(target=read_wakeups, name="signals", daemon=True).start()
 
 
-def _start_doors(sql: SqlService, host: str, args: argparse.Namespace, users: Users | None) -> dict[str, Any]:
+def _start_doors(sql: SqlService, host: str, st: NodeSettings, users: Users | None) -> dict[str, Any]:
     """The front doors besides HTTP the flags ask for: Flight SQL, Postgres. Each binds now, so a
     taken port fails before the node joins."""
     doors: dict[str, Any] = {}
-    if getattr(args, "flight_sql_port", None) is not None:
+    if st.flight_sql_port is not None:
         from federator.flight import server as flight_server
 
-        doors["flight"] = flight_server.start(sql, host, args.flight_sql_port, users, sql.node.tls)
-    if getattr(args, "pg_port", None) is not None:
+        doors["flight"] = flight_server.start(sql, host, st.flight_sql_port, users, sql.node.tls)
+    if st.pg_port is not None:
         from federator.pgwire import server as pg_server
 
-        doors["pg"] = pg_server.start(sql, host, args.pg_port, users, sql.node.tls)
+        doors["pg"] = pg_server.start(sql, host, st.pg_port, users, sql.node.tls)
     return doors
 
 
-def _users(args: argparse.Namespace, host: str) -> Users | None:
+def _users(st: NodeSettings, host: str) -> Users | None:
     """The users of --users-file; without one, the public entries are open, which a node
     allows on a loopback address, or anywhere with --allow-anonymous, and says so."""
-    path = getattr(args, "users_file", None)
+    path = st.users_file
     if path:
         users = Users.load(path)  # UsersFileError (a ValueError) names the line
         log.info("public API, console calls and Flight SQL need a bearer token of the %d user(s) in %s",
                  len(users.verifiers), path)
         return users
-    if not _is_loopback(host) and not getattr(args, "allow_anonymous", False):
+    if not _is_loopback(host) and not st.allow_anonymous:
         raise ValueError(f"--listen {host} can be reached from other machines and no --users-file names who may "
                          "query this node: add users (`federator users add NAME --users-file FILE`, then "
                          "--users-file FILE), or pass --allow-anonymous to serve anyone")
@@ -214,38 +210,49 @@ def _users(args: argparse.Namespace, host: str) -> Users | None:
     return None
 
 
-CLUSTER_SECRET_ENV = "FEDERATOR_CLUSTER_SECRET"
 MIN_SECRET_CHARS = 16
+_STRENGTH = {FLAG: 0, ENV: 1, FILE: 2}  # the order resolve() takes sources in
 
 
-def _cluster_secret(args: argparse.Namespace, host: str, users: Users | None) -> str | None:
-    """The cluster secret, from --cluster-secret-file, --cluster-secret or $FEDERATOR_CLUSTER_SECRET.
-    A node with users, or reachable from other machines, must have one: without it the internal
-    endpoints and the key port would hand out every row to anyone who asks."""
-    path, given = getattr(args, "cluster_secret_file", None), getattr(args, "cluster_secret", None)
-    if path and given:
-        raise ValueError("pass the cluster secret once: --cluster-secret-file or --cluster-secret, not both")
+def _cluster_secret(resolved: Resolved, host: str, users: Users | None) -> str | None:
+    """The cluster secret, from the cluster_secret_file or cluster_secret setting. A node with
+    users, or reachable from other machines, must have one: without it the internal endpoints and
+    the key port would hand out every row to anyone who asks."""
+    path, given = _secret_source(resolved)
     if path:
         try:
             secret: str | None = Path(path).read_text(encoding="utf-8").strip()
         except OSError as e:
             raise ValueError(f"cannot read --cluster-secret-file {path!r}: {e.strerror}") from None
-    elif given:
-        log.warning("--cluster-secret shows the secret to anyone who can run `ps` here: "
-                    "prefer --cluster-secret-file FILE or $%s", CLUSTER_SECRET_ENV)
-        secret = given
     else:
-        secret = os.environ.get(CLUSTER_SECRET_ENV) or None
+        if given and resolved.sources["cluster_secret"] == FLAG:
+            log.warning("--cluster-secret shows the secret to anyone who can run `ps` here: "
+                        "prefer --cluster-secret-file FILE or $%s", BY_NAME["cluster_secret"].meta.env)
+        secret = given
     make = f"make one with `openssl rand -hex 32 > FILE` and start every node with --cluster-secret-file FILE"
     if not secret:
         why = "has users (--users-file)" if users is not None else f"listens on {host}, which other machines can reach"
         if users is not None or not _is_loopback(host):
             raise ValueError(f"this node {why} and so needs a cluster secret, which node-to-node calls (/internal/ "
-                             f"and the key port) must carry: {make} (or set ${CLUSTER_SECRET_ENV})")
+                             f"and the key port) must carry: {make} (or set ${BY_NAME['cluster_secret'].meta.env})")
         return None
     if len(secret) < MIN_SECRET_CHARS:
         raise ValueError(f"the cluster secret has {len(secret)} characters, fewer than {MIN_SECRET_CHARS}: {make}")
     return secret
+
+
+def _secret_source(resolved: Resolved) -> tuple[str | None, str | None]:
+    """(file, secret), at most one of them: the one from the stronger source, the file when both
+    are in the environment; both as flags, or both in the file, is an error."""
+    st, sources = resolved.settings, resolved.sources
+    path, given = st.cluster_secret_file, st.cluster_secret
+    if not (path and given):
+        return path, given
+    of_file, of_secret = sources["cluster_secret_file"], sources["cluster_secret"]
+    if of_file == of_secret != ENV:
+        where = "flags" if of_file == FLAG else "--config file"
+        raise ValueError(f"pass the cluster secret once: cluster_secret_file or cluster_secret, not both ({where})")
+    return (None, given) if _STRENGTH[of_secret] < _STRENGTH[of_file] else (path, None)
 
 
 def _is_loopback(host: str) -> bool:
@@ -259,10 +266,9 @@ def _is_loopback(host: str) -> bool:
 
 def _freeze_startup_heap() -> None:
     """Leave what the node made to start (its modules: DuckDB, pyarrow, sqlglot, Flask, ...)
-    out of every later garbage collection. A full collection otherwise walks all of it and held
-    the GIL for 75-82 ms in the leaderboard's rank runs (a p99 of 67 ms at one client); after
-    this it took 8-16 ms (scratch run of 2026-11-27 12:20, n0's gen-2 collections timed by a
-    gc callback). Objects made later are collected as before."""
+    out of every later garbage collection. A full collection otherwise walks all of it, holding
+    the GIL for several times longer than a quick query takes (the leaderboard's rank runs,
+    tests/bench/results.md). Objects made later are collected as before."""
     gc.collect()
     gc.freeze()
 
@@ -288,14 +294,14 @@ def _hand_over(node: Node, doors: dict[str, Any]) -> None:
     node.stop()
 
 
-def _run_on_granian(node: Node, sql: SqlService, app: object, host: str, port: int, args: argparse.Namespace,
+def _run_on_granian(node: Node, sql: SqlService, app: object, host: str, port: int, st: NodeSettings,
                     stopping: threading.Event, users: Users | None) -> int:
     """granian runs in the main thread (it sets signal handlers as it starts); a second
     thread keeps the shutdown order of the waitress path: hand over, then stop serving."""
     from federator.http.granian_server import GranianServer
 
-    server = GranianServer(app, host, port, threads=args.threads, on_signal=stopping.set, tls=node.tls)
-    doors = _start_doors(sql, host, args, users)
+    server = GranianServer(app, host, port, threads=st.threads, on_signal=stopping.set, tls=node.tls)
+    doors = _start_doors(sql, host, st, users)
     node.start()
 
     def stop_in_order() -> None:

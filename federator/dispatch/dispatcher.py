@@ -25,7 +25,8 @@ import pyarrow as pa
 
 from federator.dispatch.client import NodeCallError, NodeClient
 from federator.dispatch.key_client import CallClient, CallUnavailable, KeyClient
-from federator.dispatch.kept_partitions import KeptPartitionAnswers
+from federator.dispatch.partition_answers import PartitionAnswers
+from federator.settings import NodeSettings
 from federator.dispatch.position_watch import PositionWatch
 from federator.dispatch.errors import NotColocated, NotUpToBound, OwnerFailed, Timeout, Unavailable
 from federator.plan.keys import SubQuery
@@ -65,7 +66,9 @@ class Dispatcher:
         self._call_clients: dict[str, CallClient] = {}
         self._watches: dict[str, PositionWatch] = {}  # key port -> its node's positions, as it says them
         self._watches_lock = threading.Lock()
-        self.kept = KeptPartitionAnswers()
+        config = getattr(node, "config", None)  # a test's fake node may have none
+        self.partition_answers = PartitionAnswers(
+            getattr(config, "partition_answers_mb", NodeSettings.partition_answers_mb) << 20)
         # kept-answer key -> (the partition's state, the answer one gather is asking for): the
         # others that want it at the same state wait for that call rather than make their own
         self._asking: dict[tuple, tuple[tuple, Future]] = {}
@@ -160,7 +163,7 @@ class Dispatcher:
     ) -> Gathered:
         """Every partition's answer to its subquery. ``keep_for`` > 0: answers are kept, and
         given again for up to that many seconds without a call while the partition stays
-        where it was (``KeptPartitionAnswers``); for queries whose answer depends on nothing
+        where it was (``PartitionAnswers``); for queries whose answer depends on nothing
         but the partition's state. ``known``: the key ``known_positions`` gave the caller for
         this request, whose partition states are then not read again."""
         out = Gathered()
@@ -411,8 +414,8 @@ class Dispatcher:
             if state is None:
                 continue
             key = (defn.name, p, subqueries[i].query, work)
-            was = self.kept.state_of(key)  # kept at another state: this partition moved since
-            kept = self.kept.get(key, state, keep_for)
+            was = self.partition_answers.state_of(key)  # kept at another state: this partition moved since
+            kept = self.partition_answers.get(key, state, keep_for)
             wanted = token.get(p)
             moved = was is not None and was != state
             if kept is None and wanted is None:
@@ -448,7 +451,7 @@ class Dispatcher:
         offset = r.position.get(defn.topic, r.partition) if r.position is not None else None
         if offset != (state[1][1] if state[1][1] >= 0 else None):
             return None
-        self.kept.put((defn.name, r.partition, sq.query, work), state, offset, r.batch)
+        self.partition_answers.put((defn.name, r.partition, sq.query, work), state, offset, r.batch)
         return offset, r.batch
 
     def _watch(self, key_endpoint: str) -> PositionWatch:

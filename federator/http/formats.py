@@ -53,6 +53,7 @@ import pyarrow.csv as pa_csv
 import pyarrow.ipc as pa_ipc
 
 from federator.errors import SqlError, as_error
+from federator.settings import JSON_ROWS, JSON_ROWS_MAX_CHARS
 from federator.sql.types import _is, sql_type_name
 
 log = logging.getLogger(__name__)
@@ -340,8 +341,6 @@ def _columns(batch: pa.RecordBatch, converters: list[Converter]) -> list[list]:
 # Each entry holds its batch, so the id names it while remembered.
 _ROWS_JSON: OrderedDict[int, tuple[pa.RecordBatch, str]] = OrderedDict()
 _ROWS_JSON_LOCK = threading.Lock()
-_ROWS_JSON_KEPT = 64
-_ROWS_JSON_MAX_CHARS = 64 * 1024
 
 
 def _rows_json(batch: pa.RecordBatch, converters: list[Converter], remember: bool) -> str:
@@ -352,10 +351,10 @@ def _rows_json(batch: pa.RecordBatch, converters: list[Converter], remember: boo
         if hit is not None and hit[0] is batch:
             return hit[1]
     rows = _encode(list(zip(*_columns(batch, converters))))
-    if remember and len(rows) <= _ROWS_JSON_MAX_CHARS:
+    if remember and len(rows) <= JSON_ROWS_MAX_CHARS:
         with _ROWS_JSON_LOCK:
             _ROWS_JSON[id(batch)] = (batch, rows)
-            while len(_ROWS_JSON) > _ROWS_JSON_KEPT:
+            while len(_ROWS_JSON) > JSON_ROWS:
                 _ROWS_JSON.popitem(last=False)
     return rows
 

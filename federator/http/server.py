@@ -15,11 +15,23 @@ import waitress
 from waitress import wasyncore
 from waitress.trigger import trigger as Trigger
 
+from federator.settings import BY_NAME, SERVERS, NodeSettings, from_text
+
 log = logging.getLogger(__name__)
 
 # How long shutdown waits for a loop it was not told about before closing the sockets itself;
 # a running loop wakes on the trigger and empties its map within milliseconds.
 _GRACE_S = 1.0
+
+
+
+
+def default_server() -> str:
+    """The HTTP server `federator node` uses unless told otherwise: its variable
+    ($FEDERATOR_HTTP_SERVER), else the setting's default."""
+    setting = BY_NAME["server"]
+    env = setting.meta.env
+    return from_text(setting, os.environ[env], f"${env}") if env and os.environ.get(env) else NodeSettings.server
 
 
 def serve(app: Any, host: str, port: int, threads: int = 8) -> Any:

@@ -50,6 +50,7 @@ from federator.store.metered import Meter
 from federator.store.kept_answers import DEFAULT_PER_SHARD, KeptAnswers
 from federator.store.scan_cache import DEFAULT_FOLLOW, DEFAULT_MB, ScanCache
 from federator.store.stack import open_store
+from federator.settings import PLUGIN_ERRORS, NodeSettings
 from federator.tls import Tls
 from federator.query.request import StateQueryRequest
 from federator.query.result import FailureReason, QueryResult
@@ -68,8 +69,8 @@ class NodeConfig:
     node_id: str | None = None
     cluster_secret: str | None = field(default=None, repr=False)  # never in a logged or printed config
     tls: Tls | None = None  # --tls-cert/--tls-key/--tls-ca (federator.tls)
-    duckdb_memory_limit: str = "2GB"  # DuckDB's memory_limit; past it, queries spill under state_dir/spill
-    reuse_answers_seconds: float = 5.0  # how long the receiver reuses an answer over unchanged positions
+    duckdb_memory_limit: str = NodeSettings.duckdb_memory_limit  # DuckDB's memory_limit; past it, queries spill under state_dir/spill
+    reuse_answers_seconds: float = NodeSettings.reuse_answers_seconds  # how long the receiver reuses an answer over unchanged positions
     # A plugin that failed to load: "fatal" stops the node before it joins anything (the
     # default: a node must not serve a cluster some of whose stores or queries it cannot);
     # "warn" logs it and serves without it.
@@ -77,6 +78,8 @@ class NodeConfig:
     scan_cache_mb: int = DEFAULT_MB  # the scan cache's budget (0: off); see federator.store.scan_cache
     scan_cache_follow: int = DEFAULT_FOLLOW  # writes a kept scan follows before it is read again (0: never)
     kept_answers: int = DEFAULT_PER_SHARD  # small answers each shard keeps until its next write (0: off)
+    statement_answers: int = NodeSettings.statement_answers  # repeated statements' answers kept here (0: off)
+    partition_answers_mb: int = NodeSettings.partition_answers_mb  # other nodes' partition answers kept here
     # The public query entries' limits (federator.sql.limits has the defaults and their use);
     # None: that default.
     max_body_bytes: int | None = None
@@ -91,9 +94,6 @@ class NodeConfig:
     # peers read this node's keys on the general path.
     key_port: int | None = 0
     group_timings: GroupTimings = GroupTimings()  # session timeout and heartbeat in the group
-
-
-PLUGIN_ERRORS = ("fatal", "warn")
 
 
 def _node_id(state_dir: Path) -> str:
@@ -175,8 +175,9 @@ class Node:
         self._stop = threading.Event()
         app, bootstrap = config.application_id, config.bootstrap_servers
         self.view = ClusterView()
-        # One scan cache and one meter for all of this node's stores: each store's stack is
-        # Metered(Caching(Shard)) over them, and the owner's work keeps its results in the cache.
+        # One scan cache, one shard-answers count and one meter for all of this node's stores: each
+        # store's stack is Metered(KeptAnswers(Caching(Shard))) over them (federator.store.stack), and
+        # the owner's work keeps its results in the scan cache.
         self.scan_cache = ScanCache(config.scan_cache_mb << 20, config.scan_cache_follow)
         self.kept_answers = KeptAnswers(config.kept_answers)
         self.meter = Meter()

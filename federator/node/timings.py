@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from federator.settings import NodeSettings
+
 
 @dataclass(frozen=True)
 class GroupTimings:
@@ -16,8 +18,8 @@ class GroupTimings:
     killed node's partitions move after about that long. The heartbeat is how soon a member
     hears of a rebalance, so it bounds how long a join waits for the others."""
 
-    session_timeout_ms: int = 6000
-    heartbeat_interval_ms: int = 1000
+    session_timeout_ms: int = NodeSettings.session_timeout_ms
+    heartbeat_interval_ms: int = NodeSettings.heartbeat_interval_ms
 
     def __post_init__(self) -> None:
         if self.heartbeat_interval_ms <= 0 or self.session_timeout_ms <= self.heartbeat_interval_ms:

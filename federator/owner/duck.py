@@ -25,8 +25,9 @@ import pyarrow as pa
 from federator.cancel import Cancel
 from federator.owner.duck_types import typed_schema
 from federator.errors import SqlError
+from federator.settings import NodeSettings
 
-DEFAULT_MEMORY_LIMIT = "2GB"
+DEFAULT_MEMORY_LIMIT = NodeSettings.duckdb_memory_limit
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from federator.plugin.registry import Registry
 from federator.sql.dispatch_errors import from_dispatch
 from federator.sql.point import PointAnswer, PointPlan, point_plan
 from federator.sql.result import SqlRequest, SqlResult
+from federator.settings import PLAN_TEMPLATES, POINT_PLANS, STATEMENT_ANSWER_MAX_BYTES, STATEMENT_PLANS, NodeSettings
 
 
 def _plan_key(req: SqlRequest) -> tuple | None:
@@ -115,11 +116,12 @@ class SqlEngine:
         # unchanged stores (a dashboard's refresh) skips DuckDB's fixed cost at the receiver.
         # Kept with the plan it answers: a store defined again over the same changelog (the
         # same positions) is planned again, and its kept answers are not that plan's.
-        self._answers: OrderedDict[tuple, tuple[float, QueryPlan, pa.Schema, list[pa.RecordBatch], Position | None]] = \
-            OrderedDict()
-        self._answers_lock = threading.Lock()
+        self._statement_answers: OrderedDict[
+            tuple, tuple[float, QueryPlan, pa.Schema, list[pa.RecordBatch], Position | None]] = OrderedDict()
+        self._statement_answers_lock = threading.Lock()
         config = getattr(node, "config", None)
         self._reuse_seconds: float = getattr(config, "reuse_answers_seconds", _ANSWER_SECONDS)
+        self._statement_answers_max: int = getattr(config, "statement_answers", NodeSettings.statement_answers)
 
     def _stores(self) -> dict[str, StoreDefinition]:
         return self.node.stores
@@ -204,7 +206,7 @@ class SqlEngine:
             cached = point_plan(stmt.select, stores) if stmt.select is not None else None
             if cached is not None:  # DuckDB's names and types (and its errors), planned once per text
                 cached = cached.typed(self._plan(stmt, req, options.deadline).schema)
-            if len(self._points) > 4096:  # one entry per distinct SQL text; keep it bounded
+            if len(self._points) > POINT_PLANS:  # one entry per distinct SQL text; keep it bounded
                 self._points.clear()
             self._points[text] = cached
         if cached is None or len(req.parameters) != stmt.param_count:
@@ -326,12 +328,12 @@ class SqlEngine:
     def _kept_answer(self, key: tuple, plan: QueryPlan) -> tuple[pa.Schema, list[pa.RecordBatch], Position | None] | None:
         """The answer kept for ``key`` (schema, batches, the positions it was kept at when
         known), while it is ``plan``'s and young enough."""
-        with self._answers_lock:
-            kept = self._answers.get(key)
+        with self._statement_answers_lock:
+            kept = self._statement_answers.get(key)
             if kept is None:
                 return None
             if kept[1] is not plan.identity or time.monotonic() - kept[0] > self._reuse_seconds:
-                del self._answers[key]
+                del self._statement_answers[key]
                 return None
             return kept[2], kept[3], kept[4]
 
@@ -339,7 +341,9 @@ class SqlEngine:
                  at: Position | None) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
         """(schema, batches), the batches kept as ``key``'s answer at ``at`` as they stream out
         (as they are when ``key`` is None)."""
-        return schema, (batches if key is None else self._kept(key, plan, schema, batches, at))
+        if key is None or self._statement_answers_max == 0:
+            return schema, batches
+        return schema, self._kept(key, plan, schema, batches, at)
 
     def _kept(self, key: tuple, plan: QueryPlan, schema: pa.Schema,
               batches: Iterator[pa.RecordBatch], at: Position | None = None) -> Iterator[pa.RecordBatch]:
@@ -357,10 +361,10 @@ class SqlEngine:
                     kept = None
             yield batch
         if kept is not None:
-            with self._answers_lock:
-                self._answers[key] = (time.monotonic(), plan.identity, schema, kept, at)
-                while len(self._answers) > _ANSWERS_KEPT:
-                    self._answers.popitem(last=False)
+            with self._statement_answers_lock:
+                self._statement_answers[key] = (time.monotonic(), plan.identity, schema, kept, at)
+                while len(self._statement_answers) > self._statement_answers_max:
+                    self._statement_answers.popitem(last=False)
 
     def _plan(self, stmt: Statement, req: SqlRequest, deadline: float, copartitioned: bool = True) -> QueryPlan:
         plan_key = None if stmt.explain or not copartitioned else _plan_key(req)
@@ -391,11 +395,11 @@ class SqlEngine:
         if plan_key is not None:
             self._keep_plan(plan_key, plan)
             if text_key is not None and plan.rebind is not None:
-                _put_bounded(self._templates, text_key, plan, 256)
+                _put_bounded(self._templates, text_key, plan, PLAN_TEMPLATES)
         return plan
 
     def _keep_plan(self, plan_key: tuple, plan: QueryPlan) -> None:
-        _put_bounded(self._plans, plan_key, plan, 1024)  # one entry per distinct SQL text and parameters
+        _put_bounded(self._plans, plan_key, plan, STATEMENT_PLANS)  # one entry per distinct SQL text and parameters
 
     def _schema_of(self, sql: str, relations: dict[str, pa.Table], deadline: float) -> pa.Schema:
         """The schema of ``sql``'s answer over ``relations`` (DuckDB binds it: its errors are the
@@ -422,7 +426,8 @@ class SqlEngine:
             return gathered
 
         if ref.combine is not None:
-            return ref.combine(_RuleFetch(gather, keeps=self._reuse_seconds > 0 and not options.allow_stale))
+            keeps = self._reuse_seconds > 0 and self.dispatcher.partition_answers.max_bytes > 0 and not options.allow_stale
+            return ref.combine(_RuleFetch(gather, keeps=keeps))
         # with a key join, a node that does not know it runs work's join in DuckDB
         batches = gather(ref.subqueries, replace(ref.work, join=ref.joined, key_join=ref.key_join)).batches
         schema = wire_schema(ref.rows_schema) if ref.rows_schema is not None else defn.arrow_schema()
@@ -519,13 +524,14 @@ def _read_at_known(seen: dict[str, Any], known: Position, plan: QueryPlan, store
         all(read.get(d.topic, p) == known.get(d.topic, p) for d in broadcast for p in range(d.partitions))
 
 
-_ANSWERS_KEPT = 256  # repeated statements' answers kept at the receiver
-_ANSWER_MAX_BYTES = 1 << 20  # larger answers cost more to keep than DuckDB's fixed cost saves
+# repeated statements' answers kept at the receiver (--statement-answers); larger answers cost more
+# to keep than DuckDB's fixed cost saves
+_ANSWER_MAX_BYTES = STATEMENT_ANSWER_MAX_BYTES
 # How long an answer is reused while positions stay the same (--reuse-answers-seconds). A
 # position names a state only while its changelog lives: a topic deleted and created again (a
 # broker restarted empty) starts its offsets over, and could come back to the same offsets
 # with other rows. Such a reset takes longer than this to be noticed and refilled, so within
 # it a position is a name.
-_ANSWER_SECONDS = 5.0
+_ANSWER_SECONDS = NodeSettings.reuse_answers_seconds
 
 _EXPLAIN_COLUMNS = ("store", "query", "partitions", "node", "pushed_down", "at_receiver")

@@ -12,8 +12,9 @@ from __future__ import annotations
 import re
 
 from federator.errors import SqlError
+from federator.settings import NodeSettings
 
-MAX_SQL_CHARS = 1024 * 1024
+MAX_SQL_CHARS = NodeSettings.max_sql_chars  # the parser's bound, and the node's default cap
 MAX_SQL_DEPTH = 32
 # what nests (and what to skip: strings, quoted identifiers, comments, $$ strings)
 _NESTING = re.compile(

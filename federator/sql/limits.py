@@ -11,7 +11,6 @@ node refuses to start unless running + queued queries leave threads for those ca
 from __future__ import annotations
 
 import math
-import re
 import threading
 import time
 from collections import deque
@@ -24,39 +23,25 @@ import pyarrow as pa
 from federator.errors import SqlError
 from federator.sql.guard import MAX_SQL_CHARS
 from federator.sql.result import SqlRequest
+from federator.settings import NodeSettings
 
 MiB = 1024 * 1024
-DEFAULT_MAX_BODY_BYTES = 16 * MiB
-DEFAULT_MAX_TIMEOUT_MS = 10 * 60 * 1000
-DEFAULT_MAX_ANSWER_ROWS = 10_000_000
-DEFAULT_MAX_ANSWER_BYTES = 1024 * MiB
-# Two at once: a node's Python runs one thread at a time, so more queries running together only
-# take the GIL from each other, and the tail of every quick query grows (top-10 at 10 clients:
-# p99 about 8-16 ms with 8 running, 5-7 ms with 2; tests/bench/results.md, 2026-11-27). The rest
-# wait in arrival order. DuckDB still spreads each statement over the cores.
-DEFAULT_MAX_RUNNING = 2
-DEFAULT_MAX_QUEUED = 12
+# The defaults are the node's settings' (federator.settings). Two running at once: a node's Python
+# runs one thread at a time, so more queries running together only take the GIL from each other and
+# lengthen every quick query's tail (tests/bench/results.md); the rest wait in arrival order.
+# DuckDB still spreads each statement over the cores.
+DEFAULT_MAX_BODY_BYTES = NodeSettings.max_body_bytes
+DEFAULT_MAX_TIMEOUT_MS = NodeSettings.max_timeout_ms
+DEFAULT_MAX_ANSWER_ROWS = NodeSettings.max_answer_rows
+DEFAULT_MAX_ANSWER_BYTES = NodeSettings.max_answer_bytes
+DEFAULT_MAX_RUNNING = NodeSettings.max_running_queries
+DEFAULT_MAX_QUEUED = NodeSettings.max_queued_queries
 # HTTP threads that public queries may never take: node-to-node calls, health and metadata
 RESERVED_THREADS = 2
 # How much of an answer (as Arrow) is read before the first byte is sent: an answer over a cap
 # within it is refused with a 422; one found over it later ends its streamed body with the error
 READ_AHEAD_BYTES = 4 * MiB
 RETRY_AFTER_S = 1.0
-
-_SIZE = re.compile(r"^\s*(\d+)\s*(|B|KB|MB|GB|TB|KIB|MIB|GIB|TIB)\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "B": 1, "KB": 1000, "MB": 1000**2, "GB": 1000**3, "TB": 1000**4,
-          "KIB": 1024, "MIB": 1024**2, "GIB": 1024**3, "TIB": 1024**4}
-
-
-def parse_size(text: str | int, flag: str) -> int:
-    """Bytes from ``1048576``, ``64KB``, ``16MiB`` or ``1GB`` (KB, MB, GB are powers of 1000)."""
-    if isinstance(text, int):
-        return text
-    m = _SIZE.match(text)
-    if m is None:
-        raise ValueError(f"{flag} must be a size such as 1048576, 64KB, 16MiB or 1GB, got {text!r}")
-    return int(m.group(1)) * _UNITS[m.group(2).upper()]
-
 
 def _bytes(n: int) -> str:
     for unit, size in (("GiB", 1024**3), ("MiB", MiB), ("KiB", 1024)):

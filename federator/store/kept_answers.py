@@ -26,10 +26,11 @@ import pyarrow as pa
 from federator.query.position import Position, PositionBound
 from federator.query.queries import Query
 from federator.query.result import QueryResult
+from federator.settings import SHARD_ANSWER_MAX_BYTES, NodeSettings
 from federator.store.layer import UNBOUNDED, LocalKeyQuery, StoreLayer, WrappedLayer
 
-DEFAULT_PER_SHARD = 16  # answers kept per store partition (--kept-answers); 0 turns the layer off
-MAX_ANSWER_BYTES = 64 << 10  # a larger answer is a scan's kind, and costs more to keep than to read
+DEFAULT_PER_SHARD = NodeSettings.kept_answers  # answers kept per store partition (--kept-answers); 0 turns the layer off
+MAX_ANSWER_BYTES = SHARD_ANSWER_MAX_BYTES  # a larger answer is a scan's kind, and costs more to keep than to read
 
 
 class KeptAnswers:

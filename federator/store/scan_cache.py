@@ -41,6 +41,7 @@ import pyarrow as pa
 
 from federator.query.position import PositionBound
 from federator.query.queries import Query
+from federator.settings import NodeSettings
 from federator.store.layer import UNBOUNDED, LocalKeyQuery, StoreLayer, WrappedLayer, answer
 from federator.store.types import stored_value
 
@@ -50,9 +51,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MB = 256
+DEFAULT_MB = NodeSettings.scan_cache_mb
 MAX_DERIVED = 256  # results of owners' SQL kept (distinct SQL shapes over sets of scans)
-DEFAULT_FOLLOW = 50_000  # writes held for a kept scan; with more, reading the shard again is cheaper
+DEFAULT_FOLLOW = NodeSettings.scan_cache_follow  # writes held for a kept scan; with more, reading the shard again is cheaper
 RECORD_OVERHEAD = 120  # bytes a held record costs beyond its key and value (the Python objects)
 
 

@@ -18,8 +18,7 @@ import threading
 
 from flask import Flask, Response, request
 
-from federator.http.server import serve, shutdown
-from federator.http.server_choice import SERVERS, default_server
+from federator.http.server import SERVERS, default_server, serve, shutdown
 
 
 def create_app() -> Flask:

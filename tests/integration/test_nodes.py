@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import random
+import re
 import signal
 import threading
 import time
 from collections import Counter
 
 import pytest
+import urllib3
 
 from federator.dispatch import NodeCallError, NodeClient
 from federator.cluster.membership import HEARTBEAT_SECONDS, nodes_topic
 from federator.partitioner import partition_for
+from federator.query.wire import SECRET_HEADER
 from federator.query import FailureReason, KeyQuery, RangeQuery, StateQueryRequest
 from tests.conftest import RunningBroker, free_port
 from tests.integration.changelog_util import produce, read_partition, register
@@ -177,6 +180,29 @@ def test_a_restarted_node_restores_from_its_checkpoint(broker, app_id, cluster) 
     by_id = {n.node_id: n for n in c.nodes}
     for k in list(update)[:30]:
         assert value_of(ask(by_id[owners[partition_for(k.encode(), P)]], "counts", k)) == model[k]
+
+
+def test_a_node_started_with_a_config_file_serves_with_its_settings(broker, app_id, tmp_path) -> None:
+    """What --config FILE names reaches the running node (its SQL cap, its cluster secret, its
+    scan cache's budget), and a flag given as well wins over the file."""
+    config = tmp_path / "node.toml"
+    config.write_text(f'cluster_secret = "{SECRET}"\nmax_sql_chars = 40\nscan_cache_mb = 7\n')
+    node = NodeProcess(broker.bootstrap_servers, app_id, "configured", tmp_path / "configured", standby_replicas=0)
+    node.extra_args = ["--config", str(config), "--scan-cache-mb", "9"]
+    try:
+        node.start()
+        status, body = node.sql("SELECT 1 AS one, 2 AS two, 3 AS three, 4 AS four")
+        assert status == 400 and "--max-sql-chars" in body["error"]["message"], body
+        assert node.sql("SELECT 1 AS one")[0] == 200
+        http = urllib3.PoolManager(retries=False)
+        metrics = http.request("GET", f"http://{node.endpoint}/metrics").data.decode()
+        budget = re.search(r"^federator_scan_cache_max_bytes (\S+)$", metrics, re.MULTILINE)
+        assert budget is not None and float(budget.group(1)) == 9 * 1024 * 1024
+        internal = f"http://{node.endpoint}/internal/v1/query"
+        assert http.request("POST", internal, body=b"{}").status == 403  # the file's secret guards it
+        assert http.request("POST", internal, body=b"{}", headers={SECRET_HEADER: SECRET}).status != 403
+    finally:
+        assert node.stop() == 0
 
 
 def test_the_broker_restarted_empty_never_serves_old_data_and_rebuilds(app_id, tmp_path) -> None:

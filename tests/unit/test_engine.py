@@ -668,6 +668,19 @@ def test_a_kept_answer_is_reused_for_reuse_answers_seconds_only_and_never_with_z
     assert not any(run(engine, sql)[1].stats.get("answer_reused") for _ in range(2))
 
 
+def test_statement_answers_bounds_how_many_answers_are_kept_and_zero_keeps_none(fresh) -> None:
+    world = fresh()
+    first, second = (f"SELECT team, COUNT(*) AS n FROM players GROUP BY team HAVING COUNT(*) > {n}" for n in (0, 1))
+    world.cluster.nodes["me"].config.statement_answers = 1
+    engine = world.cluster.engine()
+    run(engine, first), run(engine, second)  # the second pushes the first out
+    assert not run(engine, first)[1].stats.get("answer_reused")
+    assert run(engine, first)[1].stats.get("answer_reused") is True
+    world.cluster.nodes["me"].config.statement_answers = 0  # --statement-answers 0: off
+    engine = world.cluster.engine()
+    assert not any(run(engine, first)[1].stats.get("answer_reused") for _ in range(2))
+
+
 def test_a_store_defined_again_over_the_same_changelog_is_not_answered_from_a_kept_answer(fresh) -> None:
     """The catalog gives scores' value another name; no position moved. The statement is
     planned again for the new definition, and so must its answer be."""

@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # which read it without importing each other. An entry names a module or a package; the
 # longest entry that matches a module decides its layer, and every module must match one.
 LAYERS: list[tuple[str, list[str]]] = [
-    ("foundation", ["federator", "federator.partitioner", "federator.kafka", "federator.kafka_properties", "federator.broker",
+    ("foundation", ["federator", "federator.settings", "federator.partitioner", "federator.kafka", "federator.kafka_properties", "federator.broker",
                     "federator.formats", "federator.errors", "federator.metrics", "federator.auth", "federator.tls",
                     "federator.cancel", "federator.extras"]),
     ("query model (IQv2)", ["federator.query"]),

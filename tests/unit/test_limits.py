@@ -21,7 +21,8 @@ from federator.flight.errors import flight_error
 from federator.http import create_app
 from federator.http.sql_routes import sql_response
 from federator.node_command import _limits
-from federator.sql.limits import Admission, Limits, parse_size
+from federator.settings import NodeSettings, from_args, parse_size
+from federator.sql.limits import Admission, Limits
 from federator.sql.result import SqlRequest, SqlResult
 from tests.registry import REGISTRY
 from tests.unit.test_http_app import FakeNode as InternalNode
@@ -67,21 +68,24 @@ def test_public_queries_must_leave_threads_for_node_to_node_calls() -> None:
     assert "--threads 16 or more" in str(info.value) and "node-to-node" in str(info.value)
 
 
-def test_node_flags_make_the_limits() -> None:
-    parser = build_parser()
-    base = ["node", "--application-id", "a", "--state-dir", "/tmp/x"]
-    limits = _limits(parser.parse_args(base))
+def _node(argv: list[str]) -> NodeSettings:
+    args = build_parser().parse_args(["node", "--application-id", "a", "--state-dir", "/tmp/x", *argv])
+    return from_args(args, {}).settings
+
+
+def test_node_flags_make_the_limits(capsys: pytest.CaptureFixture[str]) -> None:
+    limits = _limits(_node([]))
     assert limits == Limits()  # the flags' defaults are the module's
-    limits = _limits(parser.parse_args(base + ["--max-body-bytes", "64KB", "--max-answer-bytes", "1MiB",
-                                               "--max-answer-rows", "100", "--max-sql-chars", "4096",
-                                               "--max-timeout-ms", "5000", "--max-running-queries", "1",
-                                               "--max-queued-queries", "0"]))
+    limits = _limits(_node(["--max-body-bytes", "64KB", "--max-answer-bytes", "1MiB", "--max-answer-rows", "100",
+                            "--max-sql-chars", "4096", "--max-timeout-ms", "5000", "--max-running-queries", "1",
+                            "--max-queued-queries", "0"]))
     assert limits == Limits(max_body_bytes=64_000, max_sql_chars=4096, max_answer_rows=100,
                             max_answer_bytes=1024 * 1024, max_timeout_ms=5000, max_running=1, max_queued=0)
     with pytest.raises(ValueError, match="--threads"):
-        _limits(parser.parse_args(base + ["--threads", "4"]))
-    with pytest.raises(ValueError, match="--max-answer-bytes must be a size"):
-        _limits(parser.parse_args(base + ["--max-answer-bytes", "lots"]))
+        _limits(_node(["--threads", "4"]))
+    with pytest.raises(SystemExit):
+        _node(["--max-answer-bytes", "lots"])
+    assert "--max-answer-bytes must be a size" in capsys.readouterr().err
 
 
 def test_sql_over_the_cap_is_a_400_naming_the_flag() -> None:

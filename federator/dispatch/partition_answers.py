@@ -18,13 +18,16 @@ from typing import Any, Hashable
 
 import pyarrow as pa
 
-MAX_BYTES = 64 << 20  # all kept answers together, least recently used dropped first
-MAX_ENTRY_BYTES = 16 << 20  # one larger answer costs more to hold than to ask for again
+from federator.settings import PARTITION_ANSWER_SHARE, NodeSettings
+
+MAX_BYTES = NodeSettings.partition_answers_mb << 20  # all kept answers together, least recently used dropped first
 
 
-class KeptPartitionAnswers:
-    def __init__(self, max_bytes: int = MAX_BYTES, max_entry_bytes: int = MAX_ENTRY_BYTES) -> None:
-        self.max_bytes, self.max_entry_bytes = max_bytes, max_entry_bytes
+class PartitionAnswers:
+    def __init__(self, max_bytes: int = MAX_BYTES) -> None:
+        """``max_bytes``: all the answers together (--partition-answers-mb; 0 keeps none). One
+        answer larger than a share of it costs more to hold than to ask for again."""
+        self.max_bytes, self.max_entry_bytes = max_bytes, max_bytes // PARTITION_ANSWER_SHARE
         # key -> (kept at, the partition's state then, its offset or None, the batch or None)
         self._answers: OrderedDict[Hashable, tuple[float, Any, int | None, pa.RecordBatch | None]] = OrderedDict()
         self._bytes = 0
@@ -44,7 +47,7 @@ class KeptPartitionAnswers:
 
     def put(self, key: Hashable, state: Any, offset: int | None, batch: pa.RecordBatch | None) -> None:
         size = batch.nbytes if batch is not None else 0
-        if size > self.max_entry_bytes:
+        if size > self.max_entry_bytes or self.max_bytes == 0:
             return
         with self._lock:
             self._drop(key)

@@ -1,4 +1,4 @@
-"""Partition answers kept at the receiver (federator.dispatch.kept_partitions, and
+"""Partition answers kept at the receiver (federator.dispatch.partition_answers, and
 ``Dispatcher.gather(keep_for=...)``): given again without a call while their partition is
 where they were computed, asked again once it moves, its copy is reset, the caller reads
 stale, or a consistency token asks for more."""
@@ -10,7 +10,7 @@ import time
 
 import pyarrow as pa
 
-from federator.dispatch.kept_partitions import KeptPartitionAnswers
+from federator.dispatch.partition_answers import PartitionAnswers
 from federator.partitioner import partition_for
 from federator.plan.keys import SubQuery
 from federator.query.position import PositionBound
@@ -100,14 +100,17 @@ def test_answers_are_asked_for_when_not_to_be_kept(duck) -> None:
 
 def test_kept_answers_are_bounded_by_bytes() -> None:
     batch = pa.record_batch([pa.array(range(1000), pa.int64())], names=["x"])  # 8,000 bytes
-    kept = KeptPartitionAnswers(max_bytes=3 * batch.nbytes, max_entry_bytes=2 * batch.nbytes)
-    for i in range(4):
+    kept = PartitionAnswers(max_bytes=4 * batch.nbytes)  # an answer may be a quarter of it
+    for i in range(5):
         kept.put(i, "s", i, batch)
-    assert len(kept) == 3 and kept.get(0, "s", 60) is None and kept.get(3, "s", 60) == (3, batch)
-    assert kept.get(3, "other state", 60) is None and kept.get(3, "s", 60) is None  # dropped on a mismatch
-    big = pa.record_batch([pa.array(range(3000), pa.int64())], names=["x"])
+    assert len(kept) == 4 and kept.get(0, "s", 60) is None and kept.get(4, "s", 60) == (4, batch)
+    assert kept.get(4, "other state", 60) is None and kept.get(4, "s", 60) is None  # dropped on a mismatch
+    big = pa.record_batch([pa.array(range(1001), pa.int64())], names=["x"])
     kept.put("big", "s", 1, big)
     assert kept.get("big", "s", 60) is None  # one answer larger than an entry may be is not kept
+    off = PartitionAnswers(max_bytes=0)  # --partition-answers-mb 0
+    off.put("none", "s", 1, None)
+    assert len(off) == 0
 
 
 def test_gathers_at_once_share_one_call_per_partition(duck) -> None:
