@@ -550,6 +550,7 @@ class GamesRow:
     query: str
     wrk: WrkResult
     checked: int = 0
+    positions: int = 0  # distinct positions among the answers checked: how far the states they reflect moved
     non_2xx: int = 0
     first_non_2xx: str = ""
     wrong: list[str] = field(default_factory=list)
@@ -558,7 +559,8 @@ class GamesRow:
         w = self.wrk
         said = f" (first non-2xx: {self.first_non_2xx})" if self.first_non_2xx else ""
         return (f"| Federator, {self.scope} | {self.rate:,} | {self.query} | {w.rate:,.0f} | {w.p50_ms:.2f} | "
-                f"{w.p99_ms:.2f} | {self.non_2xx} | {self.checked:,} | {len(self.wrong)} | {w.server_us_per_req:,.0f} |"
+                f"{w.p99_ms:.2f} | {self.non_2xx} | {self.checked:,} | {self.positions:,} | {len(self.wrong)} | "
+                f"{w.server_us_per_req:,.0f} |"
                 + said)
 
 
@@ -599,6 +601,7 @@ def check_answers(board: Board, row: GamesRow, answers: list[tuple[int, bytes]])
             continue
         checks.append(board.check(json.loads(body)))
     row.checked = len(answers)
+    row.positions = len({tuple(sorted(position.items())) for position, _ in checks})
     row.wrong = check_all(board.replay, checks)
 
 
@@ -707,10 +710,10 @@ def idle_node_mb(broker, root) -> float:
         idle.stop()
 
 
-def redis_games_rows(port: int, pid: int, players: int) -> list[str]:
+def redis_games_rows(port: int, pid: int, players: int) -> tuple[list[str], list[str]]:
     """ZREVRANGE 0 9 and ZREVRANK + ZSCORE at CLIENTS clients, with no games and while ZADDs write
     RATE new totals a second; each read is a MULTI that also reads the writers' sequence, and
-    every answer in the window is checked as of it."""
+    every answer in the window is checked as of it. The table's lines, and the wrong answers."""
     import redis
 
     key, seq_key = "games", "games:seq"
@@ -738,7 +741,8 @@ def redis_games_rows(port: int, pid: int, players: int) -> list[str]:
         seq, rank0, score = pipe.execute()
         return {0: int(seq or 0)}, zrevrank_wrong(player, rank0, score)
 
-    lines = []
+    lines: list[str] = []
+    wrong_answers: list[str] = []
     for rate in GAME_RATES:
         answers: dict[str, list] = {}
         results = {}
@@ -751,11 +755,13 @@ def redis_games_rows(port: int, pid: int, players: int) -> list[str]:
         replay.settle()
         for query, r in results.items():
             wrong = check_all(replay, answers[query])
+            wrong_answers += [f"Redis {query} at {rate}/s: {why}" for why in wrong[:1]]
+            seqs = len({position[0] for position, _ in answers[query]})
             lines.append(f"| Redis sorted set, MULTI | {rate:,} | {query} | {r.rate:,.0f} | {r.p50_ms:.2f} | "
-                         f"{r.p99_ms:.2f} | {r.errors} | {len(answers[query]):,} | {len(wrong)} | "
+                         f"{r.p99_ms:.2f} | {r.errors} | {len(answers[query]):,} | {seqs:,} | {len(wrong)} | "
                          f"{r.server_us_per_req:,.0f} |" + (f" ({wrong[0]})" if wrong else ""))
     client.close()
-    return lines
+    return lines, wrong_answers
 
 
 def report_games(report: Report, runs: list[ScopeRun], redis_lines: list[str]) -> None:
@@ -779,8 +785,8 @@ def report_games(report: Report, runs: list[ScopeRun], redis_lines: list[str]) -
         "rank must fall among the tied). Server CPU: all three nodes, or redis-server.",
         "",
         f"| what | new scores/s | query | q/s (target >= {T_GAMES_RATE:,}) | p50 ms | p99 ms (target <= "
-        f"{T_GAMES_P99_MS:g}) | non-2xx (target 0) | answers checked | wrong | server CPU us/req |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+        f"{T_GAMES_P99_MS:g}) | non-2xx (target 0) | answers checked | at positions | wrong | server CPU us/req |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
         *(row.line() for row in rows),
         *redis_lines,
         "",
@@ -814,9 +820,9 @@ def report_games(report: Report, runs: list[ScopeRun], redis_lines: list[str]) -
                           ryw.shown == len(ryw.latencies) and ryw.pct_ms(0.5) <= T_RYW_P50_MS)
 
 
-def assert_answers_right(runs: list[ScopeRun]) -> None:
-    wrong = [f"{r.scope} {r.query} at {r.rate}/s: {len(r.wrong)} wrong, first: {r.wrong[0]}"
-             for run in runs for r in run.rows if r.wrong]
+def assert_answers_right(runs: list[ScopeRun], wrong: list[str]) -> None:
+    wrong = wrong + [f"{r.scope} {r.query} at {r.rate}/s: {len(r.wrong)} wrong, first: {r.wrong[0]}"
+                     for run in runs for r in run.rows if r.wrong]
     wrong += [f"read-your-writes {y.scope} at {y.rate}/s: {y.wrong[0]}" for run in runs for y in run.ryw if y.wrong]
     assert not wrong, wrong
 
@@ -832,8 +838,9 @@ def test_the_leaderboard_while_games_end(broker, redis_server, report: Report, t
     idle_mb = idle_node_mb(broker, root)
     board = Board(broker, PLAYERS)
     runs = [measure_scope(broker, board, scope, root / scope, idle_mb) for scope in SCOPES]
-    report_games(report, runs, redis_games_rows(port, redis_proc.pid, PLAYERS))
-    assert_answers_right(runs)
+    redis_lines, redis_wrong = redis_games_rows(port, redis_proc.pid, PLAYERS)
+    report_games(report, runs, redis_lines)
+    assert_answers_right(runs, redis_wrong)
 
 
 @pytest.mark.timeout(3600)
@@ -846,4 +853,4 @@ def test_the_leaderboard_of_a_million_players_while_games_end(broker, report: Re
     board = Board(broker, BIG_PLAYERS)
     runs = [measure_scope(broker, board, "global", root / "global", idle_mb)]
     report_games(report, runs, [])
-    assert_answers_right(runs)
+    assert_answers_right(runs, [])
