@@ -30,6 +30,7 @@ class Replay:
         self.scores = list(scores)
         self.ranked = SortedList(self.scores)
         self.base = dict(base)
+        self.position = dict(base)  # what the state is as of
         self._log: dict[int, list[list[int]]] = {p: [] for p in base}  # [offset, player, new score, old score]
         self._applied = dict.fromkeys(base, 0)  # partition -> how many of its logged writes the state holds
         self._pending: list[tuple[int, int, int, int]] = []
@@ -70,12 +71,22 @@ class Replay:
                 n -= 1
                 self._set(log[n][1], log[n][3])
             self._applied[p] = n
+        self.position = dict(position)
         return None
 
     def _set(self, player: int, score: int) -> None:
         self.ranked.remove(self.scores[player])
         self.ranked.add(score)
         self.scores[player] = score
+
+    def history(self, player: str, last: int = 3) -> str:
+        """The player's last logged writes and the state's offset in their partition, for a message."""
+        i = self.index.get(player)
+        writes = [(p, w[0], w[2]) for p, log in self._log.items() for w in log if w[1] == i][-last:]
+        if not writes:
+            return f"{player}: no write since the base"
+        return (f"{player}'s last writes: " + ", ".join(f"{s} at offset {o}" for _, o, s in writes)
+                + f" of partition {writes[0][0]}, checked as of offset {self.position[writes[0][0]]}")
 
     def score(self, player: str) -> int | None:
         i = self.index.get(player)
@@ -114,7 +125,7 @@ def top_wrong(rows: list[list], k: int) -> Check:
             return f"top-{k} names a player twice: {rows}"
         for player, score in rows:
             if replay.score(player) != score:
-                return f"top-{k}: {player} with {score}, as of the position {replay.score(player)}"
+                return f"top-{k}: {player} with {score}, as of the position {replay.score(player)} ({replay.history(player)})"
         return None
     return check
 
@@ -126,7 +137,7 @@ def rank_wrong(rows: list[list]) -> Check:
             return f"rank: {len(rows)} rows, one expected: {rows[:3]}"
         (player, score, rank), = rows
         if replay.score(player) != score:
-            return f"rank: {player} with {score}, as of the position {replay.score(player)}"
+            return f"rank: {player} with {score}, as of the position {replay.score(player)} ({replay.history(player)})"
         if rank != replay.better(score) + 1:
             return f"rank: {player} ranked {rank}, as of the position {replay.better(score) + 1}"
         return None

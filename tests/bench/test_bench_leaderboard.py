@@ -564,18 +564,31 @@ class GamesRow:
                 + said)
 
 
-def games_rows(board: Board, scope: str, node, pids: list[int], folder) -> list[GamesRow]:
+QUIET_SECONDS = 2.0
+
+
+def quiet_cores(pids: list[int]) -> float:
+    """The cores the nodes use with no reads (applying what is written, beating, polling)."""
+    cpu0 = sum(cpu_seconds(p) for p in pids)
+    time.sleep(QUIET_SECONDS)
+    return (sum(cpu_seconds(p) for p in pids) - cpu0) / QUIET_SECONDS
+
+
+def games_rows(board: Board, scope: str, node, pids: list[int], folder) -> tuple[list[GamesRow], dict[int, float]]:
     """Top-10 and a random player's rank from wrk at CLIENTS clients, with no games and while
-    games end at RATE a second; every answer of each wrk run (warm-up too) checked afterwards."""
+    games end at RATE a second; every answer of each wrk run (warm-up too) checked afterwards.
+    Also the nodes' cores at each rate with no reads."""
     rnd = random.Random(11)
     bodies = {"top-10": [json.dumps({"sql": TOP10})],
               "rank of a player": [json.dumps({"sql": RANK, "parameters": [rnd.choice(board.replay.players)]})
                                    for _ in range(10_000)]}
     url = f"http://127.0.0.1:{node.port}"
     rows: list[GamesRow] = []
+    cores: dict[int, float] = {}
     for rate in GAME_RATES:
         answers: dict[str, list[tuple[int, bytes]]] = {}
         with board.games().paced(rate) as games:
+            cores[rate] = quiet_cores(pids)
             for query, lines in bodies.items():
                 path = folder / f"bodies-{scope}-{rate}-{len(lines)}.txt"
                 path.write_text("\n".join(lines) + "\n")
@@ -589,7 +602,7 @@ def games_rows(board: Board, scope: str, node, pids: list[int], folder) -> list[
         board.replay.settle()
         for row in rows[-len(bodies):]:
             check_answers(board, row, answers[row.query])
-    return rows
+    return rows, cores
 
 
 def check_answers(board: Board, row: GamesRow, answers: list[tuple[int, bytes]]) -> None:
@@ -676,6 +689,7 @@ class ScopeRun:
     players: int
     memory_mb: list[float]  # each node's RSS less an idle node's, once the store is restored
     rows: list[GamesRow]
+    quiet_cores: dict[int, float]  # write rate -> the three nodes' cores with no reads
     ryw: list[ReadYourWrites]
 
 
@@ -692,11 +706,11 @@ def measure_scope(broker, board: Board, scope: str, root, idle_mb: float) -> Sco
             wait_for(lambda: board.position(node.sql(TOP10)[1]) == want, 120, f"{node.node_id} to show the scores")
         pids = [n.proc.pid for n in nodes]  # type: ignore[union-attr]
         memory = [mb - idle_mb for mb in node_rss_mb(pids)]
-        rows = games_rows(board, scope, nodes[0], pids, root)
+        rows, cores = games_rows(board, scope, nodes[0], pids, root)
         ryw = [read_your_writes(board, scope, nodes, rate) for rate in GAME_RATES]
     finally:
         cluster.stop()
-    return ScopeRun(scope, len(board.replay.players), memory, rows, ryw)
+    return ScopeRun(scope, len(board.replay.players), memory, rows, cores, ryw)
 
 
 def idle_node_mb(broker, root) -> float:
@@ -782,7 +796,7 @@ def report_games(report: Report, runs: list[ScopeRun], redis_lines: list[str]) -
         "at the same rate from one client, each tick's ZADDs in a MULTI with an INCR of a sequence; its readers "
         "(redis-py, closed-loop threads) read the sequence in the same MULTI as ZREVRANGE or ZREVRANK + ZSCORE, "
         "and every answer in the window is checked as of that sequence (ZREVRANK orders ties by member, so a "
-        "rank must fall among the tied). Server CPU: all three nodes, or redis-server.",
+        "rank must fall among the tied). Server CPU: all three nodes (applying the writes included), or redis-server.",
         "",
         f"| what | new scores/s | query | q/s (target >= {T_GAMES_RATE:,}) | p50 ms | p99 ms (target <= "
         f"{T_GAMES_P99_MS:g}) | non-2xx (target 0) | answers checked | at positions | wrong | server CPU us/req |",
@@ -804,6 +818,9 @@ def report_games(report: Report, runs: list[ScopeRun], redis_lines: list[str]) -
           f"{', '.join(f'{mb:,.0f}' for mb in run.memory_mb)} MB ("
           f"{sum(run.memory_mb) / len(run.memory_mb) * 2**20 / run.players:,.0f} bytes a player on average)"
           for run in runs),
+        *(f"- The three nodes' CPU with no reads, leaderboard {run.scope}: "
+          + ", ".join(f"{cores:.2f} cores at {rate:,} new scores/s" for rate, cores in run.quiet_cores.items())
+          + f" (over {QUIET_SECONDS:g} s before each rate's loads: what applying the writes costs)" for run in runs),
     ])
     for run in runs:
         for row in run.rows:

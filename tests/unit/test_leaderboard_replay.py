@@ -47,7 +47,9 @@ def test_answers_are_checked_as_of_their_own_positions() -> None:
                           ({0: 4, 1: 9}, top_wrong([["ann", 50], ["cyd", 30]], 2)),  # bob's 40 left out
                           ({0: 4, 1: 9}, top_wrong([["bob", 40], ["ann", 50]], 2))])  # not best first
     assert len(wrong) == 3, wrong
-    assert "as of the position [50, 40]" in " ".join(wrong) and "bob with 45" in " ".join(wrong)
+    assert "as of the position [50, 40]" in " ".join(wrong)
+    assert "rank: bob with 45, as of the position 70 (bob's last writes: 45 at offset 5, 70 at offset 6 of partition 0, " \
+           "checked as of offset 6)" in wrong
 
 
 def test_positions_outside_the_log_are_wrong() -> None:
