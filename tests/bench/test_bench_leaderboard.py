@@ -567,6 +567,14 @@ class GamesRow:
 QUIET_SECONDS = 2.0
 
 
+def drained(node) -> None:
+    """Back once the node has answered what a finished wrk left running: wrk stops with its
+    requests in flight, and the node still runs them (holding its query slots and queue, which
+    would refuse the next run's first requests with 429)."""
+    wait_for(lambda: node.sql("SELECT 1", timeout=60)[0] == 200, 120, f"{node.node_id} to finish what wrk left",
+             interval=0.1)
+
+
 def quiet_cores(pids: list[int]) -> float:
     """The cores the nodes use with no reads (applying what is written, beating, polling)."""
     cpu0 = sum(cpu_seconds(p) for p in pids)
@@ -594,7 +602,9 @@ def games_rows(board: Board, scope: str, node, pids: list[int], folder) -> tuple
                 path.write_text("\n".join(lines) + "\n")
                 out = folder / f"answers-{scope}-{rate}-{len(lines)}"
                 run_wrk("warm-up", url, "body", path, CLIENTS, WARMUP, answers=out.with_suffix(".warm"))
+                drained(node)
                 w = run_wrk(f"{query} [{scope}, {rate}/s]", url, "body", path, CLIENTS, SECONDS, pids, answers=out)
+                drained(node)
                 progress(w.line())
                 rows.append(GamesRow(scope, rate, query, w))
                 answers[query] = read_answers(out.with_suffix(".warm")) + read_answers(out)
