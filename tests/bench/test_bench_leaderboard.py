@@ -510,6 +510,7 @@ GAME_RATES = (0, RATE)
 SCOPES = tuple(os.environ.get("FEDERATOR_BENCH_LB_SCOPES", "global,partitioned").split(","))
 RYW_WRITES = int(os.environ.get("FEDERATOR_BENCH_LB_RYW_WRITES", 200))
 BIG_PLAYERS = int(os.environ.get("FEDERATOR_BENCH_LB_BIG_PLAYERS", 1_000_000))
+BIG_RYW_WRITES = max(1, RYW_WRITES // 4)  # each may wait for a rank that reads whole partitions again
 CLIENTS = 10
 T_GAMES_RATE, T_GAMES_P99_MS, T_RYW_P50_MS = 3_000, 8.0, 10.0  # the issue's targets
 
@@ -558,8 +559,10 @@ class GamesRow:
     def line(self) -> str:
         w = self.wrk
         said = f" (first non-2xx: {self.first_non_2xx})" if self.first_non_2xx else ""
+        unanswered = max(0, w.errors - self.non_2xx)  # wrk's timeouts and socket errors: no answer to check
+        failed = f"{self.non_2xx}" + (f" (+{unanswered} unanswered)" if unanswered else "")
         return (f"| Federator, {self.scope} | {self.rate:,} | {self.query} | {w.rate:,.0f} | {w.p50_ms:.2f} | "
-                f"{w.p99_ms:.2f} | {self.non_2xx} | {self.checked:,} | {self.positions:,} | {len(self.wrong)} | "
+                f"{w.p99_ms:.2f} | {failed} | {self.checked:,} | {self.positions:,} | {len(self.wrong)} | "
                 f"{w.server_us_per_req:,.0f} |"
                 + said)
 
@@ -571,7 +574,7 @@ def drained(node) -> None:
     """Back once the node has answered what a finished wrk left running: wrk stops with its
     requests in flight, and the node still runs them (holding its query slots and queue, which
     would refuse the next run's first requests with 429)."""
-    wait_for(lambda: node.sql("SELECT 1", timeout=60)[0] == 200, 120, f"{node.node_id} to finish what wrk left",
+    wait_for(lambda: node.sql("SELECT 1", timeout=120)[0] == 200, 600, f"{node.node_id} to finish what wrk left",
              interval=0.1)
 
 
@@ -644,8 +647,8 @@ class ReadYourWrites:
                 f"{self.pct_ms(0.5):.1f} | {self.pct_ms(0.99):.1f} | {self.latencies[-1] * 1000:.1f} | {len(self.wrong)} |")
 
 
-def read_your_writes(board: Board, scope: str, nodes: list, rate: int) -> ReadYourWrites:
-    """RYW_WRITES new scores, one at a time, each then ranked (on the nodes in turn) with the
+def read_your_writes(board: Board, scope: str, nodes: list, rate: int, writes: int) -> ReadYourWrites:
+    """``writes`` new scores, one at a time, each then ranked (on the nodes in turn) with the
     token of its own offset: the time from the broker's acknowledgement to the answer, whether
     the answer shows the write (its position at or past the write's offset), and the answer
     checked as of its position like any other."""
@@ -657,7 +660,7 @@ def read_your_writes(board: Board, scope: str, nodes: list, rate: int) -> ReadYo
     asked = []
     try:
         with board.games().paced(rate):
-            for k in range(RYW_WRITES):
+            for k in range(writes):
                 acked: dict[str, Any] = {}
                 player = writer.end(acked=lambda p, o: acked.update(p=p, o=o, at=time.perf_counter()))
                 writer.flush()
@@ -703,7 +706,7 @@ class ScopeRun:
     ryw: list[ReadYourWrites]
 
 
-def measure_scope(broker, board: Board, scope: str, root, idle_mb: float) -> ScopeRun:
+def measure_scope(broker, board: Board, scope: str, root, idle_mb: float, ryw_writes: int) -> ScopeRun:
     """Three nodes over the board's changelog, its leaderboard ``scope`` (global or partitioned):
     memory, the loads at each game rate, read-your-writes at each game rate."""
     progress(f"three nodes, the leaderboard {scope}")
@@ -717,7 +720,7 @@ def measure_scope(broker, board: Board, scope: str, root, idle_mb: float) -> Sco
         pids = [n.proc.pid for n in nodes]  # type: ignore[union-attr]
         memory = [mb - idle_mb for mb in node_rss_mb(pids)]
         rows, cores = games_rows(board, scope, nodes[0], pids, root)
-        ryw = [read_your_writes(board, scope, nodes, rate) for rate in GAME_RATES]
+        ryw = [read_your_writes(board, scope, nodes, rate, ryw_writes) for rate in GAME_RATES]
     finally:
         cluster.stop()
     return ScopeRun(scope, len(board.replay.players), memory, rows, cores, ryw)
@@ -788,7 +791,7 @@ def redis_games_rows(port: int, pid: int, players: int) -> tuple[list[str], list
     return lines, wrong_answers
 
 
-def report_games(report: Report, runs: list[ScopeRun], redis_lines: list[str]) -> None:
+def report_games(report: Report, runs: list[ScopeRun], redis_lines: list[str], load_before: float) -> None:
     players = runs[0].players
     rows = [row for run in runs for row in run.rows]
     report.section(f"The leaderboard while games end ({players:,} players, 8 partitions, 3 nodes, "
@@ -802,7 +805,9 @@ def report_games(report: Report, runs: list[ScopeRun], redis_lines: list[str]) -
         "consistency token: the players' totals with every write up to that position applied (the writes are "
         "logged with the partition and offset the broker acknowledged), so a top-10 must be the 10 best totals, "
         "best first, each its player's total, and a rank must be the player's total with 1 + the number of "
-        "better totals (RANK()). Redis: redis-server (Debian) with the same players in a sorted set and ZADDs "
+        "better totals (RANK()); 'at positions' counts the distinct positions the checked answers named, "
+        "'unanswered' wrk's timeouts (nothing to check). Before each wrk run the node finishes what the last one "
+        "left in flight. Redis: redis-server (Debian) with the same players in a sorted set and ZADDs "
         "at the same rate from one client, each tick's ZADDs in a MULTI with an INCR of a sequence; its readers "
         "(redis-py, closed-loop threads) read the sequence in the same MULTI as ZREVRANGE or ZREVRANK + ZSCORE, "
         "and every answer in the window is checked as of that sequence (ZREVRANK orders ties by member, so a "
@@ -814,7 +819,7 @@ def report_games(report: Report, runs: list[ScopeRun], redis_lines: list[str]) -
         *(row.line() for row in rows),
         *redis_lines,
         "",
-        f"Read-your-writes: {RYW_WRITES} new totals written one at a time (a producer of their own, linger.ms 0), "
+        "Read-your-writes: new totals written one at a time (the writes column; a producer of their own, linger.ms 0), "
         "each ranked right after the broker's acknowledgement with the consistency token of its offset, on "
         "n0, n1, n2 in turn; time from the acknowledgement to the answer. Shown: the answer's position at or "
         "past the write's offset and its row the player written; every answer also checked as of its position.",
@@ -831,6 +836,8 @@ def report_games(report: Report, runs: list[ScopeRun], redis_lines: list[str]) -
         *(f"- The three nodes' CPU with no reads, leaderboard {run.scope}: "
           + ", ".join(f"{cores:.2f} cores at {rate:,} new scores/s" for rate, cores in run.quiet_cores.items())
           + f" (over {QUIET_SECONDS:g} s before each rate's loads: what applying the writes costs)" for run in runs),
+        f"- Load average (1 min): {load_before:.2f} before these rows, {os.getloadavg()[0]:.2f} after; above what "
+        "this run's own processes add is other work on the machine.",
     ])
     for run in runs:
         for row in run.rows:
@@ -864,9 +871,10 @@ def test_the_leaderboard_while_games_end(broker, redis_server, report: Report, t
     root = tmp_path_factory.mktemp("bench-lb-games")
     idle_mb = idle_node_mb(broker, root)
     board = Board(broker, PLAYERS)
-    runs = [measure_scope(broker, board, scope, root / scope, idle_mb) for scope in SCOPES]
+    load_before = os.getloadavg()[0]
+    runs = [measure_scope(broker, board, scope, root / scope, idle_mb, RYW_WRITES) for scope in SCOPES]
     redis_lines, redis_wrong = redis_games_rows(port, redis_proc.pid, PLAYERS)
-    report_games(report, runs, redis_lines)
+    report_games(report, runs, redis_lines, load_before)
     assert_answers_right(runs, redis_wrong)
 
 
@@ -878,6 +886,7 @@ def test_the_leaderboard_of_a_million_players_while_games_end(broker, report: Re
     root = tmp_path_factory.mktemp("bench-lb-big")
     idle_mb = idle_node_mb(broker, root)
     board = Board(broker, BIG_PLAYERS)
-    runs = [measure_scope(broker, board, "global", root / "global", idle_mb)]
-    report_games(report, runs, [])
+    load_before = os.getloadavg()[0]
+    runs = [measure_scope(broker, board, "global", root / "global", idle_mb, BIG_RYW_WRITES)]
+    report_games(report, runs, [], load_before)
     assert_answers_right(runs, [])
