@@ -855,9 +855,10 @@ def report_games(report: Report, runs: list[ScopeRun], redis_lines: list[str], l
 
 
 def assert_answers_right(runs: list[ScopeRun], wrong: list[str]) -> None:
-    wrong = wrong + [f"{r.scope} {r.query} at {r.rate}/s: {len(r.wrong)} wrong, first: {r.wrong[0]}"
+    wrong = wrong + [f"{r.scope} {r.query} at {r.rate}/s: {len(r.wrong)} wrong: {'; '.join(r.wrong[:3])}"
                      for run in runs for r in run.rows if r.wrong]
-    wrong += [f"read-your-writes {y.scope} at {y.rate}/s: {y.wrong[0]}" for run in runs for y in run.ryw if y.wrong]
+    wrong += [f"read-your-writes {y.scope} at {y.rate}/s: {len(y.wrong)} wrong: {'; '.join(y.wrong[:3])}"
+              for run in runs for y in run.ryw if y.wrong]
     assert not wrong, wrong
 
 
