@@ -8,6 +8,7 @@ CPU the servers named by pid used meanwhile. ``make bench`` installs wrk when it
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -56,12 +57,14 @@ class WrkResult:
 
 
 def run_wrk(label: str, url: str, mode: str, keys_file: Path, clients: int, seconds: float,
-            server_pids: Sequence[int] = ()) -> WrkResult:
-    """``wrk -t1 -c<clients> -d<seconds>`` against ``url`` with wrk_point.lua's ``mode`` (faust, rest, sql, body)."""
+            server_pids: Sequence[int] = (), answers: Path | None = None) -> WrkResult:
+    """``wrk -t1 -c<clients> -d<seconds>`` against ``url`` with wrk_point.lua's ``mode`` (faust, rest, sql, body);
+    with ``answers``, every answer is written beside it (see ``read_answers``)."""
     cmd = ["wrk", "-t1", f"-c{clients}", f"-d{seconds:g}s", "--timeout", "10s", "-s", str(LUA), url,
            "--", mode, str(keys_file)]
+    env = None if answers is None else {**os.environ, "WRK_ANSWERS": str(answers)}
     cpu0 = sum(cpu_seconds(p) for p in server_pids)
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60)
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60, env=env)
     cpu1 = sum(cpu_seconds(p) for p in server_pids)
     line = next((x for x in out.stdout.splitlines() if x.startswith("WRK_JSON ")), None)
     if out.returncode != 0 or line is None:
@@ -69,3 +72,16 @@ def run_wrk(label: str, url: str, mode: str, keys_file: Path, clients: int, seco
     d = json.loads(line.split(" ", 1)[1])
     return WrkResult(label, clients, d["requests"], d["seconds"], d["errors"], d["p50_us"] / 1000,
                      d["p99_us"] / 1000, d["max_us"] / 1000, cpu1 - cpu0)
+
+
+def read_answers(answers: Path) -> list[tuple[int, bytes]]:
+    """Every (status, body) that a ``run_wrk(..., answers=answers)`` got, from each thread's file."""
+    out: list[tuple[int, bytes]] = []
+    for path in sorted(answers.parent.glob(answers.name + ".*")):
+        data, i = path.read_bytes(), 0
+        while i < len(data):
+            head_end = data.index(b"\n", i)
+            status, length = map(int, data[i:head_end].split())
+            out.append((status, data[head_end + 1:head_end + 1 + length]))
+            i = head_end + 2 + length
+    return out
