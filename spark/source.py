@@ -162,8 +162,8 @@ class FederatorReader(DataSourceReader):
         from federator.plan.keys import plan_store_queries
         from federator.query.owner_work import OwnerWork
 
-        defn = StoreDefinition.from_dict({k: v for k, v in info.items() if k not in ("columns", "partition_owners")},
-                                         registry)
+        shown = ("columns", "partition_owners", "scope")  # what /v1/stores adds to the definition
+        defn = StoreDefinition.from_dict({k: v for k, v in info.items() if k not in shown}, registry)
         where = sqlglot.parse_one(" AND ".join(f"({c})" for c in self.where), read="duckdb")
         # the engine's own planning: key filters become key queries on the partitions that hold them
         subqueries = plan_store_queries(defn, where, [])

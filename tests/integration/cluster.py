@@ -164,11 +164,15 @@ class Cluster:
 
     def wait_settled(self, store: str, partitions: int, timeout: float = 40.0) -> dict[int, str]:
         """Every partition active on exactly one running node, its standby copies placed and
-        caught up, every running node ready and agreeing."""
+        caught up, every running node ready and agreeing; for a global store, every partition
+        kept and caught up on every running node (each partition then maps to "global": no owner)."""
         ids = {n.node_id for n in self.running()}
 
         def settled():
             views = [n.metadata() for n in self.running()]
+            if any(md["stores"].get(store, {}).get("scope") == "global" for md in views):
+                return {p: "global" for p in range(partitions)} if all(_global_copies_current(md, store, partitions, ids) for md in views) and \
+                    all(n.ready() for n in self.running()) else None
             maps = []
             for md in views:
                 owners: dict[int, list[str]] = {}
@@ -191,6 +195,15 @@ class Cluster:
             return maps[0]
 
         return wait_for(settled, timeout, f"store {store} to settle on {sorted(ids)}")
+
+
+def _global_copies_current(md: dict, store: str, partitions: int, ids: set[str]) -> bool:
+    """Whether one node's view has every running node keeping every partition of the global
+    ``store``, caught up."""
+    nodes = md["nodes"]
+    return {n["node_id"] for n in nodes} == ids and all(
+        sorted(n.get("global", {}).get(store, [])) == list(range(partitions))
+        and all(n["lags"].get(store, {}).get(str(p)) == 0 for p in range(partitions)) for n in nodes)
 
 
 def write_with_token(bootstrap: str, defn, items: dict, producer=None) -> Position:
