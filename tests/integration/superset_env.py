@@ -20,7 +20,6 @@ import shutil
 import signal
 import sqlite3
 import subprocess
-import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ import urllib3
 
 from federator.broker import die_with_parent
 from tests import maven_cache
+from tests.light_install import new_venv
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -69,7 +69,7 @@ def superset_python() -> Path:
     if marker.exists() and marker.read_text() == want:
         return python
     step(f"making {CLIENT_VENV.name} over Superset's environment in {base}, with Federator's client")
-    subprocess.run([sys.executable, "-m", "venv", "--clear", str(CLIENT_VENV)], check=True, timeout=300)
+    new_venv(CLIENT_VENV, ())
     site = _site_packages(python)
     # addsitedir, not a bare path line: the layer's own .pth files are read too
     (site / "_superset_base.pth").write_text(f"import site; site.addsitedir({str(_site_packages(base / 'bin' / 'python'))!r})\n")
@@ -93,10 +93,7 @@ def _client_digest() -> str:
 
 def _install_superset(out: Path) -> None:
     step(f"installing Apache Superset 6.1.0 into {out.parent} (a few minutes, once per machine)")
-    subprocess.run([sys.executable, "-m", "venv", str(out)], check=True, timeout=300)
-    python = out / "bin" / "python"
-    _pip(python, "install", "--upgrade", "pip")
-    _pip(python, "install", "-r", str(PINS))
+    new_venv(out, ("-r", str(PINS)))
 
 
 def _init_metadata(python: Path, db: Path) -> None:
