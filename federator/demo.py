@@ -89,8 +89,8 @@ def _pipeline(bootstrap: str, state: Path, args: argparse.Namespace, kafka_flags
     if foreign is not None:
         print(f"error: {foreign}", file=sys.stderr)
         return 1
-    pg_port = _port_or_free(5432)
-    nodes = _start_nodes(bootstrap, state, pg_port, [*kafka_flags, *group_flags])
+    pg_port, flight_port = _port_or_free(5432), _port_or_free(32010)
+    nodes = _start_nodes(bootstrap, state, pg_port, flight_port, [*kafka_flags, *group_flags])
     try:
         step("asking the nodes in SQL over HTTP (POST /v1/sql)")
         url = f"http://{nodes[0][1]}"
@@ -101,6 +101,7 @@ def _pipeline(bootstrap: str, state: Path, args: argparse.Namespace, kafka_flags
         print(f"\n  try: federator sql --url {url} \"SELECT * FROM word_counts ORDER BY count DESC LIMIT 5\"")
         print(f"  or open the console in a browser: {url}/")
         print(f"  or connect a Postgres client (psql, DBeaver, Grafana): psql postgresql://127.0.0.1:{pg_port}/federator")
+        print(f"  or a Flight SQL driver (ADBC, JDBC): grpc://127.0.0.1:{flight_port}")
         return _serve_or_exit(args, nodes, url, bootstrap, state)
     finally:
         for proc, _ in nodes:
@@ -139,8 +140,9 @@ def foreign_nodes_message(bootstrap: str, app: str) -> str | None:
             "They would mix with the demo's own nodes; stop them (an earlier demo's?) and run the demo again")
 
 
-def _start_nodes(bootstrap: str, state: Path, pg_port: int, flags: list[str]) -> list[tuple[subprocess.Popen, str]]:
-    """Three nodes; the first also serves the Postgres protocol on ``pg_port``."""
+def _start_nodes(bootstrap: str, state: Path, pg_port: int, flight_port: int,
+                 flags: list[str]) -> list[tuple[subprocess.Popen, str]]:
+    """Three nodes; the first also serves the Postgres protocol on ``pg_port`` and Flight SQL on ``flight_port``."""
     nodes = []
     for i in range(3):
         port = _port_or_free(8080) if i == 0 else _free_port()
@@ -148,7 +150,8 @@ def _start_nodes(bootstrap: str, state: Path, pg_port: int, flags: list[str]) ->
         log = open(state / f"node{i}.log", "w")
         cmd = [sys.executable, "-m", "federator.cli", "node", "--bootstrap-servers", bootstrap, "--application-id", APP,
                "--listen", endpoint, "--state-dir", str(state / f"node{i}"), "--node-id", f"node{i}",
-               "--standby-replicas", "1", *flags] + (["--pg-port", str(pg_port)] if i == 0 else [])
+               "--standby-replicas", "1", *flags] + (
+            ["--pg-port", str(pg_port), "--flight-sql-port", str(flight_port)] if i == 0 else [])
         # SIGKILL when the demo dies: its broker goes too, so there is nothing to hand over to
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent(signal.SIGKILL))
         nodes.append((proc, endpoint))
@@ -167,7 +170,7 @@ def _start_nodes(bootstrap: str, state: Path, pg_port: int, flags: list[str]) ->
 
 
 def _port_or_free(preferred: int) -> int:
-    """``preferred`` when nothing listens there (the docs' examples name 8080 and 5432), else any free port."""
+    """``preferred`` when nothing listens there (the docs' examples name 8080, 5432 and 32010), else any free port."""
     with socket.socket() as sock:
         try:
             sock.bind(("127.0.0.1", preferred))

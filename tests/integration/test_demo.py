@@ -169,15 +169,18 @@ def test_the_demos_leaderboard_is_global_and_its_other_stores_partitioned(demo: 
 
 def test_the_docs_examples_run_against_the_demo(demo: Demo) -> None:
     """Every block README.md and docs/ mark <!-- run --> runs against this demo (its first node
-    plays 127.0.0.1:8080, its second 127.0.0.1:8081, its Postgres port 127.0.0.1:5432); a
-    block's <!-- output --> is its exact output. A renamed flag or a changed answer fails here."""
+    plays 127.0.0.1:8080, its second 127.0.0.1:8081, its Postgres port 127.0.0.1:5432, its Flight
+    SQL port 127.0.0.1:32010); a block's <!-- output --> is its exact output. A renamed flag or a
+    changed answer fails here."""
     from tests.docs_blocks import all_blocks
 
     out = demo.stdout
     nodes = re.findall(r"started node\d at http://(\S+),", out)
     pg = re.search(r"psql postgresql://(\S+?)/federator", out)
-    assert len(nodes) == 3 and pg is not None, out
-    places = {"127.0.0.1:8080": nodes[0], "127.0.0.1:8081": nodes[1], "127.0.0.1:5432": pg.group(1)}
+    flight = re.search(r"grpc://(\S+)", out)
+    assert len(nodes) == 3 and pg is not None and flight is not None, out
+    places = {"127.0.0.1:8080": nodes[0], "127.0.0.1:8081": nodes[1], "127.0.0.1:5432": pg.group(1),
+              "127.0.0.1:32010": flight.group(1)}
 
     def placed(code: str) -> str:
         for doc, real in places.items():

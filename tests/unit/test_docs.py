@@ -1,6 +1,7 @@
 """The docs site builds with warnings as errors, offline; every code block in README and docs/ is
 run by the tests, is an excerpt of a tested file, or says why not; the error reference lists
-every code as the code maps it."""
+every code as the code maps it; the pages say what is, with no internal history (issue numbers,
+commit hashes, run timestamps: those belong to tests/bench/results.md)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from federator.errors import CODES
-from tests.docs_blocks import ROOT, all_blocks
+from tests.docs_blocks import ROOT, all_blocks, pages
 
 MKDOCS = Path(sys.executable).with_name("mkdocs")
 
@@ -98,3 +99,52 @@ def test_commands_in_every_block_name_real_commands_and_flags() -> None:
             assert not unknown, f"{block.where}: {' '.join(path)} has no {unknown}"
             checked += 1
     assert checked >= 5
+
+
+# What a page for users must not carry: the project's internal history. Each pattern is narrow
+# enough to leave numbers, ports, limits and SQL literals alone.
+_HISTORY = {
+    "an issue number": re.compile(r"\bissues? #?\d+\b|(?<![\w&/])#\d+\b", re.I),
+    # 7 to 40 hex digits with a letter and a digit among them, standing alone (not 0x..., not a word)
+    "a commit hash": re.compile(r"(?<![\w.-])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}(?![\w-])"),
+    "a run's date": re.compile(r"\b20\d\d-[01]\d-[0-3]\d\b"),
+    "a run's time": re.compile(r"\bruns? (?:of|at|from) \d{1,2}:\d\d\b|\b\d{1,2}:\d\d(?:–\d{1,2}:\d\d)? (?:UTC|on 20)"),
+    "this machine": re.compile(r"\bthis (?:\d-core )?machine\b|\bscratch runs?\b", re.I),
+}
+
+
+def _prose(text: str) -> list[tuple[int, str]]:
+    """The lines of a page outside fenced code blocks, with inline code taken out: a SQL literal
+    such as TIMESTAMP '2024-01-01 00:00:00' is an example, not a run's date."""
+    out, fenced = [], False
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        elif not fenced:
+            out.append((number, re.sub(r"`[^`]*`", "", line)))
+    return out
+
+
+def history_in(text: str) -> list[str]:
+    """What of the project's history a page's prose names: "line N: what: the words"."""
+    return [f"line {n}: {what}: {m.group(0)!r}" for n, line in _prose(text)
+            for what, pattern in _HISTORY.items() for m in pattern.finditer(line)]
+
+
+def test_the_pages_carry_no_issue_numbers_commits_or_run_timestamps() -> None:
+    found = {str(p.relative_to(ROOT)): history_in(p.read_text()) for p in pages()}
+    found = {page: hits for page, hits in found.items() if hits}
+    assert found == {}, ("say what is; dated runs and what changed belong in tests/bench/results.md: "
+                         f"{found}")
+
+
+def test_the_history_check_tells_history_from_numbers() -> None:
+    for history in ("as issue 17 asked", "fixed in #42", "(commit 9cda11c)", "at 3185102 and 0565b92",
+                    "the run of 2026-11-27", "runs of 14:36", "09:18–09:26 on 2026-11-27",
+                    "on this 2-core machine", "scratch runs"):
+        assert history_in(history), history
+    for fine in ("port 5432, `LIMIT 1048575`, 9223372036854775808", "murmur2 & 0x7fffffff",
+                 "`TIMESTAMP '2024-01-01 00:00:00'`", "Python 3.11, SQLAlchemy 1.4 and 2.x", "p99 3.65 ms at 12,546 req/s",
+                 "a Spark session, session windows", "## Heading", "the colour #1f77b4 of a chart", "deadbeef cafe",
+                 "a 40-byte key, 1,000,000 rows", "[link](page.md#section-2)"):
+        assert history_in(fine) == [], fine
