@@ -42,9 +42,9 @@ def arrow_memory_pool() -> str:
 
     pyarrow's default, mimalloc, commits its memory eagerly and keeps what a query freed
     resident: the short-lived buffers of building a large answer (each shard's scan in
-    chunks, then joined) stayed in the node's RSS, about 10 MB more peak for a SELECT * of
-    1M rows (tests/bench/test_bench_join.py). jemalloc was as fast on the node's Arrow work
-    and returns freed pages after a second."""
+    chunks, then joined) stayed in the node's RSS, raising the peak of a large SELECT *
+    (tests/bench/test_bench_join.py measures it). jemalloc was as fast on the node's Arrow
+    work and returns freed pages soon after."""
     import pyarrow as pa
 
     if os.environ.get("ARROW_DEFAULT_MEMORY_POOL"):  # the operator's choice, which Arrow applies itself

@@ -257,7 +257,7 @@ def _build(stores: dict[str, StoreDefinition]) -> duckdb.DuckDBPyConnection:
     db.execute(f"""CREATE VIEW {FIX}.pg_attribute AS
         SELECT a.* REPLACE (coalesce(t.oid, 1043) AS atttypid, coalesce(t.typmod, -1) AS atttypmod,
                             coalesce((SELECT typlen FROM {FIX}.pg_type p WHERE p.oid = t.oid), -1) AS attlen,
-                            -- Postgres's storage: plain for fixed-size types, extended for the others (\d+ shows it)
+                            -- Postgres's storage: plain for fixed-size types, extended for the others (\\d+ shows it)
                             CASE WHEN coalesce((SELECT typlen FROM {FIX}.pg_type p WHERE p.oid = t.oid), -1) > 0
                                  THEN 'p' ELSE 'x' END AS attstorage)
         FROM pg_catalog.pg_attribute a

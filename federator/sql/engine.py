@@ -353,7 +353,7 @@ class SqlEngine:
         for batch in batches:
             if kept is not None:
                 # the buffers it holds alive, whole (a slice of a larger batch holds all of it),
-                # and read without walking them as nbytes does (5 us a batch)
+                # and read without walking them as nbytes does
                 size += batch.get_total_buffer_size()
                 if size <= _ANSWER_MAX_BYTES:
                     kept.append(batch)
@@ -381,7 +381,7 @@ class SqlEngine:
             rebound = template.rebind(list(req.parameters))
             if rebound is not None:
                 # not kept per value: a rank of random players kept ~500 plans alive, each
-                # garbage collection of the young objects walked them (n0 held the GIL 2.5 ms a
+                # garbage collection of the young objects walked them (holding the GIL each
                 # time), and an older generation's took longer; rebinding costs tens of µs
                 return rebound
         tree = bind_parameters(stmt.select, list(req.parameters), stmt.param_count)  # type: ignore[arg-type]

@@ -37,7 +37,7 @@ class StoreType:
 
     name: ClassVar[str]
     handlers: ClassVar[dict[type[Query], Handler]] = {}
-    # How writers lay out changelog records: "kv", "window" or "session" (DESIGN.md).
+    # How writers lay out changelog records: "kv", "window" or "session" (federator.store.layout).
     changelog_layout: ClassVar[str] = "kv"
     # Extra RocksDB column families in each shard (say, an index), written in the same
     # atomic batch as the data and the position, and emptied with them.

@@ -174,10 +174,8 @@ SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
 
 # The stream's driver JVM compiles with C1 only (the quick JIT). With the default tiered JIT,
 # C2 compiling the micro-batches' code competed with them for a small machine's cores: on
-# local[2] the first micro-batches after micro-batch 0 were the slowest (alternated runs of
-# 2026-11-27 09:18-09:26 in tests/bench/results.md: the first 10,000-event micro-batch
-# 3.4-3.9 s with the default, 2.5-2.8 s with this). The price: a large micro-batch runs
-# slower (1,000,000 events: 37-44 s against 32-37 s).
+# local[2] the first micro-batches after micro-batch 0 were the slowest
+# (tests/bench/test_bench_stream.py measures it). The price: a large micro-batch runs slower.
 JAVA_OPTIONS = ("-XX:TieredStopAtLevel=1",)
 
 
@@ -185,8 +183,8 @@ def micro_batch_conf(spark: Any) -> dict[str, str]:
     """MICRO_BATCH_CONF, and no more shuffle partitions than Spark has cores for tasks (never
     more than the session's own setting). Each shuffle partition is a task, and with adaptive
     execution off nothing merges the small ones: a micro-batch's few rows in 8 partitions on
-    local[2] paid for 4x the tasks (warm micro-batch medians 4.6 and 4.2 s against 3.8 and
-    3.6 s with 2: the alternated runs of 2026-11-27 07:26-07:30 in tests/bench/results.md)."""
+    local[2] paid for 4x the tasks, and each task costs a warm micro-batch time
+    (tests/bench/test_bench_stream.py measures it)."""
     configured = int(spark.conf.get(SHUFFLE_PARTITIONS, "200"))
     cores = max(1, int(spark.sparkContext.defaultParallelism))
     return {**MICRO_BATCH_CONF, SHUFFLE_PARTITIONS: str(min(configured, cores))}

@@ -3,7 +3,7 @@
 ``write_store(df, "name", key="player", value=[...], bootstrap_servers=..., application_id=...)``
 registers the store in the catalog (or checks the definition already there), then produces
 every row from the Spark partition that holds it, with confluent-kafka, in the changelog
-layouts of DESIGN.md (``federator.store.layout`` lays them out):
+layouts of Kafka Streams (``federator.store.layout`` lays them out; docs/reference/stores.md):
 
 - kv:      key bytes -> value bytes, record time = the write's start
 - window:  key + 8-byte window start + 4-byte seqnum 0, record time = the window start

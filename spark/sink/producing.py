@@ -145,7 +145,7 @@ def produce_batches(spec: WriteSpec, batches: Iterator[pa.RecordBatch]) -> pa.Re
         counts += np.bincount(parts_np, minlength=nparts)
         keys = bytes_list(changelog_keys(layout, plain, t1, t2))
         values = bytes_list(encode(batch.column("v"), spec.value))
-        # record time (DESIGN.md): kv the write's start, window its start, session its end
+        # record time (docs/reference/stores.md): kv the write's start, window its start, session its end
         time_col = {"kv": None, "window": t1, "session": t2}[layout]
         times = time_col.to_numpy().tolist() if time_col is not None else None
         # this batch's last row per partition is held back; the one it replaces goes to bulk

@@ -26,6 +26,8 @@ def test_the_site_builds_strict_and_offline(tmp_path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     cli = (tmp_path / "site" / "reference" / "cli" / "index.html").read_text()
     assert "--pg-port" in cli and "federator store create" in cli  # generated from the parsers
+    architecture = (tmp_path / "site" / "explanation" / "architecture" / "index.html").read_text()
+    assert "federator.sql.engine" in architecture  # the module map, generated from the docstrings
     pages = [p.read_text() for p in (tmp_path / "site").rglob("*.html")]
     assert not any("fonts.googleapis.com" in p for p in pages)  # nothing loaded from the network
 
