@@ -14,6 +14,7 @@ The chunks are joined into one batch at the end, column by column.
 from __future__ import annotations
 
 import bisect
+import functools
 import struct
 from itertools import islice
 from typing import Any, Iterable, Iterator, Sequence
@@ -152,6 +153,13 @@ def join_chunks(chunks: list[pa.RecordBatch]) -> pa.RecordBatch:
 
 
 def empty_batch(schema: pa.Schema) -> pa.RecordBatch:
+    """No rows in ``schema``: built once per schema (batches are immutable), as point reads
+    of absent keys make one per partition asked."""
+    return _empty_batch(schema, tuple(sorted((schema.metadata or {}).items())))  # == ignores metadata
+
+
+@functools.lru_cache(maxsize=256)
+def _empty_batch(schema: pa.Schema, metadata: tuple) -> pa.RecordBatch:
     return pa.RecordBatch.from_pylist([], schema=schema)
 
 

@@ -30,7 +30,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from sortedcontainers import SortedList
 from sqlglot import exp
 
@@ -442,13 +441,18 @@ def _rebound(node: exp.Expression, parameters: list[exp.Expression]) -> exp.Expr
 
 def _split(batches: list[pa.RecordBatch], store: StoreDefinition, *keep: str) -> tuple[pa.Table, pa.Table]:
     """(the rows, in the store's columns and ``keep``; what the partitions said beside them:
-    the rows whose key is null)."""
+    the rows whose key is null). Each partition's batch holds its rows first, then what it
+    said (store._with_tail), so the two are slices, not filters: this runs on every rank."""
     if not batches:
         return _table([], store), pa.table({})
-    table = pa.Table.from_batches(batches)
-    held = pc.is_valid(table.column(store.key_name))
-    rows = table.filter(held).select([*store.arrow_schema().names, *keep])
-    return rows.cast(pa.schema([*store.arrow_schema(), *(rows.schema.field(k) for k in keep)])), table.filter(pc.invert(held))
+    rows, said = [], []
+    for b in batches:
+        held = b.num_rows - b.column(store.key_name).null_count
+        rows.append(b.slice(0, held))
+        said.append(b.slice(held))
+    schema = pa.schema([*store.arrow_schema(), *(batches[0].schema.field(k) for k in keep)])
+    table = pa.Table.from_batches(rows, batches[0].schema).select(schema.names)
+    return table.cast(schema), pa.Table.from_batches(said, batches[0].schema)
 
 
 def _table(batches: list[pa.RecordBatch], store: StoreDefinition) -> pa.Table:

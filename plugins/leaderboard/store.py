@@ -11,6 +11,7 @@ top-k, ranks and the rows around a player are answered in O(log n).
 
 from __future__ import annotations
 
+import functools
 import struct
 from typing import Any, Callable, Iterable
 
@@ -88,10 +89,19 @@ def _with_tail(rows: pa.RecordBatch, extra: list[pa.Field], values: dict[str, li
     extra columns and null in the store's: what a partition says beside its rows travels as rows
     (a call that answers several partitions carries one schema, so not as schema metadata)."""
     n = len(next(iter(values.values()), []))
+    schema, nulls = _tail_layout(rows.schema, tuple(extra), n)
+    tail = [*nulls, *(pa.array(values.get(f.name, [None] * n), f.type) for f in extra)]
+    if not rows.num_rows:  # most partitions of a rank hold none of its players
+        return pa.RecordBatch.from_arrays(tail, schema=schema)
     head = rows.columns + [pa.nulls(rows.num_rows, f.type) for f in extra]
-    tail = [pa.nulls(n, f.type) for f in rows.schema] + [pa.array(values.get(f.name, [None] * n), f.type) for f in extra]
-    return pa.RecordBatch.from_arrays([pa.concat_arrays([h, t]) for h, t in zip(head, tail)],
-                                      schema=pa.schema([*rows.schema, *extra]))
+    return pa.RecordBatch.from_arrays([pa.concat_arrays([h, t]) for h, t in zip(head, tail)], schema=schema)
+
+
+@functools.lru_cache(maxsize=64)
+def _tail_layout(schema: pa.Schema, extra: tuple[pa.Field, ...], n: int) -> tuple[pa.Schema, list[pa.Array]]:
+    """The schema with the extra columns, and ``n`` nulls in each of the store's columns: the
+    same for every partition a rank asks, so made once."""
+    return pa.schema([*schema, *extra]), [pa.nulls(n, f.type) for f in schema]
 
 
 def rank(view: ShardView, q: RankQuery) -> pa.RecordBatch:
