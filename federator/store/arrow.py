@@ -14,7 +14,6 @@ The chunks are joined into one batch at the end, column by column.
 from __future__ import annotations
 
 import bisect
-import functools
 import struct
 from itertools import islice
 from typing import Any, Iterable, Iterator, Sequence
@@ -153,14 +152,17 @@ def join_chunks(chunks: list[pa.RecordBatch]) -> pa.RecordBatch:
 
 
 def empty_batch(schema: pa.Schema) -> pa.RecordBatch:
-    """No rows in ``schema``: built once per schema (batches are immutable), as point reads
-    of absent keys make one per partition asked."""
-    return _empty_batch(schema, tuple(sorted((schema.metadata or {}).items())))  # == ignores metadata
+    """No rows in ``schema``: made once per schema object (batches are immutable; a shard's
+    schema is one object), as point reads of absent keys make one per partition asked."""
+    kept = _EMPTY.get(id(schema))
+    if kept is None or kept[0] is not schema:
+        kept = _EMPTY[id(schema)] = (schema, pa.RecordBatch.from_pylist([], schema=schema))
+        while len(_EMPTY) > 1024:
+            del _EMPTY[next(iter(_EMPTY))]
+    return kept[1]
 
 
-@functools.lru_cache(maxsize=256)
-def _empty_batch(schema: pa.Schema, metadata: tuple) -> pa.RecordBatch:
-    return pa.RecordBatch.from_pylist([], schema=schema)
+_EMPTY: dict[int, tuple[pa.Schema, pa.RecordBatch]] = {}  # id(schema) -> (it, held alive; its empty batch)
 
 
 class _Values:

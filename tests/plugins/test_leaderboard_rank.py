@@ -25,8 +25,8 @@ P = 3
 
 
 class Fetch:
-    """The engine's fetch over shards in this process; ``asked`` names each query type asked,
-    and ``between`` runs before every call after the first (a write landing between rounds)."""
+    """The engine's fetch over shards in this process; ``asked`` names the query types each call
+    asked (each once a call), and ``between`` runs before every call after the first (a write landing between rounds)."""
 
     keeps = False
     refreshed_rows = 0
@@ -38,8 +38,8 @@ class Fetch:
         if self.asked and self.between is not None:
             self.between()
         out = []
+        self.asked.extend(dict.fromkeys(sq.query.type_name for sq in subqueries))
         for sq in subqueries:
-            self.asked.append(sq.query.type_name)
             for p in sq.partitions if sq.partitions is not None else range(P):
                 out.append(self.shards[p].query(sq.query)[0])
         return out
