@@ -41,10 +41,10 @@ from federator.plugin.rules import Fetch, RulePlan, SqlRule, is_plain_column, li
 from federator.query.queries import KeysQuery
 
 from federator_plugins.leaderboard.index import Order, before, key_order, score_of
-from federator_plugins.leaderboard.queries import AroundQuery, RankQuery, TopKQuery
-from federator_plugins.leaderboard.store import AFTER, BEFORE, COUNT, ENTRY, PLACE, SCORE, sortable_score
+from federator_plugins.leaderboard.queries import AroundQuery, PlayerRanksQuery, RankQuery, TopKQuery
+from federator_plugins.leaderboard.store import AFTER, BEFORE, COUNT, ENTRY, PLACE, RANK, SCORE, sortable_score
 
-RANK_COLUMN = "__rank"
+RANK_COLUMN = RANK  # the rank the rule computed, as PlayerRanksQuery names it too
 ANCHOR_COLUMN = "__anchor_rank"  # the player's rank the rows around it are chosen by
 TRIES = 20  # second rounds asked again because writes kept moving the players in between
 _FUNCTIONS = {exp.Rank: "rank", exp.DenseRank: "dense", exp.RowNumber: "row"}
@@ -182,6 +182,8 @@ def _players_plan(named: list[exp.Expression], ranked: Ranking, store: StoreDefi
         players = tuple(dict.fromkeys(store.key.coerce(literal(node)) for node in named))
     except (ValueError, TypeError):
         return None
+    if store.is_global:
+        return _together_plan(players, named, ranked, store, remaining)
     by_partition = tuple(sorted({partition_for(store.key.serialize(k), store.partitions) for k in players}))
     lookups = [SubQuery(KeysQuery(players), by_partition)]
 
@@ -208,6 +210,25 @@ def _players_plan(named: list[exp.Expression], ranked: Ranking, store: StoreDefi
         f"read the players' scores, then count the {what} in every partition's score index "
         "(reading the players again beside the counts)",
         combine=combine, remaining=remaining, rebind=rebind)
+
+
+def _together_plan(players: tuple, named: list[exp.Expression], ranked: Ranking, store: StoreDefinition,
+                   remaining: exp.Select | None) -> RulePlan:
+    """A global leaderboard's players ranked in one read of every partition on the node asked."""
+    ranks = [SubQuery(PlayerRanksQuery(players, ranked.order.descending, ranked.order.tie_key, ranked.dense), None)]
+
+    def combine(fetch: Fetch) -> pa.Table:
+        schema = pa.schema([*store.arrow_schema(), pa.field(RANK_COLUMN, pa.int64())])
+        batches = fetch(ranks)
+        return pa.Table.from_batches(batches).cast(schema) if batches else schema.empty_table()
+
+    def rebind(parameters: list[exp.Expression]) -> RulePlan | None:
+        return _players_plan([_rebound(node, parameters) for node in named], ranked, store, None)
+
+    what = "distinct better scores" if ranked.dense else "rows that rank before them"
+    return RulePlan(ranks, f"read the players' scores and count the {what} in every partition's score index, "
+                           "all in one read on the node asked (a global store)",
+                    combine=combine, remaining=remaining, rebind=rebind)
 
 
 def _counting(query: RankQuery, owners: tuple[int, ...], store: StoreDefinition) -> list[SubQuery]:

@@ -19,6 +19,7 @@ import pyarrow as pa
 from rocksdict import WriteBatch
 
 from federator.catalog.definition import DefinitionError, StoreDefinition
+from federator.partitioner import partition_for
 from federator.store.arrow import build_batch, empty_batch
 from federator.query.queries import KeysQuery
 from federator.store.kv import KeyValueStoreType, keys_query
@@ -28,12 +29,13 @@ from federator.store.types import stored_value
 
 from federator_plugins.leaderboard.index import (Order, ScoreIndex, around, before, distinct_better, key_order,
                                                  score_of, top)
-from federator_plugins.leaderboard.queries import AroundQuery, RankQuery, TopKQuery
+from federator_plugins.leaderboard.queries import AroundQuery, PlayerRanksQuery, RankQuery, TopKQuery
 
 INDEX = "by_score"
 ENTRY = "__entry"  # AroundQuery's column: each row's index entry
 # what RankQuery and AroundQuery say beside the rows, in rows whose store columns are null
 PLACE, COUNT, SCORE, BEFORE, AFTER = "__place", "__count", "__score", "__before", "__after"
+RANK = "__rank"  # PlayerRanksQuery's column
 RANK_FIELDS = [pa.field(PLACE, pa.int64()), pa.field(COUNT, pa.int64()), pa.field(SCORE, pa.uint64())]
 AROUND_FIELDS = [pa.field(BEFORE, pa.int64()), pa.field(AFTER, pa.int64()), pa.field(SCORE, pa.uint64())]
 SCORE_FORMATS = ("long", "int", "double")
@@ -120,6 +122,42 @@ def rank(view: ShardView, q: RankQuery) -> pa.RecordBatch:
     return _with_tail(rows, RANK_FIELDS, values)
 
 
+def player_ranks(views: list[ShardView], q: PlayerRanksQuery) -> pa.RecordBatch:
+    """The players' rows with their ranks over every partition (``views``: all of them)."""
+    defn = views[0].definition
+    order, key_bytes = Order(q.descending, q.tie_key), key_order(defn.key_format)
+    keys, stored, places = [], [], []
+    for player in dict.fromkeys(q.players):
+        kb = defn.key.serialize(player)
+        value = views[partition_for(kb, defn.partitions)].get(kb)
+        if value is not None:
+            keys.append(kb)
+            stored.append(value)
+            places.append((score_of(sortable(defn.value_format, defn.value.deserialize(value[8:]))), key_bytes(kb)))
+    indexes = [_index(v) for v in views]
+    ranks = _dense_ranks(indexes, places, q.descending) if q.dense and q.tie_key is None else \
+        [1 + sum(_before_in(i, s, k, order) for i in indexes) for s, k in places]
+    rows = build_batch(views[0].schema, defn, keys, stored) if keys else empty_batch(views[0].schema)
+    return rows.append_column(RANK, pa.array(ranks, pa.int64()))
+
+
+def _before_in(index: ScoreIndex, score: int, key: bytes, order: Order) -> int:
+    with index.lock:
+        return before(index.entries, score, key, order)
+
+
+def _dense_ranks(indexes: list[ScoreIndex], places: list[tuple[int, bytes]], descending: bool) -> list[int]:
+    """1 + the distinct scores, over all partitions, better than each place's."""
+    ranks = []
+    for score, _ in places:
+        better: set[int] = set()
+        for index in indexes:
+            with index.lock:
+                better.update(distinct_better(index.entries, score, descending))
+        ranks.append(1 + len(better))
+    return ranks
+
+
 def around_rows(view: ShardView, q: AroundQuery) -> pa.RecordBatch:
     defn = view.definition
     score = int(q.score)
@@ -136,6 +174,7 @@ class LeaderboardStoreType(KeyValueStoreType):
     name = "leaderboard"
     column_families = (INDEX,)
     handlers = {**KeyValueStoreType.handlers, TopKQuery: top_k, RankQuery: rank, AroundQuery: around_rows}
+    together_handlers = {PlayerRanksQuery: player_ranks}
 
     def validate(self, defn: StoreDefinition) -> None:
         if defn.value_format not in SCORE_FORMATS:
