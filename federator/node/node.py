@@ -46,6 +46,8 @@ from federator.owner.duck import Duck, DuckConfig
 from federator.owner.keyjoin import LEFT, RIGHT
 from federator.owner.work import followed_answer, owners_sql
 from federator.store.layer import LocalKeyQuery, StoredEntry
+from federator.store.together import answer_together, together_refused
+from federator.store.types import TogetherHandler
 from federator.store.metered import Meter
 from federator.store.kept_answers import DEFAULT_PER_SHARD, KeptAnswers
 from federator.store.scan_cache import DEFAULT_FOLLOW, DEFAULT_MB, ScanCache
@@ -504,34 +506,14 @@ class Node:
         deferred: list[tuple[int, int, Any]] = []  # (result, partition, its store)
         followable = (request.work is not None and request.work.sql is not None and request.work.join is None
                       and self.scan_cache is not None and not request.collect_execution_info)
+        together = defn.store_type.together_handlers.get(type(request.query)) if defn is not None and defn.is_global \
+            else None
+        if together is not None:
+            return self._answer_together(request, defn, list(partitions), together)  # type: ignore[arg-type]
         for p in partitions:
-            if defn is None or not 0 <= p < defn.partitions:
-                what = f"store {request.store!r}" if defn is None else f"partition {p} of store {request.store!r}"
-                results.append(QueryResult.failed(p, FailureReason.DOES_NOT_EXIST, f"{what} does not exist"))
-                continue
-            hs = self.materializer.hosted(request.store, p)
-            if hs is None:
-                results.append(QueryResult.failed(
-                    p, FailureReason.NOT_PRESENT,
-                    f"node {self.node_id} does not host partition {p} of store {request.store!r}; "
-                    "GET /v1/metadata names its owner"))
-                continue
-            if hs.gone:
-                results.append(QueryResult.failed(
-                    p, FailureReason.DOES_NOT_EXIST,
-                    f"the changelog {hs.shard.topic!r} of store {request.store!r} no longer exists"))
-                continue
-            if not hs.caught_up or (request.require_active and (hs.role != ACTIVE or not hs.restored)):
-                # A copy that never reached its log end is no answer at all, even a stale one.
-                if not hs.caught_up:
-                    why = f"a copy still restoring (lag {hs.lag})"
-                elif hs.role != ACTIVE:
-                    why = "a standby copy"
-                else:
-                    why = f"an active copy that is catching up (lag {hs.lag})"
-                results.append(QueryResult.failed(
-                    p, FailureReason.NOT_ACTIVE,
-                    f"node {self.node_id} holds partition {p} of store {request.store!r} as {why}"))
+            hs, refused = self._hosted_for(request, defn, p)
+            if refused is not None:
+                results.append(refused)
                 continue
             work = request.work
             if followable and hs.shard.base.store_type.is_full_scan(request.query):  # a kept result is of all rows
@@ -574,6 +556,49 @@ class Node:
             owners_sql(self.duck, request.work.sql, [(results[i], shard) for i, shard in owned],  # type: ignore[union-attr,arg-type]
                        self.scan_cache)
         return results
+
+    def _hosted_for(self, request: StateQueryRequest, defn: StoreDefinition | None, p: int) -> tuple[Any, QueryResult | None]:
+        """(this node's copy of partition ``p`` of the request's store, None) when it may answer
+        the request, else (None, why not)."""
+        if defn is None or not 0 <= p < defn.partitions:
+            what = f"store {request.store!r}" if defn is None else f"partition {p} of store {request.store!r}"
+            return None, QueryResult.failed(p, FailureReason.DOES_NOT_EXIST, f"{what} does not exist")
+        hs = self.materializer.hosted(request.store, p)
+        if hs is None:
+            return None, QueryResult.failed(
+                p, FailureReason.NOT_PRESENT,
+                f"node {self.node_id} does not host partition {p} of store {request.store!r}; "
+                "GET /v1/metadata names its owner")
+        if hs.gone:
+            return None, QueryResult.failed(
+                p, FailureReason.DOES_NOT_EXIST,
+                f"the changelog {hs.shard.topic!r} of store {request.store!r} no longer exists")
+        if not hs.caught_up or (request.require_active and (hs.role != ACTIVE or not hs.restored)):
+            # A copy that never reached its log end is no answer at all, even a stale one.
+            if not hs.caught_up:
+                why = f"a copy still restoring (lag {hs.lag})"
+            elif hs.role != ACTIVE:
+                why = "a standby copy"
+            else:
+                why = f"an active copy that is catching up (lag {hs.lag})"
+            return None, QueryResult.failed(
+                p, FailureReason.NOT_ACTIVE,
+                f"node {self.node_id} holds partition {p} of store {request.store!r} as {why}")
+        return hs, None
+
+    def _answer_together(self, request: StateQueryRequest, defn: StoreDefinition, partitions: list[int],
+                         handler: TogetherHandler) -> list[QueryResult]:
+        """A global store's query answered from all of its partitions here at once."""
+        if sorted(partitions) != list(range(defn.partitions)):
+            return [QueryResult.failed(p, FailureReason.NOT_ACTIVE,
+                                       f"a {request.query.type_name} reads every partition of store {defn.name!r} "
+                                       f"at once; it was asked for partitions {sorted(partitions)}")
+                    for p in partitions]
+        hosted = [self._hosted_for(request, defn, p) for p in partitions]
+        refused = [r for _, r in hosted if r is not None]
+        if refused:
+            return refused + [together_refused(hs.shard.partition, refused[0]) for hs, r in hosted if r is None]
+        return answer_together([hs.shard.base for hs, _ in hosted], request.query, request.bound, handler)
 
     def _join_side(self, request: StateQueryRequest, other: str,
                    left: QueryResult) -> tuple[QueryResult, pa.RecordBatch | None, Any]:

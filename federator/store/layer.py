@@ -183,14 +183,9 @@ def answer(shard: StoreLayer, query: Query, bound: PositionBound, collect_execut
             f"{query.type_name} {outcome}, {rows} rows in {took:.0f} us at offset {shard.offset}"
         )
         return result
-    if not bound.is_satisfied_by(shard.position, shard.topic, shard.partition):
-        wanted = bound.position.get(shard.topic, shard.partition) if bound.position else None
-        return QueryResult.failed(
-            shard.partition,
-            FailureReason.NOT_UP_TO_BOUND,
-            f"partition {shard.partition} of store {shard.definition.name!r} is at offset {shard.offset}, "
-            f"the bound asks for {wanted}",
-        )
+    unmet = unmet_bound(shard, bound, shard.position)
+    if unmet is not None:
+        return unmet
     try:
         batch, position = read()
     except UnsupportedQuery as e:
@@ -211,3 +206,16 @@ def answer(shard: StoreLayer, query: Query, bound: PositionBound, collect_execut
             f"store {shard.definition.name!r} partition {shard.partition}: {type(e).__name__}: {e}",
         )
     return QueryResult.success(shard.partition, batch, position)
+
+
+def unmet_bound(shard: StoreLayer, bound: PositionBound, position: Position) -> QueryResult | None:
+    """The failure of a read of ``shard`` at ``position`` that ``bound`` does not allow."""
+    if bound.is_satisfied_by(position, shard.topic, shard.partition):
+        return None
+    wanted = bound.position.get(shard.topic, shard.partition) if bound.position else None
+    return QueryResult.failed(
+        shard.partition,
+        FailureReason.NOT_UP_TO_BOUND,
+        f"partition {shard.partition} of store {shard.definition.name!r} is at offset "
+        f"{position.get(shard.topic, shard.partition)}, the bound asks for {wanted}",
+    )

@@ -3,6 +3,7 @@ Position change in one write (federator.store.layer describes the stack above it
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -34,7 +35,7 @@ _POSITION = b"position"
 _DEFINITION = b"definition"
 _SOURCE = b"source"  # the broker's id of the changelog topic the data came from
 
-__all__ = ["Shard", "ShardView", "ShardClosed", "UnsupportedQuery"]
+__all__ = ["Shard", "ShardView", "ShardClosed", "UnsupportedQuery", "read_together"]
 
 
 def _options() -> Options:
@@ -291,3 +292,22 @@ class Shard(StoreLayer):
         if type(query) is LocalKeyQuery:
             return self.stored(query.key_bytes, bound)  # type: ignore[attr-defined]
         return answer(self, query, bound, collect_execution_info, lambda: self.query(query))
+
+
+def read_together(shards: Sequence[Shard], read: Callable[[list[ShardView]], T], tries: int = 3) -> tuple[T, list[Position]]:
+    """``read`` over the views of several shards, each read in one state, and the Positions
+    those states were: ``Shard.consistent`` for many. After ``tries`` races with writes it reads
+    holding every shard's writers off (taken in the order given, as each writer holds one)."""
+    for _ in range(tries):
+        seqs = [s._seq for s in shards]
+        if any(q & 1 for q in seqs):
+            time.sleep(0)  # a write is in flight; let it finish
+            continue
+        positions = [s._position for s in shards]
+        value = read([s._view() for s in shards])
+        if all(s._seq == q for s, q in zip(shards, seqs)):
+            return value, positions
+    with contextlib.ExitStack() as held:
+        for s in shards:
+            held.enter_context(s._lock)
+        return read([s._view() for s in shards]), [s._position for s in shards]

@@ -24,6 +24,9 @@ if TYPE_CHECKING:
     from federator.store.view import ShardView
 
 Handler = Callable[["ShardView", Query], pa.RecordBatch]
+# A query a global store answers from every partition's view at once (each a state it held),
+# on the node asked: one step where a partition at a time would take rounds.
+TogetherHandler = Callable[[list["ShardView"], Query], pa.RecordBatch]
 
 
 
@@ -37,6 +40,8 @@ class StoreType:
 
     name: ClassVar[str]
     handlers: ClassVar[dict[type[Query], Handler]] = {}
+    # Queries a global store answers over all its partitions at once (TogetherHandler).
+    together_handlers: ClassVar[dict[type[Query], TogetherHandler]] = {}
     # How writers lay out changelog records: "kv", "window" or "session" (federator.store.layout).
     changelog_layout: ClassVar[str] = "kv"
     # Extra RocksDB column families in each shard (say, an index), written in the same

@@ -1,6 +1,7 @@
 """The leaderboard's queries, each answered from a partition's order-statistics index in
 O(log n) (plus the rows returned): the best rows of a partition, how many rows rank before
-given ones, and the rows ranked near a player."""
+given ones, and the rows ranked near a player; and on a global leaderboard, the players'
+ranks from every partition at once."""
 
 from __future__ import annotations
 
@@ -51,6 +52,29 @@ class RankQuery(Query):
     def from_dict(cls, d: dict[str, Any]) -> RankQuery:
         return cls(tuple(decode_value(p) for p in d.get("players") or ()), tuple(d.get("scores") or ()),
                    tuple(decode_value(k) for k in d.get("keys") or ()), bool(d.get("descending", True)),
+                   d.get("tie_key"), bool(d.get("dense", False)))
+
+
+@dataclass(frozen=True)
+class PlayerRanksQuery(Query):
+    """The rows of ``players`` with their ranks (column ``__rank``), read from every partition
+    of a global leaderboard at once on the node asked (a store type's ``together_handlers``):
+    each player's score and how many rows rank before it, in one read. Ranked as RankQuery's
+    fields say."""
+
+    type_name: ClassVar[str] = "PlayerRanksQuery"
+    players: tuple[Any, ...] = ()
+    descending: bool = True
+    tie_key: str | None = None
+    dense: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.type_name, "players": [encode_value(p) for p in self.players],
+                "descending": self.descending, "tie_key": self.tie_key, "dense": self.dense}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> PlayerRanksQuery:
+        return cls(tuple(decode_value(p) for p in d.get("players") or ()), bool(d.get("descending", True)),
                    d.get("tie_key"), bool(d.get("dense", False)))
 
 

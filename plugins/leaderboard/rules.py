@@ -25,12 +25,11 @@ beside the counts, and is asked again if a write moved a player in between.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from sortedcontainers import SortedList
 from sqlglot import exp
 
@@ -42,10 +41,10 @@ from federator.plugin.rules import Fetch, RulePlan, SqlRule, is_plain_column, li
 from federator.query.queries import KeysQuery
 
 from federator_plugins.leaderboard.index import Order, before, key_order, score_of
-from federator_plugins.leaderboard.queries import AroundQuery, RankQuery, TopKQuery
-from federator_plugins.leaderboard.store import AFTER, BEFORE, COUNT, ENTRY, PLACE, SCORE, sortable_score
+from federator_plugins.leaderboard.queries import AroundQuery, PlayerRanksQuery, RankQuery, TopKQuery
+from federator_plugins.leaderboard.store import AFTER, BEFORE, COUNT, ENTRY, PLACE, RANK, SCORE, sortable_score
 
-RANK_COLUMN = "__rank"
+RANK_COLUMN = RANK  # the rank the rule computed, as PlayerRanksQuery names it too
 ANCHOR_COLUMN = "__anchor_rank"  # the player's rank the rows around it are chosen by
 TRIES = 20  # second rounds asked again because writes kept moving the players in between
 _FUNCTIONS = {exp.Rank: "rank", exp.DenseRank: "dense", exp.RowNumber: "row"}
@@ -183,6 +182,8 @@ def _players_plan(named: list[exp.Expression], ranked: Ranking, store: StoreDefi
         players = tuple(dict.fromkeys(store.key.coerce(literal(node)) for node in named))
     except (ValueError, TypeError):
         return None
+    if store.is_global:
+        return _together_plan(players, named, ranked, store, remaining)
     by_partition = tuple(sorted({partition_for(store.key.serialize(k), store.partitions) for k in players}))
     lookups = [SubQuery(KeysQuery(players), by_partition)]
 
@@ -192,7 +193,7 @@ def _players_plan(named: list[exp.Expression], ranked: Ranking, store: StoreDefi
             query = _rank_query(rows, players, ranked, store)
             if not query.scores:
                 return rows.append_column(RANK_COLUMN, pa.array([], pa.int64()))
-            now, said = _split(fetch([SubQuery(query, None)]), store)
+            now, said = _split(fetch(_counting(query, by_partition, store)), store)
             if _places(now, store) == _places(rows, store):
                 keys = rows.column(store.key_name).to_pylist()  # the players in the order of query's places
                 return now.append_column(RANK_COLUMN, _ranks(now, said, keys, query, ranked, store))
@@ -209,6 +210,32 @@ def _players_plan(named: list[exp.Expression], ranked: Ranking, store: StoreDefi
         f"read the players' scores, then count the {what} in every partition's score index "
         "(reading the players again beside the counts)",
         combine=combine, remaining=remaining, rebind=rebind)
+
+
+def _together_plan(players: tuple, named: list[exp.Expression], ranked: Ranking, store: StoreDefinition,
+                   remaining: exp.Select | None) -> RulePlan:
+    """A global leaderboard's players ranked in one read of every partition on the node asked."""
+    ranks = [SubQuery(PlayerRanksQuery(players, ranked.order.descending, ranked.order.tie_key, ranked.dense), None)]
+
+    def combine(fetch: Fetch) -> pa.Table:
+        schema = pa.schema([*store.arrow_schema(), pa.field(RANK_COLUMN, pa.int64())])
+        batches = fetch(ranks)
+        return pa.Table.from_batches(batches).cast(schema) if batches else schema.empty_table()
+
+    def rebind(parameters: list[exp.Expression]) -> RulePlan | None:
+        return _players_plan([_rebound(node, parameters) for node in named], ranked, store, None)
+
+    what = "distinct better scores" if ranked.dense else "rows that rank before them"
+    return RulePlan(ranks, f"read the players' scores and count the {what} in every partition's score index, "
+                           "all in one read on the node asked (a global store)",
+                    combine=combine, remaining=remaining, rebind=rebind)
+
+
+def _counting(query: RankQuery, owners: tuple[int, ...], store: StoreDefinition) -> list[SubQuery]:
+    """``query`` to the players' partitions, which read them again beside their counts; the
+    counts alone from the others."""
+    others = tuple(p for p in range(store.partitions) if p not in owners)
+    return [SubQuery(query, owners), *([SubQuery(replace(query, players=()), others)] if others else [])]
 
 
 def _rank_query(rows: pa.Table, players: tuple, ranked: Ranking, store: StoreDefinition) -> RankQuery:
@@ -442,13 +469,18 @@ def _rebound(node: exp.Expression, parameters: list[exp.Expression]) -> exp.Expr
 
 def _split(batches: list[pa.RecordBatch], store: StoreDefinition, *keep: str) -> tuple[pa.Table, pa.Table]:
     """(the rows, in the store's columns and ``keep``; what the partitions said beside them:
-    the rows whose key is null)."""
+    the rows whose key is null). Each partition's batch holds its rows first, then what it
+    said (store._with_tail), so the two are slices, not filters: this runs on every rank."""
     if not batches:
         return _table([], store), pa.table({})
-    table = pa.Table.from_batches(batches)
-    held = pc.is_valid(table.column(store.key_name))
-    rows = table.filter(held).select([*store.arrow_schema().names, *keep])
-    return rows.cast(pa.schema([*store.arrow_schema(), *(rows.schema.field(k) for k in keep)])), table.filter(pc.invert(held))
+    rows, said = [], []
+    for b in batches:
+        held = b.num_rows - b.column(store.key_name).null_count
+        rows.append(b.slice(0, held))
+        said.append(b.slice(held))
+    schema = pa.schema([*store.arrow_schema(), *(batches[0].schema.field(k) for k in keep)])
+    table = pa.Table.from_batches(rows, batches[0].schema).select(schema.names)
+    return table.cast(schema), pa.Table.from_batches(said, batches[0].schema)
 
 
 def _table(batches: list[pa.RecordBatch], store: StoreDefinition) -> pa.Table:

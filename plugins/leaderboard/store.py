@@ -11,6 +11,7 @@ top-k, ranks and the rows around a player are answered in O(log n).
 
 from __future__ import annotations
 
+import functools
 import struct
 from typing import Any, Callable, Iterable
 
@@ -18,6 +19,7 @@ import pyarrow as pa
 from rocksdict import WriteBatch
 
 from federator.catalog.definition import DefinitionError, StoreDefinition
+from federator.partitioner import partition_for
 from federator.store.arrow import build_batch, empty_batch
 from federator.query.queries import KeysQuery
 from federator.store.kv import KeyValueStoreType, keys_query
@@ -27,12 +29,13 @@ from federator.store.types import stored_value
 
 from federator_plugins.leaderboard.index import (Order, ScoreIndex, around, before, distinct_better, key_order,
                                                  score_of, top)
-from federator_plugins.leaderboard.queries import AroundQuery, RankQuery, TopKQuery
+from federator_plugins.leaderboard.queries import AroundQuery, PlayerRanksQuery, RankQuery, TopKQuery
 
 INDEX = "by_score"
 ENTRY = "__entry"  # AroundQuery's column: each row's index entry
 # what RankQuery and AroundQuery say beside the rows, in rows whose store columns are null
 PLACE, COUNT, SCORE, BEFORE, AFTER = "__place", "__count", "__score", "__before", "__after"
+RANK = "__rank"  # PlayerRanksQuery's column
 RANK_FIELDS = [pa.field(PLACE, pa.int64()), pa.field(COUNT, pa.int64()), pa.field(SCORE, pa.uint64())]
 AROUND_FIELDS = [pa.field(BEFORE, pa.int64()), pa.field(AFTER, pa.int64()), pa.field(SCORE, pa.uint64())]
 SCORE_FORMATS = ("long", "int", "double")
@@ -88,10 +91,19 @@ def _with_tail(rows: pa.RecordBatch, extra: list[pa.Field], values: dict[str, li
     extra columns and null in the store's: what a partition says beside its rows travels as rows
     (a call that answers several partitions carries one schema, so not as schema metadata)."""
     n = len(next(iter(values.values()), []))
+    schema, nulls = _tail_layout(rows.schema, tuple(extra), n)
+    tail = [*nulls, *(pa.array(values.get(f.name, [None] * n), f.type) for f in extra)]
+    if not rows.num_rows:  # most partitions of a rank hold none of its players
+        return pa.RecordBatch.from_arrays(tail, schema=schema)
     head = rows.columns + [pa.nulls(rows.num_rows, f.type) for f in extra]
-    tail = [pa.nulls(n, f.type) for f in rows.schema] + [pa.array(values.get(f.name, [None] * n), f.type) for f in extra]
-    return pa.RecordBatch.from_arrays([pa.concat_arrays([h, t]) for h, t in zip(head, tail)],
-                                      schema=pa.schema([*rows.schema, *extra]))
+    return pa.RecordBatch.from_arrays([pa.concat_arrays([h, t]) for h, t in zip(head, tail)], schema=schema)
+
+
+@functools.lru_cache(maxsize=64)
+def _tail_layout(schema: pa.Schema, extra: tuple[pa.Field, ...], n: int) -> tuple[pa.Schema, list[pa.Array]]:
+    """The schema with the extra columns, and ``n`` nulls in each of the store's columns: the
+    same for every partition a rank asks, so made once."""
+    return pa.schema([*schema, *extra]), [pa.nulls(n, f.type) for f in schema]
 
 
 def rank(view: ShardView, q: RankQuery) -> pa.RecordBatch:
@@ -110,6 +122,42 @@ def rank(view: ShardView, q: RankQuery) -> pa.RecordBatch:
     return _with_tail(rows, RANK_FIELDS, values)
 
 
+def player_ranks(views: list[ShardView], q: PlayerRanksQuery) -> pa.RecordBatch:
+    """The players' rows with their ranks over every partition (``views``: all of them)."""
+    defn = views[0].definition
+    order, key_bytes = Order(q.descending, q.tie_key), key_order(defn.key_format)
+    keys, stored, places = [], [], []
+    for player in dict.fromkeys(q.players):
+        kb = defn.key.serialize(player)
+        value = views[partition_for(kb, defn.partitions)].get(kb)
+        if value is not None:
+            keys.append(kb)
+            stored.append(value)
+            places.append((score_of(sortable(defn.value_format, defn.value.deserialize(value[8:]))), key_bytes(kb)))
+    indexes = [_index(v) for v in views]
+    ranks = _dense_ranks(indexes, places, q.descending) if q.dense and q.tie_key is None else \
+        [1 + sum(_before_in(i, s, k, order) for i in indexes) for s, k in places]
+    rows = build_batch(views[0].schema, defn, keys, stored) if keys else empty_batch(views[0].schema)
+    return rows.append_column(RANK, pa.array(ranks, pa.int64()))
+
+
+def _before_in(index: ScoreIndex, score: int, key: bytes, order: Order) -> int:
+    with index.lock:
+        return before(index.entries, score, key, order)
+
+
+def _dense_ranks(indexes: list[ScoreIndex], places: list[tuple[int, bytes]], descending: bool) -> list[int]:
+    """1 + the distinct scores, over all partitions, better than each place's."""
+    ranks = []
+    for score, _ in places:
+        better: set[int] = set()
+        for index in indexes:
+            with index.lock:
+                better.update(distinct_better(index.entries, score, descending))
+        ranks.append(1 + len(better))
+    return ranks
+
+
 def around_rows(view: ShardView, q: AroundQuery) -> pa.RecordBatch:
     defn = view.definition
     score = int(q.score)
@@ -126,6 +174,7 @@ class LeaderboardStoreType(KeyValueStoreType):
     name = "leaderboard"
     column_families = (INDEX,)
     handlers = {**KeyValueStoreType.handlers, TopKQuery: top_k, RankQuery: rank, AroundQuery: around_rows}
+    together_handlers = {PlayerRanksQuery: player_ranks}
 
     def validate(self, defn: StoreDefinition) -> None:
         if defn.value_format not in SCORE_FORMATS:

@@ -18,6 +18,8 @@ from federator.partitioner import partition_for
 from federator.sql.parse import parse
 from federator.sql.planner import bind_parameters, literal, plan_query
 from federator.store import ChangelogRecord, Shard
+from federator.store.layer import UNBOUNDED
+from federator.store.together import answer_together
 from federator_plugins.leaderboard.rules import RankRule, TopKRule
 from tests.registry import REGISTRY
 
@@ -25,8 +27,8 @@ P = 3
 
 
 class Fetch:
-    """The engine's fetch over shards in this process; ``asked`` names each query type asked,
-    and ``between`` runs before every call after the first (a write landing between rounds)."""
+    """The engine's fetch over shards in this process; ``asked`` names the query types each call
+    asked (each once a call), and ``between`` runs before every call after the first (a write landing between rounds)."""
 
     keeps = False
     refreshed_rows = 0
@@ -38,8 +40,14 @@ class Fetch:
         if self.asked and self.between is not None:
             self.between()
         out = []
+        self.asked.extend(dict.fromkeys(sq.query.type_name for sq in subqueries))
         for sq in subqueries:
-            self.asked.append(sq.query.type_name)
+            together = self.shards[0].store_type.together_handlers.get(type(sq.query))
+            if together is not None and self.shards[0].definition.is_global:  # as the node asked answers it
+                results = answer_together(self.shards, sq.query, UNBOUNDED, together)
+                assert all(r.ok for r in results), results
+                out.extend(r.batch for r in results)
+                continue
             for p in sq.partitions if sq.partitions is not None else range(P):
                 out.append(self.shards[p].query(sq.query)[0])
         return out
@@ -48,10 +56,11 @@ class Fetch:
 class Board:
     """A three-partition leaderboard and the same rows as a table for DuckDB."""
 
-    def __init__(self, root, fmt: str) -> None:
+    def __init__(self, root, fmt: str, scope: str = "partitioned") -> None:
         self.defn = StoreDefinition.from_dict({
             "name": "lb", "type": "leaderboard", "topic": "app-lb-changelog", "partitions": P,
-            "key": {"name": "player", "format": "string"}, "value": {"name": "score", "format": fmt}}, REGISTRY)
+            "key": {"name": "player", "format": "string"}, "value": {"name": "score", "format": fmt},
+            "global": scope == "global"}, REGISTRY)
         self.shards = [Shard(root / f"s{p}", self.defn, p) for p in range(P)]
         self.scores: dict[str, float] = {}
         self.offsets = [0] * P
@@ -115,6 +124,14 @@ def board(tmp_path_factory, request):
     b.close()
 
 
+@pytest.fixture(scope="module")
+def global_board(tmp_path_factory):
+    """The same board kept as a global store: the node asked ranks from every partition at once."""
+    b = Board(tmp_path_factory.mktemp("global-board"), "long", "global")
+    yield b
+    b.close()
+
+
 @pytest.fixture
 def written(tmp_path):
     b = Board(tmp_path, "long")
@@ -151,13 +168,25 @@ STATEMENTS = [  # (text, parameters, the rule's queries)
 ]
 
 
-@pytest.mark.parametrize("direction", ["DESC", "ASC"])
-@pytest.mark.parametrize("text, params, asked", STATEMENTS)
-def test_ranks_equal_duckdb(board, direction, text, params, asked) -> None:
-    text = text.format(d=direction)
+def check_statement(board: Board, text: str, params: list, asked: str) -> None:
+    """The statement answered as DuckDB answers it, by asking the rule's queries ``asked``."""
     fetch = Fetch(board.shards)
     assert board.answer(text, params, fetch) == board.duckdb(text, params)
     assert " ".join(q.removesuffix("Query") for q in fetch.asked) == asked
+
+
+@pytest.mark.parametrize("direction", ["DESC", "ASC"])
+@pytest.mark.parametrize("text, params, asked", STATEMENTS)
+def test_ranks_equal_duckdb(board, direction, text, params, asked) -> None:
+    check_statement(board, text.format(d=direction), params, asked)
+
+
+@pytest.mark.parametrize("direction", ["DESC", "ASC"])
+@pytest.mark.parametrize("text, params, asked", STATEMENTS)
+def test_a_global_leaderboard_ranks_in_one_read_as_duckdb_does(global_board, direction, text, params, asked) -> None:
+    # the players' scores and their counts in one read (where there was one player to count)
+    one_read = "PlayerRanks Keys" if asked == "Keys Keys" else asked.replace("Keys Rank", "PlayerRanks")
+    check_statement(global_board, text.format(d=direction), params, one_read)
 
 
 def test_the_players_around_the_best_and_the_worst(board) -> None:

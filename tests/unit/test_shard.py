@@ -880,3 +880,35 @@ def test_a_position_moves_through_offsets_without_data(open_shard, rec) -> None:
     assert shard.apply([], through=1) == (after, after) and shard.offset == 2
     assert shard.apply([], through=5)[1] > after and shard.offset == 5
     assert ok(shard, RangeQuery()) == [{"k": "k", "v": "v", "rowtime": ms(1_000)}]
+
+
+def test_shards_read_together_are_read_again_when_a_write_lands_during_the_read(open_shard, rec) -> None:
+    from federator.store.shard import read_together
+
+    defn = definition()
+    shards = [open_shard(defn, f"s{p}", p) for p in range(2)]
+    shards[0].apply([rec(b"a", b"one")])
+    shards[1].apply([rec(b"b", b"two")])
+    reads: list[list[int]] = []
+
+    def count(views) -> list[int]:
+        reads.append([sum(1 for _ in v.scan()) for v in views])
+        if len(reads) == 1:  # a write lands on the second shard while the first read runs
+            shards[1].apply([rec(b"c", b"three")])
+        return reads[-1]
+
+    counts, positions = read_together(shards, count)
+    assert counts == [1, 2] and len(reads) == 2  # the racing read was thrown away
+    assert positions == [s.position for s in shards]
+
+    def always_racing(views) -> list[int]:  # writes keep landing: the last read holds writers off
+        n = [sum(1 for _ in v.scan()) for v in views]
+        if shards[0]._lock.acquire(blocking=False):
+            shards[0]._lock.release()
+            shards[0].apply([rec(b"x%d" % len(reads), b"more")])
+        reads.append(n)
+        return n
+
+    reads.clear()
+    counts, positions = read_together(shards, always_racing, tries=3)
+    assert len(reads) == 4 and counts == [4, 2] and positions == [s.position for s in shards]

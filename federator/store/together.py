@@ -1,0 +1,41 @@
+"""A global store's queries answered from every partition at once (``StoreType.together_handlers``):
+the node asked holds all of them, so a query that needs each partition's part (a rank counts
+the rows before a score in each) is one read of them all, not a round of calls a partition at
+a time. All or nothing: one partition refused refuses them all, as a part alone answers nothing."""
+
+from __future__ import annotations
+
+from federator.query.position import Position, PositionBound
+from federator.query.queries import Query
+from federator.query.result import QueryResult
+from federator.store.layer import answer, unmet_bound
+from federator.store.shard import Shard, read_together
+from federator.store.types import TogetherHandler
+
+
+def answer_together(shards: list[Shard], query: Query, bound: PositionBound,
+                    handler: TogetherHandler) -> list[QueryResult]:
+    """One result a partition: the first carries the answer, the others none (their Positions
+    say what the answer read of them)."""
+    read_at: list[Position] = []
+
+    def read():
+        batch, positions = read_together(shards, lambda views: handler(views, query))
+        read_at.extend(positions)
+        return batch, positions[0]
+
+    first = answer(shards[0], query, bound, False, read)
+    if not first.ok:
+        return [first, *(together_refused(s.partition, first) for s in shards[1:])]
+    unmet = [u for s, at in zip(shards, read_at) if (u := unmet_bound(s, bound, at)) is not None]
+    if unmet:
+        refused = {u.partition for u in unmet}
+        return unmet + [together_refused(s.partition, unmet[0]) for s in shards if s.partition not in refused]
+    none = first.batch.slice(0, 0)  # type: ignore[union-attr]
+    return [first, *(QueryResult.success(s.partition, none, at) for s, at in zip(shards[1:], read_at[1:]))]
+
+
+def together_refused(partition: int, why: QueryResult) -> QueryResult:
+    """Partition ``partition``'s failure when partition ``why.partition``, read with it, failed."""
+    return QueryResult.failed(partition, why.failure,  # type: ignore[arg-type]
+                              f"read together with partition {why.partition}, which failed: {why.message}", why.code)
