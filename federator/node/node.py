@@ -136,6 +136,17 @@ def _project(columns: list[str], result: QueryResult) -> QueryResult:
     return result
 
 
+def _together_handler(request: StateQueryRequest, defn: StoreDefinition | None) -> TogetherHandler | None:
+    """How a global store answers the request from every partition at once, if it does: for
+    the query types its store type names, when the owners' work is at most keeping columns."""
+    if defn is None or not defn.is_global:
+        return None
+    work = request.work
+    if work is not None and (work.sql is not None or work.join is not None):
+        return None
+    return defn.store_type.together_handlers.get(type(request.query))
+
+
 class Node:
     def __init__(self, config: NodeConfig, registry: Registry) -> None:
         """``registry``: the formats, store types, query types and SQL rules this node knows
@@ -506,8 +517,7 @@ class Node:
         deferred: list[tuple[int, int, Any]] = []  # (result, partition, its store)
         followable = (request.work is not None and request.work.sql is not None and request.work.join is None
                       and self.scan_cache is not None and not request.collect_execution_info)
-        together = defn.store_type.together_handlers.get(type(request.query)) if defn is not None and defn.is_global \
-            else None
+        together = _together_handler(request, defn)
         if together is not None:
             return self._answer_together(request, defn, list(partitions), together)  # type: ignore[arg-type]
         for p in partitions:
@@ -598,7 +608,10 @@ class Node:
         refused = [r for _, r in hosted if r is not None]
         if refused:
             return refused + [together_refused(hs.shard.partition, refused[0]) for hs, r in hosted if r is None]
-        return answer_together([hs.shard.base for hs, _ in hosted], request.query, request.bound, handler)
+        results = answer_together([hs.shard.base for hs, _ in hosted], request.query, request.bound, handler)
+        if request.work is not None:  # only columns to keep (_together_handler)
+            results = [_project(list(request.work.columns), r) if r.ok else r for r in results]
+        return results
 
     def _join_side(self, request: StateQueryRequest, other: str,
                    left: QueryResult) -> tuple[QueryResult, pa.RecordBatch | None, Any]:

@@ -50,6 +50,11 @@ TRIES = 20  # second rounds asked again because writes kept moving the players i
 _FUNCTIONS = {exp.Rank: "rank", exp.DenseRank: "dense", exp.RowNumber: "row"}
 
 
+def _together(store: StoreDefinition) -> str:
+    """What EXPLAIN adds where a global store answers a query from every partition at once."""
+    return ", merged in one read on the node asked (a global store)" if store.is_global else ""
+
+
 def _score_column(store: StoreDefinition) -> str:
     return store.value_columns[0]
 
@@ -79,7 +84,8 @@ class TopKRule(SqlRule):
         descending = bool(first.args.get("desc"))
         return RulePlan(
             [SubQuery(TopKQuery(k, descending), None)],
-            f"top {k} by {_score_column(store)} {'DESC' if descending else 'ASC'} from each partition's score index",
+            f"top {k} by {_score_column(store)} {'DESC' if descending else 'ASC'} from each partition's score index"
+            + _together(store),
             rows_are_top_k=True,  # each partition's top k with the ties at the cut: the receiver's cut is exact
         )
 
@@ -155,7 +161,7 @@ class RankRule(SqlRule):
             return RulePlan(
                 [SubQuery(TopKQuery(k, ranked.order.descending, ranked.dense), None)],
                 f"each partition's rows down to rank {k} (its {'best scores' if ranked.dense else 'best rows'} "
-                "from its score index), ranked over them all")
+                "from its score index), ranked over them all" + _together(store))
         return _around_plan(select, qualify.this, ranked, store)
 
 

@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterable
 
 import pyarrow as pa
 from rocksdict import WriteBatch
+from sortedcontainers import SortedList
 
 from federator.catalog.definition import DefinitionError, StoreDefinition
 from federator.partitioner import partition_for
@@ -56,14 +57,16 @@ def _index(view: ShardView) -> ScoreIndex:
     return view.memory
 
 
-def _rows(view: ShardView, entries: list[bytes]) -> pa.RecordBatch:
-    """The rows of index entries, in their order (read in the same consistent read)."""
-    order = key_order(view.definition.key_format)
+def _rows(view: ShardView, entries: list[bytes], views: list[ShardView] | None = None) -> pa.RecordBatch:
+    """The rows of index entries, in their order (read in the same consistent read); with
+    ``views`` (every partition's), entries of any partition, each read from its own."""
+    defn = view.definition
+    order = key_order(defn.key_format)
     keys = [order(e[8:]) for e in entries]
-    stored = [view.get(k) for k in keys]
+    stored = [(view if views is None else views[partition_for(k, defn.partitions)]).get(k) for k in keys]
     if not keys:
         return empty_batch(view.schema)
-    return build_batch(view.schema, view.definition, keys, stored)  # type: ignore[arg-type]
+    return build_batch(view.schema, defn, keys, stored)  # type: ignore[arg-type]
 
 
 def _entries(view: ShardView, span: Callable[[Any], tuple[int, int]], descending: bool) -> tuple[list[bytes], int, int]:
@@ -79,6 +82,17 @@ def _entries(view: ShardView, span: Callable[[Any], tuple[int, int]], descending
 def top_k(view: ShardView, q: TopKQuery) -> pa.RecordBatch:
     picked, _, _ = _entries(view, lambda entries: top(entries, q.k, q.descending, q.distinct), q.descending)
     return _rows(view, picked)
+
+
+def top_k_together(views: list[ShardView], q: TopKQuery) -> pa.RecordBatch:
+    """A global leaderboard's k best rows (with the ties at the cut) over every partition:
+    each partition's best, merged and cut as one index would be."""
+    picked: list[bytes] = []
+    for view in views:
+        picked += _entries(view, lambda entries: top(entries, q.k, q.descending, q.distinct), q.descending)[0]
+    merged = SortedList(picked)
+    lo, hi = top(merged, q.k, q.descending, q.distinct)
+    return _rows(views[0], list(merged.islice(lo, hi, reverse=q.descending)), views)
 
 
 def sortable_score(defn: StoreDefinition, score: Any) -> int:
@@ -174,7 +188,7 @@ class LeaderboardStoreType(KeyValueStoreType):
     name = "leaderboard"
     column_families = (INDEX,)
     handlers = {**KeyValueStoreType.handlers, TopKQuery: top_k, RankQuery: rank, AroundQuery: around_rows}
-    together_handlers = {PlayerRanksQuery: player_ranks}
+    together_handlers = {PlayerRanksQuery: player_ranks, TopKQuery: top_k_together}
 
     def validate(self, defn: StoreDefinition) -> None:
         if defn.value_format not in SCORE_FORMATS:

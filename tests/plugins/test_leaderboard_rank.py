@@ -160,6 +160,8 @@ STATEMENTS = [  # (text, parameters, the rule's queries)
      "QUALIFY RANK() OVER (ORDER BY score {d}) BETWEEN 3 AND 12 AND player > 'p1' ORDER BY r, player", [], "TopK"),
     ("SELECT player, ROW_NUMBER() OVER (ORDER BY score {d}, player) AS n FROM lb QUALIFY n < 8 ORDER BY n", [],
      "TopK"),
+    ("SELECT player, score FROM lb ORDER BY score {d}, player LIMIT 10", [], "TopK"),
+    ("SELECT player, score FROM lb ORDER BY score {d}, player LIMIT 5 OFFSET 7", [], "TopK"),
     (AROUND.format(f="RANK()", d="{d}", t="", a=5, b=5), ["p150"], "Keys Rank Keys Around"),
     (AROUND.format(f="RANK()", d="{d}", t="", a=2, b=7), ["p000"], "Keys Rank Keys Around"),
     (AROUND.format(f="ROW_NUMBER()", d="{d}", t=", player", a=3, b=3), ["p017"], "Keys Rank Keys Around"),
