@@ -48,7 +48,7 @@ from federator.owner.work import followed_answer, owners_sql
 from federator.store.layer import LocalKeyQuery, StoredEntry
 from federator.store.together import answer_together, together_refused
 from federator.store.types import TogetherHandler
-from federator.store.metered import Meter
+from federator.store.metered import Meter, count
 from federator.store.kept_answers import DEFAULT_PER_SHARD, KeptAnswers
 from federator.store.scan_cache import DEFAULT_FOLLOW, DEFAULT_MB, ScanCache
 from federator.store.stack import open_store
@@ -608,7 +608,9 @@ class Node:
         refused = [r for _, r in hosted if r is not None]
         if refused:
             return refused + [together_refused(hs.shard.partition, refused[0]) for hs, r in hosted if r is None]
+        started = time.perf_counter_ns()
         results = answer_together([hs.shard.base for hs, _ in hosted], request.query, request.bound, handler)
+        count(self.meter.table(defn.name, partitions[0]), request.query, results[0], time.perf_counter_ns() - started)
         if request.work is not None:  # only columns to keep (_together_handler)
             results = [_project(list(request.work.columns), r) if r.ok else r for r in results]
         return results

@@ -82,14 +82,20 @@ class MeteredLayer(WrappedLayer):
             return entry
         started = _now()
         result = self.inner.run(query, bound, collect_execution_info)
-        nanos = _now() - started
-        counts = self._table.get(query.type_name)
-        if counts is None:
-            counts = self._table.setdefault(query.type_name, [0, 0, 0, 0])
-        if result.failure is not None:
-            counts[_FAILED] += 1
-        elif result.batch is not None:
-            counts[_ROWS] += result.batch.num_rows
-        counts[_QUERIES] += 1
-        counts[_NANOS] += nanos
+        count(self._table, query, result, _now() - started)
         return result
+
+
+def count(table: dict[str, list[int]], query: Query, result: Any, nanos: int) -> None:
+    """One answer to ``query`` counted in a Meter's ``table`` (what a metering layer does, and
+    what a global store's read of every partition at once does for itself, as it runs below
+    no layer)."""
+    counts = table.get(query.type_name)
+    if counts is None:
+        counts = table.setdefault(query.type_name, [0, 0, 0, 0])
+    if result.failure is not None:
+        counts[_FAILED] += 1
+    elif result.batch is not None:
+        counts[_ROWS] += result.batch.num_rows
+    counts[_QUERIES] += 1
+    counts[_NANOS] += nanos

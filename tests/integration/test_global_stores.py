@@ -3,7 +3,8 @@ every node keeps every partition and answers SQL over the store through every fr
 the Postgres protocol, Flight SQL, the DB-API driver) with no call to another node; a token read
 sees its write on every node; a node that joins late restores the store from its changelog, and
 again from its checkpoint after a restart; a join of a partitioned store with the global store
-runs on the partitioned store's owners and equals DuckDB's answer.
+runs on the partitioned store's owners and equals DuckDB's answer; a global leaderboard ranks
+and gives its top from every partition in one read on the node asked, as DuckDB answers.
 
 The module adds its global store to the shared cluster and drops it again at the end, so the
 modules that share the cluster after it see the stores they expect."""
@@ -243,3 +244,69 @@ def via_http_node(node: NodeProcess, sql: str) -> list[tuple]:
     status, body = node.sql(sql)
     assert status == 200, body
     return [tuple(r) for r in body["rows"]]
+
+
+# ---- a global leaderboard: ranks and the top from every partition in one read on the node asked -
+RANKS = [
+    "SELECT player, score, RANK() OVER (ORDER BY score DESC) AS r FROM board QUALIFY player IN ('b07', 'b11', 'b30') "
+    "ORDER BY player",
+    "SELECT player, DENSE_RANK() OVER (ORDER BY score DESC) AS r FROM board QUALIFY player = 'b11'",
+    "SELECT player, ROW_NUMBER() OVER (ORDER BY score, player DESC) AS r FROM board QUALIFY player = 'b02'",
+    "SELECT player, score FROM board ORDER BY score DESC, player LIMIT 10",
+    "SELECT player, score, RANK() OVER (ORDER BY score DESC) AS r FROM board QUALIFY r <= 4 ORDER BY r, player",
+]
+
+
+@pytest.fixture(scope="module")
+def boards() -> Iterator[dict[str, Any]]:
+    """The leaderboard's state the module's tests share; dropped from the catalog at the end."""
+    state: dict[str, Any] = {}
+    yield state
+    if "app" in state:
+        p = kafka.producer(state["bootstrap"])
+        p.produce(catalog_topic(state["app"]), key=b"board", value=None)
+        p.flush(10)
+
+
+@pytest.fixture
+def board(g, boards, broker) -> dict[str, Any]:
+    """A global leaderboard on the shared cluster (scores with ties): its definition, its
+    scores and the token of their writes."""
+    if boards.get("app") != g.app_id:
+        defn = register(broker, g.app_id, {"name": "board", "type": "leaderboard", "partitions": G, "global": True,
+                                            "key": {"name": "player", "format": "string"},
+                                            "value": {"name": "score", "format": "long"}})
+        scores = {f"b{i:02d}": (i * 37) % 11 for i in range(40)}
+        boards.update(app=g.app_id, bootstrap=broker.bootstrap_servers, defn=defn, scores=scores,
+                      token=write_with_token(broker.bootstrap_servers, defn, scores))
+    return boards
+
+
+def board_duck(scores: dict[str, int], sql: str) -> list[tuple]:
+    import duckdb
+
+    db = duckdb.connect()
+    db.register("board", pa.table({"player": list(scores), "score": pa.array(list(scores.values()), pa.int64())}))
+    return db.execute(sql).fetchall()
+
+
+def test_a_global_leaderboard_ranks_on_the_node_asked_in_one_read_as_duckdb_does(g, board, broker) -> None:
+    for node in g.nodes:
+        wait_for(lambda: node.sql("SELECT COUNT(*) FROM board", consistency_token=board["token"].to_token())[0]
+                 == 200, 60, f"{node.node_id} to hold the leaderboard")
+    status, body = g.nodes[0].sql(f"EXPLAIN {RANKS[0]}")
+    assert status == 200 and "PlayerRanksQuery" in body["rows"][0][1] and "one read" in body["rows"][0][1], body
+    for node in g.nodes:
+        before, asked = internal_calls(node), node.metadata()["local"]["store_queries"].get("board", {})
+        for sql in RANKS:
+            assert via_http_node(node, sql) == board_duck(board["scores"], sql), (node.node_id, sql)
+        assert internal_calls(node) == before, f"{node.node_id} called another node for a global leaderboard"
+        counted = node.metadata()["local"]["store_queries"]["board"]
+        assert counted["PlayerRanksQuery"]["queries"] - asked.get("PlayerRanksQuery", {}).get("queries", 0) == 3
+    # a new score, read back with its token on every node: the player's new rank, and the top's
+    board["scores"]["b30"] = 99
+    token = write_with_token(broker.bootstrap_servers, board["defn"], {"b30": 99}).to_token()
+    for node in g.nodes:
+        for sql in (RANKS[0], RANKS[3]):
+            status, body = node.sql(sql, consistency_token=token)
+            assert status == 200 and [tuple(r) for r in body["rows"]] == board_duck(board["scores"], sql), body
