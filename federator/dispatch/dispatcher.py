@@ -26,8 +26,8 @@ import pyarrow as pa
 from federator.dispatch.client import NodeCallError, NodeClient
 from federator.dispatch.key_client import CallClient, CallUnavailable, KeyClient
 from federator.dispatch.partition_answers import PartitionAnswers
-from federator.settings import NodeSettings
 from federator.dispatch.position_watch import PositionWatch
+from federator.node.protocol import ServingNode
 from federator.dispatch.errors import NotColocated, NotUpToBound, OwnerFailed, Timeout, Unavailable
 from federator.plan.keys import SubQuery
 from federator.query.owner_work import OwnerWork
@@ -113,7 +113,7 @@ class _Tries:
 
 
 class Dispatcher:
-    def __init__(self, node: Any, max_workers: int = 16, metrics: Any = None) -> None:
+    def __init__(self, node: ServingNode, max_workers: int = 16, metrics: Any = None) -> None:
         """``metrics``: told of each call to another node (``internal_call``); None counts nothing."""
         self.node = node
         self.metrics = metrics
@@ -123,9 +123,7 @@ class Dispatcher:
         self._call_clients: dict[str, CallClient] = {}
         self._watches: dict[str, PositionWatch] = {}  # key port -> its node's positions, as it says them
         self._watches_lock = threading.Lock()
-        config = getattr(node, "config", None)  # a test's fake node may have none
-        self.partition_answers = PartitionAnswers(
-            getattr(config, "partition_answers_mb", NodeSettings.partition_answers_mb) << 20)
+        self.partition_answers = PartitionAnswers(node.config.partition_answers_mb << 20)
         # kept-answer key -> (the partition's state, the answer one gather is asking for): the
         # others that want it at the same state wait for that call rather than make their own
         self._asking: dict[tuple, tuple[tuple, Future]] = {}
@@ -193,19 +191,19 @@ class Dispatcher:
         c = self._call_clients.get(key_endpoint)
         if c is None:
             c = self._call_clients[key_endpoint] = CallClient(key_endpoint, self.node.cluster_secret,
-                                                              getattr(self.node, "tls", None))
+                                                              self.node.tls)
         return c
 
     def _client(self, endpoint: str) -> NodeClient:
         c = self._clients.get(endpoint)
         if c is None:
-            c = self._clients[endpoint] = NodeClient(endpoint, self.node.cluster_secret, tls=getattr(self.node, "tls", None))
+            c = self._clients[endpoint] = NodeClient(endpoint, self.node.cluster_secret, tls=self.node.tls)
         return c
 
     def _key_client(self, endpoint: str) -> KeyClient:
         c = self._key_clients.get(endpoint)
         if c is None:
-            c = self._key_clients[endpoint] = KeyClient(endpoint, self.node.cluster_secret, getattr(self.node, "tls", None))
+            c = self._key_clients[endpoint] = KeyClient(endpoint, self.node.cluster_secret, self.node.tls)
         return c
 
     def gather(
@@ -551,7 +549,7 @@ class Dispatcher:
                 w = self._watches.get(key_endpoint)
                 if w is None or w.closed:
                     w = self._watches[key_endpoint] = PositionWatch(key_endpoint, self.node.cluster_secret,
-                                                                    getattr(self.node, "tls", None))
+                                                                    self.node.tls)
         return w
 
     def read_key(self, store: str, partition: int, key: bytes, options: ReadOptions) -> StoredEntry | None:

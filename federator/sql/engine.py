@@ -14,6 +14,7 @@ import pyarrow as pa
 from federator.catalog.definition import StoreDefinition
 from federator.dispatch.dispatcher import Dispatcher, Gathered
 from federator.dispatch.errors import DispatchError, NotColocated
+from federator.node.protocol import ServingNode
 from federator.query.owner_work import OwnerWork
 from federator.query.position import Position, PositionBound
 from federator.route.read_options import ReadOptions
@@ -32,7 +33,7 @@ from federator.plugin.registry import Registry
 from federator.sql.dispatch_errors import from_dispatch
 from federator.sql.point import PointAnswer, PointPlan, point_plan
 from federator.sql.result import SqlRequest, SqlResult
-from federator.settings import PLAN_TEMPLATES, POINT_PLANS, STATEMENT_ANSWER_MAX_BYTES, STATEMENT_PLANS, NodeSettings
+from federator.settings import PLAN_TEMPLATES, POINT_PLANS, STATEMENT_ANSWER_MAX_BYTES, STATEMENT_PLANS
 
 
 def _plan_key(req: SqlRequest) -> tuple | None:
@@ -93,7 +94,7 @@ def plan_kind(plan: QueryPlan) -> str:
 
 
 class SqlEngine:
-    def __init__(self, node: Any, registry: Registry, metrics: Any = None) -> None:
+    def __init__(self, node: ServingNode, registry: Registry, metrics: Any = None) -> None:
         """``registry``: the node's; its SQL rules plan, and it names the plugins behind queries.
         ``metrics``: the node's (``federator.metrics.Metrics``), told of every statement
         (its kind, outcome and time) and of the dispatcher's calls; None counts nothing."""
@@ -117,9 +118,13 @@ class SqlEngine:
         # same positions) is planned again, and its kept answers are not that plan's.
         self._statement_answers: OrderedDict[tuple, _KeptAnswer] = OrderedDict()
         self._statement_answers_lock = threading.Lock()
-        config = getattr(node, "config", None)
-        self._reuse_seconds: float = getattr(config, "reuse_answers_seconds", _ANSWER_SECONDS)
-        self._statement_answers_max: int = getattr(config, "statement_answers", NodeSettings.statement_answers)
+        # How long an answer is reused while positions stay the same. A position names a state
+        # only while its changelog lives: a topic deleted and created again (a broker restarted
+        # empty) starts its offsets over, and could come back to the same offsets with other
+        # rows. Such a reset takes longer than this to be noticed and refilled, so within it a
+        # position is a name.
+        self._reuse_seconds: float = node.config.reuse_answers_seconds
+        self._statement_answers_max: int = node.config.statement_answers
 
     def _stores(self) -> dict[str, StoreDefinition]:
         return self.node.stores
@@ -128,11 +133,11 @@ class SqlEngine:
         """The store called ``name`` (case-insensitively), or UNKNOWN_STORE saying what there is."""
         stores = self._stores()
         defn = stores.get(name) or next((d for n, d in stores.items() if n.lower() == name.lower()), None)
-        unusable = getattr(self.node, "unusable_stores", {})
+        unusable = self.node.unusable_stores
         if defn is None and name in unusable:
             raise SqlError("UNKNOWN_STORE", f"this node cannot read store {name!r}: {unusable[name]}; "
                                             "install what it needs on every node, or send the query to a node that has it")
-        if defn is None and not getattr(self.node, "catalog_read", lambda: True)():
+        if defn is None and not self.node.catalog_read():
             raise SqlError("UNAVAILABLE", f"this node has not read the catalog yet, so it cannot tell whether store "
                                           f"{name!r} exists: ask again in a moment, or ask another node")
         if defn is None:
@@ -584,11 +589,5 @@ def _read_at_known(seen: _Seen, known: Position, plan: QueryPlan, stores: list[S
 # repeated statements' answers kept at the receiver (--statement-answers); larger answers cost more
 # to keep than DuckDB's fixed cost saves
 _ANSWER_MAX_BYTES = STATEMENT_ANSWER_MAX_BYTES
-# How long an answer is reused while positions stay the same (--reuse-answers-seconds). A
-# position names a state only while its changelog lives: a topic deleted and created again (a
-# broker restarted empty) starts its offsets over, and could come back to the same offsets
-# with other rows. Such a reset takes longer than this to be noticed and refilled, so within
-# it a position is a name.
-_ANSWER_SECONDS = NodeSettings.reuse_answers_seconds
 
 _EXPLAIN_COLUMNS = ("store", "query", "partitions", "node", "pushed_down", "at_receiver")
