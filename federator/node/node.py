@@ -23,7 +23,7 @@ from federator.node import internal_query
 from federator.node.key_server import KeyServer
 from federator.node.group import GroupMember
 from federator.node.timings import GroupTimings
-from federator.node.materializer import ACTIVE, STANDBY, Materializer
+from federator.node.materializer import ACTIVE, STANDBY, HostedShard, Materializer
 from federator.metrics import Metrics
 from federator.cluster.membership import (
     HEARTBEAT_SECONDS,
@@ -56,6 +56,22 @@ from federator.query.request import StateQueryRequest
 from federator.query.result import FailureReason, QueryResult
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Execution:
+    """One ``execute``: its results in partition order (None: deferred) and the work over
+    several partitions still to do."""
+
+    followable: bool  # pushed-down SQL that may follow a kept result instead of reading scans
+    results: list[QueryResult | None] = field(default_factory=list)
+    # (result, partition, its store) whose pushed-down SQL may follow a kept result
+    deferred: list[tuple[int, int, Any]] = field(default_factory=list)
+    # a co-partitioned join: (result, its shard, the other store's rows, their shard); a join
+    # with a global store: its rows read whole here, once (``broadcast``)
+    joined: list[tuple[int, Any, pa.RecordBatch | None, Any]] = field(default_factory=list)
+    broadcast: tuple[pa.Table, Position] | QueryResult | None = None
+    owned: list[tuple[int, Any]] = field(default_factory=list)  # (result, its shard) the pushed-down SQL runs over
 
 
 @dataclass
@@ -494,86 +510,95 @@ class Node:
     def execute(self, request: StateQueryRequest) -> list[QueryResult]:
         defn = self.stores.get(request.store)
         partitions = request.partitions if request.partitions is not None else range(defn.partitions if defn else 0)
-        results = []
-        # a co-partitioned join takes: (result, its shard, the other store's rows, their shard);
-        # a join with a global store its rows read whole here, once (``broadcast``)
-        joined: list[tuple[int, Any, pa.RecordBatch | None, Any]] = []
-        broadcast: tuple[pa.Table, Position] | QueryResult | None = None
-        owned: list[tuple[int, Any]] = []  # (result, its shard) the pushed-down SQL runs over
-        # partitions whose pushed-down SQL may follow a kept result instead of reading scans
-        deferred: list[tuple[int, int, Any]] = []  # (result, partition, its store)
-        followable = (request.work is not None and request.work.sql is not None and request.work.join is None
-                      and self.scan_cache is not None and not request.collect_execution_info)
+        run = _Execution(followable=(request.work is not None and request.work.sql is not None
+                                     and request.work.join is None and self.scan_cache is not None
+                                     and not request.collect_execution_info))
         for p in partitions:
-            if defn is None or not 0 <= p < defn.partitions:
-                what = f"store {request.store!r}" if defn is None else f"partition {p} of store {request.store!r}"
-                results.append(QueryResult.failed(p, FailureReason.DOES_NOT_EXIST, f"{what} does not exist"))
-                continue
-            hs = self.materializer.hosted(request.store, p)
+            hs, refused = self._copy_for(request, defn, p)
             if hs is None:
-                results.append(QueryResult.failed(
-                    p, FailureReason.NOT_PRESENT,
-                    f"node {self.node_id} does not host partition {p} of store {request.store!r}; "
-                    "GET /v1/metadata names its owner"))
-                continue
-            if hs.gone:
-                results.append(QueryResult.failed(
-                    p, FailureReason.DOES_NOT_EXIST,
-                    f"the changelog {hs.shard.topic!r} of store {request.store!r} no longer exists"))
-                continue
-            if not hs.caught_up or (request.require_active and (hs.role != ACTIVE or not hs.restored)):
-                # A copy that never reached its log end is no answer at all, even a stale one.
-                if not hs.caught_up:
-                    why = f"a copy still restoring (lag {hs.lag})"
-                elif hs.role != ACTIVE:
-                    why = "a standby copy"
-                else:
-                    why = f"an active copy that is catching up (lag {hs.lag})"
-                results.append(QueryResult.failed(
-                    p, FailureReason.NOT_ACTIVE,
-                    f"node {self.node_id} holds partition {p} of store {request.store!r} as {why}"))
-                continue
-            work = request.work
-            if followable and hs.shard.base.store_type.is_full_scan(request.query):  # a kept result is of all rows
-                deferred.append((len(results), p, hs.shard))
-                results.append(None)  # type: ignore[arg-type]  # filled below
-                continue
-            result = hs.shard.run(request.query, request.bound, request.collect_execution_info)
-            if work is not None and result.ok and work.join is not None:
-                joined_defn = self.stores.get(work.join)
-                if joined_defn is not None and joined_defn.is_global:
-                    if broadcast is None:  # read once for all of this request's partitions
-                        broadcast = self._global_rows(request, joined_defn)
-                    result, other_rows, other_shard = _beside(result, broadcast), None, None
-                    if result.ok:
-                        joined.append((len(results), hs.shard.base, None, None))
-                else:
-                    result, other_rows, other_shard = self._join_side(request, work.join, result)
-                    if other_rows is not None:
-                        joined.append((len(results), hs.shard.base, other_rows, other_shard))
-            elif work is not None and result.ok:
-                if work.sql is not None:
-                    owned.append((len(results), hs.shard.base))
-                else:
-                    result = _project(list(work.columns), result)
-            results.append(result)
-        if deferred:
-            followed = followed_answer(request.work.sql, [(p, store) for _, p, store in deferred],  # type: ignore[union-attr,arg-type]
-                                       request.bound, self.scan_cache)
-            for n, (i, p, store) in enumerate(deferred):
+                run.results.append(refused)
+            elif run.followable and hs.shard.base.store_type.is_full_scan(request.query):  # a kept result is of all rows
+                run.deferred.append((len(run.results), p, hs.shard))
+                run.results.append(None)  # filled by _finish
+            else:
+                run.results.append(self._run_partition(request, hs, run))
+        return self._finish(request, run)
+
+    def _copy_for(self, request: StateQueryRequest, defn: StoreDefinition | None,
+                  p: int) -> tuple[HostedShard, None] | tuple[None, QueryResult]:
+        """This node's copy of partition ``p`` that may answer ``request``, or why none does."""
+        if defn is None or not 0 <= p < defn.partitions:
+            what = f"store {request.store!r}" if defn is None else f"partition {p} of store {request.store!r}"
+            return None, QueryResult.failed(p, FailureReason.DOES_NOT_EXIST, f"{what} does not exist")
+        hs = self.materializer.hosted(request.store, p)
+        if hs is None:
+            return None, QueryResult.failed(
+                p, FailureReason.NOT_PRESENT,
+                f"node {self.node_id} does not host partition {p} of store {request.store!r}; "
+                "GET /v1/metadata names its owner")
+        if hs.gone:
+            return None, QueryResult.failed(
+                p, FailureReason.DOES_NOT_EXIST,
+                f"the changelog {hs.shard.topic!r} of store {request.store!r} no longer exists")
+        if not hs.caught_up or (request.require_active and (hs.role != ACTIVE or not hs.restored)):
+            # A copy that never reached its log end is no answer at all, even a stale one.
+            if not hs.caught_up:
+                why = f"a copy still restoring (lag {hs.lag})"
+            elif hs.role != ACTIVE:
+                why = "a standby copy"
+            else:
+                why = f"an active copy that is catching up (lag {hs.lag})"
+            return None, QueryResult.failed(
+                p, FailureReason.NOT_ACTIVE, f"node {self.node_id} holds partition {p} of store {request.store!r} as {why}")
+        return hs, None
+
+    def _run_partition(self, request: StateQueryRequest, hs: HostedShard, run: _Execution) -> QueryResult:
+        """One partition's query on its copy; the owner's work over it noted in ``run`` (the
+        joins and the pushed-down SQL run over all partitions at once), or a projection done."""
+        work = request.work
+        result = hs.shard.run(request.query, request.bound, request.collect_execution_info)
+        at = len(run.results)
+        if work is not None and result.ok and work.join is not None:
+            joined_defn = self.stores.get(work.join)
+            if joined_defn is not None and joined_defn.is_global:
+                if run.broadcast is None:  # read once for all of this request's partitions
+                    run.broadcast = self._global_rows(request, joined_defn)
+                result = _beside(result, run.broadcast)
+                if result.ok:
+                    run.joined.append((at, hs.shard.base, None, None))
+            else:
+                result, other_rows, other_shard = self._join_side(request, work.join, result)
+                if other_rows is not None:
+                    run.joined.append((at, hs.shard.base, other_rows, other_shard))
+        elif work is not None and result.ok:
+            if work.sql is not None:
+                run.owned.append((at, hs.shard.base))
+            else:
+                result = _project(list(work.columns), result)
+        return result
+
+    def _finish(self, request: StateQueryRequest, run: _Execution) -> list[QueryResult]:
+        """The deferred partitions answered (following a kept result, else read), then the
+        joins and the pushed-down SQL over all partitions at once."""
+        results = run.results
+        sql = request.work.sql if request.work is not None else None
+        if run.deferred and sql is not None:  # deferred only when followable: work with its SQL
+            followed = followed_answer(sql, [(p, store) for _, p, store in run.deferred], request.bound, self.scan_cache)
+            for n, (i, p, store) in enumerate(run.deferred):
                 if followed is not None:
                     results[i] = followed[n]
                     continue
-                results[i] = store.run(request.query, request.bound)
-                if results[i].ok:
-                    owned.append((i, store.base))
-        if joined:
-            self._join(request, [(results[i], shard, rows, other) for i, shard, rows, other in joined],
-                       broadcast[0] if isinstance(broadcast, tuple) else None)
-        if owned:
-            owners_sql(self.duck, request.work.sql, [(results[i], shard) for i, shard in owned],  # type: ignore[union-attr,arg-type]
-                       self.scan_cache)
-        return results
+                result = results[i] = store.run(request.query, request.bound)
+                if result.ok:
+                    run.owned.append((i, store.base))
+        answered = [r for r in results if r is not None]
+        assert len(answered) == len(results), "every deferred partition is answered"
+        if run.joined:
+            self._join(request, [(answered[i], shard, rows, other) for i, shard, rows, other in run.joined],
+                       run.broadcast[0] if isinstance(run.broadcast, tuple) else None)
+        if run.owned and sql is not None:  # owned only for work with its SQL
+            owners_sql(self.duck, sql, [(answered[i], shard) for i, shard in run.owned], self.scan_cache)
+        return answered
 
     def _join_side(self, request: StateQueryRequest, other: str,
                    left: QueryResult) -> tuple[QueryResult, pa.RecordBatch | None, Any]:
