@@ -416,6 +416,7 @@ class Dispatcher:
     def _failure(r: QueryResult, nid: str, sq: SubQuery, item: tuple[int, int], token: dict[int, int],
                  options: ReadOptions, tries: _Tries) -> None:
         """A partition's failed answer: raised when retrying cannot help, else its reason kept."""
+        assert r.failure is not None, "a failed answer names its failure"
         if r.failure is FailureReason.UNKNOWN_QUERY_TYPE:
             raise UnknownQueryType(sq.query.type_name, nid, r.message)
         if r.failure is FailureReason.STORE_EXCEPTION and r.code == NOT_COLOCATED:
@@ -479,8 +480,8 @@ class Dispatcher:
         if owner.key_endpoint is None:
             return None
         watch = self._watch(owner.key_endpoint)
-        known = watch.offset(store, partition)
-        return None if known is None else (watch.endpoint, known)
+        said = watch.offset(store, partition)
+        return None if said is None else (watch.endpoint, said)
 
     def _reuse_kept(self, out: Gathered, defn: Any, subqueries: list[SubQuery], work: OwnerWork | None,
                     pending: set[tuple[int, int]], token: dict[int, int], keep_for: float,

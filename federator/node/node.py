@@ -37,7 +37,6 @@ from federator.node.topic_tail import TopicTail
 from federator.partitioner import partition_for
 from federator.plugin.loader import PluginsFailed
 from federator.plugin.registry import Registry
-from federator.query.owner_work import OwnerWork
 from federator.query.position import Position, PositionBound
 from federator.query.queries import KeyQuery, RangeQuery
 from federator.errors import FederatorError, SqlError, as_error
@@ -135,16 +134,18 @@ def _beside(left: QueryResult, broadcast: tuple[pa.Table, Position] | QueryResul
     """``left`` to be joined with a global store's rows and their positions (``broadcast``):
     with those positions too, or failed as they failed."""
     if isinstance(broadcast, QueryResult):
-        return QueryResult.failed(left.partition, broadcast.failure, broadcast.message,  # type: ignore[arg-type]
-                                  code=broadcast.code)
+        return QueryResult.failed(left.partition, broadcast.failure or FailureReason.STORE_EXCEPTION,
+                                  broadcast.message, code=broadcast.code)
     left.position = left.position.merge(broadcast[1])
     return left
 
 
 def _project(columns: list[str], result: QueryResult) -> QueryResult:
     """The columns a query reads of a partition's rows, and nothing else to do with them."""
+    if result.batch is None:  # an answer without rows has none to project
+        return result
     try:
-        result.batch = result.batch.select(columns)  # type: ignore[union-attr]
+        result.batch = result.batch.select(columns)
     except (KeyError, ValueError, TypeError) as e:
         return QueryResult.failed(result.partition, FailureReason.STORE_EXCEPTION, f"{type(e).__name__}: {e}")
     return result
@@ -645,10 +646,12 @@ class Node:
         DuckDB statement's fixed cost instead of one per partition. As a key lookup in Arrow
         when the planner sent one (federator.owner.keyjoin), else as DuckDB's join. The answer
         rides on the first partition; the others carry no rows."""
-        work: OwnerWork = request.work  # type: ignore[assignment]
+        work = request.work
+        assert work is not None, "a join is the owners' work"
         try:
             if broadcast is not None:
-                batch = self.duck.over(work.sql, {  # type: ignore[arg-type]
+                assert work.sql is not None, "a join with a global store runs its SQL"
+                batch = self.duck.over(work.sql, {
                     LEFT: pa.Table.from_batches([r.batch for r, _, _, _ in parts]),
                     RIGHT: broadcast})
             elif work.key_join is not None:
@@ -658,7 +661,8 @@ class Node:
                                     [(r.batch, rows, shard, other) for r, shard, rows, other in parts],
                                     self._join_workers, in_key_order, self.scan_cache)
             else:
-                batch = self.duck.over(work.sql, {  # type: ignore[arg-type]
+                assert work.sql is not None, "a join without a key lookup runs its SQL"
+                batch = self.duck.over(work.sql, {
                     LEFT: pa.Table.from_batches([r.batch for r, _, _, _ in parts]),
                     RIGHT: pa.Table.from_batches([rows for _, _, rows, _ in parts])})
         except SqlError as e:

@@ -15,21 +15,60 @@ from federator.owner.duck import Duck
 from federator.query.position import PositionBound
 from federator.query.request import StateQueryRequest
 from federator.query.result import QueryResult
-from federator.settings import NodeSettings
 from federator.store.layer import StoredEntry
 from federator.tls import Tls
 
 
+class ServingConfig(Protocol):
+    """The node's settings that dispatch and SQL read (``NodeConfig``, or ``NodeSettings``)."""
+
+    @property
+    def partition_answers_mb(self) -> int: ...
+
+    @property
+    def reuse_answers_seconds(self) -> float: ...
+
+    @property
+    def statement_answers(self) -> int: ...
+
+
 class ServingNode(Protocol):
-    node_id: str
-    endpoint: str  # its HTTP address, as other nodes call it
-    cluster_secret: str | None  # what node-to-node calls carry
-    tls: Tls | None  # whom it trusts when it calls peers
-    config: NodeSettings
-    stores: dict[str, StoreDefinition]  # the catalog's stores this node can read
-    unusable_stores: dict[str, str]  # store -> why this node cannot read it
-    view: ClusterView
-    metrics: Metrics
+    @property
+    def node_id(self) -> str: ...
+
+    @property
+    def endpoint(self) -> str:
+        """Its HTTP address, as other nodes call it."""
+        ...
+
+    @property
+    def cluster_secret(self) -> str | None:
+        """What node-to-node calls carry."""
+        ...
+
+    @property
+    def tls(self) -> Tls | None:
+        """Whom it trusts when it calls peers."""
+        ...
+
+    @property
+    def config(self) -> ServingConfig: ...
+
+    @property
+    def stores(self) -> dict[str, StoreDefinition]:
+        """The catalog's stores this node can read."""
+        ...
+
+    @property
+    def unusable_stores(self) -> dict[str, str]:
+        """Store -> why this node cannot read it."""
+        ...
+
+    @property
+    def view(self) -> ClusterView: ...
+
+    @property
+    def metrics(self) -> Metrics: ...
 
     @property
     def duck(self) -> Duck: ...

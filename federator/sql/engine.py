@@ -229,7 +229,7 @@ class SqlEngine:
             answer = cached.answer(kb, entry.stored)
             if answer is not None:
                 stats["nodes"] = 1
-                return answer, position.merge(entry.position), stats  # type: ignore[return-value]
+                return answer, position.merge(entry.position), stats
         gathered = self.dispatcher.gather(
             defn.name, defn.partitions, [SubQuery(KeyQuery(key), (partition,))], OwnerWork(tuple(cached.columns)),
             options)
@@ -397,10 +397,12 @@ class SqlEngine:
                 # garbage collection of the young objects walked them (n0 held the GIL 2.5 ms a
                 # time), and an older generation's took longer; rebinding costs tens of µs
                 return rebound
-        tree = bind_parameters(stmt.select, list(req.parameters), stmt.param_count)  # type: ignore[arg-type]
+        select = stmt.select
+        assert select is not None, "only a statement that reads is planned (SHOW and DESCRIBE are not)"
+        tree = bind_parameters(select, list(req.parameters), stmt.param_count)
         deterministic = not is_volatile(tree)
         source = None if dialect_of(req.dialect) != DIALECT else writeback.source(
-            stmt.text, stmt.select, [literal(p, i).sql(dialect=DIALECT) for i, p in enumerate(req.parameters)])  # type: ignore[arg-type]
+            stmt.text, select, [literal(p, i).sql(dialect=DIALECT) for i, p in enumerate(req.parameters)])
         plan = plan_query(tree, self.resolve_store, lambda name: information_schema(name, self._stores()),
                           list(self.registry.sql_rules), lambda sql, rels: self._schema_of(sql, rels, deadline),
                           copartitioned, source)

@@ -48,7 +48,7 @@ class SqlService:
         defn = self.engine.resolve_store(name)
         info = next(s for s in self.stores_info() if s["name"] == defn.name)
         view = self.node.view
-        parts = []
+        parts: list[dict[str, Any]] = []
         for p in range(defn.partitions):
             if defn.is_global:  # no owner: every node keeps a copy and answers from it
                 parts.append({"partition": p, "active": None, "standbys": [], "copies": [
