@@ -92,7 +92,7 @@ class NodeConfig:
     plugin_errors: str = "fatal"
     scan_cache_mb: int = DEFAULT_MB  # the scan cache's budget (0: off); see federator.store.scan_cache
     scan_cache_follow: int = DEFAULT_FOLLOW  # writes a kept scan follows before it is read again (0: never)
-    kept_answers: int = DEFAULT_PER_SHARD  # small answers each shard keeps until its next write (0: off)
+    shard_answers: int = DEFAULT_PER_SHARD  # small answers each shard keeps until its next write (0: off)
     statement_answers: int = NodeSettings.statement_answers  # repeated statements' answers kept here (0: off)
     partition_answers_mb: int = NodeSettings.partition_answers_mb  # other nodes' partition answers kept here
     # The public query entries' limits (federator.sql.limits has the defaults and their use);
@@ -196,7 +196,7 @@ class Node:
         # store's stack is Metered(KeptAnswers(Caching(Shard))) over them (federator.store.stack), and
         # the owner's work keeps its results in the scan cache.
         self.scan_cache = ScanCache(config.scan_cache_mb << 20, config.scan_cache_follow)
-        self.kept_answers = KeptAnswers(config.kept_answers)
+        self.kept_answers = KeptAnswers(config.shard_answers)
         self.meter = Meter()
         # this node's Prometheus registry: its state read at each scrape, and the counters the
         # SQL front and the dispatcher keep as they answer (GET /metrics)
@@ -205,7 +205,7 @@ class Node:
         self.materializer = Materializer(
             bootstrap, self.state_dir, on_change=self._wake.set,
             open_store=functools.partial(open_store, cache=self.scan_cache, meter=self.meter,
-                                         kept=self.kept_answers if config.kept_answers > 0 else None))
+                                         kept=self.kept_answers if config.shard_answers > 0 else None))
         # Both topics are created again if they vanish (a broker restarted empty).
         self.catalog_tail = TopicTail(
             bootstrap, catalog_topic(app), self._on_catalog, self._on_catalog_reset, "catalog", COMPACTED
