@@ -215,7 +215,7 @@ class NodeCollector(Collector):
             return
         s = kept.stats()
         yield CounterMetricFamily("federator_kept_answers_hits", "Store queries answered from the answer the "
-                                  "partition computed at the same write sequence (--kept-answers)", value=s["hits"])
+                                  "partition computed at the same write sequence (--shard-answers)", value=s["hits"])
         yield CounterMetricFamily("federator_kept_answers_computed", "Store queries the kept-answer layer "
                                   "passed down to compute", value=s["computed"])
 

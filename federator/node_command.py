@@ -103,7 +103,7 @@ def run_node(resolved: Resolved) -> int:
 
 
 def _check_not_negative(st: NodeSettings) -> None:
-    for name in ("standby_replicas", "scan_cache_mb", "scan_cache_follow", "kept_answers", "reuse_answers_seconds",
+    for name in ("standby_replicas", "scan_cache_mb", "scan_cache_follow", "shard_answers", "reuse_answers_seconds",
                  "statement_answers", "partition_answers_mb"):
         if getattr(st, name) < 0:
             raise ValueError(f"{BY_NAME[name].flag} must be 0 or more")
@@ -127,7 +127,7 @@ def _node_config(st: NodeSettings, listen: str, cluster_secret: str | None, limi
         plugin_errors=st.plugin_errors,
         scan_cache_mb=st.scan_cache_mb,  # the node makes its one scan cache from these
         scan_cache_follow=st.scan_cache_follow,
-        kept_answers=st.kept_answers,
+        shard_answers=st.shard_answers,
         statement_answers=st.statement_answers,
         partition_answers_mb=st.partition_answers_mb,
         max_body_bytes=limits.max_body_bytes, max_sql_chars=limits.max_sql_chars,

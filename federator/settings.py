@@ -21,6 +21,7 @@ import re
 import textwrap
 import tomllib
 import typing
+import warnings
 from dataclasses import dataclass, field
 import os
 from typing import Any, Mapping
@@ -31,7 +32,7 @@ FLAG, ENV, FILE, DEFAULT = "flag", "environment", "file", "default"  # where a v
 MASK = "********"  # a secret as --print-config shows it
 LOCAL_BROKER = "127.0.0.1:9092"  # the bootstrap servers when neither a setting nor --kafka-config names them
 # The largest single answer each answer cache keeps: a larger one costs more to hold than to make again
-SHARD_ANSWER_MAX_BYTES = 64 << 10  # a store partition's small answers (kept_answers)
+SHARD_ANSWER_MAX_BYTES = 64 << 10  # a store partition's small answers (shard_answers)
 STATEMENT_ANSWER_MAX_BYTES = 1 << 20  # a statement's answer at the node it was asked of (statement_answers)
 PARTITION_ANSWER_SHARE = 4  # one of other nodes' partition answers: at most this part of partition_answers_mb
 
@@ -63,6 +64,7 @@ class Meta:
     sizing: str | None = None  # what the setting costs, for the docs
     required: bool = False
     unset: str | None = None  # what leaving an optional setting unset means
+    was: str | None = None  # its former name, still read (flag and file key) with a warning to use this one
 
 
 def _s(default: Any, help: str, group: str, **meta: Any) -> Any:
@@ -107,10 +109,10 @@ class NodeSettings:
     scan_cache_follow: int = _s(50_000, "writes a kept scan is brought up to date with, per shard, before it is read "
                                         "again from RocksDB instead (0 = drop it on any write)", "memory", metavar="N",
                                 sizing="the held writes count against --scan-cache-mb")
-    kept_answers: int = _s(16, "answers of small queries (top-k, rank, key sets) each store partition keeps and gives "
-                               "again while nothing is written to it (0 = off)", "memory", metavar="N",
-                           sizing=f"up to N answers of at most {SHARD_ANSWER_MAX_BYTES >> 10} KiB (larger ones "
-                                  "are not kept) per store partition the node hosts")
+    shard_answers: int = _s(16, "answers of small queries (top-k, rank, key sets) each store partition keeps and "
+                                "gives again while nothing is written to it (0 = off)", "memory", metavar="N",
+                            sizing=f"up to N answers of at most {SHARD_ANSWER_MAX_BYTES >> 10} KiB (larger ones "
+                                   "are not kept) per store partition the node hosts", was="kept_answers")
     duckdb_memory_limit: str = _s("2GB", "memory DuckDB may use for this node's SQL before it spills to "
                                          "--state-dir/spill (DuckDB's memory_limit, e.g. 512MB, 4GB)", "memory",
                                   metavar="SIZE", sizing="a bound DuckDB keeps to by spilling to disk; the node's "
@@ -210,7 +212,7 @@ CACHES: tuple[Cache, ...] = (
           "the owners' SQL made from them, until a write it cannot follow", "--scan-cache-mb for all of them, least "
           "recently used dropped first; --scan-cache-follow writes per scan", "federator.store.scan_cache"),
     Cache("shard answers", "small answers (top-k, rank, key sets) of each store partition, until its next write",
-          f"--kept-answers per store partition, each at most {SHARD_ANSWER_MAX_BYTES >> 10} KiB",
+          f"--shard-answers per store partition, each at most {SHARD_ANSWER_MAX_BYTES >> 10} KiB",
           "federator.store.kept_answers"),
     Cache("shard derivations", "what a store type derives from a store partition (the leaderboard's sorted scores), "
           "until its next write", "one per derivation the store type names, per store partition, as large as the "
@@ -244,6 +246,18 @@ class Setting:
     def flag(self) -> str:
         return "--" + self.name.replace("_", "-")
 
+    @property
+    def old_flag(self) -> str | None:
+        """The flag of its former name (``Meta.was``), still taken with a warning."""
+        return None if self.meta.was is None else "--" + self.meta.was.replace("_", "-")
+
+
+def renamed(old: str, s: Setting) -> None:
+    """Warn that ``old`` (a flag or a file key of ``s``'s former name) is to be replaced."""
+    new = s.flag if old.startswith("--") else s.name
+    warnings.warn(f"{old} is deprecated: it is now {new}, and the old name will go in a later release",
+                  FutureWarning, stacklevel=3)
+
 
 def _settings() -> tuple[Setting, ...]:
     hints = typing.get_type_hints(NodeSettings)
@@ -257,6 +271,7 @@ def _settings() -> tuple[Setting, ...]:
 
 SETTINGS = _settings()
 BY_NAME = {s.name: s for s in SETTINGS}
+BY_FORMER_NAME = {s.meta.was: s for s in SETTINGS if s.meta.was is not None}
 
 
 class SettingsError(ValueError):
@@ -378,6 +393,15 @@ def add_flag(parser: argparse._ActionsContainer, s: Setting, from_env: bool = Fa
 
     parser.add_argument(s.flag, type=parse, metavar=s.meta.metavar, choices=s.meta.choices, required=required,
                         **kwargs)
+    if s.old_flag is not None:
+        old = s.old_flag
+
+        def parse_old(text: str) -> Any:
+            renamed(old, s)
+            return parse(text)
+
+        parser.add_argument(old, dest=s.name, type=parse_old, metavar=s.meta.metavar, default=default,
+                            help=f"deprecated: {s.flag}")
 
 
 def add_node_flags(parser: argparse.ArgumentParser) -> None:
@@ -405,7 +429,10 @@ def read_file(path: str) -> dict[str, Any]:
         raise SettingsError(f"--config {path} is not TOML: {e}") from None
     values = {}
     for key, value in data.items():
-        s = BY_NAME.get(key)
+        s = BY_NAME.get(key) or BY_FORMER_NAME.get(key)
+        if s is not None and s.name != key:
+            renamed(key, s)
+            key = s.name
         if s is None:
             near = difflib.get_close_matches(key.replace("-", "_"), BY_NAME, 1)
             fix = f"did you mean {near[0]}?" if near else "the settings are listed by `federator node --print-config`"

@@ -174,7 +174,7 @@ class StoreDefinition:
             value_fields=value_fields,
             window_size_ms=d.get("window_size_ms"),
             options=dict(d.get("options") or {}),
-            is_global=d.get("global", False),  # type: ignore[arg-type]
+            is_global=d.get("global", False),
             types=types,
         )
         return defn

@@ -19,15 +19,15 @@ from collections import defaultdict
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import pyarrow as pa
 
 from federator.dispatch.client import NodeCallError, NodeClient
 from federator.dispatch.key_client import CallClient, CallUnavailable, KeyClient
 from federator.dispatch.partition_answers import PartitionAnswers
-from federator.settings import NodeSettings
 from federator.dispatch.position_watch import PositionWatch
+from federator.node.protocol import ServingNode
 from federator.dispatch.errors import NotColocated, NotUpToBound, OwnerFailed, Timeout, Unavailable
 from federator.plan.keys import SubQuery
 from federator.query.owner_work import OwnerWork
@@ -55,8 +55,65 @@ class Gathered:
     refreshed_rows: int = 0  # rows of answers asked again because their partition moved since kept
 
 
+class _Asked(NamedTuple):
+    """A partition this gather asks for, whose answer may be kept."""
+
+    state: tuple  # its state before the call
+    moved: bool  # it moved since an answer was kept
+    asking: Future | None  # through which this gather hands its answer to others
+
+
+class _Waiting(NamedTuple):
+    """A partition whose answer another gather is asking for at the same state."""
+
+    item: tuple[int, int]  # (subquery, partition)
+    state: tuple
+    moved: bool
+    other: Future  # the other gather's answer (None: it has none for us)
+
+
+class _Group(NamedTuple):
+    """What one request goes to: a node, a subquery, whether it must be the active copy."""
+
+    node_id: str
+    endpoints: tuple[str, str | None]  # its HTTP address and its key port's (None: it has none)
+    subquery: int
+    require_active: bool
+
+
+class _Call(NamedTuple):
+    node_id: str
+    endpoints: tuple[str, str | None]
+    subquery: int
+    request: StateQueryRequest
+
+
+class _Sent(NamedTuple):
+    """A call sent over a key port whose answer is still to be read."""
+
+    read: Callable[[], list[QueryResult]]
+    abandon: Callable[[], None]
+    call: _Call
+
+
+class _Answer(NamedTuple):
+    node_id: str
+    subquery: int
+    results: list[QueryResult]
+
+
+@dataclass
+class _Tries:
+    """What one gather's rounds learned: why each partition is not answered yet, the nodes it
+    should not ask next, the wait before the next round."""
+
+    reasons: dict[tuple[int, int], str] = field(default_factory=dict)
+    avoid: defaultdict[tuple[int, int], set[str]] = field(default_factory=lambda: defaultdict(set))
+    delay: float = 0.02
+
+
 class Dispatcher:
-    def __init__(self, node: Any, max_workers: int = 16, metrics: Any = None) -> None:
+    def __init__(self, node: ServingNode, max_workers: int = 16, metrics: Any = None) -> None:
         """``metrics``: told of each call to another node (``internal_call``); None counts nothing."""
         self.node = node
         self.metrics = metrics
@@ -66,9 +123,7 @@ class Dispatcher:
         self._call_clients: dict[str, CallClient] = {}
         self._watches: dict[str, PositionWatch] = {}  # key port -> its node's positions, as it says them
         self._watches_lock = threading.Lock()
-        config = getattr(node, "config", None)  # a test's fake node may have none
-        self.partition_answers = PartitionAnswers(
-            getattr(config, "partition_answers_mb", NodeSettings.partition_answers_mb) << 20)
+        self.partition_answers = PartitionAnswers(node.config.partition_answers_mb << 20)
         # kept-answer key -> (the partition's state, the answer one gather is asking for): the
         # others that want it at the same state wait for that call rather than make their own
         self._asking: dict[tuple, tuple[tuple, Future]] = {}
@@ -136,19 +191,19 @@ class Dispatcher:
         c = self._call_clients.get(key_endpoint)
         if c is None:
             c = self._call_clients[key_endpoint] = CallClient(key_endpoint, self.node.cluster_secret,
-                                                              getattr(self.node, "tls", None))
+                                                              self.node.tls)
         return c
 
     def _client(self, endpoint: str) -> NodeClient:
         c = self._clients.get(endpoint)
         if c is None:
-            c = self._clients[endpoint] = NodeClient(endpoint, self.node.cluster_secret, tls=getattr(self.node, "tls", None))
+            c = self._clients[endpoint] = NodeClient(endpoint, self.node.cluster_secret, tls=self.node.tls)
         return c
 
     def _key_client(self, endpoint: str) -> KeyClient:
         c = self._key_clients.get(endpoint)
         if c is None:
-            c = self._key_clients[endpoint] = KeyClient(endpoint, self.node.cluster_secret, getattr(self.node, "tls", None))
+            c = self._key_clients[endpoint] = KeyClient(endpoint, self.node.cluster_secret, self.node.tls)
         return c
 
     def gather(
@@ -172,10 +227,8 @@ class Dispatcher:
         }
         defn = self.node.stores.get(store)
         token = _token_offsets(options.bound, defn)
-        # (subquery, partition) -> (its state before the call, whether it moved since an answer
-        # was kept, the future through which this gather hands its answer to others)
-        states: dict[tuple[int, int], tuple[tuple, bool, Future | None]] = {}
-        waiting: list[tuple[tuple[int, int], tuple, bool, Future]] = []  # others' calls this one shares
+        states: dict[tuple[int, int], _Asked] = {}  # (subquery, partition) -> what this gather asks for
+        waiting: list[_Waiting] = []  # others' calls this one shares
         try:
             if keep_for > 0 and not options.allow_stale and defn is not None:
                 self._reuse_kept(out, defn, subqueries, work, pending, token, keep_for, states, waiting, known)
@@ -191,7 +244,7 @@ class Dispatcher:
                 except FutureTimeout:  # the deadline came first: asked here, which fails as a timeout does
                     shared = None
                 if shared is None:
-                    states[item] = (state, moved, None)
+                    states[item] = _Asked(state, moved, None)
                     again.add(item)
                 else:
                     self._reused(out, defn, item, shared)
@@ -211,143 +264,180 @@ class Dispatcher:
 
     def _gather(self, out: Gathered, store: str, subqueries: list[SubQuery], work: OwnerWork | None,
                 options: ReadOptions, pending: set[tuple[int, int]], defn: Any, token: dict[int, int],
-                states: dict[tuple[int, int], tuple[tuple, bool, Future | None]]) -> None:
+                states: dict[tuple[int, int], _Asked]) -> None:
         """Ask the owners for the ``pending`` partitions' answers, into ``out``, with retries."""
-        reasons: dict[tuple[int, int], str] = {}
-        avoid: dict[tuple[int, int], set[str]] = defaultdict(set)
-        delay = 0.02
-        view = self.node.view
-        bound, allow_stale, deadline = options.bound, options.allow_stale, options.deadline
+        tries = _Tries()
         here = defn is not None and defn.is_global  # a global store: this node's copies answer it all
         if here and token:
-            self.node.wait_applied(store, token, deadline)  # each record applied wakes it: no backoff
+            self.node.wait_applied(store, token, options.deadline)  # each record applied wakes it: no backoff
         while pending:
-            # route every pending partition; group into one request per (node, subquery, whether
-            # it must be the active copy: not for a standby that a token sent us to)
-            groups: dict[tuple[str, tuple[str, str | None], int, bool], list[int]] = defaultdict(list)
-            for item in sorted(pending):
-                i, p = item
-                if here:
-                    refused = local_refusal(options, self.node.local_lag(store, p))
-                    if refused is not None:
-                        reasons[item] = refused
-                    else:
-                        groups[(self.node.node_id, (self.node.endpoint, None), i, not allow_stale)].append(p)
-                    continue
-                targets = targets_for(view, store, p, options, frozenset(avoid[item]), token.get(p))
-                if not targets and avoid[item]:
-                    # every copy it may go to failed once: after the backoff they may answer (a
-                    # node back at its address, a dropped connection), so ask them again
-                    avoid[item].clear()
-                    targets = targets_for(view, store, p, options, frozenset(), token.get(p))
-                if not targets:
-                    reasons[item] = "no node serves it (a rebalance may be under way)"
-                    continue
-                t = targets[0]
-                groups[(t.node_id, (t.endpoint, t.key_endpoint), i, t.active and not allow_stale)].append(p)
-            local, remote = [], []
-            for (node_id, endpoint, i, require_active), parts in groups.items():
-                req = StateQueryRequest(
-                    store, subqueries[i].query, tuple(parts), bound,
-                    require_active=require_active, work=work,
-                )
-                (local if node_id == self.node.node_id else remote).append((node_id, endpoint, i, req))
-            sent: list[tuple[Any, Any, tuple]] = []  # (read the answer, abandon it, the call)
-            try:
-                if len(remote) == 1 and not local:
-                    # one call and nothing to do meanwhile: make it here, not through a pool thread
-                    f: Future = Future()
-                    nid, ep, i, req = remote[0]
-                    try:
-                        f.set_result(self._query(nid, ep, req, max(0.05, deadline - time.monotonic())))
-                    except Exception as e:  # noqa: BLE001 - read back below exactly as a pooled call's
-                        f.set_exception(e)
-                    futures = {f: remote[0]}
-                else:
-                    # each node's call sent from here before this node's own part runs, its answer
-                    # read after: no pool thread is woken for it (one call per node and round; a
-                    # second one to the same node, or one over HTTP, goes to the pool)
-                    futures, used = {}, set()
-                    for call in remote:
-                        nid, ep, i, req = call
-                        timeout = max(0.05, deadline - time.monotonic())
-                        try:
-                            answer = self._send(nid, ep, req, timeout) if ep[1] not in used else None
-                        except NodeCallError as e:
-                            futures[_failed(e)] = call
-                            continue
-                        if answer is not None:
-                            used.add(ep[1])
-                            sent.append((*answer, call))
-                        else:  # over HTTP unless the port is busy with this node's other call
-                            via = ep if ep[1] in used else (ep[0], None)
-                            futures[self.pool.submit(self._query, nid, via, req, timeout)] = call
-                answered: list[tuple[str, int, list[QueryResult]]] = []
-                for nid, _, i, req in local:
-                    answered.append((nid, i, self.node.execute(req)))
-                for read, _, call in sent:
-                    f = Future()
-                    try:
-                        f.set_result(read())
-                    except Exception as e:  # noqa: BLE001 - read back below exactly as a pooled call's
-                        f.set_exception(e)
-                    futures[f] = call
-            finally:  # a call whose answer is not read leaves its connection (the thread's) unusable
-                for _, abandon, _ in sent:
-                    abandon()
-            done, not_done = wait(futures, timeout=max(0.0, deadline - time.monotonic()))
-            if not_done:
-                names = sorted({futures[f][0] for f in not_done})
-                raise Timeout(f"nodes {', '.join(names)} did not answer in time; raise timeout_ms or retry",
-                              sorted(p for (_, p) in pending))
-            for f in done:
-                nid, _, i, req = futures[f]
-                try:
-                    answered.append((nid, i, f.result()))
-                except NodeCallError as e:
-                    for p in req.partitions or ():
-                        reasons[(i, p)] = f"node {nid} did not answer ({e})"
-                        avoid[(i, p)].add(nid)
-            for nid, i, results in answered:
-                out.calls.append({"node": nid, "subquery": i, "partitions": [r.partition for r in results]})
-                for r in results:
-                    item = (i, r.partition)
-                    if r.ok:
-                        if item in pending:
-                            pending.discard(item)
-                            out.partitions.add(item)
-                            out.nodes.add(nid)
-                            if r.batch is not None:
-                                out.batches.append(r.batch)
-                            if r.position is not None:
-                                out.position = out.position.merge(r.position)
-                            if item in states:
-                                state, refreshed, asking = states[item]
-                                kept = self._keep(defn, subqueries[i], work, r, state)
-                                if refreshed and r.batch is not None:
-                                    out.refreshed_rows += r.batch.num_rows
-                                if asking is not None:
-                                    asking.set_result(kept)
-                        continue
-                    if r.failure is FailureReason.UNKNOWN_QUERY_TYPE:
-                        raise UnknownQueryType(subqueries[i].query.type_name, nid, r.message)
-                    if r.failure is FailureReason.STORE_EXCEPTION and r.code == NOT_COLOCATED:
-                        raise NotColocated(f"partition {r.partition}: {r.message}", [r.partition])
-                    if r.failure not in RETRYABLE:
-                        # the caller tells the request's own errors (its SQL, its data) by the code
-                        raise OwnerFailed(r.partition, nid, r.failure, r.message, r.code)
-                    reasons[item] = f"{r.failure.value} on node {nid}: {r.message}"
-                    if r.failure is not FailureReason.NOT_UP_TO_BOUND and (allow_stale or r.partition in token):
-                        avoid[item].add(nid)  # another copy may answer: try it next
+            groups = self._route(store, options, pending, here, token, tries)
+            local, remote = self._calls(store, subqueries, work, options, groups)
+            answered = self._ask(local, remote, pending, options.deadline, tries)
+            for answer in answered:
+                self._take(out, answer, subqueries, work, pending, defn, token, options, states, tries)
             if not pending:
                 break
-            if time.monotonic() + delay >= deadline:
-                self._fail(pending, reasons)
-            time.sleep(delay)
-            delay = min(delay * 2, 0.4)
-            for item in pending:  # every node may have moved on by now: try them all again
-                if len(avoid[item]) > 2:
-                    avoid[item].clear()
+            self._back_off(pending, options.deadline, tries)
+
+    def _route(self, store: str, options: ReadOptions, pending: set[tuple[int, int]], here: bool,
+               token: dict[int, int], tries: _Tries) -> dict[_Group, list[int]]:
+        """Route every pending partition; grouped into one request per (node, subquery, whether
+        it must be the active copy: not for a standby that a token sent us to)."""
+        groups: dict[_Group, list[int]] = defaultdict(list)
+        for item in sorted(pending):
+            i, p = item
+            if here:
+                refused = local_refusal(options, self.node.local_lag(store, p))
+                if refused is not None:
+                    tries.reasons[item] = refused
+                else:
+                    groups[_Group(self.node.node_id, (self.node.endpoint, None), i, not options.allow_stale)].append(p)
+                continue
+            avoid = tries.avoid[item]
+            targets = targets_for(self.node.view, store, p, options, frozenset(avoid), token.get(p))
+            if not targets and avoid:
+                # every copy it may go to failed once: after the backoff they may answer (a
+                # node back at its address, a dropped connection), so ask them again
+                avoid.clear()
+                targets = targets_for(self.node.view, store, p, options, frozenset(), token.get(p))
+            if not targets:
+                tries.reasons[item] = "no node serves it (a rebalance may be under way)"
+                continue
+            t = targets[0]
+            groups[_Group(t.node_id, (t.endpoint, t.key_endpoint), i, t.active and not options.allow_stale)].append(p)
+        return groups
+
+    def _calls(self, store: str, subqueries: list[SubQuery], work: OwnerWork | None, options: ReadOptions,
+               groups: dict[_Group, list[int]]) -> tuple[list[_Call], list[_Call]]:
+        """One request per group: (those this node answers, those other nodes do)."""
+        local: list[_Call] = []
+        remote: list[_Call] = []
+        for g, parts in groups.items():
+            req = StateQueryRequest(store, subqueries[g.subquery].query, tuple(parts), options.bound,
+                                    require_active=g.require_active, work=work)
+            (local if g.node_id == self.node.node_id else remote).append(_Call(g.node_id, g.endpoints, g.subquery, req))
+        return local, remote
+
+    def _ask(self, local: list[_Call], remote: list[_Call], pending: set[tuple[int, int]], deadline: float,
+             tries: _Tries) -> list[_Answer]:
+        """Every call of one round made, this node's own part run meanwhile, and their answers;
+        a node that did not answer is a reason in ``tries``, one that did not in time a Timeout."""
+        sent: list[_Sent] = []
+        try:
+            if len(remote) == 1 and not local:
+                # one call and nothing to do meanwhile: make it here, not through a pool thread
+                call = remote[0]
+                timeout = max(0.05, deadline - time.monotonic())
+                futures = {_settled(lambda: self._query(call.node_id, call.endpoints, call.request, timeout)): call}
+                answered: list[_Answer] = []
+            else:
+                futures = self._send_all(remote, deadline, sent)
+                answered = [_Answer(c.node_id, c.subquery, self.node.execute(c.request)) for c in local]
+                for s in sent:
+                    futures[_settled(s.read)] = s.call
+        finally:  # a call whose answer is not read leaves its connection (the thread's) unusable
+            for s in sent:
+                s.abandon()
+        return answered + self._wait(futures, pending, deadline, tries)
+
+    def _send_all(self, remote: list[_Call], deadline: float, sent: list[_Sent]) -> dict[Future, _Call]:
+        """Each node's call sent from here before this node's own part runs, its answer read
+        after (put in ``sent``): no pool thread is woken for it (one call per node and round; a
+        second one to the same node, or one over HTTP, goes to the pool, whose futures are
+        returned)."""
+        futures: dict[Future, _Call] = {}
+        used: set[str | None] = set()
+        for call in remote:
+            nid, ep, req = call.node_id, call.endpoints, call.request
+            timeout = max(0.05, deadline - time.monotonic())
+            try:
+                answer = self._send(nid, ep, req, timeout) if ep[1] not in used else None
+            except NodeCallError as e:
+                futures[_failed(e)] = call
+                continue
+            if answer is not None:
+                used.add(ep[1])
+                sent.append(_Sent(answer[0], answer[1], call))
+            else:  # over HTTP unless the port is busy with this node's other call
+                via = ep if ep[1] in used else (ep[0], None)
+                futures[self.pool.submit(self._query, nid, via, req, timeout)] = call
+        return futures
+
+    @staticmethod
+    def _wait(futures: dict[Future, _Call], pending: set[tuple[int, int]], deadline: float,
+              tries: _Tries) -> list[_Answer]:
+        """The calls' answers; a node that did not answer leaves its partitions' reasons in
+        ``tries`` (and is avoided next); when any did not answer in time, Timeout."""
+        done, not_done = wait(futures, timeout=max(0.0, deadline - time.monotonic()))
+        if not_done:
+            names = sorted({futures[f].node_id for f in not_done})
+            raise Timeout(f"nodes {', '.join(names)} did not answer in time; raise timeout_ms or retry",
+                          sorted(p for (_, p) in pending))
+        answered: list[_Answer] = []
+        for f in done:
+            call = futures[f]
+            try:
+                answered.append(_Answer(call.node_id, call.subquery, f.result()))
+            except NodeCallError as e:
+                for p in call.request.partitions or ():
+                    tries.reasons[(call.subquery, p)] = f"node {call.node_id} did not answer ({e})"
+                    tries.avoid[(call.subquery, p)].add(call.node_id)
+        return answered
+
+    def _take(self, out: Gathered, answer: _Answer, subqueries: list[SubQuery], work: OwnerWork | None,
+              pending: set[tuple[int, int]], defn: Any, token: dict[int, int], options: ReadOptions,
+              states: dict[tuple[int, int], _Asked], tries: _Tries) -> None:
+        """One node's answers into ``out`` (taken out of ``pending``; kept, and handed to the
+        gathers waiting for them); a failure is raised, or left in ``tries`` to retry."""
+        nid, i = answer.node_id, answer.subquery
+        out.calls.append({"node": nid, "subquery": i, "partitions": [r.partition for r in answer.results]})
+        for r in answer.results:
+            item = (i, r.partition)
+            if not r.ok:
+                self._failure(r, nid, subqueries[i], item, token, options, tries)
+            elif item in pending:
+                pending.discard(item)
+                out.partitions.add(item)
+                out.nodes.add(nid)
+                if r.batch is not None:
+                    out.batches.append(r.batch)
+                if r.position is not None:
+                    out.position = out.position.merge(r.position)
+                if item in states:
+                    asked = states[item]
+                    kept = self._keep(defn, subqueries[i], work, r, asked.state)
+                    if asked.moved and r.batch is not None:
+                        out.refreshed_rows += r.batch.num_rows
+                    if asked.asking is not None:
+                        asked.asking.set_result(kept)
+
+    @staticmethod
+    def _failure(r: QueryResult, nid: str, sq: SubQuery, item: tuple[int, int], token: dict[int, int],
+                 options: ReadOptions, tries: _Tries) -> None:
+        """A partition's failed answer: raised when retrying cannot help, else its reason kept."""
+        assert r.failure is not None, "a failed answer names its failure"
+        if r.failure is FailureReason.UNKNOWN_QUERY_TYPE:
+            raise UnknownQueryType(sq.query.type_name, nid, r.message)
+        if r.failure is FailureReason.STORE_EXCEPTION and r.code == NOT_COLOCATED:
+            raise NotColocated(f"partition {r.partition}: {r.message}", [r.partition])
+        if r.failure not in RETRYABLE:
+            # the caller tells the request's own errors (its SQL, its data) by the code
+            raise OwnerFailed(r.partition, nid, r.failure, r.message, r.code)
+        tries.reasons[item] = f"{r.failure.value} on node {nid}: {r.message}"
+        if r.failure is not FailureReason.NOT_UP_TO_BOUND and (options.allow_stale or r.partition in token):
+            tries.avoid[item].add(nid)  # another copy may answer: try it next
+
+    def _back_off(self, pending: set[tuple[int, int]], deadline: float, tries: _Tries) -> None:
+        """Wait before the next round (failing when the deadline comes first), then let every
+        partition try the nodes it avoided too often again: every one may have moved on."""
+        if time.monotonic() + tries.delay >= deadline:
+            self._fail(pending, tries.reasons)
+        time.sleep(tries.delay)
+        tries.delay = min(tries.delay * 2, 0.4)
+        for item in pending:
+            if len(tries.avoid[item]) > 2:
+                tries.avoid[item].clear()
 
     def known_positions(self, stores: list[Any]) -> tuple[tuple, Position] | None:
         """Where every partition of ``stores`` (definitions) is now, as far as this node knows
@@ -390,13 +480,12 @@ class Dispatcher:
         if owner.key_endpoint is None:
             return None
         watch = self._watch(owner.key_endpoint)
-        known = watch.offset(store, partition)
-        return None if known is None else (watch.endpoint, known)
+        said = watch.offset(store, partition)
+        return None if said is None else (watch.endpoint, said)
 
     def _reuse_kept(self, out: Gathered, defn: Any, subqueries: list[SubQuery], work: OwnerWork | None,
                     pending: set[tuple[int, int]], token: dict[int, int], keep_for: float,
-                    states: dict[tuple[int, int], tuple[tuple, bool, Future | None]],
-                    waiting: list[tuple[tuple[int, int], tuple, bool, Future]], known: tuple | None) -> None:
+                    states: dict[tuple[int, int], _Asked], waiting: list[_Waiting], known: tuple | None) -> None:
         """Answer from kept answers the pending partitions still where they were, and put in
         ``waiting`` the ones another gather is asking for at the same state (both taken out of
         ``pending``). For the others, in ``states``: their states now, to keep their answers
@@ -422,14 +511,14 @@ class Dispatcher:
                 with self._asking_lock:
                     asked = self._asking.get(key)
                     if asked is not None and asked[0] == state:
-                        waiting.append((item, state, moved, asked[1]))
+                        waiting.append(_Waiting(item, state, moved, asked[1]))
                         pending.discard(item)
                         continue
                     asking: Future = Future()
                     self._asking[key] = (state, asking)
-                states[item] = (state, moved, asking)  # asked here: kept again if the owner was still there
+                states[item] = _Asked(state, moved, asking)  # asked here: kept again if the owner was still there
             elif kept is None or (wanted is not None and (kept[0] is None or kept[0] < wanted)):
-                states[item] = (state, moved, None)
+                states[item] = _Asked(state, moved, None)
             else:
                 self._reused(out, defn, item, kept)
                 pending.discard(item)
@@ -461,7 +550,7 @@ class Dispatcher:
                 w = self._watches.get(key_endpoint)
                 if w is None or w.closed:
                     w = self._watches[key_endpoint] = PositionWatch(key_endpoint, self.node.cluster_secret,
-                                                                    getattr(self.node, "tls", None))
+                                                                    self.node.tls)
         return w
 
     def read_key(self, store: str, partition: int, key: bytes, options: ReadOptions) -> StoredEntry | None:
@@ -522,6 +611,16 @@ def _token_offsets(bound: PositionBound, defn: Any) -> dict[int, int]:
     if bound.position is None or defn is None:
         return {}
     return bound.position.partitions(defn.topic)
+
+
+def _settled(call: Callable[[], list[QueryResult]]) -> Future:
+    """``call()``'s answer or exception, as a done future: read back exactly as a pooled call's."""
+    f: Future = Future()
+    try:
+        f.set_result(call())
+    except Exception as e:  # noqa: BLE001 - the reader raises it
+        f.set_exception(e)
+    return f
 
 
 def _failed(e: BaseException) -> Future:

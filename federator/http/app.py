@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Protocol
 import pyarrow as pa
 from flask import Flask, Response, jsonify, request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
 from federator.errors import FederatorError, SqlError
 from federator.metrics import Metrics
@@ -87,7 +87,18 @@ def create_app(node: Node, registry: Registry, sql: SqlNode | None = None, users
     ``sql`` answers the SQL and store routes (tests' fake nodes answer them themselves);
     with ``users``, public requests need a bearer token of one of them (federator.http.bearer_auth)."""
     app = Flask("federator")
+    sql = sql if sql is not None else node if hasattr(node, "sql") else None
+    _node_routes(app, node, registry, sql)
+    _error_handlers(app)
+    if sql is not None:  # a node without the SQL engine still serves the internal API
+        register_sql_routes(app, sql, registry)
+    if users is not None:  # outermost, so the SQL fast path is guarded too
+        app.wsgi_app = BearerAuth(app.wsgi_app, users)  # type: ignore[method-assign]
+    return app
 
+
+def _node_routes(app: Flask, node: Node, registry: Registry, sql: SqlNode | None) -> None:
+    """The node's own routes: health, metrics, metadata, the internal query; the console."""
     @app.before_request
     def guard_internal() -> None:
         # Read the secret per request: the node owns it and the app keeps no copy.
@@ -143,6 +154,9 @@ def create_app(node: Node, registry: Registry, sql: SqlNode | None = None, users
         body = internal.answer(node, registry.query_types, internal.parse_body(request.get_data(cache=False)))
         return Response(body, mimetype=MEDIA_TYPE)
 
+
+def _error_handlers(app: Flask) -> None:
+    """Every error as the one error body: Federator's, HTTP's (no such route, method), any other."""
     app.register_error_handler(FederatorError, error_response)
 
     @app.errorhandler(HTTPException)
@@ -150,8 +164,8 @@ def create_app(node: Node, registry: Registry, sql: SqlNode | None = None, users
         status = e.code or 500
         if status == 404:
             message = f"no endpoint {request.method} {request.path}; see /v1/metadata, /healthz, /readyz, /metrics"
-        elif status == 405:
-            allowed = ", ".join(sorted(m for m in (e.valid_methods or []) if m not in ("HEAD", "OPTIONS")))  # type: ignore[attr-defined]
+        elif isinstance(e, MethodNotAllowed):
+            allowed = ", ".join(sorted(m for m in (e.valid_methods or []) if m not in ("HEAD", "OPTIONS")))
             message = f"{request.method} is not allowed on {request.path}; use {allowed or 'another method'}"
         else:
             message = e.description or e.name
@@ -162,10 +176,3 @@ def create_app(node: Node, registry: Registry, sql: SqlNode | None = None, users
     def unexpected(e: Exception) -> Response:
         app.logger.exception("unexpected error on %s %s", request.method, request.path)
         return error_response(e)
-
-    sql = sql if sql is not None else node if hasattr(node, "sql") else None
-    if sql is not None:  # a node without the SQL engine still serves the internal API
-        register_sql_routes(app, sql, registry)
-    if users is not None:  # outermost, so the SQL fast path is guarded too
-        app.wsgi_app = BearerAuth(app.wsgi_app, users)  # type: ignore[method-assign]
-    return app

@@ -59,10 +59,13 @@ class Desired:
 
 class Materializer:
     def __init__(self, bootstrap_servers: str, state_dir: Path, on_change: Callable[[], None] = lambda: None,
-                 open_store: Callable[[Path, StoreDefinition, int], StoreLayer] = Shard) -> None:
+                 open_store: Callable[[Path, StoreDefinition, int], StoreLayer] = Shard,
+                 batch_size: int = 5000) -> None:
         """``open_store(path, definition, partition)``: a store's stack of layers (the node's has
-        its scan cache and metering; the default is the bare shard)."""
+        its scan cache and metering; the default is the bare shard). ``batch_size``: the most
+        records fetched at once (the records of one partition in it are applied in one write)."""
         self.bootstrap_servers = bootstrap_servers
+        self.batch_size = batch_size
         self.open_store = open_store
         self.state_dir = state_dir
         self.on_change = on_change
@@ -244,7 +247,7 @@ class Materializer:
         consumer.assign(tps)
 
     def _consume(self, consumer) -> None:
-        messages = kafka.next_batch(consumer, 5000, 0.1)
+        messages = kafka.next_batch(consumer, self.batch_size, 0.1)
         if not messages:
             return
         by_tp: dict[tuple[str, int], list] = defaultdict(list)

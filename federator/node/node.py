@@ -23,7 +23,7 @@ from federator.node import internal_query
 from federator.node.key_server import KeyServer
 from federator.node.group import GroupMember
 from federator.node.timings import GroupTimings
-from federator.node.materializer import ACTIVE, STANDBY, Materializer
+from federator.node.materializer import ACTIVE, STANDBY, HostedShard, Materializer
 from federator.metrics import Metrics
 from federator.cluster.membership import (
     HEARTBEAT_SECONDS,
@@ -37,7 +37,6 @@ from federator.node.topic_tail import TopicTail
 from federator.partitioner import partition_for
 from federator.plugin.loader import PluginsFailed
 from federator.plugin.registry import Registry
-from federator.query.owner_work import OwnerWork
 from federator.query.position import Position, PositionBound
 from federator.query.queries import KeyQuery, RangeQuery
 from federator.errors import FederatorError, SqlError, as_error
@@ -61,6 +60,22 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
+class _Execution:
+    """One ``execute``: its results in partition order (None: deferred) and the work over
+    several partitions still to do."""
+
+    followable: bool  # pushed-down SQL that may follow a kept result instead of reading scans
+    results: list[QueryResult | None] = field(default_factory=list)
+    # (result, partition, its store) whose pushed-down SQL may follow a kept result
+    deferred: list[tuple[int, int, Any]] = field(default_factory=list)
+    # a co-partitioned join: (result, its shard, the other store's rows, their shard); a join
+    # with a global store: its rows read whole here, once (``broadcast``)
+    joined: list[tuple[int, Any, pa.RecordBatch | None, Any]] = field(default_factory=list)
+    broadcast: tuple[pa.Table, Position] | QueryResult | None = None
+    owned: list[tuple[int, Any]] = field(default_factory=list)  # (result, its shard) the pushed-down SQL runs over
+
+
+@dataclass
 class NodeConfig:
     bootstrap_servers: str
     application_id: str
@@ -79,7 +94,7 @@ class NodeConfig:
     plugin_errors: str = "fatal"
     scan_cache_mb: int = DEFAULT_MB  # the scan cache's budget (0: off); see federator.store.scan_cache
     scan_cache_follow: int = DEFAULT_FOLLOW  # writes a kept scan follows before it is read again (0: never)
-    kept_answers: int = DEFAULT_PER_SHARD  # small answers each shard keeps until its next write (0: off)
+    shard_answers: int = DEFAULT_PER_SHARD  # small answers each shard keeps until its next write (0: off)
     statement_answers: int = NodeSettings.statement_answers  # repeated statements' answers kept here (0: off)
     partition_answers_mb: int = NodeSettings.partition_answers_mb  # other nodes' partition answers kept here
     # The public query entries' limits (federator.sql.limits has the defaults and their use);
@@ -121,16 +136,18 @@ def _beside(left: QueryResult, broadcast: tuple[pa.Table, Position] | QueryResul
     """``left`` to be joined with a global store's rows and their positions (``broadcast``):
     with those positions too, or failed as they failed."""
     if isinstance(broadcast, QueryResult):
-        return QueryResult.failed(left.partition, broadcast.failure, broadcast.message,  # type: ignore[arg-type]
-                                  code=broadcast.code)
+        return QueryResult.failed(left.partition, broadcast.failure or FailureReason.STORE_EXCEPTION,
+                                  broadcast.message, code=broadcast.code)
     left.position = left.position.merge(broadcast[1])
     return left
 
 
 def _project(columns: list[str], result: QueryResult) -> QueryResult:
     """The columns a query reads of a partition's rows, and nothing else to do with them."""
+    if result.batch is None:  # an answer without rows has none to project
+        return result
     try:
-        result.batch = result.batch.select(columns)  # type: ignore[union-attr]
+        result.batch = result.batch.select(columns)
     except (KeyError, ValueError, TypeError) as e:
         return QueryResult.failed(result.partition, FailureReason.STORE_EXCEPTION, f"{type(e).__name__}: {e}")
     return result
@@ -192,7 +209,7 @@ class Node:
         # store's stack is Metered(KeptAnswers(Caching(Shard))) over them (federator.store.stack), and
         # the owner's work keeps its results in the scan cache.
         self.scan_cache = ScanCache(config.scan_cache_mb << 20, config.scan_cache_follow)
-        self.kept_answers = KeptAnswers(config.kept_answers)
+        self.kept_answers = KeptAnswers(config.shard_answers)
         self.meter = Meter()
         # this node's Prometheus registry: its state read at each scrape, and the counters the
         # SQL front and the dispatcher keep as they answer (GET /metrics)
@@ -201,7 +218,7 @@ class Node:
         self.materializer = Materializer(
             bootstrap, self.state_dir, on_change=self._wake.set,
             open_store=functools.partial(open_store, cache=self.scan_cache, meter=self.meter,
-                                         kept=self.kept_answers if config.kept_answers > 0 else None))
+                                         kept=self.kept_answers if config.shard_answers > 0 else None))
         # Both topics are created again if they vanish (a broker restarted empty).
         self.catalog_tail = TopicTail(
             bootstrap, catalog_topic(app), self._on_catalog, self._on_catalog_reset, "catalog", COMPACTED
@@ -507,69 +524,26 @@ class Node:
     def execute(self, request: StateQueryRequest) -> list[QueryResult]:
         defn = self.stores.get(request.store)
         partitions = request.partitions if request.partitions is not None else range(defn.partitions if defn else 0)
-        results = []
-        # a co-partitioned join takes: (result, its shard, the other store's rows, their shard);
-        # a join with a global store its rows read whole here, once (``broadcast``)
-        joined: list[tuple[int, Any, pa.RecordBatch | None, Any]] = []
-        broadcast: tuple[pa.Table, Position] | QueryResult | None = None
-        owned: list[tuple[int, Any]] = []  # (result, its shard) the pushed-down SQL runs over
-        # partitions whose pushed-down SQL may follow a kept result instead of reading scans
-        deferred: list[tuple[int, int, Any]] = []  # (result, partition, its store)
-        followable = (request.work is not None and request.work.sql is not None and request.work.join is None
-                      and self.scan_cache is not None and not request.collect_execution_info)
         together = _together_handler(request, defn)
         if together is not None:
             return self._answer_together(request, defn, list(partitions), together)  # type: ignore[arg-type]
+        run = _Execution(followable=(request.work is not None and request.work.sql is not None
+                                     and request.work.join is None and self.scan_cache is not None
+                                     and not request.collect_execution_info))
         for p in partitions:
-            hs, refused = self._hosted_for(request, defn, p)
-            if refused is not None:
-                results.append(refused)
-                continue
-            work = request.work
-            if followable and hs.shard.base.store_type.is_full_scan(request.query):  # a kept result is of all rows
-                deferred.append((len(results), p, hs.shard))
-                results.append(None)  # type: ignore[arg-type]  # filled below
-                continue
-            result = hs.shard.run(request.query, request.bound, request.collect_execution_info)
-            if work is not None and result.ok and work.join is not None:
-                joined_defn = self.stores.get(work.join)
-                if joined_defn is not None and joined_defn.is_global:
-                    if broadcast is None:  # read once for all of this request's partitions
-                        broadcast = self._global_rows(request, joined_defn)
-                    result, other_rows, other_shard = _beside(result, broadcast), None, None
-                    if result.ok:
-                        joined.append((len(results), hs.shard.base, None, None))
-                else:
-                    result, other_rows, other_shard = self._join_side(request, work.join, result)
-                    if other_rows is not None:
-                        joined.append((len(results), hs.shard.base, other_rows, other_shard))
-            elif work is not None and result.ok:
-                if work.sql is not None:
-                    owned.append((len(results), hs.shard.base))
-                else:
-                    result = _project(list(work.columns), result)
-            results.append(result)
-        if deferred:
-            followed = followed_answer(request.work.sql, [(p, store) for _, p, store in deferred],  # type: ignore[union-attr,arg-type]
-                                       request.bound, self.scan_cache)
-            for n, (i, p, store) in enumerate(deferred):
-                if followed is not None:
-                    results[i] = followed[n]
-                    continue
-                results[i] = store.run(request.query, request.bound)
-                if results[i].ok:
-                    owned.append((i, store.base))
-        if joined:
-            self._join(request, [(results[i], shard, rows, other) for i, shard, rows, other in joined],
-                       broadcast[0] if isinstance(broadcast, tuple) else None)
-        if owned:
-            owners_sql(self.duck, request.work.sql, [(results[i], shard) for i, shard in owned],  # type: ignore[union-attr,arg-type]
-                       self.scan_cache)
-        return results
+            hs, refused = self._copy_for(request, defn, p)
+            if hs is None:
+                run.results.append(refused)
+            elif run.followable and hs.shard.base.store_type.is_full_scan(request.query):  # a kept result is of all rows
+                run.deferred.append((len(run.results), p, hs.shard))
+                run.results.append(None)  # filled by _finish
+            else:
+                run.results.append(self._run_partition(request, hs, run))
+        return self._finish(request, run)
 
-    def _hosted_for(self, request: StateQueryRequest, defn: StoreDefinition | None, p: int) -> tuple[Any, QueryResult | None]:
-        """(this node's copy of partition ``p`` of the request's store, None) when it may answer
-        the request, else (None, why not)."""
+    def _copy_for(self, request: StateQueryRequest, defn: StoreDefinition | None,
+                  p: int) -> tuple[HostedShard, None] | tuple[None, QueryResult]:
+        """This node's copy of partition ``p`` that may answer ``request``, or why none does."""
         if defn is None or not 0 <= p < defn.partitions:
             what = f"store {request.store!r}" if defn is None else f"partition {p} of store {request.store!r}"
             return None, QueryResult.failed(p, FailureReason.DOES_NOT_EXIST, f"{what} does not exist")
@@ -592,9 +566,56 @@ class Node:
             else:
                 why = f"an active copy that is catching up (lag {hs.lag})"
             return None, QueryResult.failed(
-                p, FailureReason.NOT_ACTIVE,
-                f"node {self.node_id} holds partition {p} of store {request.store!r} as {why}")
+                p, FailureReason.NOT_ACTIVE, f"node {self.node_id} holds partition {p} of store {request.store!r} as {why}")
         return hs, None
+
+    def _run_partition(self, request: StateQueryRequest, hs: HostedShard, run: _Execution) -> QueryResult:
+        """One partition's query on its copy; the owner's work over it noted in ``run`` (the
+        joins and the pushed-down SQL run over all partitions at once), or a projection done."""
+        work = request.work
+        result = hs.shard.run(request.query, request.bound, request.collect_execution_info)
+        at = len(run.results)
+        if work is not None and result.ok and work.join is not None:
+            joined_defn = self.stores.get(work.join)
+            if joined_defn is not None and joined_defn.is_global:
+                if run.broadcast is None:  # read once for all of this request's partitions
+                    run.broadcast = self._global_rows(request, joined_defn)
+                result = _beside(result, run.broadcast)
+                if result.ok:
+                    run.joined.append((at, hs.shard.base, None, None))
+            else:
+                result, other_rows, other_shard = self._join_side(request, work.join, result)
+                if other_rows is not None:
+                    run.joined.append((at, hs.shard.base, other_rows, other_shard))
+        elif work is not None and result.ok:
+            if work.sql is not None:
+                run.owned.append((at, hs.shard.base))
+            else:
+                result = _project(list(work.columns), result)
+        return result
+
+    def _finish(self, request: StateQueryRequest, run: _Execution) -> list[QueryResult]:
+        """The deferred partitions answered (following a kept result, else read), then the
+        joins and the pushed-down SQL over all partitions at once."""
+        results = run.results
+        sql = request.work.sql if request.work is not None else None
+        if run.deferred and sql is not None:  # deferred only when followable: work with its SQL
+            followed = followed_answer(sql, [(p, store) for _, p, store in run.deferred], request.bound, self.scan_cache)
+            for n, (i, p, store) in enumerate(run.deferred):
+                if followed is not None:
+                    results[i] = followed[n]
+                    continue
+                result = results[i] = store.run(request.query, request.bound)
+                if result.ok:
+                    run.owned.append((i, store.base))
+        answered = [r for r in results if r is not None]
+        assert len(answered) == len(results), "every deferred partition is answered"
+        if run.joined:
+            self._join(request, [(answered[i], shard, rows, other) for i, shard, rows, other in run.joined],
+                       run.broadcast[0] if isinstance(run.broadcast, tuple) else None)
+        if run.owned and sql is not None:  # owned only for work with its SQL
+            owners_sql(self.duck, sql, [(answered[i], shard) for i, shard in run.owned], self.scan_cache)
+        return answered
 
     def _answer_together(self, request: StateQueryRequest, defn: StoreDefinition, partitions: list[int],
                          handler: TogetherHandler) -> list[QueryResult]:
@@ -604,7 +625,7 @@ class Node:
                                        f"a {request.query.type_name} reads every partition of store {defn.name!r} "
                                        f"at once; it was asked for partitions {sorted(partitions)}")
                     for p in partitions]
-        hosted = [self._hosted_for(request, defn, p) for p in partitions]
+        hosted = [self._copy_for(request, defn, p) for p in partitions]
         refused = [r for _, r in hosted if r is not None]
         if refused:
             return refused + [together_refused(hs.shard.partition, refused[0]) for hs, r in hosted if r is None]
@@ -660,10 +681,12 @@ class Node:
         DuckDB statement's fixed cost instead of one per partition. As a key lookup in Arrow
         when the planner sent one (federator.owner.keyjoin), else as DuckDB's join. The answer
         rides on the first partition; the others carry no rows."""
-        work: OwnerWork = request.work  # type: ignore[assignment]
+        work = request.work
+        assert work is not None, "a join is the owners' work"
         try:
             if broadcast is not None:
-                batch = self.duck.over(work.sql, {  # type: ignore[arg-type]
+                assert work.sql is not None, "a join with a global store runs its SQL"
+                batch = self.duck.over(work.sql, {
                     LEFT: pa.Table.from_batches([r.batch for r, _, _, _ in parts]),
                     RIGHT: broadcast})
             elif work.key_join is not None:
@@ -673,7 +696,8 @@ class Node:
                                     [(r.batch, rows, shard, other) for r, shard, rows, other in parts],
                                     self._join_workers, in_key_order, self.scan_cache)
             else:
-                batch = self.duck.over(work.sql, {  # type: ignore[arg-type]
+                assert work.sql is not None, "a join without a key lookup runs its SQL"
+                batch = self.duck.over(work.sql, {
                     LEFT: pa.Table.from_batches([r.batch for r, _, _, _ in parts]),
                     RIGHT: pa.Table.from_batches([rows for _, _, rows, _ in parts])})
         except SqlError as e:

@@ -125,7 +125,7 @@ def side_rows(side: Side, rows: pa.RecordBatch, duck: Duck, owner: Hashable | No
     cache_key = SIDE_KEY + side.filter
     if cache is None:
         owner = None
-    kept = cache.derived([(owner, rows)], cache_key) if owner is not None else None  # type: ignore[union-attr]
+    kept = cache.derived([(owner, rows)], cache_key) if owner is not None and cache is not None else None
     if kept is None:
         kept = duck.over_rows(side.filter, rows)
         # back to the store's types (DuckDB gives timestamps in microseconds): both partitions'
@@ -133,8 +133,8 @@ def side_rows(side: Side, rows: pa.RecordBatch, duck: Duck, owner: Hashable | No
         wanted = pa.schema([rows.schema.field(n) for n in names])
         if not kept.schema.equals(wanted):
             kept = kept.cast(wanted)
-        if owner is not None:
-            cache.put_derived([(owner, rows)], cache_key, kept)  # type: ignore[union-attr]
+        if owner is not None and cache is not None:
+            cache.put_derived([(owner, rows)], cache_key, kept)
     return kept
 
 
@@ -198,7 +198,7 @@ def run(spec: KeyJoin, duck: Duck, parts: list[Part], pool: Executor | None = No
 
     hows = [_how(spec, pair, in_order) for pair in both]
     hashed = [i for i, how in enumerate(hows) if how == "hash"]
-    done: list[pa.RecordBatch | tuple[pa.RecordBatch, pa.RecordBatch]] = [None] * len(both)  # type: ignore[list-item]
+    done: list[pa.RecordBatch | tuple[pa.RecordBatch, pa.RecordBatch]] = [None] * len(both)
     if threads is not None and len(hashed) > 1:
         for i, d in zip(hashed, threads.map(lambda i: one(both[i], "hash"), hashed)):
             done[i] = d

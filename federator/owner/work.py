@@ -32,7 +32,7 @@ def owners_sql(duck: Duck, sql: str, parts: list[tuple[QueryResult, Any]], cache
     batch = cache.derived(scans, work) if cache is not None else None
     if batch is None:
         try:
-            batch = duck.over_rows(work, pa.Table.from_batches([b for _, b in scans]))  # type: ignore[misc]
+            batch = duck.over_rows(work, pa.Table.from_batches([b for _, b in scans]))
         except SqlError as e:  # the data or the SQL failed: the receiver reports it as the user's error
             for r, _ in parts:
                 r.batch, r.failure, r.message, r.code = None, FailureReason.STORE_EXCEPTION, e.message, e.code

@@ -461,36 +461,62 @@ def _quantified(node: exp.Expression) -> exp.Expression | None:
 
 def rewrite(tree: exp.Expression, session: dict[str, str], user: str, pid: int) -> exp.Expression:
     """``tree`` with the session's catalog functions answered and fixed catalog views named."""
-    def fix(node: exp.Expression) -> exp.Expression:
-        if isinstance(node, exp.Table) and (node.db or "").lower() == "information_schema" \
-                and node.name.lower() == "columns":  # with Postgres's type names
+    for select in tree.find_all(exp.Select):  # Postgres names such a column after its function
+        for e in list(select.expressions):
+            name = _function_name(e)
+            if name in _SESSION_FUNCTIONS | _FUNCTIONS:
+                e.replace(exp.alias_(e.copy(), name, quoted=True))
+    return tree.transform(_Fix(session, user, pid))
+
+
+class _Fix:
+    """One node of a statement as DuckDB over FIX's views answers it (``exp.transform``'s
+    function): transform does not walk into what it returns, so each part it builds is
+    fixed here."""
+
+    def __init__(self, session: dict[str, str], user: str, pid: int) -> None:
+        self.session, self.user, self.pid = session, user, pid
+
+    def __call__(self, node: exp.Expression) -> exp.Expression:
+        fixed = self._table(node) if isinstance(node, exp.Table) else self._value(node)
+        if fixed is not None:
+            return fixed
+        name = _function_name(node)
+        return node if name is None else self._function(node, name)
+
+    def _table(self, node: exp.Table) -> exp.Expression | None:
+        """A catalog table as FIX's view of it, or a scalar function in FROM as its row."""
+        db = (node.db or "").lower()
+        if db == "information_schema" and node.name.lower() == "columns":  # with Postgres's type names
             return exp.Table(this=exp.to_identifier("information_schema_columns"), db=exp.to_identifier(FIX),
                              alias=node.args.get("alias") or exp.TableAlias(this=exp.to_identifier("columns")))
-        if isinstance(node, exp.Table) and node.name.lower() == "pg_settings" \
-                and (node.db or "").lower() in ("", "pg_catalog"):
-            return _settings_table(session, node.alias_or_name)
-        if isinstance(node, exp.Table) and node.name.lower() in _TABLES and (node.db or "").lower() in ("", "pg_catalog"):
+        if node.name.lower() == "pg_settings" and db in ("", "pg_catalog"):
+            return _settings_table(self.session, node.alias_or_name)
+        if node.name.lower() in _TABLES and db in ("", "pg_catalog"):
             return exp.Table(this=exp.to_identifier(node.name.lower()), db=exp.to_identifier(FIX),
                              alias=node.args.get("alias"))
+        if not isinstance(node.this, exp.Identifier) and db == "pg_catalog":
+            node.set("db", None)  # pg_catalog.generate_series(...): DuckDB's own table function
+        if isinstance(node.this, exp.Func) and not _sets_of_rows(node.this):
+            # a scalar function in FROM is one row with one column, named by the alias (Postgres);
+            # DuckDB reads it as a table function
+            alias = node.alias or "value"
+            row = exp.select(exp.alias_(node.this.copy().transform(self), alias, quoted=True))
+            return exp.Subquery(this=row, alias=exp.TableAlias(this=exp.to_identifier(alias)))
+        return None
+
+    def _value(self, node: exp.Expression) -> exp.Expression | None:
+        """Columns, calls, literals and casts Postgres reads otherwise than DuckDB."""
         if isinstance(node, exp.Column) and node.args.get("db") is not None \
                 and node.args["db"].name.lower() in CATALOG_SCHEMAS:
             # pg_catalog.pg_class.relname, as SQLAlchemy writes it, is pg_class.relname: DuckDB binds
             # no schema of pg_catalog's tables in a correlated subquery, nor of FIX's in their place
             node.set("db", None)
             node.set("catalog", None)
-        if isinstance(node, exp.Table) and not isinstance(node.this, exp.Identifier) \
-                and (node.db or "").lower() == "pg_catalog":
-            node.set("db", None)  # pg_catalog.generate_series(...): DuckDB's own table function
-        if isinstance(node, exp.Table) and isinstance(node.this, exp.Func) and not _sets_of_rows(node.this):
-            # a scalar function in FROM is one row with one column, named by the alias (Postgres);
-            # DuckDB reads it as a table function
-            alias = node.alias or "value"
-            row = exp.select(exp.alias_(node.this.copy().transform(fix), alias, quoted=True))
-            return exp.Subquery(this=row, alias=exp.TableAlias(this=exp.to_identifier(alias)))
         if isinstance(node, exp.Dot) and isinstance(node.expression, exp.Anonymous):
             inner = node.expression  # pg_catalog.f(...): the call itself
             if isinstance(node.this, exp.Identifier) and node.this.name.lower() in CATALOG_SCHEMAS:
-                return fix(inner.copy().transform(fix))  # transform does not walk into what fix returns
+                return self(inner.copy().transform(self))
         if isinstance(node, exp.Literal) and node.is_string and node.this.startswith("{") and _quantified(node):
             return _array_of(node.this)  # x = ANY('{r,p}'), as psycopg writes a list into SQL
         if isinstance(node, exp.Cast) and node.to.is_type(exp.DataType.Type.ARRAY) and node.this.is_string \
@@ -499,58 +525,58 @@ def rewrite(tree: exp.Expression, session: dict[str, str], user: str, pid: int) 
         if isinstance(node, (exp.EQ, exp.NEQ)) and all(
                 isinstance(side, exp.Cast) and _object_type(side.to) for side in (node.this, node.expression)):
             # a::regtype <> 'trigger'::regtype (pgcli) compares OIDs, where a lone a::regtype is a name
-            return node.__class__(**{k: _object_oid(side.this.transform(fix), _object_type(side.to))
+            return node.__class__(**{k: _object_oid(side.this.transform(self), _object_type(side.to))
                                      for k, side in (("this", node.this), ("expression", node.expression))})
         if isinstance(node, exp.Cast):
             target = _object_type(node.to)
-            if target is not None:  # the value rewritten too: transform does not walk into what fix returns
-                return _object_cast(node.this.transform(fix), target)
+            if target is not None:
+                return _object_cast(node.this.transform(self), target)
             named = node.to.sql(dialect="postgres")
             if named.lower().startswith("pg_catalog."):  # ::pg_catalog.text is ::text
                 try:
                     node.set("to", exp.DataType.build(named[len("pg_catalog."):], dialect="postgres"))
                 except Exception:  # noqa: BLE001 - a type sqlglot does not know: DuckDB says so
                     pass
-        name = _function_name(node)
-        if name is None:
-            return node
+        return None
+
+    def _function(self, node: exp.Expression, name: str) -> exp.Expression:
+        """A catalog or session function's call: answered, or FIX's function named."""
         if name in _LOOKUPS:
-            return _lookup(*_LOOKUPS[name], [a.transform(fix) for a in node.args.get("expressions") or []])
+            return _lookup(*_LOOKUPS[name], [a.transform(self) for a in node.args.get("expressions") or []])
         if name in _RENAMED:
-            return exp.Anonymous(this=_RENAMED[name], expressions=[a.transform(fix) for a in node.expressions])
+            return exp.Anonymous(this=_RENAMED[name], expressions=[a.transform(self) for a in node.expressions])
         if name in _FUNCTIONS:
-            arguments = [a.transform(fix) for a in node.args.get("expressions") or []]  # not walked otherwise
+            arguments = [a.transform(self) for a in node.args.get("expressions") or []]
             return exp.Dot(this=exp.to_identifier(FIX), expression=exp.Anonymous(this=name, expressions=arguments))
-        if name == "version":
-            return exp.Literal.string(f"PostgreSQL {SERVER_VERSION} on Federator (DuckDB engine)")
-        if name in ("current_user", "session_user", "user"):
-            return exp.Literal.string(user)
-        if name in ("current_schema",):
-            return exp.Literal.string(STORES)
-        if name in ("current_database", "current_catalog"):
-            return exp.Literal.string("federator")
         if name == "current_schemas":  # the search path; with pg_catalog when asked for the implicit schemas
             given = node.expressions if isinstance(node, exp.Anonymous) else [node.this] if node.this else []
-            implicit = (given or [exp.true()])[0].transform(fix)
+            implicit = (given or [exp.true()])[0].transform(self)
             listed = [exp.Literal.string(STORES)]
             return exp.case().when(implicit, exp.Array(expressions=[exp.Literal.string("pg_catalog"), *listed])) \
                 .else_(exp.Array(expressions=listed))
-        if name == "pg_backend_pid":
-            return exp.Literal.number(pid)
         if name == "current_setting":
             args = list(node.args.get("expressions") or [])
             setting = args[0] if args else node.args.get("this")
             if isinstance(setting, exp.Literal) and setting.is_string:
-                value = session.get(setting.this.lower())
+                value = self.session.get(setting.this.lower())
                 return exp.Null() if value is None else exp.Literal.string(value)
-        return node
+            return node
+        constant = self._constant(name)
+        return node if constant is None else constant
 
-    for select in tree.find_all(exp.Select):  # Postgres names such a column after its function
-        for e in list(select.expressions):
-            name = _function_name(e)
-            if name in _SESSION_FUNCTIONS | _FUNCTIONS:
-                e.replace(exp.alias_(e.copy(), name, quoted=True))
-    return tree.transform(fix)
+    def _constant(self, name: str) -> exp.Expression | None:
+        """What a function of the session alone answers."""
+        if name == "version":
+            return exp.Literal.string(f"PostgreSQL {SERVER_VERSION} on Federator (DuckDB engine)")
+        if name in ("current_user", "session_user", "user"):
+            return exp.Literal.string(self.user)
+        if name == "current_schema":
+            return exp.Literal.string(STORES)
+        if name in ("current_database", "current_catalog"):
+            return exp.Literal.string("federator")
+        if name == "pg_backend_pid":
+            return exp.Literal.number(self.pid)
+        return None
 
 
 def _settings_table(session: dict[str, str], alias: str) -> exp.Expression:

@@ -20,12 +20,6 @@ class StateQueryRequest:
     collect_execution_info: bool = False
     work: OwnerWork | None = None  # what the owner does with the rows before answering; None: the rows
 
-    def with_partitions(self, partitions: list[int] | tuple[int, ...]) -> StateQueryRequest:
-        return StateQueryRequest(
-            self.store, self.query, tuple(partitions), self.bound, self.require_active, self.collect_execution_info,
-            self.work,
-        )
-
     def to_dict(self) -> dict[str, Any]:
         return {
             "store": self.store,

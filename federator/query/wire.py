@@ -47,12 +47,6 @@ def key_hello(secret: str | None) -> bytes:
     return KEY_HELLO + _SHORT.pack(len(raw)) + raw
 
 
-def read_key_hello(read: Callable[[int], bytes]) -> str | None:
-    """The secret a caller opened with; None when it did not open as one."""
-    opened = read_hello(read)
-    return None if opened is None or opened[0] != KEY_HELLO else opened[1]
-
-
 # The per-partition query's call on the same port (the one POST /internal/v1/query makes over
 # HTTP), for the scatter-gather of every statement that reads another node's partitions: the
 # caller opens with CALL_HELLO and the secret, as above; then each request is a length-prefixed

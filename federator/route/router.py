@@ -44,8 +44,8 @@ def targets_for(view: ClusterView, store: str, partition: int, options: ReadOpti
             if n.node_id in avoid or (max_lag is not None and (lag is None or lag > max_lag)):
                 continue
             out.append(Target(n.node_id, n.endpoint, False, n.key_endpoint))
-        if avoided:
-            out.append(Target(owner.node_id, owner.endpoint, True, owner.key_endpoint))  # type: ignore[union-attr]
+        if owner is not None and avoided:
+            out.append(Target(owner.node_id, owner.endpoint, True, owner.key_endpoint))
         return out
     restoring = owner is not None and partition in owner.restoring.get(store, ())
     if at_least is None or (owner is not None and not avoided and not restoring):

@@ -6,14 +6,15 @@ import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
-from typing import Any, Callable, Iterator
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Iterator, NamedTuple
 
 import pyarrow as pa
 
 from federator.catalog.definition import StoreDefinition
 from federator.dispatch.dispatcher import Dispatcher, Gathered
 from federator.dispatch.errors import DispatchError, NotColocated
+from federator.node.protocol import ServingNode
 from federator.query.owner_work import OwnerWork
 from federator.query.position import Position, PositionBound
 from federator.route.read_options import ReadOptions
@@ -32,7 +33,7 @@ from federator.plugin.registry import Registry
 from federator.sql.dispatch_errors import from_dispatch
 from federator.sql.point import PointAnswer, PointPlan, point_plan
 from federator.sql.result import SqlRequest, SqlResult
-from federator.settings import PLAN_TEMPLATES, POINT_PLANS, STATEMENT_ANSWER_MAX_BYTES, STATEMENT_PLANS, NodeSettings
+from federator.settings import PLAN_TEMPLATES, POINT_PLANS, STATEMENT_ANSWER_MAX_BYTES, STATEMENT_PLANS
 
 
 def _plan_key(req: SqlRequest) -> tuple | None:
@@ -93,7 +94,7 @@ def plan_kind(plan: QueryPlan) -> str:
 
 
 class SqlEngine:
-    def __init__(self, node: Any, registry: Registry, metrics: Any = None) -> None:
+    def __init__(self, node: ServingNode, registry: Registry, metrics: Any = None) -> None:
         """``registry``: the node's; its SQL rules plan, and it names the plugins behind queries.
         ``metrics``: the node's (``federator.metrics.Metrics``), told of every statement
         (its kind, outcome and time) and of the dispatcher's calls; None counts nothing."""
@@ -110,18 +111,20 @@ class SqlEngine:
         # store references of one statement are fetched side by side (the dispatcher's own pool
         # makes the node calls; a separate pool cannot wait on itself)
         self._refs_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="sql-refs")
-        self._seen_lock = threading.Lock()
         # (plan, the positions its rows reflect) -> the answer: a deterministic statement over
         # partitions at the same positions reads the same rows, so a repeated query over
         # unchanged stores (a dashboard's refresh) skips DuckDB's fixed cost at the receiver.
         # Kept with the plan it answers: a store defined again over the same changelog (the
         # same positions) is planned again, and its kept answers are not that plan's.
-        self._statement_answers: OrderedDict[
-            tuple, tuple[float, QueryPlan, pa.Schema, list[pa.RecordBatch], Position | None]] = OrderedDict()
+        self._statement_answers: OrderedDict[tuple, _KeptAnswer] = OrderedDict()
         self._statement_answers_lock = threading.Lock()
-        config = getattr(node, "config", None)
-        self._reuse_seconds: float = getattr(config, "reuse_answers_seconds", _ANSWER_SECONDS)
-        self._statement_answers_max: int = getattr(config, "statement_answers", NodeSettings.statement_answers)
+        # How long an answer is reused while positions stay the same. A position names a state
+        # only while its changelog lives: a topic deleted and created again (a broker restarted
+        # empty) starts its offsets over, and could come back to the same offsets with other
+        # rows. Such a reset takes longer than this to be noticed and refilled, so within it a
+        # position is a name.
+        self._reuse_seconds: float = node.config.reuse_answers_seconds
+        self._statement_answers_max: int = node.config.statement_answers
 
     def _stores(self) -> dict[str, StoreDefinition]:
         return self.node.stores
@@ -130,11 +133,11 @@ class SqlEngine:
         """The store called ``name`` (case-insensitively), or UNKNOWN_STORE saying what there is."""
         stores = self._stores()
         defn = stores.get(name) or next((d for n, d in stores.items() if n.lower() == name.lower()), None)
-        unusable = getattr(self.node, "unusable_stores", {})
+        unusable = self.node.unusable_stores
         if defn is None and name in unusable:
             raise SqlError("UNKNOWN_STORE", f"this node cannot read store {name!r}: {unusable[name]}; "
                                             "install what it needs on every node, or send the query to a node that has it")
-        if defn is None and not getattr(self.node, "catalog_read", lambda: True)():
+        if defn is None and not self.node.catalog_read():
             raise SqlError("UNAVAILABLE", f"this node has not read the catalog yet, so it cannot tell whether store "
                                           f"{name!r} exists: ask again in a moment, or ask another node")
         if defn is None:
@@ -226,7 +229,7 @@ class SqlEngine:
             answer = cached.answer(kb, entry.stored)
             if answer is not None:
                 stats["nodes"] = 1
-                return answer, position.merge(entry.position), stats  # type: ignore[return-value]
+                return answer, position.merge(entry.position), stats
         gathered = self.dispatcher.gather(
             defn.name, defn.partitions, [SubQuery(KeyQuery(key), (partition,))], OwnerWork(tuple(cached.columns)),
             options)
@@ -257,85 +260,95 @@ class SqlEngine:
 
     def _run(self, plan: QueryPlan, req: SqlRequest, position: Position, options: ReadOptions,
              stats: dict[str, Any], reuse: bool = True) -> tuple:
-        deadline = options.deadline
-        _check_deadline(deadline, "planning")
+        _check_deadline(options.deadline, "planning")
         plan_key = _plan_key(req) if reuse and self._reuse_seconds > 0 and plan.deterministic and not plan.local \
             else None  # None: this answer is neither taken from nor kept for another
-        watched = known = stores = None
-        if plan_key is not None and not options.allow_stale:
-            # every partition of its stores still where this node last computed the statement
-            # (its owners' watches say so): that answer is this one, and no owner is asked
-            stores = _stores_read(plan, self._stores())
-            known = self.dispatcher.known_positions(stores) if stores is not None else None
-            if known is not None and _reaches(known[1], options.bound):
-                watched = (plan_key, "watched", known[0])
-                kept = self._kept_answer(watched, plan)
-                if kept is not None:
-                    stats.update(answer_reused=True, partitions_queried=0, nodes=0)
-                    if any(ref.joined is not None for ref in plan.refs):
-                        stats["joined_on_owners"] = True  # as the kept answer was
-                    # the Position kept with it: equal to ``known``, and its token made once
-                    return (kept[0], iter(kept[1])), position.merge(kept[2] or known[1]), stats
+        watch = self._watch(plan, plan_key, options) if plan_key is not None and not options.allow_stale else None
+        if watch is not None:
+            kept = self._kept_answer(watch.key, plan)
+            if kept is not None:
+                stats.update(answer_reused=True, partitions_queried=0, nodes=0)
+                if any(ref.joined is not None for ref in plan.refs):
+                    stats["joined_on_owners"] = True  # as the kept answer was
+                # the Position kept with it: equal to ``known``, and its token made once
+                return (kept.schema, iter(kept.batches)), position.merge(kept.at or watch.known.at), stats
+        seen = _Seen(known=watch.known.key if watch is not None else None)
+        relations = self._read(plan, options, seen)
+        seen.count_into(stats, plan)
+        _check_deadline(options.deadline, "reading the partitions")
+        if req.cancel is not None and req.cancel.cancelled:
+            raise SqlError("TIMEOUT", "canceling statement due to user request")
+        if watch is not None and not _read_at_known(seen, watch.known.at, plan, watch.stores):
+            watch = None  # an owner moved on meanwhile: this answer is not the one at ``known``
+        answer = self._answer(plan, req, options, relations, seen, plan_key, watch, stats)
+        return answer, position.merge(seen.position), stats
+
+    def _watch(self, plan: QueryPlan, plan_key: tuple, options: ReadOptions) -> _Watch | None:
+        """When every partition of ``plan``'s stores is known to be where it is now (its owners'
+        watches say so) and reaches the request's bound: what names the answer at those
+        positions. Still where this node last computed the statement, that answer is this one,
+        and no owner is asked."""
+        stores = _stores_read(plan, self._stores())
+        found = self.dispatcher.known_positions(stores) if stores is not None else None
+        if stores is None or found is None or not _reaches(found[1], options.bound):
+            return None
+        known = _Known(*found)
+        return _Watch((plan_key, "watched", known.key), known, stores)
+
+    def _read(self, plan: QueryPlan, options: ReadOptions, seen: _Seen) -> dict[str, pa.Table]:
+        """Every relation the statement reads: the catalog's tables and each store reference's
+        rows, as the owners return them."""
         relations: dict[str, pa.Table] = {r.relation: r.table for r in plan.local}
-        # "known": the partitions' states just read, which kept partition answers are given by
-        seen: dict[str, Any] = {"position": Position(), "partitions": set(), "nodes": set(),
-                                "known": known[0] if known is not None else None}
         if len(plan.refs) == 1:
             relations[plan.refs[0].relation] = self._rows(plan.refs[0], options, seen)
         else:  # each store's calls at once: a statement waits for its slowest store, not their sum
             futures = [(ref, self._refs_pool.submit(self._rows, ref, options, seen)) for ref in plan.refs]
             for ref, future in futures:
                 relations[ref.relation] = future.result()
-        stats["partitions_queried"] = len(seen["partitions"])
-        stats["nodes"] = len(seen["nodes"])
-        if seen.get("reused"):
-            stats["partition_answers_reused"] = seen["reused"]  # given again without a call
-        if any(ref.joined is not None for ref in plan.refs):
-            stats["joined_on_owners"] = True  # no rows of either store crossed the network before the join
-        _check_deadline(deadline, "reading the partitions")
-        if req.cancel is not None and req.cancel.cancelled:
-            raise SqlError("TIMEOUT", "canceling statement due to user request")
-        read_at = position.merge(seen["position"])
-        if watched is not None and not _read_at_known(seen, known[1], plan, stores):  # type: ignore[index,arg-type]
-            watched = None  # an owner moved on meanwhile: this answer is not the one at ``known``
-        at = known[1] if watched is not None else None  # type: ignore[index]
+        return relations
+
+    def _answer(self, plan: QueryPlan, req: SqlRequest, options: ReadOptions, relations: dict[str, pa.Table], seen: _Seen,
+                plan_key: tuple | None, watch: _Watch | None, stats: dict[str, Any]) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
+        """The statement's answer over the rows read: as the owners sent them, finished in
+        Arrow, kept from an earlier statement over the same rows, or DuckDB's; kept as the
+        answer at the watched positions (``watch``) as it streams out."""
+        watched, at = (watch.key, watch.known.at) if watch is not None else (None, None)
         if plan.columns_only is not None:  # nothing left to compute: the rows as the owners sent them
             (rows,) = (relations[r.relation] for r in plan.refs)
             table = rows.select([c for c, _ in plan.columns_only]).rename_columns([n for _, n in plan.columns_only])
             table = table.cast(plan.schema) if plan.schema is not None else table  # DuckDB's types, as ever
-            return self._keeping(watched, plan, table.schema, iter(table.to_batches()), at), read_at, stats
+            return self._keeping(watched, plan, table.schema, iter(table.to_batches()), at)
         if plan.finish is not None:  # a merge of states or a top-k cut: in Arrow unless the types need DuckDB
             (rows,) = (relations[r.relation] for r in plan.refs)
             table = plan.finish.apply(rows, plan.schema)
             if table is not None:
                 stats["finished_in_arrow"] = True
-                return self._keeping(watched, plan, table.schema, iter(table.to_batches()), at), read_at, stats
+                return self._keeping(watched, plan, table.schema, iter(table.to_batches()), at)
         key = None
         if plan_key is not None:
-            key = (plan_key, seen["position"].to_token(), frozenset(seen["partitions"]))
+            key = (plan_key, seen.position.to_token(), frozenset(seen.partitions))
             kept = self._kept_answer(key, plan)
             if kept is not None:
                 stats["answer_reused"] = True
-                return self._keeping(watched, plan, kept[0], iter(kept[1]), at), read_at, stats
+                return self._keeping(watched, plan, kept.schema, iter(kept.batches), at)
         for ref in plan.refs:  # HUGEINT states as DuckDB's HUGEINT, not as the DECIMAL(38,0) they travel as
             if ref.rows_schema is not None:
                 relations[ref.relation] = as_typed(relations[ref.relation], ref.rows_schema)
-        schema, batches = self.duck.stream(plan.sql, relations, deadline, cancel=req.cancel)
+        schema, batches = self.duck.stream(plan.sql, relations, options.deadline, cancel=req.cancel)
         if key is not None:
             batches = self._kept(key, plan, schema, batches)
-        return self._keeping(watched, plan, schema, batches, at), read_at, stats
+        return self._keeping(watched, plan, schema, batches, at)
 
-    def _kept_answer(self, key: tuple, plan: QueryPlan) -> tuple[pa.Schema, list[pa.RecordBatch], Position | None] | None:
-        """The answer kept for ``key`` (schema, batches, the positions it was kept at when
-        known), while it is ``plan``'s and young enough."""
+    def _kept_answer(self, key: tuple, plan: QueryPlan) -> _KeptAnswer | None:
+        """The answer kept for ``key``, while it is ``plan``'s and young enough."""
         with self._statement_answers_lock:
             kept = self._statement_answers.get(key)
             if kept is None:
                 return None
-            if kept[1] is not plan.identity or time.monotonic() - kept[0] > self._reuse_seconds:
+            if kept.identity is not plan.identity or time.monotonic() - kept.when > self._reuse_seconds:
                 del self._statement_answers[key]
                 return None
-            return kept[2], kept[3], kept[4]
+            return kept
 
     def _keeping(self, key: tuple | None, plan: QueryPlan, schema: pa.Schema, batches: Iterator[pa.RecordBatch],
                  at: Position | None) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
@@ -362,7 +375,7 @@ class SqlEngine:
             yield batch
         if kept is not None:
             with self._statement_answers_lock:
-                self._statement_answers[key] = (time.monotonic(), plan.identity, schema, kept, at)
+                self._statement_answers[key] = _KeptAnswer(time.monotonic(), plan.identity, schema, kept, at)
                 while len(self._statement_answers) > self._statement_answers_max:
                     self._statement_answers.popitem(last=False)
 
@@ -384,10 +397,12 @@ class SqlEngine:
                 # garbage collection of the young objects walked them (holding the GIL each
                 # time), and an older generation's took longer; rebinding costs tens of µs
                 return rebound
-        tree = bind_parameters(stmt.select, list(req.parameters), stmt.param_count)  # type: ignore[arg-type]
+        select = stmt.select
+        assert select is not None, "only a statement that reads is planned (SHOW and DESCRIBE are not)"
+        tree = bind_parameters(select, list(req.parameters), stmt.param_count)
         deterministic = not is_volatile(tree)
         source = None if dialect_of(req.dialect) != DIALECT else writeback.source(
-            stmt.text, stmt.select, [literal(p, i).sql(dialect=DIALECT) for i, p in enumerate(req.parameters)])  # type: ignore[arg-type]
+            stmt.text, select, [literal(p, i).sql(dialect=DIALECT) for i, p in enumerate(req.parameters)])
         plan = plan_query(tree, self.resolve_store, lambda name: information_schema(name, self._stores()),
                           list(self.registry.sql_rules), lambda sql, rels: self._schema_of(sql, rels, deadline),
                           copartitioned, source)
@@ -411,18 +426,14 @@ class SqlEngine:
             pass
         return schema
 
-    def _rows(self, ref: StoreRef, options: ReadOptions, seen: dict[str, Any]) -> pa.Table:
+    def _rows(self, ref: StoreRef, options: ReadOptions, seen: _Seen) -> pa.Table:
         """What the owners return for one store reference, as one table."""
         defn = ref.store
 
         def gather(subqueries: list[SubQuery], work: OwnerWork | None = None, keep: bool = False) -> Gathered:
             gathered = self.dispatcher.gather(defn.name, defn.partitions, subqueries, work, options,
-                                              keep_for=self._reuse_seconds if keep else 0.0, known=seen.get("known"))
-            with self._seen_lock:
-                seen["position"] = seen["position"].merge(gathered.position)
-                seen["partitions"] |= {(defn.name, p) for _, p in gathered.partitions}
-                seen["nodes"] |= set(gathered.nodes)
-                seen["reused"] = seen.get("reused", 0) + gathered.reused
+                                              keep_for=self._reuse_seconds if keep else 0.0, known=seen.known)
+            seen.add(defn.name, gathered)
             return gathered
 
         if ref.combine is not None:
@@ -495,6 +506,59 @@ def _put_bounded(kept: dict, key: tuple, value: Any, most: int) -> None:
     kept[key] = value
 
 
+class _Known(NamedTuple):
+    """Where every partition of some stores is now, as far as this node knows without asking
+    (``Dispatcher.known_positions``)."""
+
+    key: tuple  # each partition's state: its owner's epoch and offset
+    at: Position  # the offsets
+
+
+class _Watch(NamedTuple):
+    """A statement over stores whose partitions' positions are known: its answer's name there."""
+
+    key: tuple  # the answer at ``known``'s positions
+    known: _Known
+    stores: list[StoreDefinition]  # every store it reads
+
+
+class _KeptAnswer(NamedTuple):
+    """A statement's answer kept at the receiver."""
+
+    when: float  # time.monotonic() when kept
+    identity: Any  # the plan it answers (``QueryPlan.identity``)
+    schema: pa.Schema
+    batches: list[pa.RecordBatch]
+    at: Position | None  # the positions it was kept at, when known
+
+
+@dataclass
+class _Seen:
+    """What one statement's reads saw, added to by its store references side by side."""
+
+    known: tuple | None = None  # the partitions' states just read: kept partition answers are given by them
+    position: Position = field(default_factory=Position)
+    partitions: set[tuple[str, int]] = field(default_factory=set)  # (store, partition)
+    nodes: set[str] = field(default_factory=set)
+    reused: int = 0  # partitions answered from kept partition answers, without a call
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, store: str, gathered: Gathered) -> None:
+        with self.lock:
+            self.position = self.position.merge(gathered.position)
+            self.partitions |= {(store, p) for _, p in gathered.partitions}
+            self.nodes |= set(gathered.nodes)
+            self.reused += gathered.reused
+
+    def count_into(self, stats: dict[str, Any], plan: QueryPlan) -> None:
+        stats["partitions_queried"] = len(self.partitions)
+        stats["nodes"] = len(self.nodes)
+        if self.reused:
+            stats["partition_answers_reused"] = self.reused  # given again without a call
+        if any(ref.joined is not None for ref in plan.refs):
+            stats["joined_on_owners"] = True  # no rows of either store crossed the network before the join
+
+
 class _RuleFetch:
     """A rule's ``fetch`` (federator.plugin.rules.Fetch)."""
 
@@ -508,7 +572,7 @@ class _RuleFetch:
         return gathered.batches
 
 
-def _read_at_known(seen: dict[str, Any], known: Position, plan: QueryPlan, stores: list[StoreDefinition]) -> bool:
+def _read_at_known(seen: _Seen, known: Position, plan: QueryPlan, stores: list[StoreDefinition]) -> bool:
     """Whether every partition the owners answered was at its offset in ``known``, with the
     same partition of the store joined beside it (an empty shard has none in either)."""
     topic_of = {d.name: d.topic for d in stores}
@@ -517,21 +581,15 @@ def _read_at_known(seen: dict[str, Any], known: Position, plan: QueryPlan, store
         topics.setdefault(ref.store.name, set()).add(ref.store.topic)
         if ref.joined is not None:
             topics[ref.store.name].add(topic_of[ref.joined])
-    read: Position = seen["position"]
+    read = seen.position
     # a global store joined on the owners: every partition of it beside each partition read
     broadcast = [d for d in stores if d.is_global and any(ref.joined == d.name for ref in plan.refs)]
-    return all(read.get(t, p) == known.get(t, p) for store, p in seen["partitions"] for t in topics[store]) and \
+    return all(read.get(t, p) == known.get(t, p) for store, p in seen.partitions for t in topics[store]) and \
         all(read.get(d.topic, p) == known.get(d.topic, p) for d in broadcast for p in range(d.partitions))
 
 
 # repeated statements' answers kept at the receiver (--statement-answers); larger answers cost more
 # to keep than DuckDB's fixed cost saves
 _ANSWER_MAX_BYTES = STATEMENT_ANSWER_MAX_BYTES
-# How long an answer is reused while positions stay the same (--reuse-answers-seconds). A
-# position names a state only while its changelog lives: a topic deleted and created again (a
-# broker restarted empty) starts its offsets over, and could come back to the same offsets
-# with other rows. Such a reset takes longer than this to be noticed and refilled, so within
-# it a position is a name.
-_ANSWER_SECONDS = NodeSettings.reuse_answers_seconds
 
 _EXPLAIN_COLUMNS = ("store", "query", "partitions", "node", "pushed_down", "at_receiver")

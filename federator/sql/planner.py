@@ -168,59 +168,12 @@ def plan_query(tree: exp.Expression, resolve: Resolver, information_schema: Loca
         joined = _plan_co_join(tree, resolve, schema_of, source, unqualified)
         if joined is not None:
             return joined
-    mentioned = pushdown.named(tree)
-    try:
-        scopes = traverse_scope(tree)
-    except OptimizeError as e:
-        raise SqlError("SQL_PARSE_ERROR", f"cannot resolve the query's names: {e}") from None
-    seen: set[int] = set()
-    tables: list[tuple[exp.Table, exp.Expression]] = []  # (table, the query that reads it)
-    for scope in scopes:
-        for read in scope.sources.values():
-            if isinstance(read, exp.Table) and id(read) not in seen and isinstance(read.this, exp.Identifier):
-                seen.add(id(read))
-                tables.append((read, scope.expression))
-
-    refs: list[StoreRef] = []
-    local: list[LocalRef] = []
-    used: dict[str, int] = {}
-    empty: dict[str, pa.Table] = {}  # relation -> no rows of its schema, to bind against
+    read = _read_tables(tree, resolve, information_schema, rules, unqualified)
+    refs, local, empty, renamed = read.refs, read.local, read.empty, read.renamed
     replaced: list[tuple[exp.Expression, exp.Expression]] = []
-    planned: list[tuple[StoreRef, exp.Table, exp.Expression]] = []
-    # each table's name in the text, and its relation; and each column's qualifier, and nothing
-    renamed: list[tuple[tuple[int, int] | None, str]] = list(unqualified)
-    for table, query in tables:
-        db, catalog = (table.db or "").lower(), (table.catalog or "").lower()
-        if catalog and catalog != CATALOG:
-            raise SqlError("UNKNOWN_STORE", f"unknown catalog {table.catalog!r}; the one catalog is {CATALOG!r}")
-        if db in DUCKDB_SCHEMAS:
-            continue
-        if db == "information_schema":
-            made = information_schema(table.name.lower())
-            if made is None:
-                raise SqlError("UNKNOWN_STORE", f"information_schema has tables and columns, not {table.name!r}")
-            relation = _relation(f"information_schema_{table.name.lower()}", used)
-            local.append(LocalRef(relation, made))
-            empty[relation] = made.schema.empty_table()
-            renamed.append((table_span(table), _rename(table, relation)))
-            continue
-        if db and db not in STORE_SCHEMAS:
-            raise SqlError("UNKNOWN_STORE", f"unknown schema {table.db!r}; stores live in the schema "
-                                            f"{' or '.join(map(repr, STORE_SCHEMAS))}")
-        defn = resolve(table.name)
-        ref = _plan_ref(defn, table, query, mentioned, rules, _relation(defn.name, used))
-        refs.append(ref)
-        planned.append((ref, table, query))
-
-    for ref, table, query in planned:
+    for ref, table, query in read.planned:
         if ref.combine is not None:
-            # the rule's SQL over its rows (or the rows as they are) takes the SELECT's place
-            new = ref.remaining.copy() if ref.remaining is not None else exp.select("*").from_(
-                exp.to_table(ref.relation))
-            for t in new.find_all(exp.Table):
-                if t.name.lower() == table.name.lower():
-                    _rename(t, ref.relation)
-            replaced.append((query, new))
+            replaced.append((query, _rule_select(ref, table)))
         renamed.append((table_span(table), _rename(table, ref.relation)))
         empty[ref.relation] = (ref.rows_schema or ref.store.arrow_schema()).empty_table()
     for old, new in replaced:
@@ -228,6 +181,7 @@ def plan_query(tree: exp.Expression, resolve: Resolver, information_schema: Loca
             tree = new
         else:
             old.replace(new)
+    planned = read.planned
 
     sql = _user_sql(tree, None if replaced else source, renamed)
     notes: list[str] = []
@@ -249,6 +203,77 @@ def plan_query(tree: exp.Expression, resolve: Resolver, information_schema: Loca
         plan = QueryPlan(sql, refs, local, notes, columns_only, wire_schema(answer))
         return plan if columns_only is not None else _with_top_rows(plan)
     return QueryPlan(sql, refs, local, notes)
+
+
+@dataclass
+class _Read:
+    """What a statement reads: its store references (each with its table and the query that
+    reads it), the catalog's tables it reads here, each relation's empty table to bind
+    against, and the renames of the user's text (each table's name in the text, and its
+    relation; each column's qualifier, and nothing)."""
+
+    refs: list[StoreRef] = field(default_factory=list)
+    local: list[LocalRef] = field(default_factory=list)
+    empty: dict[str, pa.Table] = field(default_factory=dict)
+    planned: list[tuple[StoreRef, exp.Table, exp.Expression]] = field(default_factory=list)
+    renamed: list[tuple[tuple[int, int] | None, str]] = field(default_factory=list)
+
+
+def _tables(tree: exp.Expression) -> list[tuple[exp.Table, exp.Expression]]:
+    """Every table ``tree`` reads, once, with the query that reads it."""
+    try:
+        scopes = traverse_scope(tree)
+    except OptimizeError as e:
+        raise SqlError("SQL_PARSE_ERROR", f"cannot resolve the query's names: {e}") from None
+    seen: set[int] = set()
+    tables: list[tuple[exp.Table, exp.Expression]] = []
+    for scope in scopes:
+        for read in scope.sources.values():
+            if isinstance(read, exp.Table) and id(read) not in seen and isinstance(read.this, exp.Identifier):
+                seen.add(id(read))
+                tables.append((read, scope.expression))
+    return tables
+
+
+def _read_tables(tree: exp.Expression, resolve: Resolver, information_schema: LocalTables, rules: list[SqlRule],
+                 unqualified: list[tuple[tuple[int, int] | None, str]]) -> _Read:
+    """Each table ``tree`` reads planned: a store's reference, or a catalog table read here
+    (DuckDB's own schemas are left to it); UNKNOWN_STORE for a catalog or schema that is not."""
+    mentioned = pushdown.named(tree)
+    read = _Read(renamed=list(unqualified))
+    used: dict[str, int] = {}
+    for table, query in _tables(tree):
+        db, catalog = (table.db or "").lower(), (table.catalog or "").lower()
+        if catalog and catalog != CATALOG:
+            raise SqlError("UNKNOWN_STORE", f"unknown catalog {table.catalog!r}; the one catalog is {CATALOG!r}")
+        if db in DUCKDB_SCHEMAS:
+            continue
+        if db == "information_schema":
+            made = information_schema(table.name.lower())
+            if made is None:
+                raise SqlError("UNKNOWN_STORE", f"information_schema has tables and columns, not {table.name!r}")
+            relation = _relation(f"information_schema_{table.name.lower()}", used)
+            read.local.append(LocalRef(relation, made))
+            read.empty[relation] = made.schema.empty_table()
+            read.renamed.append((table_span(table), _rename(table, relation)))
+            continue
+        if db and db not in STORE_SCHEMAS:
+            raise SqlError("UNKNOWN_STORE", f"unknown schema {table.db!r}; stores live in the schema "
+                                            f"{' or '.join(map(repr, STORE_SCHEMAS))}")
+        defn = resolve(table.name)
+        ref = _plan_ref(defn, table, query, mentioned, rules, _relation(defn.name, used))
+        read.refs.append(ref)
+        read.planned.append((ref, table, query))
+    return read
+
+
+def _rule_select(ref: StoreRef, table: exp.Table) -> exp.Expression:
+    """The rule's SQL over its rows (or the rows as they are): what takes the SELECT's place."""
+    new = ref.remaining.copy() if ref.remaining is not None else exp.select("*").from_(exp.to_table(ref.relation))
+    for t in new.find_all(exp.Table):
+        if t.name.lower() == table.name.lower():
+            _rename(t, ref.relation)
+    return new
 
 
 def _user_sql(tree: exp.Expression, source: Source | None, renamed: list[tuple[tuple[int, int] | None, str]]) -> str:

@@ -201,6 +201,27 @@ class PartialAggregate:
 def partial_aggregate(select: exp.Select, table: exp.Table, columns: set[str], relation: str,
                       names: list[str]) -> PartialAggregate | None:
     """COUNT/SUM/MIN/MAX/AVG with GROUP BY split into per-partition states and their merge."""
+    alias = table.alias_or_name
+    keys = _group_keys(select, alias, columns)
+    if keys is None:
+        return None
+    owner_items: list[exp.Expression] = [exp.alias_(unqualified(k), f"__g{i}", quoted=True) for i, k in enumerate(keys)]
+    merges = _states(select, alias, columns, owner_items)
+    if merges is None:
+        return None
+    owner = exp.select(*owner_items).from_(ROWS)
+    where = select.args.get("where")
+    if where is not None:
+        owner = owner.where(unqualified(where.this))
+    if keys:
+        owner = owner.group_by(*[unqualified(k) for k in keys])
+    final = _merged(select, keys, merges, relation, names)
+    return None if final is None else PartialAggregate(owner, final)
+
+
+def _group_keys(select: exp.Select, alias: str, columns: set[str]) -> list[exp.Expression] | None:
+    """The GROUP BY keys of a statement whose aggregates the owners may compute per partition
+    (its filter and keys read the store's columns alone); None for any other statement."""
     if select.args.get("joins") or select.args.get("distinct") or select.args.get("qualify"):
         return None
     if select.find(exp.Window, exp.Subquery, exp.Exists, exp.Lambda, exp.Star, exp.Columns) and not _only_count_stars(select):
@@ -209,10 +230,8 @@ def partial_aggregate(select: exp.Select, table: exp.Table, columns: set[str], r
     if group is not None and (group.args.get("all") or any(group.args.get(a) for a in ("rollup", "cube", "grouping_sets"))
                               or any(isinstance(g, (exp.Rollup, exp.Cube, exp.GroupingSets)) for g in group.expressions)):
         return None
-    aggs = [a for a in select.find_all(exp.AggFunc)]
-    if not aggs and group is None:
+    if group is None and select.find(exp.AggFunc) is None:
         return None
-    alias = table.alias_or_name
     where = select.args.get("where")
     if where is not None and not all(only_reads(c, alias, columns, True) for c in conjuncts(where.this)):
         return None
@@ -222,10 +241,15 @@ def partial_aggregate(select: exp.Select, table: exp.Table, columns: set[str], r
         if target is None or not only_reads(target, alias, columns, True):
             return None
         keys.append(target)
-    key_sql = [unqualified(k).sql(dialect="duckdb") for k in keys]
-    owner_items: list[exp.Expression] = [exp.alias_(unqualified(k), f"__g{i}", quoted=True) for i, k in enumerate(keys)]
+    return keys
+
+
+def _states(select: exp.Select, alias: str, columns: set[str],
+            owner_items: list[exp.Expression]) -> dict[str, exp.Expression] | None:
+    """Each aggregate's per-partition states (added to ``owner_items`` as ``__a*``) and, by its
+    SQL, the merge of them; None when one cannot be split so."""
     merges: dict[str, exp.Expression] = {}
-    for a in aggs:
+    for a in select.find_all(exp.AggFunc):
         if not isinstance(a, _MERGEABLE) or isinstance(a.parent, exp.Filter) or isinstance(a.this, exp.Distinct):
             return None
         if a.find_ancestor(exp.AggFunc) is not None or any(a.args.get(k) for k in ("order", "ignore_nulls")):
@@ -237,8 +261,7 @@ def partial_aggregate(select: exp.Select, table: exp.Table, columns: set[str], r
         text = unqualified(a).sql(dialect="duckdb")
         if text in merges:
             continue
-        n = len(merges)
-        state = f"__a{n}"
+        state = f"__a{len(merges)}"
         value = None if star else unqualified(arg)
         if isinstance(a, exp.Count):
             owner_items.append(exp.alias_(exp.Count(this=exp.Star()) if star else exp.Count(this=value), state, quoted=True))
@@ -253,14 +276,15 @@ def partial_aggregate(select: exp.Select, table: exp.Table, columns: set[str], r
             owner_items.append(exp.alias_(type(a)(this=value), state, quoted=True))
             merge = type(a)(this=exp.column(state, quoted=True))
         merges[text] = merge
+    return merges
 
-    owner = exp.select(*owner_items).from_(ROWS)
-    if where is not None:
-        owner = owner.where(unqualified(where.this))
-    if keys:
-        owner = owner.group_by(*[unqualified(k) for k in keys])
 
-    final = select.copy()
+def _merged(select: exp.Select, keys: list[exp.Expression], merges: dict[str, exp.Expression], relation: str,
+            names: list[str]) -> exp.Select | None:
+    """The statement over the states in ``relation``: its aggregates their merges, its group
+    keys ``__g*``; None when something still reads a source column (not grouped: the ordinary
+    path, and DuckDB's own error, handle it)."""
+    key_sql = [unqualified(k).sql(dialect="duckdb") for k in keys]
 
     def swap(node: exp.Expression) -> exp.Expression:
         if isinstance(node, exp.AggFunc):
@@ -272,6 +296,7 @@ def partial_aggregate(select: exp.Select, table: exp.Table, columns: set[str], r
                 return exp.column(f"__g{key_sql.index(text)}", quoted=True)
         return node
 
+    final = select.copy()
     if len(names) != len(final.expressions):
         return None
     items = []
@@ -287,12 +312,10 @@ def partial_aggregate(select: exp.Select, table: exp.Table, columns: set[str], r
     final.set("group", exp.Group(expressions=[exp.column(f"__g{i}", quoted=True) for i in range(len(keys))])
               if keys else None)
     final.set("from_", exp.From(this=exp.to_table(relation)))
-    # anything still reading a source column was not grouped: let the ordinary path (and
-    # DuckDB's own error) handle it
     for col in final.find_all(exp.Column):
         if not col.name.startswith(("__g", "__a")) and not is_output_alias(col, select):
             return None
-    return PartialAggregate(owner, final)
+    return final
 
 
 def _only_count_stars(select: exp.Select) -> bool:

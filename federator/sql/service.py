@@ -12,6 +12,7 @@ from typing import Any
 from federator.catalog.definition import StoreDefinition
 from federator.errors import SqlError
 from federator.metrics import Metrics
+from federator.node.protocol import ServingNode
 from federator.plugin.registry import Registry
 from federator.sql.engine import SqlEngine
 from federator.sql.limits import Admission, Limits
@@ -20,15 +21,13 @@ from federator.sql.types import sql_type
 
 
 class SqlService:
-    def __init__(self, node: Any, registry: Registry) -> None:
+    def __init__(self, node: ServingNode, registry: Registry) -> None:
         self.node = node
-        # the node's metrics (its registry, served at GET /metrics); a node without them (a
-        # test's fake) gets its own here
-        self.metrics: Metrics = getattr(node, "metrics", None) or Metrics()
+        self.metrics: Metrics = node.metrics  # the node's (its registry, served at GET /metrics)
         self.engine = SqlEngine(node, registry, self.metrics)
         # the caps of the public entries (the node's flags) and their one count of running
         # queries, shared by HTTP and Flight SQL
-        self.limits = Limits.of(getattr(node, "config", None))
+        self.limits = Limits.of(node.config)
         self.admission = Admission.of(self.limits)
 
     @property
@@ -49,7 +48,7 @@ class SqlService:
         defn = self.engine.resolve_store(name)
         info = next(s for s in self.stores_info() if s["name"] == defn.name)
         view = self.node.view
-        parts = []
+        parts: list[dict[str, Any]] = []
         for p in range(defn.partitions):
             if defn.is_global:  # no owner: every node keeps a copy and answers from it
                 parts.append({"partition": p, "active": None, "standbys": [], "copies": [

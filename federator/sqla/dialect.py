@@ -33,7 +33,7 @@ def _cache(fn: Any) -> Any:
     if not _SQLALCHEMY_1:
         return reflection.cache(fn)
 
-    def unannotated(self, connection, *args, **kw):  # type: ignore[no-untyped-def]
+    def unannotated(self, connection, *args, **kw):
         return fn(self, connection, *args, **kw)
 
     unannotated.__name__ = fn.__name__  # the cache's key

@@ -146,7 +146,7 @@ def join_chunks(chunks: list[pa.RecordBatch]) -> pa.RecordBatch:
     joined = []
     for i, pieces in enumerate(columns):
         columns[i] = None
-        joined.append(pa.concat_arrays(pieces))  # type: ignore[arg-type]
+        joined.append(pa.concat_arrays(pieces))
         del pieces
     return pa.RecordBatch.from_arrays(joined, schema=schema)
 

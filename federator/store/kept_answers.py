@@ -1,5 +1,5 @@
 """Kept answers: a store layer that answers a repeated query from the answer it computed at
-the same write sequence (``federator node --kept-answers``).
+the same write sequence (``federator node --shard-answers``).
 
 A leaderboard's top-10 or a player's rank asked again and again of a partition nobody wrote
 to is the same answer each time, yet each time the owner walked its index and built the
@@ -29,7 +29,7 @@ from federator.query.result import QueryResult
 from federator.settings import SHARD_ANSWER_MAX_BYTES, NodeSettings
 from federator.store.layer import UNBOUNDED, LocalKeyQuery, StoreLayer, WrappedLayer
 
-DEFAULT_PER_SHARD = NodeSettings.kept_answers  # answers kept per store partition (--kept-answers); 0 turns the layer off
+DEFAULT_PER_SHARD = NodeSettings.shard_answers  # answers kept per store partition (--shard-answers); 0 turns the layer off
 MAX_ANSWER_BYTES = SHARD_ANSWER_MAX_BYTES  # a larger answer is a scan's kind, and costs more to keep than to read
 
 

@@ -103,6 +103,19 @@ class StoreLayer:
         bring the store to, from a layer that holds them (the scan cache); None: no layer does."""
         return None
 
+    # The shard's writes and lifecycle, which every layer passes down to it (WrappedLayer).
+    def apply(self, records: Sequence[ChangelogRecord], through: int | None = None) -> tuple[int, int]:
+        raise NotImplementedError
+
+    def reset(self, source: str | None = None) -> None:
+        raise NotImplementedError
+
+    def set_source(self, topic_id: str) -> bool:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
 
 class WrappedLayer(StoreLayer):
     """A layer over another: what it does not answer goes down, and so do writes, the
@@ -133,16 +146,16 @@ class WrappedLayer(StoreLayer):
         return self.inner.changes_since(since, bound)
 
     def apply(self, records: Sequence[ChangelogRecord], through: int | None = None) -> tuple[int, int]:
-        return self.inner.apply(records, through)  # type: ignore[attr-defined]
+        return self.inner.apply(records, through)
 
     def reset(self, source: str | None = None) -> None:
-        self.inner.reset(source)  # type: ignore[attr-defined]
+        self.inner.reset(source)
 
     def set_source(self, topic_id: str) -> bool:
-        return self.inner.set_source(topic_id)  # type: ignore[attr-defined]
+        return self.inner.set_source(topic_id)
 
     def close(self) -> None:
-        self.inner.close()  # type: ignore[attr-defined]
+        self.inner.close()
 
     # What a shard is read for besides queries, asked of the shard at the bottom. Spelled out,
     # not a __getattr__: a class with one pays for it on every attribute, the point path's too.
@@ -177,7 +190,7 @@ def answer(shard: StoreLayer, query: Query, bound: PositionBound, collect_execut
         result = answer(shard, query, bound, False, read)
         took = (time.perf_counter() - started) * 1e6
         rows = result.batch.num_rows if result.batch is not None else 0
-        outcome = "ok" if result.ok else result.failure.value  # type: ignore[union-attr]
+        outcome = "ok" if result.failure is None else result.failure.value
         result.execution_info.append(
             f"{shard.definition.type} store {shard.definition.name!r} partition {shard.partition}: "
             f"{query.type_name} {outcome}, {rows} rows in {took:.0f} us at offset {shard.offset}"

@@ -290,7 +290,7 @@ class Shard(StoreLayer):
         """Answer ``query`` as a per-partition IQv2 result (never raises for store problems); a
         LocalKeyQuery as a StoredEntry or None."""
         if type(query) is LocalKeyQuery:
-            return self.stored(query.key_bytes, bound)  # type: ignore[attr-defined]
+            return self.stored(query.key_bytes, bound)
         return answer(self, query, bound, collect_execution_info, lambda: self.query(query))
 
 

@@ -179,6 +179,24 @@ def shape(
         time_type(df, session_start, "the session start")
         time_type(df, session_end, "the session end")
     time_cols = [c for c in (window_start, session_start, session_end) if c is not None]
+    value, value_format, value_fields, value_name = _value_shape(df, key, value, time_cols)
+    try:
+        defn = StoreDefinition(
+            name=store, type=type, topic=topic, partitions=partitions, key_format=key_format, key_name=key,
+            value_format=value_format, value_name=value_name, value_fields=value_fields,
+            window_size_ms=window_size_ms if layout == "window" else None, is_global=global_store, types=registry,
+        )
+    except DefinitionError as e:
+        raise SinkError(f"{e}; rename the column in the DataFrame (withColumnRenamed) "
+                        "or pick another store name") from None
+    return Shape(defn, layout, key, value, window_start, session_start, session_end)
+
+
+def _value_shape(df: Any, key: str, value: Any,
+                 time_cols: list[str]) -> tuple[Any, str, tuple[tuple[str, str], ...], str]:
+    """The value a write of ``df`` stores: (its column or columns, its format, its JSON fields, its
+    name); ``value`` None takes every column but the key and the times. Raises SinkError naming
+    a column no format fits."""
     if value is None:  # every other column
         value = [c for c in df.columns
                  if c != key and c not in time_cols and c.lower() not in RESERVED_COLUMNS]
@@ -213,16 +231,7 @@ def shape(
         value_format, value_fields, value_name = "json", tuple(fields), "value"
     else:
         raise SinkError(f"value must be a column name, a non-empty list of column names, or None; got {value!r}")
-    try:
-        defn = StoreDefinition(
-            name=store, type=type, topic=topic, partitions=partitions, key_format=key_format, key_name=key,
-            value_format=value_format, value_name=value_name, value_fields=value_fields,
-            window_size_ms=window_size_ms if layout == "window" else None, is_global=global_store, types=registry,
-        )
-    except DefinitionError as e:
-        raise SinkError(f"{e}; rename the column in the DataFrame (withColumnRenamed) "
-                        "or pick another store name") from None
-    return Shape(defn, layout, key, value, window_start, session_start, session_end)
+    return value, value_format, value_fields, value_name
 
 
 def plan(

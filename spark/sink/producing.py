@@ -176,12 +176,24 @@ def produce_batches(spec: WriteSpec, batches: Iterator[pa.RecordBatch]) -> pa.Re
     if failed:
         err = next(iter(failed))
         raise RuntimeError(f"producing to {topic}[{failed[err].partition()}] failed: {err.str()}")
-    # every other record is delivered: the held records come after them in their partitions
-    reports: list[dict] = [{} for _ in range(nparts)]  # d[None] = the delivered message, d[err] = failures
+    return _results(_deliver_held(last, spec, held), counts, seen, topic)
+
+
+def _deliver_held(last: Any, spec: WriteSpec, held: list[tuple | None]) -> list[dict]:
+    """Each partition's held record produced after every other record was delivered (so it
+    comes after them in its partition): per partition, d[None] = the delivered message, d[err]
+    = its failures."""
+    reports: list[dict] = [{} for _ in range(spec.partitions)]
     for p, rec in enumerate(held):
         if rec is not None:
-            _produce_one(last, topic, rec, reports[p].__setitem__)
+            _produce_one(last, spec.topic, rec, reports[p].__setitem__)
     _flush(last, spec)
+    return reports
+
+
+def _results(reports: list[dict], counts: np.ndarray, seen: bytearray | None, topic: str) -> pa.RecordBatch:
+    """The task's result rows (RESULT_SCHEMA): per partition its last offset and records written,
+    and the bitmap of existing keys written."""
     rows_p, rows_o, rows_n, rows_s = [], [], [], []
     for p, d in enumerate(reports):
         errors = [e for e in d if e is not None]

@@ -13,7 +13,7 @@ Two settings of the nodes, each measured: the defaults, where a repeated stateme
 unchanged partitions is answered again from the receiver's last answer without asking the
 owners (their positions watches say nothing moved) and each partition gives again the answer
 it computed at the same write sequence,
-and ``--reuse-answers-seconds 0 --kept-answers 0``, where every query computes its answer. Every
+and ``--reuse-answers-seconds 0 --shard-answers 0``, where every query computes its answer. Every
 answer of the load is checked against the data (top-10 and rank against the players' scores,
 COUNT and GROUP BY against the rows). Redis answers ZREVRANGE 0 9 WITHSCORES and ZREVRANK + ZSCORE
 through redis-py, one connection per client thread, closed-loop like the SQL clients. Each SQL
@@ -345,8 +345,8 @@ def test_leaderboard_beside_redis(broker, topics, redis_server, data: Data, repo
     lines: list[str] = []
     load_before = os.getloadavg()[0]
     for setting, args in (("defaults (answers reused while unchanged)", []),
-                          ("--reuse-answers-seconds 0 --kept-answers 0 (every answer computed)",
-                           ["--reuse-answers-seconds", "0", "--kept-answers", "0"])):
+                          ("--reuse-answers-seconds 0 --shard-answers 0 (every answer computed)",
+                           ["--reuse-answers-seconds", "0", "--shard-answers", "0"])):
         with setting_cluster(broker, topics, tmp_path_factory, setting, args) as (n0, pids):
             folder = tmp_path_factory.mktemp("bench-lb-wrk")
             for label, sql, params, check in queries:
@@ -403,7 +403,7 @@ def test_leaderboard_beside_redis(broker, topics, redis_server, data: Data, repo
         "| what | clients | req/s | p50 ms | p99 ms | server CPU us/req | client CPU us/req |",
         "|---|---:|---:|---:|---:|---:|---:|",
         *lines])
-    computed = "--reuse-answers-seconds 0 --kept-answers 0 (every answer computed)"
+    computed = "--reuse-answers-seconds 0 --shard-answers 0 (every answer computed)"
     defaults = "defaults (answers reused while unchanged)"
     by = "wrk" if measured else "the Python clients"
     figures = {**results, **measured}  # wrk's where it ran; every answer checked either way (above)

@@ -30,6 +30,7 @@ from federator.store.layer import StoredEntry
 from federator.dispatch.errors import DispatchError
 from federator.errors import SqlError
 from federator.sql.dispatch_errors import from_dispatch
+from tests.unit import fake_node
 
 TOPIC = "app-s-changelog"
 RETRYABLE = [FailureReason.NOT_PRESENT, FailureReason.NOT_ACTIVE, FailureReason.NOT_UP_TO_BOUND,
@@ -99,15 +100,13 @@ class World:
         return out
 
 
-class FakeNode:
+class FakeNode(fake_node.FakeNode):
     """What the dispatcher reads of its node: id, view, store definitions, in-process execution."""
 
-    cluster_secret = None
-
     def __init__(self, world: World, node_id: str = "me") -> None:
-        self.node_id, self.world, self.view = node_id, world, world.view
+        super().__init__(world.view, {"s": type("Defn", (), {"topic": TOPIC, "partitions": 4, "is_global": False})()})
+        self.node_id, self.world = node_id, world
         self.endpoint = f"{node_id}:1"
-        self.stores = {"s": type("Defn", (), {"topic": TOPIC, "partitions": 4, "is_global": False})()}
         self.lags: dict[int, int | None] = {}  # partition -> its own copy's lag (a global store's)
         self.waits: list[tuple[str, dict[int, int]]] = []  # wait_applied's calls
 

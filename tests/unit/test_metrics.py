@@ -36,6 +36,7 @@ from federator.sql.service import SqlService
 from federator.store.metered import Meter
 from federator.store.scan_cache import ScanCache
 from tests.registry import REGISTRY
+from tests.unit import fake_node
 
 PARTITIONS = 4
 
@@ -64,23 +65,16 @@ def value(metrics: Metrics, name: str, **labels: str) -> float | None:
     return metrics.registry.get_sample_value(name, labels)
 
 
-class FakeNode:
+class FakeNode(fake_node.FakeNode):
     """A node that owns every partition of store ``s`` and answers each with one row (or,
-    with ``fail``, a store exception); it has no copies of its own to read locally."""
+    with ``fail``, a store exception); it has no copies of its own to read locally, and its
+    answers carry no positions: every statement asks it again."""
 
     def __init__(self) -> None:
-        self.node_id, self.state, self.cluster_secret = "me", "RUNNING", None
-        self.stores = {"s": definition()}
-        self.view = ClusterView()
+        super().__init__(ClusterView(), {"s": definition()})
+        self.state = "RUNNING"
         self.view.update_local(info("me", active=list(range(PARTITIONS))))
-        self.duck = Duck()
         self.fail = False
-
-    def read_local(self, *args: Any) -> None:
-        return None
-
-    def answerable_offset(self, store: str, partition: int) -> None:
-        return None  # its answers carry no positions: every statement asks it again
 
     def execute(self, req: Any) -> list[QueryResult]:
         if self.fail:
@@ -111,7 +105,7 @@ def test_the_exposition_parses_with_the_query_counters_and_histograms() -> None:
 
 def test_the_engine_counts_statements_by_kind_and_outcome() -> None:
     node = FakeNode()
-    sql = SqlService(node, REGISTRY)  # the fake has no metrics: the SQL front makes its own
+    sql = SqlService(node, REGISTRY)
     m = sql.metrics
 
     def run(text: str, *params: Any, timeout_ms: int = 10_000) -> list[dict]:

@@ -158,15 +158,6 @@ def test_request_defaults() -> None:
     assert not req.require_active and not req.collect_execution_info
 
 
-def test_with_partitions_keeps_everything_else() -> None:
-    req = StateQueryRequest("s", KeyQuery(1), None, PositionBound.at(Position.of("t", 0, 1)), True, True)
-    narrowed = req.with_partitions([2, 1])
-    assert narrowed.partitions == (2, 1)
-    assert (narrowed.store, narrowed.query, narrowed.bound) == (req.store, req.query, req.bound)
-    assert narrowed.require_active and narrowed.collect_execution_info
-    assert req.partitions is None
-
-
 def test_request_with_unknown_query_type() -> None:
     with pytest.raises(UnknownQueryType):
         StateQueryRequest.from_dict({"store": "s", "query": {"type": "Nope"}}, REGISTRY.query_types)

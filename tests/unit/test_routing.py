@@ -18,6 +18,7 @@ from federator.query.result import FailureReason, QueryResult
 from federator.route.read_options import ReadOptions
 from federator.route.router import Target, targets_for
 from federator.sql.dispatch_errors import from_dispatch
+from tests.unit import fake_node
 
 TOPIC = "app-s-changelog"
 
@@ -68,16 +69,9 @@ def test_stale_reads_are_routed_as_before() -> None:
     assert ids(targets_for(view(), "s", 0, ReadOptions(allow_stale=True, max_lag=3), frozenset({"n1"}))) == [("n2", False), ("n1", True)]
 
 
-class FakeNode:
-    node_id = "me"
-    cluster_secret = None
-
+class FakeNode(fake_node.FakeNode):
     def __init__(self, v: ClusterView) -> None:
-        self.view = v
-        self.stores = {"s": type("Defn", (), {"topic": TOPIC, "is_global": False})()}
-
-    def execute(self, request):  # nothing is hosted here
-        raise AssertionError("no local partitions")
+        super().__init__(v, {"s": type("Defn", (), {"topic": TOPIC, "is_global": False})()})
 
 
 class FakeClient:

@@ -37,7 +37,20 @@ def test_a_flag_wins_over_the_environment_which_wins_over_the_file(tmp_path: Pat
     assert (st.server, resolved.sources["server"]) == ("granian", ENV)
     assert (st.threads, resolved.sources["threads"]) == (30, FILE)
     assert (st.max_body_bytes, resolved.sources["max_body_bytes"]) == (1024 * 1024, FILE)
-    assert (st.kept_answers, resolved.sources["kept_answers"]) == (NodeSettings.kept_answers, DEFAULT)
+    assert (st.shard_answers, resolved.sources["shard_answers"]) == (NodeSettings.shard_answers, DEFAULT)
+
+
+def test_a_renamed_setting_is_still_taken_by_its_former_flag_and_file_key_with_a_warning(tmp_path: Path) -> None:
+    with pytest.warns(FutureWarning, match="--kept-answers is deprecated: it is now --shard-answers"):
+        resolved = _resolve([*REQUIRED, "--kept-answers", "3"])
+    assert (resolved.settings.shard_answers, resolved.sources["shard_answers"]) == (3, FLAG)
+    with pytest.warns(FutureWarning, match="kept_answers is deprecated: it is now shard_answers"):
+        resolved = _resolve([*REQUIRED, "--config", _file(tmp_path, "kept_answers = 5\n")])
+    assert (resolved.settings.shard_answers, resolved.sources["shard_answers"]) == (5, FILE)
+    # the new name wins over the former one, as a flag over the file
+    with pytest.warns(FutureWarning):
+        resolved = _resolve([*REQUIRED, "--shard-answers", "7", "--config", _file(tmp_path, "kept_answers = 5\n")])
+    assert resolved.settings.shard_answers == 7
 
 
 def test_the_file_alone_can_name_the_required_settings(tmp_path: Path) -> None:
