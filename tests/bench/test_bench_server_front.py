@@ -114,6 +114,10 @@ def check_answers(label: str, answers: Path, result: WrkResult, values: dict[str
             and answer["value"] is not None, (label, status, body)
 
 
+def _loadavg(load: tuple[float, float, float]) -> str:
+    return " / ".join(f"{x:.2f}" for x in load)
+
+
 def beats_node_front(results: dict[tuple[str, str, int], WrkResult], label: str) -> tuple[str, bool]:
     """Issue 45's test of a front: at 1 client no slower than the node's, at 10 clients faster with a
     shorter p99, for GET and POST alike."""
@@ -136,6 +140,8 @@ def test_server_fronts(report: Report, tmp_path) -> None:
     keys_file = tmp_path / "keys.txt"
     keys_file.write_text("".join(key + "\n" for key in keys))
     results: dict[tuple[str, str, int], WrkResult] = {}
+    loads: dict[tuple[str, str, int], float] = {}  # the 1-minute load average as each load began
+    load_before = os.getloadavg()
     total, step = len(FRONTS) * len(LOADS) * len(CLIENTS), 0
     for label, flags in FRONTS:
         server = FrontServer(flags, keys_file)
@@ -147,6 +153,7 @@ def test_server_fronts(report: Report, tmp_path) -> None:
                     answers = tmp_path / f"answers-{step}"
                     warm = run_wrk("warm-up", server.url, mode, keys_file, c, WARMUP_S, answers=answers)
                     check_answers(f"{label} {method} c={c}", answers, warm, values)
+                    loads[(label, method, c)] = os.getloadavg()[0]
                     r = run_wrk(f"{label} {method}", server.url, mode, keys_file, c, SECONDS, [server.proc.pid])
                     assert r.errors == 0, r.line()
                     results[(label, method, c)] = r
@@ -154,19 +161,23 @@ def test_server_fronts(report: Report, tmp_path) -> None:
         finally:
             server.stop()
 
-    rows = ["| front | request | clients | req/s | p50 ms | p99 ms | server CPU us/req | req/s vs the node's front |",
-            "|---|---|---:|---:|---:|---:|---:|---:|"]
+    load_after = os.getloadavg()
+    rows = ["| front | request | clients | req/s | p50 ms | p99 ms | server CPU us/req | req/s vs the node's front "
+            "| load avg |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for (label, method, c), r in results.items():
         base = results[(NODE_FRONT, method, c)].rate
         rows.append(f"| {label} | {method} | {c} | {r.rate:,.0f} | {r.p50_ms:.2f} | {r.p99_ms:.2f} | "
-                    f"{r.server_us_per_req:,.0f} | {r.rate / base:.2f}x |")
+                    f"{r.server_us_per_req:,.0f} | {r.rate / base:.2f}x | {loads[(label, method, c)]:.2f} |")
     report.section(f"The server front alone ({WORK_US:g} us of Python per request, no Federator code)", [
         f"tests/bench/front_server.py: each request holds the GIL for {WORK_US:g} us (a spin), then answers the "
         f"requested key's value from a table of {KEYS:,} keys (about 35 bytes of JSON). {wrk_version()}, "
         f"`wrk -t1 -cN`, keep-alive, {SECONDS:g}s per load after a {WARMUP_S:g}s warm-up whose every answer is "
         "checked. GET is the REST lookup's path, POST the SQL point query's JSON body, which each front reads "
         "and decodes. Server CPU: the server process. uvicorn, aiohttp and the protocol parse HTTP on their "
-        "loop's thread; granian's ASGI loop is handed each request by granian's threads.", "", *rows])
+        "loop's thread; granian's ASGI loop is handed each request by granian's threads. Load avg: the machine's "
+        "1-minute load average as the load began (wrk and the front make up to about 2 of it; the rest is other "
+        f"work sharing the machine's cores); 1, 5 and 15 minutes: {_loadavg(load_before)} before the fronts, {_loadavg(load_after)} after.",
+        "", *rows])
     for label, _ in FRONTS:
         r = results[(label, "POST", 10)]
         report.target(f"the front alone, POST p99 at 10 clients <= {T_P99_MS_C10:g} ms: {label} (issue 17)",
