@@ -55,12 +55,19 @@ def groups(items: Sequence[pytest.Item]) -> list[list[str]]:
     for item in items:
         module = root(module_of(item))
         for fixture in set(SHARED) & set(getattr(item, "fixturenames", ())):
-            parent[root(f"fixture:{fixture}")] = module
+            parent[root(f"fixture:{defined_at(item, fixture)}")] = module
     out: dict[str, list[str]] = defaultdict(list)
     for name in list(parent):
         if not name.startswith("fixture:"):
             out[root(name)].append(name)
     return list(out.values())
+
+
+def defined_at(item: pytest.Item, fixture: str) -> str:
+    """Where the fixture ``item`` gets under that name is defined: a module's own fixture of the
+    same name is another one."""
+    defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {}).get(fixture)
+    return f"{defs[-1].func.__module__}.{defs[-1].func.__qualname__}" if defs else fixture
 
 
 def weights(items: Sequence[pytest.Item], times: dict[str, list[float]]) -> dict[str, float]:
