@@ -67,10 +67,10 @@ def build_once(out: Path, build: Callable[[Path], None]) -> Path:
 
 @contextmanager
 def locked(path: Path) -> Iterator[None]:
-    """Hold an exclusive lock on ``path`` (a ``.NAME.lock`` file beside it) for the block: one
-    process at a time makes or changes it."""
+    """Hold an exclusive lock on ``path`` (a ``.NAME.lock`` file beside it, NAME without a leading
+    dot) for the block: one process at a time makes or changes it."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.parent / f".{path.name}.lock", "w") as lock:
+    with open(path.parent / f".{path.name.lstrip('.')}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
 

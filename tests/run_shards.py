@@ -44,7 +44,7 @@ class Shard:
                 self.closing.append(line)
             else:
                 with _PRINT:
-                    print(self.name, line, end="", flush=True)
+                    print(f"{self.name} {line}" if line.strip() else line, end="", flush=True)
 
     def finish(self) -> int:
         """The shard's exit code, once it ended and its closing block is printed."""
@@ -52,7 +52,8 @@ class Shard:
         self.reader.join()
         with _PRINT:
             print(f"\n---------- shard {self.name}: exit {code} ----------", flush=True)
-            print("".join(self.closing), end="", flush=True)
+            closing = "".join(self.closing)
+            print(closing, end="" if closing.endswith("\n") else "\n", flush=True)  # what it wrote at exit may not end a line
         return code
 
 
