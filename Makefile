@@ -58,8 +58,11 @@ superset-env: install
 superset: superset-env
 	@$(BIN)/python -m tests.integration.superset_demo
 
+# The tests as two pytest processes side by side over disjoint sets of modules (tests/run_shards.py,
+# tests/shards.py): most of the run waits on brokers, nodes and JVMs. Arguments for pytest go in
+# ARGS (make test ARGS='-x -k stream'); `.venv/bin/python -m pytest` runs the tests in one process.
 test: install test-debs kafka kstreams superset-env
-	$(BIN)/python -m pytest
+	$(BIN)/python -m tests.run_shards $(ARGS)
 
 # Every test marked apache_kafka on Apache Kafka alone, the long ones too (the kill test, every
 # Spark read, joins, standby token reads); `make test` runs a part of them on it, all on tansu.

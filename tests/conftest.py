@@ -19,6 +19,7 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 
 from federator.broker import TANSU_GROUP_FLAGS, die_with_parent
+from tests import shards
 
 if TYPE_CHECKING:
     from tests.apache_kafka import KafkaCluster
@@ -45,7 +46,7 @@ def _ephemeral_low() -> int:
         return 32768
 
 
-_PORTS = range(max(1024, _ephemeral_low() - 12_000), _ephemeral_low())
+_PORTS = range(max(1024, _ephemeral_low() - 12_000), _ephemeral_low())  # a shard takes its slice
 _HANDED_OUT: set[int] = set()
 
 
@@ -185,8 +186,23 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 RUN_TOGETHER = {"bi_cluster": "fuzz_db"}
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--shard", metavar="K/N", type=shards.parse,
+                     help="run the K-th of N disjoint sets of test modules (tests/shards.py; make test runs them side by side)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _PORTS
+    if shard := config.getoption("shard"):  # the shards run at once: they must not hand out the same port
+        k, n = shard
+        size = len(_PORTS) // n
+        _PORTS = range(_PORTS.start + (k - 1) * size, _PORTS.start + k * size)
+
+
 @pytest.hookimpl(trylast=True)  # after pytest has ordered the tests by the session's broker
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if shard := config.getoption("shard"):
+        shards.select(config, items, shard)
     for fixture, last in RUN_TOGETHER.items():
         items[:] = run_together(items, fixture, last)
 

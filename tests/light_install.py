@@ -17,7 +17,7 @@ import zipfile
 from pathlib import Path
 from typing import Sequence
 
-from tests.maven_cache import cache_dir, build_once
+from tests.maven_cache import build_once, cache_dir, locked
 
 ROOT = Path(__file__).resolve().parents[1]
 # what setup.py packs: the packages, their metadata and the long description
@@ -64,10 +64,11 @@ def cached_venv(path: Path, requirements: Sequence[str], key: str | None = None)
     requirements) stays the same."""
     marker = path / ".installed"
     wanted = key if key is not None else json.dumps(list(requirements))
-    if marker.exists() and marker.read_text() == wanted:
-        return path / "bin" / "python"
-    python = new_venv(path, requirements)
-    marker.write_text(wanted)
+    with locked(path):  # the shards of a run may want it at once
+        if marker.exists() and marker.read_text() == wanted:
+            return path / "bin" / "python"
+        python = new_venv(path, requirements)
+        marker.write_text(wanted)
     return python
 
 

@@ -10,8 +10,9 @@ import os
 import shutil
 import subprocess
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 INSTALL = ("install a JDK 17 and Maven (Debian: apt-get install openjdk-17-jdk-headless maven), "
            "then run `make test` again")
@@ -50,9 +51,7 @@ def build_once(out: Path, build: Callable[[Path], None]) -> Path:
     returns, unless a complete ``out`` exists; a ``build`` that raises leaves nothing."""
     if (out / ".complete").exists():
         return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out.parent / f".{out.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # another session or worktree may be making it too
+    with locked(out):  # another session or worktree may be making it too
         if not (out / ".complete").exists():
             tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f"{out.name}-"))
             try:
@@ -64,6 +63,16 @@ def build_once(out: Path, build: Callable[[Path], None]) -> Path:
             shutil.rmtree(out, ignore_errors=True)
             tmp.rename(out)
     return out
+
+
+@contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``path`` (a ``.NAME.lock`` file beside it, NAME without a leading
+    dot) for the block: one process at a time makes or changes it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.parent / f".{path.name.lstrip('.')}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def _run_maven(tmp: Path, maven_args: Callable[[Path], list[str]], what: str, progress: bool) -> None:
