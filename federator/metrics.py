@@ -98,7 +98,7 @@ class NodeCollector(Collector):
         return []  # the series depend on the node's stores; nothing to check at registration
 
     def collect(self) -> Iterator[Metric]:
-        for part in (self._node, self._partitions, self._copies, self._scan_cache, self._kept_answers, self._store_queries, self._duckdb):
+        for part in (self._node, self._partitions, self._copies, self._scan_cache, self._shard_answers, self._store_queries, self._duckdb):
             try:
                 yield from part()
             except Exception:  # noqa: BLE001 - one unreadable part must not lose the others
@@ -209,14 +209,14 @@ class NodeCollector(Collector):
         yield CounterMetricFamily("federator_scan_cache_maintained", "Owners' kept partial aggregates brought up "
                                   "to date from the rows written since", value=s["maintained"])
 
-    def _kept_answers(self) -> Iterator[Metric]:
-        kept = getattr(self.node, "kept_answers", None)
+    def _shard_answers(self) -> Iterator[Metric]:
+        kept = getattr(self.node, "shard_answers", None)
         if kept is None:
             return
         s = kept.stats()
         yield CounterMetricFamily("federator_kept_answers_hits", "Store queries answered from the answer the "
                                   "partition computed at the same write sequence (--shard-answers)", value=s["hits"])
-        yield CounterMetricFamily("federator_kept_answers_computed", "Store queries the kept-answer layer "
+        yield CounterMetricFamily("federator_kept_answers_computed", "Store queries the shard-answer layer "
                                   "passed down to compute", value=s["computed"])
 
     def _store_queries(self) -> Iterator[Metric]:

@@ -213,7 +213,7 @@ CACHES: tuple[Cache, ...] = (
           "recently used dropped first; --scan-cache-follow writes per scan", "federator.store.scan_cache"),
     Cache("shard answers", "small answers (top-k, rank, key sets) of each store partition, until its next write",
           f"--shard-answers per store partition, each at most {SHARD_ANSWER_MAX_BYTES >> 10} KiB",
-          "federator.store.kept_answers"),
+          "federator.store.shard_answers"),
     Cache("shard derivations", "what a store type derives from a store partition (the leaderboard's sorted scores), "
           "until its next write", "one per derivation the store type names, per store partition, as large as the "
           "type makes it", "federator.store.shard"),

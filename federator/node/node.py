@@ -48,7 +48,7 @@ from federator.store.layer import LocalKeyQuery, StoredEntry
 from federator.store.together import answer_together, together_refused
 from federator.store.types import TogetherHandler
 from federator.store.metered import Meter, count
-from federator.store.kept_answers import DEFAULT_PER_SHARD, KeptAnswers
+from federator.store.shard_answers import DEFAULT_PER_SHARD, ShardAnswers
 from federator.store.scan_cache import DEFAULT_FOLLOW, DEFAULT_MB, ScanCache
 from federator.store.stack import open_store
 from federator.settings import PLUGIN_ERRORS, NodeSettings
@@ -206,10 +206,10 @@ class Node:
         app, bootstrap = config.application_id, config.bootstrap_servers
         self.view = ClusterView()
         # One scan cache, one shard-answers count and one meter for all of this node's stores: each
-        # store's stack is Metered(KeptAnswers(Caching(Shard))) over them (federator.store.stack), and
+        # store's stack is Metered(ShardAnswers(Caching(Shard))) over them (federator.store.stack), and
         # the owner's work keeps its results in the scan cache.
         self.scan_cache = ScanCache(config.scan_cache_mb << 20, config.scan_cache_follow)
-        self.kept_answers = KeptAnswers(config.shard_answers)
+        self.shard_answers = ShardAnswers(config.shard_answers)
         self.meter = Meter()
         # this node's Prometheus registry: its state read at each scrape, and the counters the
         # SQL front and the dispatcher keep as they answer (GET /metrics)
@@ -218,7 +218,7 @@ class Node:
         self.materializer = Materializer(
             bootstrap, self.state_dir, on_change=self._wake.set,
             open_store=functools.partial(open_store, cache=self.scan_cache, meter=self.meter,
-                                         kept=self.kept_answers if config.shard_answers > 0 else None))
+                                         kept=self.shard_answers if config.shard_answers > 0 else None))
         # Both topics are created again if they vanish (a broker restarted empty).
         self.catalog_tail = TopicTail(
             bootstrap, catalog_topic(app), self._on_catalog, self._on_catalog_reset, "catalog", COMPACTED
@@ -746,7 +746,7 @@ class Node:
                 f"{store}/{p}": hs.applied for (store, p), hs in sorted(self.materializer.snapshot().items())
             },
             "scan_cache": self.scan_cache.stats(),
-            "kept_answers": self.kept_answers.stats(),
+            "kept_answers": self.shard_answers.stats(),
             "store_queries": self.meter.stats(),
         }
         return view

@@ -53,8 +53,8 @@ class Query:
 
     type_name: ClassVar[str] = "Query"
     # Whether its answer depends on nothing but the partition's data and the query itself, so
-    # a partition may give the answer again while nothing is written to it (the kept-answer
-    # layer, federator.store.kept_answers). A query type whose handler reads anything else
+    # a partition may give the answer again while nothing is written to it (the shard-answer
+    # layer, federator.store.shard_answers). A query type whose handler reads anything else
     # (the clock, another system) sets it False.
     reusable: ClassVar[bool] = True
 

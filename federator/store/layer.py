@@ -2,10 +2,10 @@
 
 The model is Kafka Streams' state stores (``Metered(Caching(RocksDB))``, WrappedStateStore): a
 layer answers a query from what it holds or passes it down to the layer it wraps. A node's
-stack is ``Metered(KeptAnswers(Caching(Shard)))`` (federator.store.stack.open_store). From the
+stack is ``Metered(ShardAnswers(Caching(Shard)))`` (federator.store.stack.open_store). From the
 bottom: the RocksDB shard (federator.store.shard: data, position, the one optimistic read), the
 scan cache (federator.store.scan_cache: a shard's last full scan, following its writes), the
-kept answers (federator.store.kept_answers: small answers given again until the shard's next
+kept answers (federator.store.shard_answers: small answers given again until the shard's next
 write), and metering (federator.store.metered: queries, rows and time per store and query
 type). The
 owner's pushed-down work runs once over all of a node's partitions, so it wraps the stacks at

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from federator.catalog.definition import StoreDefinition
-from federator.store.kept_answers import KeptAnswers, KeptAnswersLayer
+from federator.store.shard_answers import ShardAnswers, ShardAnswersLayer
 from federator.store.layer import StoreLayer
 from federator.store.metered import Meter, MeteredLayer
 from federator.store.scan_cache import CachingLayer, ScanCache
@@ -14,13 +14,13 @@ from federator.store.shard import Shard
 
 def open_store(path: str | Path, definition: StoreDefinition, partition: int,
                cache: ScanCache | None = None, meter: Meter | None = None,
-               kept: KeptAnswers | None = None) -> StoreLayer:
-    """Metered(KeptAnswers(Caching(Shard))): a layer is left out when its part is not given."""
+               kept: ShardAnswers | None = None) -> StoreLayer:
+    """Metered(ShardAnswers(Caching(Shard))): a layer is left out when its part is not given."""
     store: StoreLayer = Shard(path, definition, partition)
     if cache is not None:
         store = CachingLayer(store, cache)
     if kept is not None:
-        store = KeptAnswersLayer(store, kept)
+        store = ShardAnswersLayer(store, kept)
     if meter is not None:
         store = MeteredLayer(store, meter)
     return store

@@ -19,7 +19,7 @@ from federator.query import KeyQuery, Position, PositionBound, RangeQuery
 from federator.query.result import FailureReason, QueryResult
 from federator.sql.point import point_plan
 from federator.store import ChangelogRecord, LocalKeyQuery, Shard, StoredEntry, StoreLayer, StoreType
-from federator.store.kept_answers import KeptAnswers
+from federator.store.shard_answers import ShardAnswers
 from federator.store.layer import UNBOUNDED, WrappedLayer
 from federator.store.metered import Meter, MeteredLayer
 from federator.store.scan_cache import CachingLayer, ScanCache
@@ -181,7 +181,7 @@ def test_a_failed_key_read_is_logged_not_swallowed(tmp_path: Path, caplog: pytes
 
 # ---- kept answers: a repeated query answered from what the shard computed at the same write ---
 def test_a_repeated_query_is_answered_from_its_kept_answer_until_the_next_write(tmp_path: Path) -> None:
-    kept = KeptAnswers(per_shard=2)
+    kept = ShardAnswers(per_shard=2)
     store = open_store(tmp_path / "p", _definition(), 0, ScanCache(1 << 20), Meter(), kept=kept)
     try:
         store.apply([ChangelogRecord(k, _long(n), n, 5) for n, k in enumerate((b"a", b"b", b"c"))])
@@ -219,7 +219,7 @@ def test_a_query_type_whose_answer_depends_on_more_than_the_data_is_computed_eac
         type_name: ClassVar[str] = "Clocked"
         reusable: ClassVar[bool] = False
 
-    kept = KeptAnswers()
+    kept = ShardAnswers()
     store = open_store(tmp_path / "p", _definition(), 0, ScanCache(1 << 20), Meter(), kept=kept)
     try:
         store.apply([ChangelogRecord(b"a", _long(1), 0, 5)])

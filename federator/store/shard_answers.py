@@ -1,4 +1,4 @@
-"""Kept answers: a store layer that answers a repeated query from the answer it computed at
+"""Shard answers: a store layer that answers a repeated query from the answer it computed at
 the same write sequence (``federator node --shard-answers``).
 
 A leaderboard's top-10 or a player's rank asked again and again of a partition nobody wrote
@@ -33,9 +33,10 @@ DEFAULT_PER_SHARD = NodeSettings.shard_answers  # answers kept per store partiti
 MAX_ANSWER_BYTES = SHARD_ANSWER_MAX_BYTES  # a larger answer is a scan's kind, and costs more to keep than to read
 
 
-class KeptAnswers:
-    """What a node's kept-answer layers share: the limit per shard and the counts reported
-    (GET /v1/metadata ``local.kept_answers``, the ``federator_kept_answers_*`` metrics)."""
+class ShardAnswers:
+    """What a node's shard-answer layers share: the limit per shard and the counts reported
+    (GET /v1/metadata ``local.kept_answers``, the ``federator_kept_answers_*`` metrics: the names
+    they were published under, which dashboards read)."""
 
     def __init__(self, per_shard: int = DEFAULT_PER_SHARD, max_bytes: int = MAX_ANSWER_BYTES) -> None:
         self.per_shard, self.max_bytes = per_shard, max_bytes
@@ -46,11 +47,11 @@ class KeptAnswers:
         return {"per_shard": self.per_shard, "hits": self.hits, "computed": self.computed}
 
 
-class KeptAnswersLayer(WrappedLayer):
+class ShardAnswersLayer(WrappedLayer):
     """Answers a query it answered before at the shard's current write sequence from that
     answer; computes (passing down) and keeps it otherwise."""
 
-    def __init__(self, inner: StoreLayer, kept: KeptAnswers) -> None:
+    def __init__(self, inner: StoreLayer, kept: ShardAnswers) -> None:
         super().__init__(inner)
         self.kept = kept
         self._shard: Any = inner.base
