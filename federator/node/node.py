@@ -525,8 +525,8 @@ class Node:
         defn = self.stores.get(request.store)
         partitions = request.partitions if request.partitions is not None else range(defn.partitions if defn else 0)
         together = _together_handler(request, defn)
-        if together is not None:
-            return self._answer_together(request, defn, list(partitions), together)  # type: ignore[arg-type]
+        if together is not None and defn is not None:
+            return self._answer_together(request, defn, list(partitions), together)
         run = _Execution(followable=(request.work is not None and request.work.sql is not None
                                      and request.work.join is None and self.scan_cache is not None
                                      and not request.collect_execution_info))

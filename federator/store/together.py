@@ -31,11 +31,13 @@ def answer_together(shards: list[Shard], query: Query, bound: PositionBound,
     if unmet:
         refused = {u.partition for u in unmet}
         return unmet + [together_refused(s.partition, unmet[0]) for s in shards if s.partition not in refused]
-    none = first.batch.slice(0, 0)  # type: ignore[union-attr]
+    assert first.batch is not None, "an answer carries its rows"
+    none = first.batch.slice(0, 0)
     return [first, *(QueryResult.success(s.partition, none, at) for s, at in zip(shards[1:], read_at[1:]))]
 
 
 def together_refused(partition: int, why: QueryResult) -> QueryResult:
     """Partition ``partition``'s failure when partition ``why.partition``, read with it, failed."""
-    return QueryResult.failed(partition, why.failure,  # type: ignore[arg-type]
+    assert why.failure is not None, "only a failure refuses the others"
+    return QueryResult.failed(partition, why.failure,
                               f"read together with partition {why.partition}, which failed: {why.message}", why.code)
