@@ -11,6 +11,7 @@ top-k, ranks and the rows around a player are answered in O(log n).
 
 from __future__ import annotations
 
+import bisect
 import functools
 import struct
 from typing import Any, Callable, Iterable
@@ -147,7 +148,7 @@ def player_ranks(views: list[ShardView], q: PlayerRanksQuery) -> pa.RecordBatch:
         if value is not None:
             keys.append(kb)
             stored.append(value)
-            places.append((score_of(sortable(defn.value_format, defn.value.deserialize(value[8:]))), key_bytes(kb)))
+            places.append((_stored_score(defn, value), key_bytes(kb)))
     indexes = [_index(v) for v in views]
     ranks = _dense_ranks(indexes, places, q.descending) if q.dense and q.tie_key is None else \
         [1 + sum(_before_in(i, s, k, order) for i in indexes) for s, k in places]
@@ -161,15 +162,24 @@ def _before_in(index: ScoreIndex, score: int, key: bytes, order: Order) -> int:
 
 
 def _dense_ranks(indexes: list[ScoreIndex], places: list[tuple[int, bytes]], descending: bool) -> list[int]:
-    """1 + the distinct scores, over all partitions, better than each place's."""
-    ranks = []
-    for score, _ in places:
-        better: set[int] = set()
-        for index in indexes:
-            with index.lock:
-                better.update(distinct_better(index.entries, score, descending))
-        ranks.append(1 + len(better))
-    return ranks
+    """1 + the distinct scores, over all partitions, better than each place's: those better
+    than the worst place, gathered once."""
+    if not places:
+        return []
+    worst = (min if descending else max)(s for s, _ in places)
+    better: set[int] = set()
+    for index in indexes:
+        with index.lock:
+            better.update(distinct_better(index.entries, worst, descending))
+    ordered = sorted(better)
+    if descending:
+        return [1 + len(ordered) - bisect.bisect_right(ordered, s) for s, _ in places]
+    return [1 + bisect.bisect_left(ordered, s) for s, _ in places]
+
+
+def _stored_score(defn: StoreDefinition, stored: bytes) -> int:
+    """The sortable score (a uint64) of a stored row."""
+    return score_of(sortable(defn.value_format, defn.value.deserialize(stored[8:])))
 
 
 def around_rows(view: ShardView, q: AroundQuery) -> pa.RecordBatch:
@@ -178,7 +188,7 @@ def around_rows(view: ShardView, q: AroundQuery) -> pa.RecordBatch:
     picked, below, above = _entries(view, lambda entries: around(entries, score, q.above, q.below, q.descending),
                                     q.descending)
     stored = view.get(defn.key.serialize(q.player))
-    now = None if stored is None else score_of(sortable(defn.value_format, defn.value.deserialize(stored[8:])))
+    now = None if stored is None else _stored_score(defn, stored)
     rows = _rows(view, picked).append_column(ENTRY, pa.array(picked, pa.binary()))
     ahead, behind = (above, below) if q.descending else (below, above)
     return _with_tail(rows, AROUND_FIELDS, {BEFORE: [ahead], AFTER: [behind], SCORE: [now]})
