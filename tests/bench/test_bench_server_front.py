@@ -53,7 +53,20 @@ FRONTS = (  # (label, front_server flags)
     ("aiohttp server (asyncio)", ["--front", "aiohttp"]),
     ("asyncio protocol (httptools, uvloop)", ["--front", "protocol"]),
 )
-LOOP_FRONTS = FRONTS[2:]  # the fronts issue 45 compares with the node's
+
+def chosen_fronts(names: str) -> tuple[tuple[str, list[str]], ...]:
+    """FEDERATOR_BENCH_FRONTS picks fronts, and their order, by their --front value (``wsgi`` is the
+    node's, ``wsgi1`` the one-thread WSGI), e.g. ``protocol,wsgi,uvicorn``: runs in alternating order
+    tell the front's figures from the machine's drift. The node's front is always measured."""
+    if not names:
+        return FRONTS
+    by_name = {"wsgi": FRONTS[0], "wsgi1": FRONTS[1], **{flags[1]: (label, flags) for label, flags in FRONTS[2:]}}
+    picked = [by_name[name.strip()] for name in names.split(",")]
+    return tuple(picked if FRONTS[0] in picked else [FRONTS[0], *picked])
+
+
+FRONTS = chosen_fronts(os.environ.get("FEDERATOR_BENCH_FRONTS", ""))
+LOOP_FRONTS = tuple(f for f in FRONTS if f[1][1] not in ("wsgi",))  # the fronts issue 45 compares with the node's
 LOADS = (("GET", "rest"), ("POST", "sql"))  # (method, wrk_point.lua mode)
 CLIENTS = (1, 10)
 KEYS = 1000
