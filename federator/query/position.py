@@ -28,8 +28,16 @@ class Position:
 
     def with_offset(self, topic: str, partition: int, offset: int) -> Position:
         """A copy with this partition's offset set (moved forward or back)."""
-        copy = Position(self._offsets)
+        copy = self._copy()
         copy._offsets.setdefault(topic, {})[partition] = offset
+        return copy
+
+    def _copy(self) -> Position:
+        """A copy whose offsets may be changed; they are ints already, which __init__ would
+        convert again (a statement merges one position a partition read)."""
+        copy = Position.__new__(Position)
+        copy._token = None
+        copy._offsets = {t: dict(parts) for t, parts in self._offsets.items()}
         return copy
 
     def merge(self, other: Position) -> Position:
@@ -38,7 +46,7 @@ class Position:
             return self
         if self.is_empty():
             return other
-        merged = Position(self._offsets)
+        merged = self._copy()
         for topic, parts in other._offsets.items():
             mine = merged._offsets.setdefault(topic, {})
             for p, o in parts.items():
