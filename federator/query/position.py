@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import json
 from dataclasses import dataclass, field
-from typing import Iterator, Mapping
+from typing import Iterable, Iterator, Mapping
 
 
 class Position:
@@ -46,12 +46,18 @@ class Position:
             return self
         if self.is_empty():
             return other
+        return self.merge_all([other])
+
+    def merge_all(self, others: Iterable[Position]) -> Position:
+        """Per partition, the largest offset of this one and ``others``, in one copy (a
+        statement's answer merges one position a partition read)."""
         merged = self._copy()
-        for topic, parts in other._offsets.items():
-            mine = merged._offsets.setdefault(topic, {})
-            for p, o in parts.items():
-                if o > mine.get(p, -1):
-                    mine[p] = o
+        for other in others:
+            for topic, parts in other._offsets.items():
+                mine = merged._offsets.setdefault(topic, {})
+                for p, o in parts.items():
+                    if o > mine.get(p, -1):
+                        mine[p] = o
         return merged
 
     def topics(self) -> list[str]:
