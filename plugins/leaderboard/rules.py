@@ -44,7 +44,8 @@ from federator.plugin.rules import Fetch, RulePlan, SqlRule, is_plain_column, li
 from federator.query.queries import KeysQuery
 
 from federator_plugins.leaderboard.index import Order, before, key_order, score_of
-from federator_plugins.leaderboard.queries import AroundQuery, PlayerRanksQuery, RankQuery, RanksAroundQuery, TopKQuery
+from federator_plugins.leaderboard.queries import (AroundQuery, PlayerRanksQuery, RankQuery, RanksAroundQuery,
+                                                   TopKQuery)
 from federator_plugins.leaderboard.store import ANCHOR, AFTER, BEFORE, COUNT, ENTRY, PLACE, RANK, SCORE, sortable_score
 
 RANK_COLUMN = RANK  # the rank the rule computed, as PlayerRanksQuery and RanksAroundQuery name it too

@@ -31,7 +31,8 @@ from federator.store.types import stored_value
 
 from federator_plugins.leaderboard.index import (Order, ScoreIndex, around, before, distinct_better, entry,
                                                  key_order, score_of, top)
-from federator_plugins.leaderboard.queries import AroundQuery, PlayerRanksQuery, RankQuery, RanksAroundQuery, TopKQuery
+from federator_plugins.leaderboard.queries import (AroundQuery, PlayerRanksQuery, RankQuery, RanksAroundQuery,
+                                                   TopKQuery)
 
 INDEX = "by_score"
 ENTRY = "__entry"  # AroundQuery's column: each row's index entry
@@ -160,7 +161,8 @@ def player_ranks(views: list[ShardView], q: PlayerRanksQuery) -> pa.RecordBatch:
     return rows.append_column(RANK, pa.array(ranks, pa.int64()))
 
 
-def _ranks(indexes: list[ScoreIndex], places: Iterable[tuple[int, bytes]], order: Order) -> dict[tuple[int, bytes], int]:
+def _ranks(indexes: list[ScoreIndex], places: Iterable[tuple[int, bytes]],
+           order: Order) -> dict[tuple[int, bytes], int]:
     """Each place's rank over every partition (``indexes``: all of them): 1 + the rows that
     rank before it in each."""
     ranks = dict.fromkeys(places, 1)

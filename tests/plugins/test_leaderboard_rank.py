@@ -300,5 +300,6 @@ def test_a_global_leaderboards_plan_around_a_player_rebound_to_another_ranks_aro
         text = AROUND.format(f=f, d="DESC", t=t, a=3, b=4)
         for player in ("p017", "nobody"):
             fetch = Fetch(global_board.shards)
-            assert global_board.answer(text, [player], fetch, planned_with=["p150"]) == global_board.duckdb(text, [player])
+            got = global_board.answer(text, [player], fetch, planned_with=["p150"])
+            assert got == global_board.duckdb(text, [player])
             assert fetch.asked == ["RanksAroundQuery"]
