@@ -366,12 +366,10 @@ def _around_together_plan(player: Any, named: exp.Expression, above: int, below:
     """The rows around a player of a global leaderboard, ranked in one read of every partition
     on the node asked: the player's score and the rows near it are of one state."""
     rows = [SubQuery(RanksAroundQuery(player, above, below, ranked.order.descending, ranked.order.tie_key), None)]
+    schema = pa.schema([*store.arrow_schema(), pa.field(RANK_COLUMN, pa.int64()), pa.field(ANCHOR_COLUMN, pa.int64())])
 
     def combine(fetch: Fetch) -> pa.Table:
-        schema = pa.schema([*store.arrow_schema(), pa.field(RANK_COLUMN, pa.int64()),
-                            pa.field(ANCHOR_COLUMN, pa.int64())])
-        batches = fetch(rows)
-        return pa.Table.from_batches(batches).cast(schema) if batches else schema.empty_table()
+        return _in_schema(fetch(rows), schema)
 
     def rebind(parameters: list[exp.Expression]) -> RulePlan | None:
         other = _rebound(named, parameters)

@@ -30,7 +30,7 @@ from federator.store.view import ShardView
 from federator.store.types import stored_value
 
 from federator_plugins.leaderboard.index import (Order, ScoreIndex, around, before, distinct_better, entry,
-                                                 key_order, score_of, top)
+                                                 key_order, nth, score_of, top)
 from federator_plugins.leaderboard.queries import (AroundQuery, PlayerRanksQuery, RankQuery, RanksAroundQuery,
                                                    TopKQuery)
 
@@ -208,31 +208,40 @@ def around_rows(view: ShardView, q: AroundQuery) -> pa.RecordBatch:
 
 def ranks_around(views: list[ShardView], q: RanksAroundQuery) -> pa.RecordBatch:
     """The rows ranked around the player over every partition (``views``: all of them), each
-    ranked exactly. Every row in the range lies in its own partition's window around the
-    player's score (whole score groups, then at least ``above`` better rows and ``below``
-    worse): between a row beyond it and the player lie at least as many of that partition's
-    rows as the range reaches, so the row ranks outside it."""
+    ranked exactly, from the rows near the player's place in each partition (``_near``)."""
     defn = views[0].definition
     order, key_bytes = Order(q.descending, q.tie_key), key_order(defn.key_format)
     kb = defn.key.serialize(q.player)
     stored = views[partition_for(kb, defn.partitions)].get(kb)
     if stored is None:
         return _ranked_rows(views, [], [], 0)
-    score, indexes = _stored_score(defn, stored), [_index(v) for v in views]
-    near: list[bytes] = []
-    for index in indexes:
-        with index.lock:
-            lo, hi = around(index.entries, score, max(q.above, 0), max(q.below, 0), q.descending)
-            near += index.entries.islice(lo, hi)
+    indexes = [_index(v) for v in views]
 
     def place(e: bytes) -> tuple[int, bytes]:  # what ranks an entry: its score, and its key where that breaks ties
         return score_of(e), e[8:] if q.tie_key else b""
 
-    me = place(entry(score, key_bytes(kb)))
+    me = place(entry(_stored_score(defn, stored), key_bytes(kb)))
+    near: list[bytes] = []
+    for index in indexes:
+        with index.lock:
+            near += _near(index.entries, me, max(q.above, 0), max(q.below, 0), order)
     ranks = _ranks(indexes, [me, *map(place, near)], order)
     anchor = ranks[me]
     kept = sorted((ranks[place(e)], e) for e in near if anchor - q.above <= ranks[place(e)] <= anchor + q.below)
     return _ranked_rows(views, [e for _, e in kept], [r for r, _ in kept], anchor)
+
+
+def _near(entries: SortedList, me: tuple[int, bytes], above: int, below: int, order: Order) -> list[bytes]:
+    """A partition's rows that can rank from ``above`` places before the place ``me`` to
+    ``below`` after it: between a row of the partition and the player lie at least the
+    partition's rows between them. Ties left tied rank a score group as one, so its window is
+    of whole score groups (``around``); rows numbered with the key, the rows at the places
+    around the player's in the partition's order."""
+    if order.tie_key is None:
+        lo, hi = around(entries, me[0], above, below, order.descending)
+        return list(entries.islice(lo, hi))
+    at = before(entries, *me, order)
+    return [entries[nth(entries, k, order)] for k in range(max(at - above, 0), min(at + below + 1, len(entries)))]
 
 
 def _ranked_rows(views: list[ShardView], entries: list[bytes], ranks: list[int], anchor: int) -> pa.RecordBatch:

@@ -303,3 +303,13 @@ def test_a_global_leaderboards_plan_around_a_player_rebound_to_another_ranks_aro
             got = global_board.answer(text, [player], fetch, planned_with=["p150"])
             assert got == global_board.duckdb(text, [player])
             assert fetch.asked == ["RanksAroundQuery"]
+
+
+def test_the_players_around_one_among_many_tied_on_a_global_leaderboard(written_global) -> None:
+    """A hundred players share a score: RANK keeps them all (one rank), ROW_NUMBER numbers them
+    by the key, the range cut inside the tied rows."""
+    written_global.write(*[(f"t{i:03d}", 7) for i in range(100)])
+    for f, t in (("RANK()", ""), ("ROW_NUMBER()", ", player"), ("ROW_NUMBER()", ", player DESC")):
+        for d in ("DESC", "ASC"):
+            for player in ("t000", "t050", "t099"):
+                check_statement(written_global, AROUND.format(f=f, d=d, t=t, a=4, b=3), [player], "RanksAround")
