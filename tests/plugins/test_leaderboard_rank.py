@@ -197,6 +197,7 @@ STATEMENTS = [  # (text, parameters, the rule's queries, and on a global leaderb
     (AROUND.format(f="ROW_NUMBER()", d="{d}", t=", player DESC", a=0, b=6), ["p150"], "Keys Around",
      "RanksAround"),
     (AROUND.format(f="RANK()", d="{d}", t=", player DESC", a=4, b=0), ["p299"], "Keys Around", "RanksAround"),
+    (AROUND.format(f="RANK()", d="{d}", t="", a=-2, b=9), ["p017"], "Keys Around", "RanksAround"),  # after it alone
     (AROUND.format(f="RANK()", d="{d}", t="", a=5, b=5), ["nobody"], "Keys", "RanksAround"),
 ]
 ROUNDS = [s for s in STATEMENTS if s[2] != "TopK" and s[1] != ["nobody"]]  # a player's score, then what ranks it
