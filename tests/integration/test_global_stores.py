@@ -315,6 +315,11 @@ def test_a_global_leaderboard_ranks_on_the_node_asked_in_one_read_as_duckdb_does
         counted = node.metadata()["local"]["store_queries"]["board"]
         for query, times in (("PlayerRanksQuery", 3), ("RanksAroundQuery", 2)):
             assert counted[query]["queries"] - asked.get(query, {}).get("queries", 0) == times, (query, counted)
+    # the players around others, the same text with the player a parameter (planned once for it)
+    for player in ("b11", "b02", "nobody"):
+        status, body = g.nodes[1].sql(AROUND[0].replace("'b11'", "?"), parameters=[player])
+        want = board_duck(board["scores"], AROUND[0].replace("'b11'", f"'{player}'"))
+        assert status == 200 and [tuple(r) for r in body["rows"]] == want, (player, body)
     # a new score, read back with its token on every node: the player's new rank, the top's, and
     # the players around it
     board["scores"]["b30"] = 99
