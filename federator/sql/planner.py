@@ -181,6 +181,9 @@ def plan_query(tree: exp.Expression, resolve: Resolver, information_schema: Loca
             tree = new
         else:
             old.replace(new)
+    if replaced:  # a rule's SQL may read its rows in place of another reference's (a player's rank in a CTE)
+        read_now = {t.name.lower() for t in tree.find_all(exp.Table)}
+        refs = [ref for ref in refs if ref.relation.lower() in read_now]
     planned = read.planned
 
     sql = _user_sql(tree, None if replaced else source, renamed)

@@ -66,6 +66,17 @@ def before(entries: SortedList, score: int, key: bytes, order: Order) -> int:
     return n
 
 
+def nth(entries: SortedList, k: int, order: Order) -> int:
+    """The position in ``entries`` of the row ``order`` ranks ``k``-th (from 0), ties broken by
+    the key (``order.tie_key`` set): where the key's order runs against the score's (score
+    DESC, key ASC), a score group reads the other way round."""
+    at = len(entries) - 1 - k if order.descending else k
+    if (order.tie_key == "asc") == order.descending:
+        score = score_of(entries[at])
+        at = start(entries, score) + start(entries, score + 1) - 1 - at
+    return at
+
+
 def distinct_better(entries: SortedList, score: int, descending: bool) -> list[int]:
     """The distinct scores better than ``score``, one bisect per score."""
     out: list[int] = []

@@ -1,7 +1,7 @@
 """The leaderboard's queries, each answered from a partition's order-statistics index in
 O(log n) (plus the rows returned): the best rows of a partition, how many rows rank before
 given ones, and the rows ranked near a player; and on a global leaderboard, the players'
-ranks from every partition at once."""
+ranks, and the rows ranked around a player, from every partition at once."""
 
 from __future__ import annotations
 
@@ -94,3 +94,20 @@ class AroundQuery(Query):
     above: int = 0
     below: int = 0
     descending: bool = True
+
+
+@dataclass(frozen=True)
+class RanksAroundQuery(Query):
+    """The rows ranked from ``above`` places before ``player``'s rank to ``below`` after it,
+    with their ranks (column ``__rank``) and the player's (``__anchor_rank``), read from every
+    partition of a global leaderboard at once on the node asked (a together handler), so the
+    player's score and the rows around it are of one state. No rows where the store does not
+    hold the player. Ranked by score (``descending`` or not), ties left tied (RANK) or broken
+    by the key (``tie_key`` ``"asc"`` or ``"desc"``: row numbers)."""
+
+    type_name: ClassVar[str] = "RanksAroundQuery"
+    player: Any = None
+    above: int = 0
+    below: int = 0
+    descending: bool = True
+    tie_key: str | None = None

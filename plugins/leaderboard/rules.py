@@ -19,6 +19,9 @@ order-statistics indexes (federator_plugins.leaderboard.index) in O(log n).
     player's score, then each partition's rows near it (AroundQuery) and how many rank before
     them, from which every row that can be in the range is ranked exactly.
 
+On a global leaderboard the node asked holds every partition, and reads the players' scores
+and what it ranks them from in one read (PlayerRanksQuery, RanksAroundQuery, TopKQuery).
+
 A rank read in two rounds is of one state: the second round reads the players' rows again
 beside the counts, and is asked again if a write moved a player in between.
 """
@@ -41,11 +44,12 @@ from federator.plugin.rules import Fetch, RulePlan, SqlRule, is_plain_column, li
 from federator.query.queries import KeysQuery
 
 from federator_plugins.leaderboard.index import Order, before, key_order, score_of
-from federator_plugins.leaderboard.queries import AroundQuery, PlayerRanksQuery, RankQuery, TopKQuery
-from federator_plugins.leaderboard.store import AFTER, BEFORE, COUNT, ENTRY, PLACE, RANK, SCORE, sortable_score
+from federator_plugins.leaderboard.queries import (AroundQuery, PlayerRanksQuery, RankQuery, RanksAroundQuery,
+                                                   TopKQuery)
+from federator_plugins.leaderboard.store import ANCHOR, AFTER, BEFORE, COUNT, ENTRY, PLACE, RANK, SCORE, sortable_score
 
-RANK_COLUMN = RANK  # the rank the rule computed, as PlayerRanksQuery names it too
-ANCHOR_COLUMN = "__anchor_rank"  # the player's rank the rows around it are chosen by
+RANK_COLUMN = RANK  # the rank the rule computed, as PlayerRanksQuery and RanksAroundQuery name it too
+ANCHOR_COLUMN = ANCHOR  # the player's rank the rows around it are chosen by, as RanksAroundQuery names it
 TRIES = 20  # second rounds asked again because writes kept moving the players in between
 _FUNCTIONS = {exp.Rank: "rank", exp.DenseRank: "dense", exp.RowNumber: "row"}
 
@@ -325,16 +329,15 @@ def _around_plan(select: exp.Select, node: exp.Expression, ranked: Ranking, stor
     low, high = _anchored(node.args["low"], select, ranked, store), _anchored(node.args["high"], select, ranked, store)
     if low is None or high is None or low[0] != high[0]:
         return None
-    player, above, below = low[0], -low[1], high[1]
+    named, above, below = low[0], -low[1], high[1]
+    try:
+        player = store.key.coerce(literal(named))
+    except (ValueError, TypeError):
+        return None
+    remaining = _around_remaining(select, ranked)
+    if store.is_global:
+        return _around_together_plan(player, named, above, below, ranked, store, remaining)
     owner = (partition_for(store.key.serialize(player), store.partitions),)
-    remaining = _with_rank_column(select, ranked, drop_qualify=False)
-    condition = remaining.args["qualify"]
-    for subquery in list(condition.find_all(exp.Subquery)):
-        subquery.replace(exp.column(ANCHOR_COLUMN))  # the player's rank as this read ranked it
-    for column in [c for c in condition.find_all(exp.Column) if ranked.is_rank(c)]:
-        column.replace(exp.column(RANK_COLUMN))
-    remaining.set("where", exp.Where(this=remaining.args["qualify"].this))
-    remaining.set("qualify", None)
 
     def combine(fetch: Fetch) -> pa.Table:
         found = _table(fetch([SubQuery(KeysQuery((player,)), owner)]), store)
@@ -358,8 +361,64 @@ def _around_plan(select: exp.Select, node: exp.Expression, ranked: Ranking, stor
         combine=combine, remaining=remaining)
 
 
-def _anchored(node: exp.Expression, select: exp.Select, ranked: Ranking, store: StoreDefinition) -> tuple[Any, int] | None:
-    """(player, offset) for ``(SELECT rank FROM me) [+|- literal]`` with ``me`` a CTE that ranks
+def _around_together_plan(player: Any, named: exp.Expression, above: int, below: int, ranked: Ranking,
+                          store: StoreDefinition, remaining: exp.Select) -> RulePlan:
+    """The rows around a player of a global leaderboard, ranked in one read of every partition
+    on the node asked: the player's score and the rows near it are of one state."""
+    rows = [SubQuery(RanksAroundQuery(player, above, below, ranked.order.descending, ranked.order.tie_key), None)]
+    schema = pa.schema([*store.arrow_schema(), pa.field(RANK_COLUMN, pa.int64()), pa.field(ANCHOR_COLUMN, pa.int64())])
+
+    def combine(fetch: Fetch) -> pa.Table:
+        return _in_schema(fetch(rows), schema)
+
+    def rebind(parameters: list[exp.Expression]) -> RulePlan | None:
+        other = _rebound(named, parameters)
+        try:
+            return _around_together_plan(store.key.coerce(literal(other)), other, above, below, ranked, store,
+                                         remaining)
+        except (ValueError, TypeError):
+            return None
+
+    return RulePlan(rows, "read the player's score and rank the rows near it in every partition's score index, "
+                          "all in one read on the node asked (a global store)",
+                    combine=combine, remaining=remaining, rebind=rebind)
+
+
+def _around_remaining(select: exp.Select, ranked: Ranking) -> exp.Select:
+    """``select`` over the rule's rows: the range read from their rank and the player's
+    (``ANCHOR_COLUMN``) as a WHERE, without the CTE that ranked the player."""
+    remaining = _with_rank_column(select, ranked, drop_qualify=False)
+    condition = remaining.args["qualify"]
+    for subquery in list(condition.find_all(exp.Subquery)):
+        subquery.replace(exp.column(ANCHOR_COLUMN))  # the player's rank as this read ranked it
+    for column in [c for c in condition.find_all(exp.Column) if ranked.is_rank(c)]:
+        column.replace(exp.column(RANK_COLUMN))
+    remaining.set("where", exp.Where(this=remaining.args["qualify"].this))
+    remaining.set("qualify", None)
+    _drop_unread_ctes(remaining)
+    return remaining
+
+
+def _drop_unread_ctes(select: exp.Select) -> None:
+    """Takes from ``select``'s WITH the CTEs nothing reads any more (the one that ranked the
+    player, once its rank is read from the rule's column)."""
+    key = "with_" if select.args.get("with_") is not None else "with"
+    with_ = select.args.get(key)
+    while with_ is not None:
+        read = {t.name.lower() for t in select.find_all(exp.Table)}
+        unread = [c for c in with_.expressions if c.alias.lower() not in read]
+        if not unread:
+            return
+        kept = [c for c in with_.expressions if c not in unread]
+        if not kept:
+            select.set(key, None)
+            return
+        with_.set("expressions", kept)
+
+
+def _anchored(node: exp.Expression, select: exp.Select, ranked: Ranking,
+              store: StoreDefinition) -> tuple[exp.Expression, int] | None:
+    """(the player's literal, offset) for ``(SELECT rank FROM me) [+|- literal]`` with ``me`` a CTE that ranks
     that one player the way ``ranked`` does."""
     offset = 0
     if isinstance(node, (exp.Add, exp.Sub)) and isinstance(node.this, exp.Subquery):
@@ -385,12 +444,7 @@ def _anchored(node: exp.Expression, select: exp.Select, ranked: Ranking, store: 
             or theirs.alias is None or theirs.alias.lower() != inner.expressions[0].name.lower():
         return None
     named = _players(cte.args["qualify"].this, store) if cte.args.get("qualify") else None
-    if named is None or len(named) != 1:
-        return None
-    try:
-        return store.key.coerce(literal(named[0])), offset
-    except (ValueError, TypeError):
-        return None
+    return (named[0], offset) if named is not None and len(named) == 1 else None
 
 
 def _from(select: exp.Select) -> exp.From | None:

@@ -29,15 +29,17 @@ from federator.store.record import ChangelogRecord
 from federator.store.view import ShardView
 from federator.store.types import stored_value
 
-from federator_plugins.leaderboard.index import (Order, ScoreIndex, around, before, distinct_better, key_order,
-                                                 score_of, top)
-from federator_plugins.leaderboard.queries import AroundQuery, PlayerRanksQuery, RankQuery, TopKQuery
+from federator_plugins.leaderboard.index import (Order, ScoreIndex, around, before, distinct_better, entry,
+                                                 key_order, nth, score_of, top)
+from federator_plugins.leaderboard.queries import (AroundQuery, PlayerRanksQuery, RankQuery, RanksAroundQuery,
+                                                   TopKQuery)
 
 INDEX = "by_score"
 ENTRY = "__entry"  # AroundQuery's column: each row's index entry
 # what RankQuery and AroundQuery say beside the rows, in rows whose store columns are null
 PLACE, COUNT, SCORE, BEFORE, AFTER = "__place", "__count", "__score", "__before", "__after"
-RANK = "__rank"  # PlayerRanksQuery's column
+RANK = "__rank"  # PlayerRanksQuery's column, and RanksAroundQuery's
+ANCHOR = "__anchor_rank"  # RanksAroundQuery's column: the player's rank the rows were chosen around
 RANK_FIELDS = [pa.field(PLACE, pa.int64()), pa.field(COUNT, pa.int64()), pa.field(SCORE, pa.uint64())]
 AROUND_FIELDS = [pa.field(BEFORE, pa.int64()), pa.field(AFTER, pa.int64()), pa.field(SCORE, pa.uint64())]
 SCORE_FORMATS = ("long", "int", "double")
@@ -150,15 +152,25 @@ def player_ranks(views: list[ShardView], q: PlayerRanksQuery) -> pa.RecordBatch:
             stored.append(value)
             places.append((_stored_score(defn, value), key_bytes(kb)))
     indexes = [_index(v) for v in views]
-    ranks = _dense_ranks(indexes, places, q.descending) if q.dense and q.tie_key is None else \
-        [1 + sum(_before_in(i, s, k, order) for i in indexes) for s, k in places]
+    if q.dense and q.tie_key is None:
+        ranks = _dense_ranks(indexes, places, q.descending)
+    else:
+        ranked = _ranks(indexes, places, order)
+        ranks = [ranked[p] for p in places]
     rows = build_batch(views[0].schema, defn, keys, stored) if keys else empty_batch(views[0].schema)
     return rows.append_column(RANK, pa.array(ranks, pa.int64()))
 
 
-def _before_in(index: ScoreIndex, score: int, key: bytes, order: Order) -> int:
-    with index.lock:
-        return before(index.entries, score, key, order)
+def _ranks(indexes: list[ScoreIndex], places: Iterable[tuple[int, bytes]],
+           order: Order) -> dict[tuple[int, bytes], int]:
+    """Each place's rank over every partition (``indexes``: all of them): 1 + the rows that
+    rank before it in each."""
+    ranks = dict.fromkeys(places, 1)
+    for index in indexes:
+        with index.lock:
+            for place in ranks:
+                ranks[place] += before(index.entries, *place, order)
+    return ranks
 
 
 def _dense_ranks(indexes: list[ScoreIndex], places: list[tuple[int, bytes]], descending: bool) -> list[int]:
@@ -194,11 +206,54 @@ def around_rows(view: ShardView, q: AroundQuery) -> pa.RecordBatch:
     return _with_tail(rows, AROUND_FIELDS, {BEFORE: [ahead], AFTER: [behind], SCORE: [now]})
 
 
+def ranks_around(views: list[ShardView], q: RanksAroundQuery) -> pa.RecordBatch:
+    """The rows ranked around the player over every partition (``views``: all of them), each
+    ranked exactly, from the rows near the player's place in each partition (``_near``)."""
+    defn = views[0].definition
+    order, key_bytes = Order(q.descending, q.tie_key), key_order(defn.key_format)
+    kb = defn.key.serialize(q.player)
+    stored = views[partition_for(kb, defn.partitions)].get(kb)
+    if stored is None:
+        return _ranked_rows(views, [], [], 0)
+    indexes = [_index(v) for v in views]
+
+    def place(e: bytes) -> tuple[int, bytes]:  # what ranks an entry: its score, and its key where that breaks ties
+        return score_of(e), e[8:] if q.tie_key else b""
+
+    me = place(entry(_stored_score(defn, stored), key_bytes(kb)))
+    near: list[bytes] = []
+    for index in indexes:
+        with index.lock:
+            near += _near(index.entries, me, max(q.above, 0), max(q.below, 0), order)
+    ranks = _ranks(indexes, [me, *map(place, near)], order)
+    anchor = ranks[me]
+    kept = sorted((ranks[place(e)], e) for e in near if anchor - q.above <= ranks[place(e)] <= anchor + q.below)
+    return _ranked_rows(views, [e for _, e in kept], [r for r, _ in kept], anchor)
+
+
+def _near(entries: SortedList, me: tuple[int, bytes], above: int, below: int, order: Order) -> list[bytes]:
+    """A partition's rows that can rank from ``above`` places before the place ``me`` to
+    ``below`` after it: between a row of the partition and the player lie at least the
+    partition's rows between them. Ties left tied rank a score group as one, so its window is
+    of whole score groups (``around``); rows numbered with the key, the rows at the places
+    around the player's in the partition's order."""
+    if order.tie_key is None:
+        lo, hi = around(entries, me[0], above, below, order.descending)
+        return list(entries.islice(lo, hi))
+    at = before(entries, *me, order)
+    return [entries[nth(entries, k, order)] for k in range(max(at - above, 0), min(at + below + 1, len(entries)))]
+
+
+def _ranked_rows(views: list[ShardView], entries: list[bytes], ranks: list[int], anchor: int) -> pa.RecordBatch:
+    return _rows(views[0], entries, views).append_column(RANK, pa.array(ranks, pa.int64())).append_column(
+        ANCHOR, pa.array([anchor] * len(ranks), pa.int64()))
+
+
 class LeaderboardStoreType(KeyValueStoreType):
     name = "leaderboard"
     column_families = (INDEX,)
     handlers = {**KeyValueStoreType.handlers, TopKQuery: top_k, RankQuery: rank, AroundQuery: around_rows}
-    together_handlers = {PlayerRanksQuery: player_ranks, TopKQuery: top_k_together}
+    together_handlers = {PlayerRanksQuery: player_ranks, TopKQuery: top_k_together, RanksAroundQuery: ranks_around}
 
     def validate(self, defn: StoreDefinition) -> None:
         if defn.value_format not in SCORE_FORMATS:

@@ -3,8 +3,9 @@ every node keeps every partition and answers SQL over the store through every fr
 the Postgres protocol, Flight SQL, the DB-API driver) with no call to another node; a token read
 sees its write on every node; a node that joins late restores the store from its changelog, and
 again from its checkpoint after a restart; a join of a partitioned store with the global store
-runs on the partitioned store's owners and equals DuckDB's answer; a global leaderboard ranks
-and gives its top from every partition in one read on the node asked, as DuckDB answers.
+runs on the partitioned store's owners and equals DuckDB's answer; a global leaderboard ranks,
+gives its top and the players around one from every partition in one read on the node asked, as
+DuckDB answers.
 
 The module adds its global store to the shared cluster and drops it again at the end, so the
 modules that share the cluster after it see the stores they expect."""
@@ -246,7 +247,7 @@ def via_http_node(node: NodeProcess, sql: str) -> list[tuple]:
     return [tuple(r) for r in body["rows"]]
 
 
-# ---- a global leaderboard: ranks and the top from every partition in one read on the node asked -
+# ---- a global leaderboard: ranks, the top and the players around one in one read on the node asked
 RANKS = [
     "SELECT player, score, RANK() OVER (ORDER BY score DESC) AS r FROM board QUALIFY player IN ('b07', 'b11', 'b30') "
     "ORDER BY player",
@@ -254,6 +255,14 @@ RANKS = [
     "SELECT player, ROW_NUMBER() OVER (ORDER BY score, player DESC) AS r FROM board QUALIFY player = 'b02'",
     "SELECT player, score FROM board ORDER BY score DESC, player LIMIT 10",
     "SELECT player, score, RANK() OVER (ORDER BY score DESC) AS r FROM board QUALIFY r <= 4 ORDER BY r, player",
+]
+AROUND = [  # the players around one: the player's rank and the rows near it, in the same read
+    "WITH me AS (SELECT RANK() OVER (ORDER BY score DESC) AS r FROM board QUALIFY player = 'b11') "
+    "SELECT player, score, RANK() OVER (ORDER BY score DESC) AS r FROM board "
+    "QUALIFY r BETWEEN (SELECT r FROM me) - 5 AND (SELECT r FROM me) + 5 ORDER BY r, player",
+    "WITH me AS (SELECT ROW_NUMBER() OVER (ORDER BY score, player DESC) AS n FROM board QUALIFY player = 'b30') "
+    "SELECT player, ROW_NUMBER() OVER (ORDER BY score, player DESC) AS n FROM board "
+    "QUALIFY n BETWEEN (SELECT n FROM me) - 3 AND (SELECT n FROM me) + 3 ORDER BY n",
 ]
 
 
@@ -294,19 +303,28 @@ def test_a_global_leaderboard_ranks_on_the_node_asked_in_one_read_as_duckdb_does
     for node in g.nodes:
         wait_for(lambda: node.sql("SELECT COUNT(*) FROM board", consistency_token=board["token"].to_token())[0]
                  == 200, 60, f"{node.node_id} to hold the leaderboard")
-    status, body = g.nodes[0].sql(f"EXPLAIN {RANKS[0]}")
-    assert status == 200 and "PlayerRanksQuery" in body["rows"][0][1] and "one read" in body["rows"][0][1], body
+    for sql, query in ((RANKS[0], "PlayerRanksQuery"), (AROUND[0], "RanksAroundQuery")):
+        status, body = g.nodes[0].sql(f"EXPLAIN {sql}")
+        assert status == 200 and [r[1].split("(")[0] for r in body["rows"]] == [query], body
+        assert "one read on the node asked" in body["rows"][0][1], body
     for node in g.nodes:
         before, asked = internal_calls(node), node.metadata()["local"]["store_queries"].get("board", {})
-        for sql in RANKS:
+        for sql in RANKS + AROUND:
             assert via_http_node(node, sql) == board_duck(board["scores"], sql), (node.node_id, sql)
         assert internal_calls(node) == before, f"{node.node_id} called another node for a global leaderboard"
         counted = node.metadata()["local"]["store_queries"]["board"]
-        assert counted["PlayerRanksQuery"]["queries"] - asked.get("PlayerRanksQuery", {}).get("queries", 0) == 3
-    # a new score, read back with its token on every node: the player's new rank, and the top's
+        for query, times in (("PlayerRanksQuery", 3), ("RanksAroundQuery", 2)):
+            assert counted[query]["queries"] - asked.get(query, {}).get("queries", 0) == times, (query, counted)
+    # the players around others, the same text with the player a parameter (planned once for it)
+    for player in ("b11", "b02", "nobody"):
+        status, body = g.nodes[1].sql(AROUND[0].replace("'b11'", "?"), parameters=[player])
+        want = board_duck(board["scores"], AROUND[0].replace("'b11'", f"'{player}'"))
+        assert status == 200 and [tuple(r) for r in body["rows"]] == want, (player, body)
+    # a new score, read back with its token on every node: the player's new rank, the top's, and
+    # the players around it
     board["scores"]["b30"] = 99
     token = write_with_token(broker.bootstrap_servers, board["defn"], {"b30": 99}).to_token()
     for node in g.nodes:
-        for sql in (RANKS[0], RANKS[3]):
+        for sql in (RANKS[0], RANKS[3], *AROUND):
             status, body = node.sql(sql, consistency_token=token)
             assert status == 200 and [tuple(r) for r in body["rows"]] == board_duck(board["scores"], sql), body

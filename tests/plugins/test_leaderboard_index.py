@@ -1,7 +1,8 @@
 """The leaderboard's in-memory order-statistics index, on real RocksDB shards, against a plain
 sorted list of the rows written: after every batch of writes (updates, deletes, several to one
 key in a batch) each query counts and picks what a sort of every row gives, for both score
-directions and each tie order; and a shard opened again rebuilds the same index."""
+directions and each tie order (and the row at each place, where the key breaks ties); and a shard
+opened again rebuilds the same index."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from hypothesis import strategies as st
 
 from federator.catalog import StoreDefinition
 from federator.store import ChangelogRecord, Shard
-from federator_plugins.leaderboard.index import key_order, score_of
+from federator_plugins.leaderboard.index import Order, key_order, nth, score_of
 from federator_plugins.leaderboard.queries import AroundQuery, RankQuery, TopKQuery
 from federator_plugins.leaderboard.store import AFTER, BEFORE, COUNT, SCORE, sortable_score
 from tests.registry import REGISTRY
@@ -102,6 +103,11 @@ def check(shard: Shard, truth: dict, probes: list[int]) -> None:
     if items:  # the player's own score, as the same read saw it
         batch, _ = shard.query(AroundQuery(items[0][0], 0, 0, 0, True))
         assert said(batch)[SCORE] == [sortable_score(shard.definition, items[0][1])]
+    entries = shard._memory.entries
+    for desc, tie in ORDERS:  # the row at each place, where the key breaks ties: a sort's k-th
+        if tie is not None:
+            want = sorted(entries, key=lambda e: place(score_of(e), e[8:], desc, tie))
+            assert [entries[nth(entries, k, Order(desc, tie))] for k in range(len(entries))] == want, (desc, tie)
 
 
 writes = st.lists(st.lists(st.tuples(st.integers(0, 9), st.one_of(st.none(), st.integers(-4, 4))),

@@ -2,7 +2,7 @@
 the rules' queries answered by the shards' indexes through a stand-in for the receiver's fetch,
 and the receiver's statement run in DuckDB; every answer equal to DuckDB's over the same rows,
 for RANK, DENSE_RANK and ROW_NUMBER in both directions, and still when writes land between a
-rank's two rounds."""
+rank's two rounds, or during a global leaderboard's one read."""
 
 from __future__ import annotations
 
@@ -28,13 +28,26 @@ P = 3
 
 class Fetch:
     """The engine's fetch over shards in this process; ``asked`` names the query types each call
-    asked (each once a call), and ``between`` runs before every call after the first (a write landing between rounds)."""
+    asked (each once a call), ``between`` runs before every call after the first (a write landing
+    between rounds), and ``during`` once, inside the first read of every partition at once, after
+    it has read them (a write landing during the read; ``raced`` then says it ran)."""
 
     keeps = False
     refreshed_rows = 0
 
-    def __init__(self, shards: list[Shard], between: Callable[[], None] | None = None) -> None:
-        self.shards, self.asked, self.between = shards, [], between
+    def __init__(self, shards: list[Shard], between: Callable[[], None] | None = None,
+                 during: Callable[[], None] | None = None) -> None:
+        self.shards, self.asked, self.between, self.during, self.raced = shards, [], between, during, False
+
+    def racing(self, handler):
+        """``handler``, with ``during`` run once after it read."""
+        def read(views, query):
+            answer = handler(views, query)
+            if self.during is not None and not self.raced:
+                self.raced = True
+                self.during()
+            return answer
+        return read
 
     def __call__(self, subqueries, keep: bool = False) -> list[pa.RecordBatch]:
         if self.asked and self.between is not None:
@@ -44,7 +57,7 @@ class Fetch:
         for sq in subqueries:
             together = self.shards[0].store_type.together_handlers.get(type(sq.query))
             if together is not None and self.shards[0].definition.is_global:  # as the node asked answers it
-                results = answer_together(self.shards, sq.query, UNBOUNDED, together)
+                results = answer_together(self.shards, sq.query, UNBOUNDED, self.racing(together))
                 assert all(r.ok for r in results), results
                 out.extend(r.batch for r in results)
                 continue
@@ -89,9 +102,10 @@ class Board:
         db.register("lb", pa.table({"player": list(self.scores), "score": pa.array(list(self.scores.values()), kind)}))
         return db.execute(text, params).fetchall()
 
-    def answer(self, text: str, params: list, fetch: Fetch) -> list[tuple]:
+    def answer(self, text: str, params: list, fetch: Fetch, planned_with: list | None = None) -> list[tuple]:
         """The statement as a receiver answers it: planned, each store reference's rows from the
-        rule (its combine, or its queries' rows), the receiver's SQL in DuckDB."""
+        rule (its combine, or its queries' rows), the receiver's SQL in DuckDB. ``planned_with``:
+        planned for those parameters, then rebound to ``params`` (a plan kept for the text)."""
         stmt = parse(text)
         db = duckdb.connect()
 
@@ -100,8 +114,11 @@ class Board:
                 db.register(name, table)
             return db.sql(sql).to_arrow_table().schema
 
-        plan = plan_query(bind_parameters(stmt.select, params, stmt.param_count), lambda _: self.defn,
+        plan = plan_query(bind_parameters(stmt.select, planned_with or params, stmt.param_count), lambda _: self.defn,
                           lambda _: None, [TopKRule(), RankRule()], schema_of)
+        if planned_with is not None:
+            assert plan.rebind is not None, plan
+            plan = plan.rebind(params)
         for ref in plan.refs:
             if ref.combine is not None:
                 rows = ref.combine(fetch)
@@ -139,35 +156,51 @@ def written(tmp_path):
     b.close()
 
 
+@pytest.fixture
+def written_global(tmp_path):
+    b = Board(tmp_path, "long", "global")
+    yield b
+    b.close()
+
+
 PLAYERS = ["p000", "p017", "p150", "nobody", "p299"]
 WITH_PLAYERS = "QUALIFY player IN (?, ?, ?, ?, ?) ORDER BY player"
 AROUND = ("WITH me AS (SELECT {f} OVER (ORDER BY score {d}{t}) AS r FROM lb QUALIFY player = ?) "
           "SELECT player, score, {f} OVER (ORDER BY score {d}{t}) AS r FROM lb "
           "QUALIFY r BETWEEN (SELECT r FROM me) - {a} AND (SELECT r FROM me) + {b} ORDER BY r, player")
-STATEMENTS = [  # (text, parameters, the rule's queries)
-    ("SELECT player, score, RANK() OVER (ORDER BY score {d}) AS r FROM lb " + WITH_PLAYERS, PLAYERS, "Keys Rank"),
-    ("SELECT RANK() OVER (ORDER BY score {d}) AS r, player FROM lb QUALIFY player = ?", ["p017"], "Keys Rank"),
-    ("SELECT player, DENSE_RANK() OVER (ORDER BY score {d}) AS r FROM lb " + WITH_PLAYERS, PLAYERS, "Keys Rank"),
+STATEMENTS = [  # (text, parameters, the rule's queries, and on a global leaderboard)
+    ("SELECT player, score, RANK() OVER (ORDER BY score {d}) AS r FROM lb " + WITH_PLAYERS, PLAYERS, "Keys Rank",
+     "PlayerRanks"),
+    ("SELECT RANK() OVER (ORDER BY score {d}) AS r, player FROM lb QUALIFY player = ?", ["p017"], "Keys Rank",
+     "PlayerRanks"),
+    ("SELECT player, DENSE_RANK() OVER (ORDER BY score {d}) AS r FROM lb " + WITH_PLAYERS, PLAYERS, "Keys Rank",
+     "PlayerRanks"),
     ("SELECT player, ROW_NUMBER() OVER (ORDER BY score {d}, player) AS n FROM lb " + WITH_PLAYERS, PLAYERS,
-     "Keys Rank"),
+     "Keys Rank", "PlayerRanks"),
     ("SELECT player, ROW_NUMBER() OVER (ORDER BY score {d}, player DESC) AS n FROM lb " + WITH_PLAYERS, PLAYERS,
-     "Keys Rank"),
+     "Keys Rank", "PlayerRanks"),
     ("SELECT player, score, RANK() OVER (ORDER BY score {d}) AS r FROM lb QUALIFY r <= 10 ORDER BY r, player", [],
-     "TopK"),
+     "TopK", "TopK"),
     ("SELECT player, score, DENSE_RANK() OVER (ORDER BY score {d}) AS r FROM lb QUALIFY r <= 4 ORDER BY r, player",
-     [], "TopK"),
+     [], "TopK", "TopK"),
     ("SELECT player, RANK() OVER (ORDER BY score {d}) AS r FROM lb "
-     "QUALIFY RANK() OVER (ORDER BY score {d}) BETWEEN 3 AND 12 AND player > 'p1' ORDER BY r, player", [], "TopK"),
-    ("SELECT player, ROW_NUMBER() OVER (ORDER BY score {d}, player) AS n FROM lb QUALIFY n < 8 ORDER BY n", [],
+     "QUALIFY RANK() OVER (ORDER BY score {d}) BETWEEN 3 AND 12 AND player > 'p1' ORDER BY r, player", [], "TopK",
      "TopK"),
-    ("SELECT player, score FROM lb ORDER BY score {d}, player LIMIT 10", [], "TopK"),
-    ("SELECT player, score FROM lb ORDER BY score {d}, player LIMIT 5 OFFSET 7", [], "TopK"),
-    (AROUND.format(f="RANK()", d="{d}", t="", a=5, b=5), ["p150"], "Keys Rank Keys Around"),
-    (AROUND.format(f="RANK()", d="{d}", t="", a=2, b=7), ["p000"], "Keys Rank Keys Around"),
-    (AROUND.format(f="ROW_NUMBER()", d="{d}", t=", player", a=3, b=3), ["p017"], "Keys Rank Keys Around"),
-    (AROUND.format(f="RANK()", d="{d}", t=", player DESC", a=4, b=0), ["p299"], "Keys Rank Keys Around"),
-    (AROUND.format(f="RANK()", d="{d}", t="", a=5, b=5), ["nobody"], "Keys Keys"),
+    ("SELECT player, ROW_NUMBER() OVER (ORDER BY score {d}, player) AS n FROM lb QUALIFY n < 8 ORDER BY n", [],
+     "TopK", "TopK"),
+    ("SELECT player, score FROM lb ORDER BY score {d}, player LIMIT 10", [], "TopK", "TopK"),
+    ("SELECT player, score FROM lb ORDER BY score {d}, player LIMIT 5 OFFSET 7", [], "TopK", "TopK"),
+    # the CTE's rank of the player is read from the rows around it, not asked on its own
+    (AROUND.format(f="RANK()", d="{d}", t="", a=5, b=5), ["p150"], "Keys Around", "RanksAround"),
+    (AROUND.format(f="RANK()", d="{d}", t="", a=2, b=7), ["p000"], "Keys Around", "RanksAround"),
+    (AROUND.format(f="ROW_NUMBER()", d="{d}", t=", player", a=3, b=3), ["p017"], "Keys Around", "RanksAround"),
+    (AROUND.format(f="ROW_NUMBER()", d="{d}", t=", player DESC", a=0, b=6), ["p150"], "Keys Around",
+     "RanksAround"),
+    (AROUND.format(f="RANK()", d="{d}", t=", player DESC", a=4, b=0), ["p299"], "Keys Around", "RanksAround"),
+    (AROUND.format(f="RANK()", d="{d}", t="", a=-2, b=9), ["p017"], "Keys Around", "RanksAround"),  # after it alone
+    (AROUND.format(f="RANK()", d="{d}", t="", a=5, b=5), ["nobody"], "Keys", "RanksAround"),
 ]
+ROUNDS = [s for s in STATEMENTS if s[2] != "TopK" and s[1] != ["nobody"]]  # a player's score, then what ranks it
 
 
 def check_statement(board: Board, text: str, params: list, asked: str) -> None:
@@ -178,30 +211,36 @@ def check_statement(board: Board, text: str, params: list, asked: str) -> None:
 
 
 @pytest.mark.parametrize("direction", ["DESC", "ASC"])
-@pytest.mark.parametrize("text, params, asked", STATEMENTS)
-def test_ranks_equal_duckdb(board, direction, text, params, asked) -> None:
+@pytest.mark.parametrize("text, params, asked, _", STATEMENTS)
+def test_ranks_equal_duckdb(board, direction, text, params, asked, _) -> None:
     check_statement(board, text.format(d=direction), params, asked)
 
 
 @pytest.mark.parametrize("direction", ["DESC", "ASC"])
-@pytest.mark.parametrize("text, params, asked", STATEMENTS)
-def test_a_global_leaderboard_ranks_in_one_read_as_duckdb_does(global_board, direction, text, params, asked) -> None:
-    # the players' scores and their counts in one read (where there was one player to count)
-    one_read = "PlayerRanks Keys" if asked == "Keys Keys" else asked.replace("Keys Rank", "PlayerRanks")
-    check_statement(global_board, text.format(d=direction), params, one_read)
+@pytest.mark.parametrize("text, params, _, in_one_read", STATEMENTS)
+def test_a_global_leaderboard_ranks_in_one_read_as_duckdb_does(global_board, direction, text, params, _,
+                                                                in_one_read) -> None:
+    # the players' scores and what ranks them in one read of every partition on the node asked
+    check_statement(global_board, text.format(d=direction), params, in_one_read)
 
 
-def test_the_players_around_the_best_and_the_worst(board) -> None:
-    best = max(board.scores, key=lambda p: (board.scores[p], p))
-    worst = min(board.scores, key=lambda p: (board.scores[p], p))
-    for player in (best, worst):
-        for f, t in (("RANK()", ""), ("ROW_NUMBER()", ", player")):
-            text = AROUND.format(f=f, d="DESC", t=t, a=5, b=5)
-            assert board.answer(text, [player], Fetch(board.shards)) == board.duckdb(text, [player])
+@pytest.mark.parametrize("f, t", [("RANK()", ""), ("ROW_NUMBER()", ", player"), ("ROW_NUMBER()", ", player DESC")])
+def test_the_players_around_the_best_and_the_worst(board, global_board, f, t) -> None:
+    """The range cut at the ends: the best player has no one before it, the worst no one after
+    (on a global leaderboard too, in its one read)."""
+    for b in (board, global_board):
+        best = max(b.scores, key=lambda p: (b.scores[p], p))
+        worst = min(b.scores, key=lambda p: (b.scores[p], p))
+        for player in (best, worst):
+            for d in ("DESC", "ASC"):
+                text = AROUND.format(f=f, d=d, t=t, a=5, b=5)
+                fetch = Fetch(b.shards)
+                assert b.answer(text, [player], fetch) == b.duckdb(text, [player])
+                assert len(fetch.asked) == (1 if b.defn.is_global else 2)
 
 
-@pytest.mark.parametrize("text, params, asked", [s for s in STATEMENTS if "Rank" in s[2] and s[1] != ["nobody"]])
-def test_a_write_between_the_rounds_is_read_again(written, text, params, asked) -> None:
+@pytest.mark.parametrize("text, params, asked, _", ROUNDS)
+def test_a_write_between_the_rounds_is_read_again(written, text, params, asked, _) -> None:
     """Writes move the asked players (and others) between a rank's two rounds: the answer is
     the one over the rows after them, never a mix of both."""
     text = text.format(d="DESC")
@@ -216,6 +255,23 @@ def test_a_write_between_the_rounds_is_read_again(written, text, params, asked) 
     got = written.answer(text, params, fetch)
     assert got == written.duckdb(text, params)
     assert fetch.asked.count("RankQuery") + fetch.asked.count("AroundQuery") > 1  # asked again
+
+
+@pytest.mark.parametrize("text, params, _, in_one_read", ROUNDS)
+def test_a_write_landing_during_a_global_leaderboards_one_read_is_read_again(written_global, text, params, _,
+                                                                             in_one_read) -> None:
+    """A write moves the asked player (to the top) and another while the node asked reads every
+    partition: the shards throw that read away and read again, so the answer is the one over
+    the rows after the write, from the one query."""
+    text = text.format(d="DESC")
+    untouched = written_global.duckdb(text, params)
+
+    def write() -> None:
+        written_global.write((params[0], 100), ("p001", -50))
+
+    fetch = Fetch(written_global.shards, during=write)
+    assert written_global.answer(text, params, fetch) == written_global.duckdb(text, params) != untouched
+    assert fetch.raced and " ".join(q.removesuffix("Query") for q in fetch.asked) == in_one_read
 
 
 def test_shapes_the_rule_leaves_to_the_general_path(board) -> None:
@@ -238,3 +294,23 @@ def test_a_plan_rebound_to_another_player_ranks_that_player(board) -> None:
     want = board.duckdb("SELECT player, RANK() OVER (ORDER BY score DESC) FROM lb "
                         "QUALIFY player IN ('p100', 'p007', 'p200')", [])
     assert ranks == dict(want)
+
+
+def test_a_global_leaderboards_plan_around_a_player_rebound_to_another_ranks_around_that_one(global_board) -> None:
+    for f, t in (("RANK()", ""), ("ROW_NUMBER()", ", player DESC")):
+        text = AROUND.format(f=f, d="DESC", t=t, a=3, b=4)
+        for player in ("p017", "nobody"):
+            fetch = Fetch(global_board.shards)
+            got = global_board.answer(text, [player], fetch, planned_with=["p150"])
+            assert got == global_board.duckdb(text, [player])
+            assert fetch.asked == ["RanksAroundQuery"]
+
+
+def test_the_players_around_one_among_many_tied_on_a_global_leaderboard(written_global) -> None:
+    """A hundred players share a score: RANK keeps them all (one rank), ROW_NUMBER numbers them
+    by the key, the range cut inside the tied rows."""
+    written_global.write(*[(f"t{i:03d}", 7) for i in range(100)])
+    for f, t in (("RANK()", ""), ("ROW_NUMBER()", ", player"), ("ROW_NUMBER()", ", player DESC")):
+        for d in ("DESC", "ASC"):
+            for player in ("t000", "t050", "t099"):
+                check_statement(written_global, AROUND.format(f=f, d=d, t=t, a=4, b=3), [player], "RanksAround")
