@@ -193,33 +193,55 @@ class SqlEngine:
             track[1] = True
             return SqlResult(schema, _counted(batches, stats, started, lambda outcome: self._count(kind, outcome, started)),
                              position.to_token(), stats)
-        stats["rows"] = table.num_rows
-        stats["elapsed_ms"] = round((time.perf_counter() - started) * 1000, 3)
-        if isinstance(table, PointAnswer):
-            return SqlResult(table.schema, table.batches(), position.to_token(), stats, rows=table.rows)
-        return SqlResult(table.schema, iter(table.to_batches()), position.to_token(), stats)
+        return _finished(table, position, stats, started)
 
-    def _point(self, stmt: Statement, req: SqlRequest, position: Position, options: ReadOptions,
-               stats: dict[str, Any]) -> tuple[pa.Table, Position, dict[str, Any]] | None:
-        """The fast path for key lookups; None when the query is not one (or the key needs the general path)."""
+    def local_point(self, req: SqlRequest) -> SqlResult | None:
+        """A point query's answer read from this node's own current copy, at once: None when it
+        needs anything that could wait (planning a new text, a consistency token, another node,
+        the general path), and then ``execute`` answers it, the same. For the HTTP server's event
+        loop, which answers what it can without handing the request to a thread."""
+        if req.consistency_token:
+            return None
+        started = time.perf_counter()
+        plan = self._points.get(_point_text(req))
+        if plan is None or self._stores().get(plan.store.name) is not plan.store:
+            return None
+        found = _point_key(plan, parse(req.sql, dialect_of(req.dialect)), req)  # parsed before: cached
+        if found is None:
+            return None
+        _, kb, partition = found
+        entry = self.node.read_local(plan.store.name, partition, kb, PositionBound.unbounded())
+        answer = None if entry is None else plan.answer(kb, entry.stored)
+        if answer is None:
+            return None
+        stats: dict[str, Any] = {"partitions_queried": 1, "nodes": 1, "rows": 0, "elapsed_ms": 0.0}
+        result = _finished(answer, Position().merge(entry.position), stats, started)
+        self._count("point", "ok", started)
+        return result
+
+    def _point_plan(self, stmt: Statement, req: SqlRequest, deadline: float) -> PointPlan | None:
+        """The point plan of the statement's text, planned once per text (None: not a point lookup)."""
         stores = self._stores()
-        text = req.sql if req.dialect is None else (req.sql, req.dialect)  # the same text may parse otherwise
+        text = _point_text(req)
         cached = self._points.get(text, False)
         if cached is False or (cached is not None and stores.get(cached.store.name) is not cached.store):
             cached = point_plan(stmt.select, stores) if stmt.select is not None else None
             if cached is not None:  # DuckDB's names and types (and its errors), planned once per text
-                cached = cached.typed(self._plan(stmt, req, options.deadline).schema)
+                cached = cached.typed(self._plan(stmt, req, deadline).schema)
             if len(self._points) > POINT_PLANS:  # one entry per distinct SQL text; keep it bounded
                 self._points.clear()
             self._points[text] = cached
-        if cached is None or len(req.parameters) != stmt.param_count:
-            return None
-        key = cached.key(list(req.parameters))
-        if key is None:
+        return cached
+
+    def _point(self, stmt: Statement, req: SqlRequest, position: Position, options: ReadOptions,
+               stats: dict[str, Any]) -> tuple[pa.Table, Position, dict[str, Any]] | None:
+        """The fast path for key lookups; None when the query is not one (or the key needs the general path)."""
+        cached = self._point_plan(stmt, req, options.deadline)
+        found = None if cached is None else _point_key(cached, stmt, req)
+        if cached is None or found is None:
             return None
         defn = cached.store
-        kb = defn.key.serialize(key)
-        partition = partition_for(kb, defn.partitions)
+        key, kb, partition = found
         stats["partitions_queried"] = 1
         # the common case when clients send keys to their owners; then the owner's stored bytes
         # in one lean call; else the general path, which retries and says why it cannot
@@ -478,6 +500,32 @@ class SqlEngine:
             for k, v in zip(_EXPLAIN_COLUMNS, ["(none)", "", "", self.node.node_id + " (local)", "nothing", at_receiver]):
                 rows[k].append(v)
         return pa.table({k: pa.array(v, pa.string()) for k, v in rows.items()})
+
+
+def _point_text(req: SqlRequest) -> Any:
+    """What a point plan is kept under: the SQL text, and its dialect (the same text may parse otherwise)."""
+    return req.sql if req.dialect is None else (req.sql, req.dialect)
+
+
+def _point_key(plan: PointPlan, stmt: Statement, req: SqlRequest) -> tuple[Any, bytes, int] | None:
+    """The key a point query looks up (as a value, its bytes, its partition); None when the
+    parameters do not make one (the general path decides)."""
+    if len(req.parameters) != stmt.param_count:
+        return None
+    key = plan.key(list(req.parameters))
+    if key is None:
+        return None
+    kb = plan.store.key.serialize(key)
+    return key, kb, partition_for(kb, plan.store.partitions)
+
+
+def _finished(table: pa.Table | PointAnswer, position: Position, stats: dict[str, Any], started: float) -> SqlResult:
+    """A statement's whole answer (not streamed), with its row count and time in ``stats``."""
+    stats["rows"] = table.num_rows
+    stats["elapsed_ms"] = round((time.perf_counter() - started) * 1000, 3)
+    if isinstance(table, PointAnswer):
+        return SqlResult(table.schema, table.batches(), position.to_token(), stats, rows=table.rows)
+    return SqlResult(table.schema, iter(table.to_batches()), position.to_token(), stats)
 
 
 def _reaches(known: Position, bound: PositionBound) -> bool:

@@ -71,12 +71,24 @@ class SqlService:
         info["partition_owners"] = parts
         return info
 
+    def local_point(self, request: SqlRequest) -> SqlResult | None:
+        """``sql``'s answer when it is a point query this node reads from its own copy at once;
+        None when it is not (see SqlEngine.local_point)."""
+        return self.engine.local_point(request)
+
     def lookup(self, store: str, key: str) -> SqlResult:
         """A routed point lookup of ``key`` (given as its string form): the answer of the SQL
         point query, so the REST lookup takes the SQL point path (no row: no such key)."""
+        return self.sql(self._lookup_request(store, key))
+
+    def local_lookup(self, store: str, key: str) -> SqlResult | None:
+        """``lookup``'s answer when this node reads the key from its own copy at once; None when not."""
+        return self.engine.local_point(self._lookup_request(store, key))
+
+    def _lookup_request(self, store: str, key: str) -> SqlRequest:
         defn = self.engine.resolve_store(store)
         try:
             value = defn.key.parse(key)
         except ValueError as e:
             raise SqlError("INVALID_PARAMETER", f"key {key!r} is not a {defn.key_format}: {e}") from None
-        return self.sql(SqlRequest(f'SELECT * FROM "{defn.name}" WHERE "{defn.key_name}" = ?', [value]))
+        return SqlRequest(f'SELECT * FROM "{defn.name}" WHERE "{defn.key_name}" = ?', [value])
