@@ -132,15 +132,15 @@ def timeout_capped(body: Any, req: SqlRequest) -> int | None:
     return asked if _is_int(asked) and asked > req.timeout_ms else None
 
 
-_DRAIN_MAX = 4 << 20  # bytes of a refused body read and dropped so the client hears the 413
+DRAIN_MAX = 4 << 20  # bytes of a refused body read and dropped so the client hears the 413
 
 
 def _drain(stream: Any, length: int) -> None:
-    """Read and drop a refused body (up to _DRAIN_MAX), a chunk at a time: a server that answers
+    """Read and drop a refused body (up to DRAIN_MAX), a chunk at a time: a server that answers
     and closes while the client still sends makes the client's TCP stack see a reset, and the
     client reports a broken connection instead of the 413. Past the bound
     the connection is closed unread, as before."""
-    left = min(length, _DRAIN_MAX)
+    left = min(length, DRAIN_MAX)
     while left > 0:
         chunk = stream.read(min(left, 1 << 16))
         if not chunk:
@@ -436,13 +436,23 @@ class SqlFastPath:
         self.app, self.node = app, node
 
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Any:
-        path = environ.get("PATH_INFO", "")
-        method = environ.get("REQUEST_METHOD")
-        if path == "/v1/sql" and method == "POST":
+        route = hot_route(environ)
+        if route == "sql":
             return sql_response(self.node, environ)(environ, start_response)
-        if method == "GET" and path.startswith(_STORES) and _is_lookup(path):
+        if route == "lookup":
             return _lookup_fast(self.node, environ)(environ, start_response)
         return self.app(environ, start_response)
+
+
+def hot_route(environ: dict[str, Any]) -> str | None:
+    """Which hot route a request is for: "sql" (POST /v1/sql), "lookup" (the REST key lookup), or None."""
+    path = environ.get("PATH_INFO", "")
+    method = environ.get("REQUEST_METHOD")
+    if path == "/v1/sql" and method == "POST":
+        return "sql"
+    if method == "GET" and path.startswith(_STORES) and _is_lookup(path):
+        return "lookup"
+    return None
 
 
 def _is_lookup(path: str) -> bool:

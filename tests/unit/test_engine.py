@@ -352,6 +352,28 @@ def test_a_point_lookup_answers_with_duckdbs_names_and_types(world, sql) -> None
     assert_answers_as_duckdb(world, world.cluster.engine(), sql)
 
 
+def test_a_point_answer_given_at_once_is_the_one_execute_gives(fresh) -> None:
+    """local_point (the loop server's) answers only what execute has planned and this node reads
+    itself, and then as execute does: rows, schema, token, stats (but the time), metrics."""
+    world = fresh(("me", "n2"))
+    engine = world.cluster.engine("me")
+    sql = "SELECT player, best AS b FROM players WHERE player = ?"
+    local = next(f"p{i:04d}" for i in range(120) if key_partition(f"p{i:04d}") == 0)
+    far = next(f"p{i:04d}" for i in range(120) if key_partition(f"p{i:04d}") == 1)
+    missing = next(f"none{i}" for i in range(120) if key_partition(f"none{i}") == 0)
+    assert engine.local_point(SqlRequest(sql, [local])) is None  # not planned yet: execute plans it
+    for key in (local, missing):
+        _, full = run(engine, sql, [key])
+        now = engine.local_point(SqlRequest(sql, [key]))
+        assert now is not None and now.schema == full.schema and now.rows == full.rows
+        assert now.consistency_token == full.consistency_token
+        assert {**now.stats, "elapsed_ms": 0} == {**full.stats, "elapsed_ms": 0}
+    assert engine.local_point(SqlRequest(sql, [far])) is None  # n2's partition
+    assert engine.local_point(SqlRequest(sql, [local], consistency_token=full.consistency_token)) is None
+    assert engine.local_point(SqlRequest(sql, [local, 1])) is None  # not its parameters
+    assert engine.local_point(SqlRequest("SELECT COUNT(*) FROM players", [])) is None
+
+
 def test_a_point_lookup_this_node_cannot_read_in_process_goes_to_the_owner(fresh) -> None:
     """Partition 1 is on n2: the engine on me finds no local copy and asks n2 for the key's
     stored entry in the lean call (n2 reads it in process), not for a KeyQuery's rows."""
