@@ -63,6 +63,7 @@ class HttpProtocol(asyncio.Protocol):
         self.waiting: deque[Request] = deque()  # read, not yet answered
         self.busy = False  # an answer is being made on the pool
         self.ending = False  # closing once the answer being written is done
+        self.unreadable = False  # the client sent what is not HTTP: answer what came before, read no more
         self.reading = True
         self.continue_owed = False
         # flow control of answers made on the pool (federator.http.wsgi_bridge.Connection)
@@ -93,12 +94,14 @@ class HttpProtocol(asyncio.Protocol):
             self.room.notify_all()
 
     def data_received(self, data: bytes) -> None:
-        if self.ending:
+        if self.ending or self.unreadable:
             return
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            self._refuse_connection("protocol upgrades (Upgrade:) are not served here; send plain HTTP/1.1")
+        except httptools.HttpParserUpgrade:  # its request is answered in HTTP/1.1; then the connection ends
+            self.unreadable = True
+            if self._idle() and self.req is None and self.transport is not None:
+                self.transport.close()
         except httptools.HttpParserError as e:
             self._refuse_connection(f"the request is not valid HTTP/1.1: {e}")
 
@@ -205,7 +208,7 @@ class HttpProtocol(asyncio.Protocol):
             return None
 
     def _done(self, req: Request) -> None:
-        if not req.keep_alive or self.served.stopping:
+        if not req.keep_alive or self.served.stopping or (self.unreadable and not self.waiting):
             self.ending = True
             if self.transport is not None:
                 self.transport.close()  # after what is buffered has been written
@@ -223,8 +226,8 @@ class HttpProtocol(asyncio.Protocol):
         self.req = None
         req.refuse(error_response(SqlError("BAD_REQUEST", message)))
         req.keep_alive = False
+        self.unreadable = True
         self._queue(req)
-        self.ending = True  # read no more
 
     def stop(self) -> None:
         """Close once the answer in progress is written (now, when there is none)."""

@@ -243,12 +243,20 @@ def test_a_client_that_does_not_read_holds_the_producer_back() -> None:
         assert len(made) == stopped_at < 400
 
 
-def test_a_request_that_is_not_http_gets_a_400_error_body(server) -> None:
+def test_a_request_that_is_not_http_gets_a_400_error_body_after_the_answers_before_it(server) -> None:
     conn = Conn(server.port)
-    conn.send(b"NOT HTTP AT ALL\r\n\r\n")
+    conn.send(get("/slow") + b"NOT HTTP AT ALL\r\n\r\n")
+    assert json.loads(conn.answer()[2])["path"] == "/slow"
     status, headers, body = conn.answer()
     assert status == 400 and json.loads(body)["error"]["code"] == "BAD_REQUEST"
-    assert headers["connection"] == "close"
+    assert headers["connection"] == "close" and conn.file.read() == b""  # then the server closes
+
+
+def test_an_upgrade_is_not_taken_its_request_is_answered_in_http_1_1_and_the_connection_ends(server) -> None:
+    conn = Conn(server.port)
+    conn.send(get("/a", "Connection: Upgrade\r\nUpgrade: h2c\r\n"))
+    assert json.loads(conn.answer()[2])["path"] == "/a"
+    assert conn.file.read() == b""
 
 
 def test_a_taken_port_is_refused_saying_so(server) -> None:
