@@ -1,9 +1,10 @@
 """What the loop server (federator.http.loop_server) asks of the node's public routes: the
 answers it gives on its event loop, and the cap on request bodies.
 
-On the loop: the SQL point query and the REST key lookup, when this node reads the key from
-its own copy at once (``sql_at_once``, ``lookup_at_once``: the routes' own functions), after
-the same bearer-token check as the app's. Everything else goes to the Flask app on a thread.
+On the loop: the SQL point query and the REST key lookup when this node reads the key from
+its own copy at once, and a statement whose small answer this node keeps and knows to be
+current (``sql_at_once``, ``lookup_at_once``: the routes' own functions), after the same
+bearer-token check as the app's. Everything else goes to the Flask app on a thread.
 """
 
 from __future__ import annotations

@@ -264,10 +264,11 @@ def sql_response(node: SqlNode, environ: dict[str, Any]) -> Response | _JsonBody
 
 def sql_at_once(node: SqlNode, environ: dict[str, Any]) -> Response | _JsonBody | None:
     """``sql_response``'s answer given at once on the calling thread (the loop server's event
-    loop): for a JSON point query without a consistency token that this node reads from its
-    own copy while a query slot is free. None for any other request, which ``sql_response``
-    answers (the same way: the same functions make both answers)."""
-    local = getattr(node, "local_point", None)
+    loop): for a JSON query without a consistency token that this node answers at once (a
+    point query it reads from its own copy, a kept answer still current: ``answer_now``) while
+    a query slot is free. None for any other request, which ``sql_response`` answers (the same
+    way: the same functions make both answers)."""
+    local = getattr(node, "answer_now", None)
     if local is None:
         return None
     limits = limits_of(node)
@@ -287,7 +288,7 @@ def sql_at_once(node: SqlNode, environ: dict[str, Any]) -> Response | _JsonBody 
         if result is None:
             return None
         try:
-            return _sql_answer(result, fmt, limits, slot or None, None)[0]  # a point's answer is whole
+            return _sql_answer(result, fmt, limits, slot or None, None)[0]  # small: made whole on the loop
         except SqlError as e:
             return error_response(e)
 
@@ -379,7 +380,7 @@ def lookup_response(node: SqlNode, name: str, key: str) -> Response | _JsonBody:
 def lookup_at_once(node: SqlNode, environ: dict[str, Any]) -> Response | _JsonBody | None:
     """``lookup_response``'s answer given at once on the calling thread (see ``sql_at_once``):
     None unless this node reads the key from its own copy while a query slot is free."""
-    local = getattr(node, "local_lookup", None)
+    local = getattr(node, "lookup_now", None)
     if local is None:
         return None
     name, key = _lookup_names(environ)

@@ -188,12 +188,39 @@ class SqlEngine:
         else:
             table, position, stats = self._select(stmt, req, position, options, stats, track)
         if isinstance(table, tuple):  # DuckDB's answer, counted as it streams out
-            schema, batches = table
-            kind = track[0]
             track[1] = True
-            return SqlResult(schema, _counted(batches, stats, started, lambda outcome: self._count(kind, outcome, started)),
-                             position.to_token(), stats)
+            return self._streamed(table, track[0], position, stats, started)
         return _finished(table, position, stats, started)
+
+    def _streamed(self, answer: tuple[pa.Schema, Iterator[pa.RecordBatch]], kind: str, position: Position,
+                  stats: dict[str, Any], started: float) -> SqlResult:
+        """A statement's streamed answer, counted (as ``kind``) when it ends."""
+        schema, batches = answer
+        return SqlResult(schema, _counted(batches, stats, started, lambda outcome: self._count(kind, outcome, started)),
+                         position.to_token(), stats)
+
+    def local_kept(self, req: SqlRequest) -> SqlResult | None:
+        """A repeated statement's small answer kept at this node, when every partition it reads
+        is known to be where it was then: at once, without planning, reading or waiting; None
+        otherwise, and then ``execute`` answers it, the same (see ``local_point``)."""
+        if req.consistency_token or req.allow_stale or self._reuse_seconds <= 0:
+            return None
+        started = time.perf_counter()
+        plan_key = _plan_key(req)
+        plan = self._plans.get(plan_key) if plan_key is not None else None
+        stores = self._stores()
+        # execute takes the point path for a point text, and plans again after a store changed
+        if plan is None or self._points.get(_point_text(req), False) is not None \
+                or any(stores.get(r.store.name) is not r.store for r in plan.refs):
+            return None
+        stats: dict[str, Any] = {"partitions_queried": 0, "nodes": 0, "rows": 0, "elapsed_ms": 0.0}
+        options = ReadOptions(PositionBound.unbounded(), False, req.max_lag, time.monotonic() + req.timeout_ms / 1000)
+        watch = self._watched(plan, req, options)[1]
+        kept = self._kept_answer(watch.key, plan) if watch is not None else None
+        if kept is None or sum(b.nbytes for b in kept.batches) > AT_ONCE_MAX_BYTES:
+            return None
+        reused = self._reused(plan, watch, Position(), stats) if watch is not None else None
+        return None if reused is None else self._streamed(reused[0], plan_kind(plan), reused[1], stats, started)
 
     def local_point(self, req: SqlRequest) -> SqlResult | None:
         """A point query's answer read from this node's own current copy, at once: None when it
@@ -283,17 +310,10 @@ class SqlEngine:
     def _run(self, plan: QueryPlan, req: SqlRequest, position: Position, options: ReadOptions,
              stats: dict[str, Any], reuse: bool = True) -> tuple:
         _check_deadline(options.deadline, "planning")
-        plan_key = _plan_key(req) if reuse and self._reuse_seconds > 0 and plan.deterministic and not plan.local \
-            else None  # None: this answer is neither taken from nor kept for another
-        watch = self._watch(plan, plan_key, options) if plan_key is not None and not options.allow_stale else None
-        if watch is not None:
-            kept = self._kept_answer(watch.key, plan)
-            if kept is not None:
-                stats.update(answer_reused=True, partitions_queried=0, nodes=0)
-                if any(ref.joined is not None for ref in plan.refs):
-                    stats["joined_on_owners"] = True  # as the kept answer was
-                # the Position kept with it: equal to ``known``, and its token made once
-                return (kept.schema, iter(kept.batches)), position.merge(kept.at or watch.known.at), stats
+        plan_key, watch = self._watched(plan, req, options) if reuse else (None, None)
+        reused = self._reused(plan, watch, position, stats) if watch is not None else None
+        if reused is not None:
+            return (*reused, stats)
         seen = _Seen(known=watch.known.key if watch is not None else None)
         relations = self._read(plan, options, seen)
         seen.count_into(stats, plan)
@@ -304,6 +324,26 @@ class SqlEngine:
             watch = None  # an owner moved on meanwhile: this answer is not the one at ``known``
         answer = self._answer(plan, req, options, relations, seen, plan_key, watch, stats)
         return answer, position.merge(seen.position), stats
+
+    def _watched(self, plan: QueryPlan, req: SqlRequest, options: ReadOptions) -> tuple[tuple | None, _Watch | None]:
+        """The key ``plan``'s answer is kept under (None: it is neither taken from nor kept for
+        another), and the watch that names the positions it would be at (see ``_watch``)."""
+        plan_key = _plan_key(req) if self._reuse_seconds > 0 and plan.deterministic and not plan.local else None
+        watch = self._watch(plan, plan_key, options) if plan_key is not None and not options.allow_stale else None
+        return plan_key, watch
+
+    def _reused(self, plan: QueryPlan, watch: _Watch, position: Position,
+                stats: dict[str, Any]) -> tuple[tuple[pa.Schema, Iterator[pa.RecordBatch]], Position] | None:
+        """The answer kept for ``plan`` at the watched positions (no owner asked), and its
+        position; None when there is none."""
+        kept = self._kept_answer(watch.key, plan)
+        if kept is None:
+            return None
+        stats.update(answer_reused=True, partitions_queried=0, nodes=0)
+        if any(ref.joined is not None for ref in plan.refs):
+            stats["joined_on_owners"] = True  # as the kept answer was
+        # the Position kept with it: equal to ``known``, and its token made once
+        return (kept.schema, iter(kept.batches)), position.merge(kept.at or watch.known.at)
 
     def _watch(self, plan: QueryPlan, plan_key: tuple, options: ReadOptions) -> _Watch | None:
         """When every partition of ``plan``'s stores is known to be where it is now (its owners'
@@ -639,5 +679,8 @@ def _read_at_known(seen: _Seen, known: Position, plan: QueryPlan, stores: list[S
 # repeated statements' answers kept at the receiver (--statement-answers); larger answers cost more
 # to keep than DuckDB's fixed cost saves
 _ANSWER_MAX_BYTES = STATEMENT_ANSWER_MAX_BYTES
+# the largest kept answer local_kept gives: making a larger one's body would hold the caller's
+# event loop, which serves every other connection meanwhile
+AT_ONCE_MAX_BYTES = 64 * 1024
 
 _EXPLAIN_COLUMNS = ("store", "query", "partitions", "node", "pushed_down", "at_receiver")

@@ -71,17 +71,18 @@ class SqlService:
         info["partition_owners"] = parts
         return info
 
-    def local_point(self, request: SqlRequest) -> SqlResult | None:
-        """``sql``'s answer when it is a point query this node reads from its own copy at once;
-        None when it is not (see SqlEngine.local_point)."""
-        return self.engine.local_point(request)
+    def answer_now(self, request: SqlRequest) -> SqlResult | None:
+        """``sql``'s answer when this node has it at once: a point query it reads from its own
+        copy, or a statement's kept answer still current; None when not (SqlEngine.local_point,
+        local_kept)."""
+        return self.engine.local_point(request) or self.engine.local_kept(request)
 
     def lookup(self, store: str, key: str) -> SqlResult:
         """A routed point lookup of ``key`` (given as its string form): the answer of the SQL
         point query, so the REST lookup takes the SQL point path (no row: no such key)."""
         return self.sql(self._lookup_request(store, key))
 
-    def local_lookup(self, store: str, key: str) -> SqlResult | None:
+    def lookup_now(self, store: str, key: str) -> SqlResult | None:
         """``lookup``'s answer when this node reads the key from its own copy at once; None when not."""
         return self.engine.local_point(self._lookup_request(store, key))
 

@@ -753,10 +753,10 @@ def test_metrics_count_queries_by_kind_and_outcome_and_show_the_partitions(sql_c
 
 
 def test_the_loop_server_answers_as_the_flask_routes(sql_cluster) -> None:
-    """n1 runs `--server loop`: its point answers given on the loop (the keys it owns, asked a
-    second time, once planned) are byte for byte n0's (granian, Flask's routes) but for the time
-    taken; so are its routed ones, a REST lookup, an error body and the console; a scan streams
-    as Arrow and NDJSON; the loop's point queries are counted like any."""
+    """n1 runs `--server loop`: its answers given on the loop (the keys it owns, asked a second
+    time, once planned; a kept answer) are byte for byte n0's (granian, Flask's routes) but for
+    the time taken; so are its routed ones, a REST lookup, an error body and the console; a scan
+    streams as Arrow and NDJSON; the loop's point queries are counted like any."""
     cluster, db = sql_cluster
     n0, n1 = cluster.nodes[0], cluster.nodes[1]
     info = json.loads(HTTP.request("GET", f"http://{n0.endpoint}/v1/stores/players").data)
@@ -779,6 +779,11 @@ def test_the_loop_server_answers_as_the_flask_routes(sql_cluster) -> None:
     moved = total(scrape(n1), "federator_sql_queries_total", kind="point", outcome="ok") \
         - total(before, "federator_sql_queries_total", kind="point", outcome="ok")
     assert moved == 12  # n1 was asked each of the three keys twice, by SQL and by lookup: on the loop or not
+    # a statement's kept answer, still current: given on the loop too
+    agg = {"sql": "SELECT team, COUNT(*) AS n FROM players GROUP BY team HAVING COUNT(*) > 0 ORDER BY team"}
+    wait_for(lambda: all(json.loads(post(n, agg).data)["stats"].get("answer_reused") for n in (n0, n1)), 20,
+             "both nodes to keep the statement's answer")
+    assert json.loads(same("/v1/sql", "POST", agg, untimed=True))["stats"]["answer_reused"] is True
     assert json.loads(same("/v1/sql", "POST", {"sql": "SELECT nope FROM players"}))["error"]["code"] == "UNKNOWN_COLUMN"
     assert b"<html" in same("/").lower()
     sql = "SELECT player, total_score FROM players ORDER BY player"

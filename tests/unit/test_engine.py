@@ -603,6 +603,30 @@ def test_a_repeated_statement_reuses_its_answer_until_a_position_moves(fresh) ->
     assert assert_answers_as_duckdb(world, engine, sql, ordered=True).stats.get("answer_reused") is True
 
 
+def test_a_kept_answer_given_at_once_is_the_one_execute_gives(fresh) -> None:
+    """local_kept (the loop server's) gives a statement's kept answer while its partitions
+    are where they were, as execute would (rows, token, stats but the time); None before it is
+    kept, once a partition moves, and for a point query's text."""
+    world = fresh()
+    engine = world.cluster.engine()
+    sql = "SELECT key % 5 AS g, COUNT(*) AS n FROM scores WHERE key > -50 GROUP BY g HAVING COUNT(*) > 0 ORDER BY g"
+    assert engine.local_kept(SqlRequest(sql)) is None  # never run
+    run(engine, sql)
+    got, full = run(engine, sql)
+    assert full.stats.get("answer_reused") is True
+    now = engine.local_kept(SqlRequest(sql))
+    assert now is not None and pa.Table.from_batches(list(now.batches), now.schema) == got
+    assert now.consistency_token == full.consistency_token
+    assert {**now.stats, "elapsed_ms": 0} == {**full.stats, "elapsed_ms": 0}
+    assert engine.local_kept(SqlRequest(sql, allow_stale=True)) is None
+    world.put("scores", 1_000_003, 2.5)  # a partition moves on: execute reads again
+    assert engine.local_kept(SqlRequest(sql)) is None
+    point = "SELECT * FROM scores WHERE key = 7"
+    run(engine, point)
+    run(engine, point)
+    assert engine.local_kept(SqlRequest(point)) is None
+
+
 @pytest.mark.parametrize("sql", [
     "SELECT key, score FROM scores ORDER BY score DESC LIMIT 3",  # a top-k cut, finished in Arrow
     "SELECT COUNT(*) AS n, SUM(score) AS s FROM scores",  # a merge of states, finished in Arrow

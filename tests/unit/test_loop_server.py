@@ -47,11 +47,11 @@ class PointNode(FakeSqlNode):
         stats = {"partitions_queried": 1, "nodes": 1, "rows": 1, "elapsed_ms": 0.25}
         return SqlResult(LOOKUP_SCHEMA, iter([]), "tok-p", stats, rows=[(key, 120, b"\x89PNG", 1_700_000_000_000)])
 
-    def local_point(self, request: SqlRequest) -> SqlResult | None:
+    def answer_now(self, request: SqlRequest) -> SqlResult | None:
         self.at_once.append(request)
         return None if request.parameters == ["far"] or request.consistency_token else self.sql(request)
 
-    def local_lookup(self, store: str, key: str) -> SqlResult | None:
+    def lookup_now(self, store: str, key: str) -> SqlResult | None:
         self.at_once.append(key)
         return None if key == "far" else self.lookup(store, key)
 
