@@ -70,10 +70,12 @@ class HttpProtocol(asyncio.Protocol):
         self.room = threading.Condition()
         self.paused = self.closed = False
         self.in_flight = 0
+        self.last = 0.0  # the loop's time when it last read a request's bytes or finished an answer
 
     # ---- asyncio ----------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        self.last = self.served.loop.time()
         peer = transport.get_extra_info("peername")
         self.peer = (str(peer[0]), int(peer[1])) if isinstance(peer, tuple) else ("", 0)
         self.served.connections.add(self)
@@ -96,6 +98,7 @@ class HttpProtocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.ending or self.unreadable:
             return
+        self.last = self.served.loop.time()
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:  # its request is answered in HTTP/1.1; then the connection ends
@@ -214,6 +217,7 @@ class HttpProtocol(asyncio.Protocol):
                 self.transport.close()  # after what is buffered has been written
             return
         self.busy = False
+        self.last = self.served.loop.time()
         self._next()
 
     def _write(self, data: bytes) -> None:
@@ -232,6 +236,12 @@ class HttpProtocol(asyncio.Protocol):
     def stop(self) -> None:
         """Close once the answer in progress is written (now, when there is none)."""
         if self._idle() and self.req is None and self.transport is not None:
+            self.transport.close()
+
+    def close_if_idle(self, since: float) -> None:
+        """Close when no answer is being made or waits and nothing was read since ``since`` (a
+        kept-alive connection left unused, or a request that stopped coming half-way)."""
+        if self._idle() and self.last < since and self.transport is not None:
             self.transport.close()
 
     # ---- federator.http.wsgi_bridge.Connection: called from pool threads, or on the loop ----

@@ -27,16 +27,18 @@ from federator.tls import Tls
 log = logging.getLogger(__name__)
 
 BACKLOG = 1024
+IDLE_S = 60.0  # a connection without a request in progress for this long is closed
 STOP_GRACE_S = 10.0  # how long ``stop`` lets answers in progress finish before closing their connections
 
 
 class LoopServer:
     def __init__(self, app: WsgiApp, host: str, port: int, threads: int = 16,
                  on_signal: Callable[[], None] | None = None, tls: Tls | None = None,
-                 front: Front | None = None) -> None:
+                 front: Front | None = None, idle_s: float = IDLE_S) -> None:
         """``app`` served on host:port (port 0: any free port, then see ``port``); ``front``
         answers what it can on the loop and caps request bodies (None: the app answers all)."""
         self.app, self.host, self.front, self.tls, self.threads = app, host, front, tls, threads
+        self.idle_s = idle_s
         self._sock = bind(host, port)
         self.port: int = self._sock.getsockname()[1]
         self.listening = threading.Event()
@@ -78,9 +80,19 @@ class LoopServer:
         self.listening.set()
         if self._stop_asked.is_set():  # stop() came before the loop ran
             self._stop.set()
+        sweeper = loop.create_task(_close_idle(served, self.idle_s))
         await self._stop.wait()
+        sweeper.cancel()
         await _close(server, served)
         pool.shutdown(wait=False, cancel_futures=True)
+
+
+async def _close_idle(served: Served, idle_s: float) -> None:
+    while True:
+        await asyncio.sleep(min(idle_s / 2, 5.0))
+        since = served.loop.time() - idle_s
+        for conn in list(served.connections):
+            conn.close_if_idle(since)
 
 
 async def _close(server: Any, served: Served) -> None:

@@ -88,8 +88,9 @@ class Front:
 
 
 @contextlib.contextmanager
-def serving(app: Any, front: Any = None, tls: Tls | None = None, threads: int = 4) -> Iterator[LoopServer]:
-    server = LoopServer(app, "127.0.0.1", 0, threads=threads, front=front, tls=tls)
+def serving(app: Any, front: Any = None, tls: Tls | None = None, threads: int = 4,
+            idle_s: float = 60.0) -> Iterator[LoopServer]:
+    server = LoopServer(app, "127.0.0.1", 0, threads=threads, front=front, tls=tls, idle_s=idle_s)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     assert server.listening.wait(10)
@@ -257,6 +258,18 @@ def test_an_upgrade_is_not_taken_its_request_is_answered_in_http_1_1_and_the_con
     conn.send(get("/a", "Connection: Upgrade\r\nUpgrade: h2c\r\n"))
     assert json.loads(conn.answer()[2])["path"] == "/a"
     assert conn.file.read() == b""
+
+
+def test_idle_connections_are_closed_and_busy_ones_are_not() -> None:
+    with serving(echo, Front(), idle_s=0.4) as s:
+        idle, half, busy = Conn(s.port), Conn(s.port), Conn(s.port)
+        idle.send(get("/a"))
+        idle.answer()
+        half.send(b"GET /a HTTP/1.1\r\nHost:")  # a request that stops coming
+        busy.send(get("/slow") + get("/slow") + get("/slow") + get("/slow"))  # answered for 1.2 s
+        time.sleep(1.0)
+        assert idle.file.read() == b"" and half.file.read() == b""  # closed by the server
+        assert [json.loads(busy.answer()[2])["path"] for _ in range(4)] == ["/slow"] * 4
 
 
 def test_a_taken_port_is_refused_saying_so(server) -> None:
