@@ -260,9 +260,11 @@ class HttpProtocol(asyncio.Protocol):
         self._done(req)
 
     def abort(self) -> None:
+        """End an answer cut short: what was sent of it goes out, without the end of its body, so
+        the client sees it cut off (and reads the error an Arrow or CSV body ends with)."""
         self.ending = True
         if self.transport is not None:
-            self.transport.abort()
+            self.transport.close()
 
 
 def _whole(app: WsgiApp, env: dict[str, Any]) -> tuple[str, list[tuple[str, str]], bytes]:

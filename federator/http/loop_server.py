@@ -104,4 +104,5 @@ async def _close(server: Any, served: Served) -> None:
     while served.connections and served.loop.time() < deadline:
         await asyncio.sleep(0.02)
     for conn in list(served.connections):
-        conn.abort()
+        if conn.transport is not None:
+            conn.transport.abort()

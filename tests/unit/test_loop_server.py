@@ -18,14 +18,16 @@ import pytest
 
 from federator.auth import Users, Verifier
 from federator.http import create_app
+from federator.http.formats import failure_at_end
 from federator.http.loop_answers import LoopAnswers
 from federator.http.loop_server import LoopServer
+from federator.sql import limits
 from federator.sql.limits import Admission, Limits
 from federator.sql.result import SqlRequest, SqlResult
 from federator.tls import Tls
 from tests.certificates import make_certificate
 from tests.registry import REGISTRY
-from tests.unit.test_sql_routes import LOOKUP_SCHEMA, FakeSqlNode
+from tests.unit.test_sql_routes import LOOKUP_SCHEMA, FakeSqlNode, MidStreamFailure, run
 
 CAP = 2000  # the fake node's --max-body-bytes
 
@@ -220,6 +222,18 @@ def test_a_streamed_answer_is_sent_chunked_as_it_comes(server) -> None:
     status, headers, body = conn.answer()
     assert headers["transfer-encoding"] == "chunked" and body == b"line 0\nline 1\nline 2\n"
     assert json.loads(conn.answer()[2])["path"] == "/after"
+
+
+@pytest.mark.parametrize(("fmt", "says"), [("table", "error: TIMEOUT: partition 5"),
+                                           ("csv", "was cut off"), ("arrow", "was cut off")])
+def test_a_failure_mid_stream_reaches_the_client(monkeypatch, fmt: str, says: str) -> None:
+    """The body ends with the route's error marker, then is cut off (never ended as a whole one)."""
+    monkeypatch.setattr(limits, "READ_AHEAD_BYTES", 1)  # the failure comes after the answer has started
+    with serving(create_app(MidStreamFailure(rows_before=5000), REGISTRY)) as s:
+        code, out, err, raw = run(["--url", f"http://127.0.0.1:{s.port}", "--format", fmt, "SELECT 1"])
+    assert code == 2 and says in err, err
+    if fmt != "table":
+        assert failure_at_end(fmt, raw[-4096:]) is not None  # what was sent ends with the marker
 
 
 def test_a_client_that_does_not_read_holds_the_producer_back() -> None:
