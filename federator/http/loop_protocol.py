@@ -226,7 +226,7 @@ class HttpProtocol(asyncio.Protocol):
 
     def _refuse_connection(self, message: str) -> None:
         """A request that cannot be parsed: its 400 after the answers before it, then close."""
-        req = self.req or Request()
+        req = self.req if self.req is not None and not self.req.queued else Request()  # (queued: its answer is on its way)
         self.req = None
         req.refuse(error_response(SqlError("BAD_REQUEST", message)))
         req.keep_alive = False
