@@ -75,9 +75,9 @@ def run_node(resolved: Resolved) -> int:
     users = _users(st, host)
     cluster_secret = _cluster_secret(resolved, host, users)
     tls = from_flags(st.tls_cert, st.tls_key, st.tls_ca)
-    if tls is not None and st.server != "granian":
-        raise ValueError("TLS (--tls-cert/--tls-key) is served by granian only: drop --server waitress "
-                         "(or $FEDERATOR_HTTP_SERVER=waitress)")
+    if tls is not None and st.server == "waitress":
+        raise ValueError("TLS (--tls-cert/--tls-key) is served by granian and loop, not waitress: drop --server "
+                         "waitress (or $FEDERATOR_HTTP_SERVER=waitress)")
     # The one registry of this process: built here, owned by the node, passed to the HTTP app.
     registry = load_plugins()
     node = Node(_node_config(st, f"{host}:{port}", cluster_secret, limits, tls), registry)
@@ -87,8 +87,9 @@ def run_node(resolved: Resolved) -> int:
     node.on_refused = lambda why: stopping.set()  # the node logged why; exit with REFUSED
     sql = SqlService(node, registry)
     app = create_app(node, registry, sql, users)
-    if st.server == "granian":
-        return _run_on_granian(node, sql, app, host, port, st, stopping, users)
+    if st.server != "waitress":
+        return _run_in_main(_main_thread_server(st.server, app, sql, host, port, st, stopping, users), node, sql,
+                            host, st, stopping, users)
     server = serve(app, host, port, threads=st.threads)
     doors = _start_doors(sql, host, st, users)
     node.start()
@@ -294,13 +295,24 @@ def _hand_over(node: Node, doors: dict[str, Any]) -> None:
     node.stop()
 
 
-def _run_on_granian(node: Node, sql: SqlService, app: object, host: str, port: int, st: NodeSettings,
-                    stopping: threading.Event, users: Users | None) -> int:
-    """granian runs in the main thread (it sets signal handlers as it starts); a second
-    thread keeps the shutdown order of the waitress path: hand over, then stop serving."""
+def _main_thread_server(name: str, app: Any, sql: SqlService, host: str, port: int, st: NodeSettings,
+                        stopping: threading.Event, users: Users | None) -> Any:
+    """The server `--server` names that runs in the main thread: granian, or the asyncio loop."""
+    if name == "loop":
+        from federator.http.loop_answers import LoopAnswers
+        from federator.http.loop_server import LoopServer
+
+        return LoopServer(app, host, port, threads=st.threads, on_signal=stopping.set, tls=sql.node.tls,
+                          front=LoopAnswers(sql, users))
     from federator.http.granian_server import GranianServer
 
-    server = GranianServer(app, host, port, threads=st.threads, on_signal=stopping.set, tls=node.tls)
+    return GranianServer(app, host, port, threads=st.threads, on_signal=stopping.set, tls=sql.node.tls)
+
+
+def _run_in_main(server: Any, node: Node, sql: SqlService, host: str, st: NodeSettings,
+                 stopping: threading.Event, users: Users | None) -> int:
+    """The server runs in the main thread (it sets signal handlers as it starts); a second
+    thread keeps the shutdown order of the waitress path: hand over, then stop serving."""
     doors = _start_doors(sql, host, st, users)
     node.start()
 
@@ -308,7 +320,7 @@ def _run_on_granian(node: Node, sql: SqlService, app: object, host: str, port: i
         while not (server.listening.wait(0.1) or stopping.is_set()):
             pass
         if server.listening.is_set():
-            _print_serving(node, host, doors, "granian")
+            _print_serving(node, host, doors, st.server)
             _freeze_startup_heap()
         stopping.wait()
         _hand_over(node, doors)

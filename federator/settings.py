@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import os
 from typing import Any, Mapping
 
-SERVERS = ("granian", "waitress")  # the HTTP servers a node runs on (federator.http)
+SERVERS = ("granian", "waitress", "loop")  # the HTTP servers a node runs on (federator.http)
 PLUGIN_ERRORS = ("fatal", "warn")  # what a plugin that failed to load does to the node
 FLAG, ENV, FILE, DEFAULT = "flag", "environment", "file", "default"  # where a value came from, strongest first
 MASK = "********"  # a secret as --print-config shows it
@@ -96,7 +96,8 @@ class NodeSettings:
     threads: int = _s(16, "HTTP worker threads; running and queued queries may hold all but 2, which stay free "
                           "for node-to-node calls", "node", metavar="N",
                       sizing="a thread holds its request's body and its answer while it sends it")
-    server: str = _s("granian", "HTTP server: granian (Rust; less CPU per small request) or waitress (pure Python)",
+    server: str = _s("granian", "HTTP server: granian (Rust; less CPU per small request), waitress (pure Python) or loop "
+                     "(an asyncio event loop that answers local point reads itself, the rest on --threads)",
                      "node", env="FEDERATOR_HTTP_SERVER", choices=SERVERS)
     plugin_errors: str = _s("fatal", "a plugin that fails to load: fatal stops the node before it joins the cluster; "
                                      "warn logs it and serves without it (its stores and queries are unknown to this "

@@ -31,16 +31,24 @@ class BearerAuth:
         self.app, self.users = app, users
 
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
-        if needs_token(environ.get("PATH_INFO", "")):
-            token = bearer(environ.get("HTTP_AUTHORIZATION"))
-            if token is None:
-                return wsgi_error(SqlError("UNAUTHENTICATED", _NO_TOKEN), start_response)
-            login = self.users.login(token, environ.get("REMOTE_ADDR") or "unknown")
-            refused = login.error()
-            if refused is not None:
-                return wsgi_error(refused, start_response)
-            environ[USER_KEY] = login.user
+        refused = self.refusal(environ)
+        if refused is not None:
+            return wsgi_error(refused, start_response)
         return self.app(environ, start_response)
+
+    def refusal(self, environ: dict[str, Any]) -> SqlError | None:
+        """Why a request may not pass (None: it may; an authenticated user's name is put in
+        ``environ`` under USER_KEY). Each failed login is counted once, here."""
+        if not needs_token(environ.get("PATH_INFO", "")):
+            return None
+        token = bearer(environ.get("HTTP_AUTHORIZATION"))
+        if token is None:
+            return SqlError("UNAUTHENTICATED", _NO_TOKEN)
+        login = self.users.login(token, environ.get("REMOTE_ADDR") or "unknown")
+        refused = login.error()
+        if refused is None:
+            environ[USER_KEY] = login.user
+        return refused
 
 
 _NO_TOKEN = ("this node needs a bearer token: send 'Authorization: Bearer <token>' (the DB-API driver's "

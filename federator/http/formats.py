@@ -28,7 +28,7 @@ reader takes for data: CSV with a line of one field more than the header,
 ``"federator_error","CODE: message",...`` (pandas and Arrow's CSV reader refuse a ragged
 line; a lenient reader still shows the error as the last row), Arrow with an invalid IPC
 message. The body is then also cut off where the
-server allows it (waitress never ends the chunked body; granian does end it), so no client
+server allows it (waitress and the loop server never end the chunked body; granian does), so no client
 takes a short result for a whole one.
 """
 

@@ -15,10 +15,8 @@ with, since ``MTServer`` is not a documented embedding API.
 
 from __future__ import annotations
 
-import errno
 import logging
 import signal
-import socket
 import threading
 import time
 from typing import Any, Callable
@@ -27,6 +25,7 @@ from granian.constants import Interfaces
 from granian.server.mt import MTServer
 
 from federator.broker import port_open
+from federator.http.ports import bind
 from federator.tls import Tls
 
 log = logging.getLogger(__name__)
@@ -35,23 +34,6 @@ log = logging.getLogger(__name__)
 class _InProcessServer(MTServer):
     def _check_gil(self) -> None:  # one worker thread under the GIL is the intended use here
         return None
-
-
-def _refuse_a_taken_port(host: str, port: int) -> None:
-    """granian binds with SO_REUSEPORT, so a second node on a taken port would start and
-    silently share it; a plain bind fails on a port anyone holds, so try one first."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        # like any server: connections of an earlier run in TIME_WAIT must not block a restart
-        # (a listener still fails the bind, SO_REUSEADDR or not)
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError as e:
-            if e.errno == errno.EADDRINUSE:
-                raise OSError(e.errno, f"port {port} on {host} is already in use; stop what holds it "
-                                       "or pick another --listen port") from None
-            raise
 
 
 class GranianServer:
@@ -66,7 +48,9 @@ class GranianServer:
                  on_signal: Callable[[], None] | None = None, tls: Tls | None = None) -> None:
         if port == 0:
             raise ValueError("the granian server needs an explicit port (--listen HOST:PORT with PORT > 0)")
-        _refuse_a_taken_port(host, port)
+        # granian binds with SO_REUSEPORT, so a second node on a taken port would start and
+        # silently share it; a plain bind fails on a port anyone holds, so try one first
+        bind(host, port).close()
         self.app, self.host, self.port = app, host, port
         self.listening = threading.Event()
         self._server = _InProcessServer(

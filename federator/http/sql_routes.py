@@ -10,6 +10,7 @@ import itertools
 import json
 import logging
 import reprlib
+from contextlib import contextmanager
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Iterator, Protocol
 
@@ -21,7 +22,7 @@ from werkzeug.wsgi import get_input_stream
 from federator.http.errors import error_response
 from federator.http.formats import MEDIA_TYPES, body_chunks, choose_format, json_object_body, json_object_from_arrow, json_rows_body, jsonable
 from federator.errors import FederatorError, SqlError
-from federator.sql.limits import (DEFAULT_LIMITS, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_TIMEOUT_MS, CappedBatches, Limits,
+from federator.sql.limits import (DEFAULT_LIMITS, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_TIMEOUT_MS, Limits,
                                   Slot, admit, limits_of)
 from federator.sql.result import SqlRequest, SqlResult
 
@@ -131,15 +132,15 @@ def timeout_capped(body: Any, req: SqlRequest) -> int | None:
     return asked if _is_int(asked) and asked > req.timeout_ms else None
 
 
-_DRAIN_MAX = 4 << 20  # bytes of a refused body read and dropped so the client hears the 413
+DRAIN_MAX = 4 << 20  # bytes of a refused body read and dropped so the client hears the 413
 
 
 def _drain(stream: Any, length: int) -> None:
-    """Read and drop a refused body (up to _DRAIN_MAX), a chunk at a time: a server that answers
+    """Read and drop a refused body (up to DRAIN_MAX), a chunk at a time: a server that answers
     and closes while the client still sends makes the client's TCP stack see a reset, and the
     client reports a broken connection instead of the 413. Past the bound
     the connection is closed unread, as before."""
-    left = min(length, _DRAIN_MAX)
+    left = min(length, DRAIN_MAX)
     while left > 0:
         chunk = stream.read(min(left, 1 << 16))
         if not chunk:
@@ -230,53 +231,16 @@ def sql_response(node: SqlNode, environ: dict[str, Any]) -> Response | _JsonBody
     """The answer to a ``POST /v1/sql`` (errors included) from its WSGI environ."""
     limits = limits_of(node)
     slot: Slot | None = None
-    batches: CappedBatches | None = None
     capped_from: int | None = None
     streaming = False
     try:
-        body = _read_body(environ, limits)
-        req, requested = sql_request_from_body(body, limits)
-        capped_from = timeout_capped(body, req)
-        limits.check_sql(req.sql)
-        accept = environ.get("HTTP_ACCEPT")
-        # the common headers need no parsing (Werkzeug's Accept matching costs ~50 us a request)
-        fmt = choose_format(requested, None if accept in _JSON_ACCEPTS else parse_accept_header(accept, MIMEAccept))
+        req, fmt, capped_from = _sql_request(environ, limits)
         slot = admit(node, req.timeout_ms / 1000)  # held until the answer is sent (see below)
         if slot is not None:
             slot.charge(req)
-        result = node.sql(req)
-        _limit_stats(result.stats, capped_from, limits.max_timeout_ms, slot)
-        if fmt == "json" and result.rows is not None:
-            limits.check_rows(len(result.rows), 0)
-            body = json_rows_body(result.schema, result.rows,
-                                  {"consistency_token": result.consistency_token, "stats": result.stats})
-            if body is not None:
-                limits.check_rows(0, len(body))  # as JSON: these rows never were Arrow
-                return _JsonBody(body)
-        # Read the start of the answer before answering: most failures (unreachable partitions,
-        # timeouts, bad plans found late, an answer over a cap) surface here and can still get
-        # their real status.
-        batches = limits.capped(iter(result.batches))
-        batches.read_ahead()
-        token = result.consistency_token
-        headers = {TOKEN_HEADER: token} if fmt != "json" and token else {}
-
-        def trailer() -> dict[str, Any]:
-            return {"consistency_token": result.consistency_token, "stats": result.stats}
-
-        kept = bool(result.stats.get("answer_reused"))
-        chunks = _closing(body_chunks(fmt, result.schema, batches, trailer, kept), batches)
-        whole = _whole_if_small(chunks)
-        if fmt == "json" and isinstance(whole, bytes):
-            return _JsonBody(whole)  # as a Response would send it, without building one
-        resp = Response(whole, mimetype=MEDIA_TYPES[fmt], headers=headers)
-        if slot is not None and not isinstance(whole, bytes):  # held until the body has been sent
-            resp.call_on_close(slot.release)
-            streaming = True
-        return resp
+        answer, streaming = _sql_answer(node.sql(req), fmt, limits, slot, capped_from)
+        return answer
     except SqlError as e:
-        if batches is not None:
-            batches.close()
         return error_response(limits.timed_out(e) if capped_from is not None else e)
     except RecursionError:
         # a planner or evaluator recursing over a deep expression tree (a chain of hundreds of
@@ -298,6 +262,101 @@ def sql_response(node: SqlNode, environ: dict[str, Any]) -> Response | _JsonBody
             slot.release()
 
 
+def sql_at_once(node: SqlNode, environ: dict[str, Any]) -> Response | _JsonBody | None:
+    """``sql_response``'s answer given at once on the calling thread (the loop server's event
+    loop): for a JSON query without a consistency token that this node answers at once (a
+    point query it reads from its own copy, a kept answer still current: ``answer_now``) while
+    a query slot is free. None for any other request, which ``sql_response`` answers (the same
+    way: the same functions make both answers)."""
+    local = getattr(node, "answer_now", None)
+    if local is None:
+        return None
+    limits = limits_of(node)
+    try:
+        req, fmt, capped_from = _sql_request(environ, limits)
+    except SqlError:
+        return None  # sql_response gives the error
+    if fmt != "json" or capped_from is not None:
+        return None
+    with _slot_now(node) as slot:
+        if slot is False:
+            return None
+        try:
+            result = local(req)
+        except FederatorError:
+            return None  # sql_response meets it again, and counts and answers it
+        if result is None:
+            return None
+        try:
+            return _sql_answer(result, fmt, limits, slot or None, None)[0]  # small: made whole on the loop
+        except SqlError as e:
+            return error_response(e)
+
+
+@contextmanager
+def _slot_now(node: SqlNode) -> Iterator[Slot | None | bool]:
+    """A query slot of the node's admission free now (None: the node has no admission; False:
+    none free, the query would wait), given back after the block."""
+    admission = getattr(node, "admission", None)
+    slot = admission.try_enter() if admission is not None else None
+    try:
+        yield False if admission is not None and slot is None else slot
+    finally:
+        if slot is not None:
+            slot.release()
+
+
+def _sql_request(environ: dict[str, Any], limits: Limits) -> tuple[SqlRequest, str, int | None]:
+    """A ``POST /v1/sql``'s request, its answer's format and the timeout_ms it asked for when
+    that was capped; SqlError says what is wrong with it."""
+    body = _read_body(environ, limits)
+    req, requested = sql_request_from_body(body, limits)
+    capped_from = timeout_capped(body, req)
+    limits.check_sql(req.sql)
+    accept = environ.get("HTTP_ACCEPT")
+    # the common headers need no parsing (Werkzeug's Accept matching costs ~50 us a request)
+    fmt = choose_format(requested, None if accept in _JSON_ACCEPTS else parse_accept_header(accept, MIMEAccept))
+    return req, fmt, capped_from
+
+
+def _sql_answer(result: SqlResult, fmt: str, limits: Limits, slot: Slot | None,
+                capped_from: int | None) -> tuple[Response | _JsonBody, bool]:
+    """The answer that sends ``result`` in ``fmt``, and whether it streams (then it gives the
+    slot back when its body is closed); SqlError for an answer over a cap."""
+    _limit_stats(result.stats, capped_from, limits.max_timeout_ms, slot)
+    if fmt == "json" and result.rows is not None:
+        limits.check_rows(len(result.rows), 0)
+        body = json_rows_body(result.schema, result.rows,
+                              {"consistency_token": result.consistency_token, "stats": result.stats})
+        if body is not None:
+            limits.check_rows(0, len(body))  # as JSON: these rows never were Arrow
+            return _JsonBody(body), False
+    # Read the start of the answer before answering: most failures (unreachable partitions,
+    # timeouts, bad plans found late, an answer over a cap) surface here and can still get
+    # their real status.
+    batches = limits.capped(iter(result.batches))
+    try:
+        batches.read_ahead()
+        token = result.consistency_token
+        headers = {TOKEN_HEADER: token} if fmt != "json" and token else {}
+
+        def trailer() -> dict[str, Any]:
+            return {"consistency_token": result.consistency_token, "stats": result.stats}
+
+        kept = bool(result.stats.get("answer_reused"))
+        whole = _whole_if_small(_closing(body_chunks(fmt, result.schema, batches, trailer, kept), batches))
+    except SqlError:
+        batches.close()
+        raise
+    if fmt == "json" and isinstance(whole, bytes):
+        return _JsonBody(whole), False  # as a Response would send it, without building one
+    resp = Response(whole, mimetype=MEDIA_TYPES[fmt], headers=headers)
+    if slot is not None and not isinstance(whole, bytes):  # held until the body has been sent
+        resp.call_on_close(slot.release)
+        return resp, True
+    return resp, False
+
+
 def _limit_stats(stats: dict[str, Any], capped_from: int | None, max_timeout_ms: int, slot: Slot | None) -> None:
     """What the node's limits did to a request, in its answer's stats."""
     if capped_from is not None:
@@ -312,14 +371,30 @@ def lookup_response(node: SqlNode, name: str, key: str) -> Response | _JsonBody:
     a query like POST /v1/sql's, so it takes a slot of the node's admission for as long."""
     slot = admit(node, 10.0)  # POST /v1/sql's default timeout
     try:
-        return _lookup_answer(node, name, key)
+        return _lookup_answer(node.lookup(name, key), name, key)
     finally:
         if slot is not None:
             slot.release()
 
 
-def _lookup_answer(node: SqlNode, name: str, key: str) -> Response | _JsonBody:
-    result = node.lookup(name, key)
+def lookup_at_once(node: SqlNode, environ: dict[str, Any]) -> Response | _JsonBody | None:
+    """``lookup_response``'s answer given at once on the calling thread (see ``sql_at_once``):
+    None unless this node reads the key from its own copy while a query slot is free."""
+    local = getattr(node, "lookup_now", None)
+    if local is None:
+        return None
+    name, key = _lookup_names(environ)
+    with _slot_now(node) as slot:
+        if slot is False:
+            return None
+        try:
+            result = local(name, key)
+        except FederatorError:
+            return None  # lookup_response meets it again, and answers it
+        return None if result is None else _lookup_answer(result, name, key)
+
+
+def _lookup_answer(result: SqlResult, name: str, key: str) -> Response | _JsonBody:
     if result.rows:  # the point path's Python rows: no Arrow on the way out
         body = json_object_body(result.schema, result.rows[0])
         if body is not None:
@@ -330,12 +405,16 @@ def _lookup_answer(node: SqlNode, name: str, key: str) -> Response | _JsonBody:
     return _JsonBody(json_object_from_arrow(batch))
 
 
+def _lookup_names(environ: dict[str, Any]) -> tuple[str, str]:
+    """The store's name and the key of a lookup's path, decoded as Werkzeug decodes a path
+    (WSGI gives its bytes as latin-1)."""
+    name, _, key = environ["PATH_INFO"][len(_STORES):].partition(_KEYS)
+    return name.encode("latin-1").decode("utf-8", "replace"), key.encode("latin-1").decode("utf-8", "replace")
+
+
 def _lookup_fast(node: SqlNode, environ: dict[str, Any]) -> Response | _JsonBody:
     try:
-        name, _, key = environ["PATH_INFO"][len(_STORES):].partition(_KEYS)
-        # as Werkzeug decodes a path: WSGI gives its bytes as latin-1
-        return lookup_response(node, name.encode("latin-1").decode("utf-8", "replace"),
-                               key.encode("latin-1").decode("utf-8", "replace"))
+        return lookup_response(node, *_lookup_names(environ))
     except FederatorError as e:
         return error_response(e)
     except Exception as e:  # noqa: BLE001 - the same JSON 500 the app gives for any other route
@@ -358,13 +437,23 @@ class SqlFastPath:
         self.app, self.node = app, node
 
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Any:
-        path = environ.get("PATH_INFO", "")
-        method = environ.get("REQUEST_METHOD")
-        if path == "/v1/sql" and method == "POST":
+        route = hot_route(environ)
+        if route == "sql":
             return sql_response(self.node, environ)(environ, start_response)
-        if method == "GET" and path.startswith(_STORES) and _is_lookup(path):
+        if route == "lookup":
             return _lookup_fast(self.node, environ)(environ, start_response)
         return self.app(environ, start_response)
+
+
+def hot_route(environ: dict[str, Any]) -> str | None:
+    """Which hot route a request is for: "sql" (POST /v1/sql), "lookup" (the REST key lookup), or None."""
+    path = environ.get("PATH_INFO", "")
+    method = environ.get("REQUEST_METHOD")
+    if path == "/v1/sql" and method == "POST":
+        return "sql"
+    if method == "GET" and path.startswith(_STORES) and _is_lookup(path):
+        return "lookup"
+    return None
 
 
 def _is_lookup(path: str) -> bool:

@@ -188,38 +188,87 @@ class SqlEngine:
         else:
             table, position, stats = self._select(stmt, req, position, options, stats, track)
         if isinstance(table, tuple):  # DuckDB's answer, counted as it streams out
-            schema, batches = table
-            kind = track[0]
             track[1] = True
-            return SqlResult(schema, _counted(batches, stats, started, lambda outcome: self._count(kind, outcome, started)),
-                             position.to_token(), stats)
-        stats["rows"] = table.num_rows
-        stats["elapsed_ms"] = round((time.perf_counter() - started) * 1000, 3)
-        if isinstance(table, PointAnswer):
-            return SqlResult(table.schema, table.batches(), position.to_token(), stats, rows=table.rows)
-        return SqlResult(table.schema, iter(table.to_batches()), position.to_token(), stats)
+            return self._streamed(table, track[0], position, stats, started)
+        return _finished(table, position, stats, started)
 
-    def _point(self, stmt: Statement, req: SqlRequest, position: Position, options: ReadOptions,
-               stats: dict[str, Any]) -> tuple[pa.Table, Position, dict[str, Any]] | None:
-        """The fast path for key lookups; None when the query is not one (or the key needs the general path)."""
+    def _streamed(self, answer: tuple[pa.Schema, Iterator[pa.RecordBatch]], kind: str, position: Position,
+                  stats: dict[str, Any], started: float) -> SqlResult:
+        """A statement's streamed answer, counted (as ``kind``) when it ends."""
+        schema, batches = answer
+        return SqlResult(schema, _counted(batches, stats, started, lambda outcome: self._count(kind, outcome, started)),
+                         position.to_token(), stats)
+
+    def local_kept(self, req: SqlRequest) -> SqlResult | None:
+        """A repeated statement's small answer kept at this node, when every partition it reads
+        is known to be where it was then: at once, without planning, reading or waiting; None
+        otherwise, and then ``execute`` answers it, the same (see ``local_point``)."""
+        if req.consistency_token or req.allow_stale or self._reuse_seconds <= 0:
+            return None
+        started = time.perf_counter()
+        plan_key = _plan_key(req)
+        plan = self._plans.get(plan_key) if plan_key is not None else None
         stores = self._stores()
-        text = req.sql if req.dialect is None else (req.sql, req.dialect)  # the same text may parse otherwise
+        # execute takes the point path for a point text, and plans again after a store changed
+        if plan is None or self._points.get(_point_text(req), False) is not None \
+                or any(stores.get(r.store.name) is not r.store for r in plan.refs):
+            return None
+        stats: dict[str, Any] = {"partitions_queried": 0, "nodes": 0, "rows": 0, "elapsed_ms": 0.0}
+        options = ReadOptions(PositionBound.unbounded(), False, req.max_lag, time.monotonic() + req.timeout_ms / 1000)
+        watch = self._watched(plan, req, options)[1]
+        kept = self._kept_answer(watch.key, plan) if watch is not None else None
+        if kept is None or sum(b.nbytes for b in kept.batches) > AT_ONCE_MAX_BYTES:
+            return None
+        reused = self._reused(plan, watch, Position(), stats) if watch is not None else None
+        return None if reused is None else self._streamed(reused[0], plan_kind(plan), reused[1], stats, started)
+
+    def local_point(self, req: SqlRequest) -> SqlResult | None:
+        """A point query's answer read from this node's own current copy, at once: None when it
+        needs anything that could wait (planning a new text, a consistency token, another node,
+        the general path), and then ``execute`` answers it, the same. For the HTTP server's event
+        loop, which answers what it can without handing the request to a thread."""
+        if req.consistency_token:
+            return None
+        started = time.perf_counter()
+        plan = self._points.get(_point_text(req))
+        if plan is None or self._stores().get(plan.store.name) is not plan.store:
+            return None
+        found = _point_key(plan, parse(req.sql, dialect_of(req.dialect)), req)  # parsed before: cached
+        if found is None:
+            return None
+        _, kb, partition = found
+        entry = self.node.read_local(plan.store.name, partition, kb, PositionBound.unbounded())
+        answer = None if entry is None else plan.answer(kb, entry.stored)
+        if answer is None:
+            return None
+        stats: dict[str, Any] = {"partitions_queried": 1, "nodes": 1, "rows": 0, "elapsed_ms": 0.0}
+        result = _finished(answer, Position().merge(entry.position), stats, started)
+        self._count("point", "ok", started)
+        return result
+
+    def _point_plan(self, stmt: Statement, req: SqlRequest, deadline: float) -> PointPlan | None:
+        """The point plan of the statement's text, planned once per text (None: not a point lookup)."""
+        stores = self._stores()
+        text = _point_text(req)
         cached = self._points.get(text, False)
         if cached is False or (cached is not None and stores.get(cached.store.name) is not cached.store):
             cached = point_plan(stmt.select, stores) if stmt.select is not None else None
             if cached is not None:  # DuckDB's names and types (and its errors), planned once per text
-                cached = cached.typed(self._plan(stmt, req, options.deadline).schema)
+                cached = cached.typed(self._plan(stmt, req, deadline).schema)
             if len(self._points) > POINT_PLANS:  # one entry per distinct SQL text; keep it bounded
                 self._points.clear()
             self._points[text] = cached
-        if cached is None or len(req.parameters) != stmt.param_count:
-            return None
-        key = cached.key(list(req.parameters))
-        if key is None:
+        return cached
+
+    def _point(self, stmt: Statement, req: SqlRequest, position: Position, options: ReadOptions,
+               stats: dict[str, Any]) -> tuple[pa.Table, Position, dict[str, Any]] | None:
+        """The fast path for key lookups; None when the query is not one (or the key needs the general path)."""
+        cached = self._point_plan(stmt, req, options.deadline)
+        found = None if cached is None else _point_key(cached, stmt, req)
+        if cached is None or found is None:
             return None
         defn = cached.store
-        kb = defn.key.serialize(key)
-        partition = partition_for(kb, defn.partitions)
+        key, kb, partition = found
         stats["partitions_queried"] = 1
         # the common case when clients send keys to their owners; then the owner's stored bytes
         # in one lean call; else the general path, which retries and says why it cannot
@@ -261,17 +310,10 @@ class SqlEngine:
     def _run(self, plan: QueryPlan, req: SqlRequest, position: Position, options: ReadOptions,
              stats: dict[str, Any], reuse: bool = True) -> tuple:
         _check_deadline(options.deadline, "planning")
-        plan_key = _plan_key(req) if reuse and self._reuse_seconds > 0 and plan.deterministic and not plan.local \
-            else None  # None: this answer is neither taken from nor kept for another
-        watch = self._watch(plan, plan_key, options) if plan_key is not None and not options.allow_stale else None
-        if watch is not None:
-            kept = self._kept_answer(watch.key, plan)
-            if kept is not None:
-                stats.update(answer_reused=True, partitions_queried=0, nodes=0)
-                if any(ref.joined is not None for ref in plan.refs):
-                    stats["joined_on_owners"] = True  # as the kept answer was
-                # the Position kept with it: equal to ``known``, and its token made once
-                return (kept.schema, iter(kept.batches)), position.merge(kept.at or watch.known.at), stats
+        plan_key, watch = self._watched(plan, req, options) if reuse else (None, None)
+        reused = self._reused(plan, watch, position, stats) if watch is not None else None
+        if reused is not None:
+            return (*reused, stats)
         seen = _Seen(known=watch.known.key if watch is not None else None)
         relations = self._read(plan, options, seen)
         seen.count_into(stats, plan)
@@ -282,6 +324,26 @@ class SqlEngine:
             watch = None  # an owner moved on meanwhile: this answer is not the one at ``known``
         answer = self._answer(plan, req, options, relations, seen, plan_key, watch, stats)
         return answer, position.merge(seen.position), stats
+
+    def _watched(self, plan: QueryPlan, req: SqlRequest, options: ReadOptions) -> tuple[tuple | None, _Watch | None]:
+        """The key ``plan``'s answer is kept under (None: it is neither taken from nor kept for
+        another), and the watch that names the positions it would be at (see ``_watch``)."""
+        plan_key = _plan_key(req) if self._reuse_seconds > 0 and plan.deterministic and not plan.local else None
+        watch = self._watch(plan, plan_key, options) if plan_key is not None and not options.allow_stale else None
+        return plan_key, watch
+
+    def _reused(self, plan: QueryPlan, watch: _Watch, position: Position,
+                stats: dict[str, Any]) -> tuple[tuple[pa.Schema, Iterator[pa.RecordBatch]], Position] | None:
+        """The answer kept for ``plan`` at the watched positions (no owner asked), and its
+        position; None when there is none."""
+        kept = self._kept_answer(watch.key, plan)
+        if kept is None:
+            return None
+        stats.update(answer_reused=True, partitions_queried=0, nodes=0)
+        if any(ref.joined is not None for ref in plan.refs):
+            stats["joined_on_owners"] = True  # as the kept answer was
+        # the Position kept with it: equal to ``known``, and its token made once
+        return (kept.schema, iter(kept.batches)), position.merge(kept.at or watch.known.at)
 
     def _watch(self, plan: QueryPlan, plan_key: tuple, options: ReadOptions) -> _Watch | None:
         """When every partition of ``plan``'s stores is known to be where it is now (its owners'
@@ -480,6 +542,32 @@ class SqlEngine:
         return pa.table({k: pa.array(v, pa.string()) for k, v in rows.items()})
 
 
+def _point_text(req: SqlRequest) -> Any:
+    """What a point plan is kept under: the SQL text, and its dialect (the same text may parse otherwise)."""
+    return req.sql if req.dialect is None else (req.sql, req.dialect)
+
+
+def _point_key(plan: PointPlan, stmt: Statement, req: SqlRequest) -> tuple[Any, bytes, int] | None:
+    """The key a point query looks up (as a value, its bytes, its partition); None when the
+    parameters do not make one (the general path decides)."""
+    if len(req.parameters) != stmt.param_count:
+        return None
+    key = plan.key(list(req.parameters))
+    if key is None:
+        return None
+    kb = plan.store.key.serialize(key)
+    return key, kb, partition_for(kb, plan.store.partitions)
+
+
+def _finished(table: pa.Table | PointAnswer, position: Position, stats: dict[str, Any], started: float) -> SqlResult:
+    """A statement's whole answer (not streamed), with its row count and time in ``stats``."""
+    stats["rows"] = table.num_rows
+    stats["elapsed_ms"] = round((time.perf_counter() - started) * 1000, 3)
+    if isinstance(table, PointAnswer):
+        return SqlResult(table.schema, table.batches(), position.to_token(), stats, rows=table.rows)
+    return SqlResult(table.schema, iter(table.to_batches()), position.to_token(), stats)
+
+
 def _reaches(known: Position, bound: PositionBound) -> bool:
     """Whether partitions at ``known`` satisfy ``bound`` (a consistency token's offsets)."""
     if bound.position is None:
@@ -591,5 +679,8 @@ def _read_at_known(seen: _Seen, known: Position, plan: QueryPlan, stores: list[S
 # repeated statements' answers kept at the receiver (--statement-answers); larger answers cost more
 # to keep than DuckDB's fixed cost saves
 _ANSWER_MAX_BYTES = STATEMENT_ANSWER_MAX_BYTES
+# the largest kept answer local_kept gives: making a larger one's body would hold the caller's
+# event loop, which serves every other connection meanwhile
+AT_ONCE_MAX_BYTES = 64 * 1024
 
 _EXPLAIN_COLUMNS = ("store", "query", "partitions", "node", "pushed_down", "at_receiver")

@@ -214,9 +214,9 @@ class Admission:
         """A slot, once one is free; ``timeout_s`` bounds the wait (the request's timeout_ms)."""
         started = time.monotonic()
         with self._lock:
-            if self._running < self.max_running and not self._waiting:
-                self._running += 1
-                return Slot(self, 0.0)
+            slot = self._free_slot()
+            if slot is not None:
+                return slot
             if len(self._waiting) >= self.max_queued:
                 raise self._full()
             ready = threading.Lock()
@@ -228,6 +228,17 @@ class Admission:
                     self._waiting.remove(ready)
                     raise self._waited(time.monotonic() - started)
         return Slot(self, time.monotonic() - started)
+
+    def try_enter(self) -> Slot | None:
+        """A slot if one is free now and nobody waits for one; else None, without waiting."""
+        with self._lock:
+            return self._free_slot()
+
+    def _free_slot(self) -> Slot | None:  # under self._lock
+        if self._running < self.max_running and not self._waiting:
+            self._running += 1
+            return Slot(self, 0.0)
+        return None
 
     def _leave(self, slot: Slot) -> None:
         with self._lock:

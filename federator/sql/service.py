@@ -71,12 +71,25 @@ class SqlService:
         info["partition_owners"] = parts
         return info
 
+    def answer_now(self, request: SqlRequest) -> SqlResult | None:
+        """``sql``'s answer when this node has it at once: a point query it reads from its own
+        copy, or a statement's kept answer still current; None when not (SqlEngine.local_point,
+        local_kept)."""
+        return self.engine.local_point(request) or self.engine.local_kept(request)
+
     def lookup(self, store: str, key: str) -> SqlResult:
         """A routed point lookup of ``key`` (given as its string form): the answer of the SQL
         point query, so the REST lookup takes the SQL point path (no row: no such key)."""
+        return self.sql(self._lookup_request(store, key))
+
+    def lookup_now(self, store: str, key: str) -> SqlResult | None:
+        """``lookup``'s answer when this node reads the key from its own copy at once; None when not."""
+        return self.engine.local_point(self._lookup_request(store, key))
+
+    def _lookup_request(self, store: str, key: str) -> SqlRequest:
         defn = self.engine.resolve_store(store)
         try:
             value = defn.key.parse(key)
         except ValueError as e:
             raise SqlError("INVALID_PARAMETER", f"key {key!r} is not a {defn.key_format}: {e}") from None
-        return self.sql(SqlRequest(f'SELECT * FROM "{defn.name}" WHERE "{defn.key_name}" = ?', [value]))
+        return SqlRequest(f'SELECT * FROM "{defn.name}" WHERE "{defn.key_name}" = ?', [value])

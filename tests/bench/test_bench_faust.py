@@ -16,7 +16,9 @@ and every Federator figure is reported as a ratio to Faust's at the same concurr
 Nothing is asserted on timings. About a minute and a half of load, two minutes in all.
 FEDERATOR_BENCH_SECONDS (per load, default 4), FEDERATOR_BENCH_FAUST_ROUNDS (default 2) and
 FEDERATOR_BENCH_FAUST_ROWS (default POINT_ROWS) shrink it for a quick look;
-FEDERATOR_BENCH_FAUST_PYTHON names another Python with faust-streaming (default .venv-faust's).
+FEDERATOR_BENCH_FAUST_PYTHON names another Python with faust-streaming (default .venv-faust's);
+FEDERATOR_BENCH_SERVER names the node's HTTP server (`--server`: granian, loop, waitress; default
+the node's default), so one machine can measure each.
 The test is skipped when wrk or the Faust venv is missing (`make bench` provides both).
 """
 
@@ -37,6 +39,7 @@ import urllib3
 from federator import kafka
 from federator.broker import die_with_parent
 from federator.partitioner import partition_for
+from federator.settings import NodeSettings
 from tests.bench.conftest import Report, progress
 from tests.bench.test_bench_sql import PARTITIONS, POINT_ROWS, POINT_SQL, REPO, SECONDS, key_of, post_sql, produce_kv
 from tests.bench.wrk import WrkResult, run_wrk, wrk_binary, wrk_version
@@ -50,6 +53,7 @@ WARMUP_S = 1.0
 CLIENTS = (1, 10, 50)
 FAUST_PYTHON = Path(os.environ.get("FEDERATOR_BENCH_FAUST_PYTHON") or REPO / ".venv-faust" / "bin" / "python")
 FAUST_APP = Path(__file__).with_name("faust_app.py")
+SERVER = os.environ.get("FEDERATOR_BENCH_SERVER") or None  # the node's `--server`; None: its default
 SYSTEMS = (  # (label, wrk_point.lua mode)
     ("Faust table_route GET", "faust"),
     ("Federator SQL point", "sql"),
@@ -155,7 +159,7 @@ def test_point_lookups_vs_faust(broker, report: Report, tmp_path_factory) -> Non
     keys_file = root / "keys.txt"
     keys_file.write_text("".join(key_of(i) + "\n" for i in range(ROWS)))
     faust = FaustWorker(broker.bootstrap_servers, defn.topic, root)
-    cluster = Cluster(broker.bootstrap_servers, app_id, root, size=1, standby_replicas=0)
+    cluster = Cluster(broker.bootstrap_servers, app_id, root, size=1, standby_replicas=0, servers={0: SERVER} if SERVER else None)
     node = cluster.nodes[0]
     results: dict[tuple[str, int], list[WrkResult]] = {}
     try:
@@ -227,7 +231,8 @@ def test_point_lookups_vs_faust(broker, report: Report, tmp_path_factory) -> Non
             rows.append(f"| {c} | {label}{err} | {rate:,.0f}{spread} | {p50:.2f} | {p99:.2f} | "
                         f"{med(mode, c, 'server_us_per_req'):,.0f} | {' | '.join(vs)} |")
     report.section(f"Point lookups beside Faust (one node vs one Faust worker, {ROWS:,} keys, {PARTITIONS} partitions)", [
-        f"One `federator node` and one Faust `table_route` worker ({faust_version}, memory store, its own "
+        f"One `federator node` (HTTP on {SERVER or NodeSettings.server}) and one Faust `table_route` worker "
+        f"({faust_version}, memory store, its own "
         "virtualenv; its Table's changelog topic is the store's topic, restored at start) serve the same topic "
         "on the same tansu broker, in the same run. Load: "
         f"{wrk_v}, `wrk -t1 -cN`, keep-alive connections, random keys from all {ROWS:,} "

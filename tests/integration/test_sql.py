@@ -7,6 +7,7 @@ import decimal
 import json
 import math
 import random
+import re
 import signal
 import struct
 import uuid
@@ -76,9 +77,9 @@ def sql_cluster(broker, tmp_path_factory):
         (r["player"].encode(), window_key(r["player"].encode(), r["window_start"]), minutes.value.serialize(r["points"]), r["window_start"])
         for r in win_rows])
 
-    # n2 on the other HTTP server: every query here also crosses a mixed granian/waitress cluster
+    # n1 and n2 on the other HTTP servers: every query here also crosses a mixed granian/loop/waitress cluster
     c = Cluster(broker.bootstrap_servers, app_id, tmp_path_factory.mktemp("sqlnodes"), size=3, standby_replicas=1,
-                servers={2: "waitress"})
+                servers={1: "loop", 2: "waitress"})
     c.start()
     for store in ("players", "scores", "per_minute", "bonus"):
         c.wait_settled(store, P, timeout=60)
@@ -749,3 +750,56 @@ def test_metrics_count_queries_by_kind_and_outcome_and_show_the_partitions(sql_c
                    if name == "federator_partition_lag_records" and dict(ls)["store"] == "players"}
     # every partition has a copy somewhere, with its series
     assert applied == lagged == {str(p) for p in range(P)}
+
+
+def test_the_loop_server_answers_as_the_flask_routes(sql_cluster) -> None:
+    """n1 runs `--server loop`: its answers given on the loop (the keys it owns, asked a second
+    time, once planned; a kept answer) are byte for byte n0's (granian, Flask's routes) but for
+    the time taken; so are its routed ones, a REST lookup, an error body and the console; a scan
+    streams as Arrow and NDJSON; the loop's point queries are counted like any."""
+    cluster, db = sql_cluster
+    n0, n1 = cluster.nodes[0], cluster.nodes[1]
+    info = json.loads(HTTP.request("GET", f"http://{n0.endpoint}/v1/stores/players").data)
+    owner = {o["partition"]: o["active"]["node_id"] for o in info["partition_owners"]}
+    local = next(f"p{i:04d}" for i in range(600) if owner[partition_for(f"p{i:04d}".encode(), P)] == "n1")
+    routed = next(f"p{i:04d}" for i in range(600) if owner[partition_for(f"p{i:04d}".encode(), P)] == "n2")
+    timed = re.compile(rb'"elapsed_ms":[0-9.e-]+')
+
+    def asked(path: str, method: str = "GET", body: dict | None = None) -> list:
+        return [HTTP.request(method, f"http://{n.endpoint}{path}", json=body) for n in (n0, n1, n1)]
+
+    def same(path: str, method: str = "GET", body: dict | None = None, untimed: bool = False,
+             answers: list | None = None) -> bytes:
+        answers = answers or asked(path, method, body)
+        datas = [timed.sub(b'"elapsed_ms":0', a.data) if untimed else a.data for a in answers]
+        assert {(a.status, a.headers["Content-Type"]) for a in answers} == {(answers[0].status, answers[0].headers["Content-Type"])}
+        assert datas[0] == datas[1] == datas[2], (path, body, datas)
+        return answers[0].data
+
+    before = scrape(n1)
+    for key in (local, routed, "nobody"):
+        same("/v1/sql", "POST", {"sql": "SELECT * FROM players WHERE player = ?", "parameters": [key]}, untimed=True)
+        same(f"/v1/stores/players/keys/{key}")
+    moved = total(scrape(n1), "federator_sql_queries_total", kind="point", outcome="ok") \
+        - total(before, "federator_sql_queries_total", kind="point", outcome="ok")
+    assert moved == 12  # n1 was asked each of the three keys twice, by SQL and by lookup: on the loop or not
+    # a statement's kept answer, still current: given on the loop too
+    agg = {"sql": "SELECT team, COUNT(*) AS n FROM players GROUP BY team HAVING COUNT(*) > 0 ORDER BY team"}
+
+    def all_kept() -> list | None:
+        """Three answers kept, each given without asking an owner (its positions watched). A kept
+        answer lives 5 s, and one over partitions not watched lately is given after asking them."""
+        got = asked("/v1/sql", "POST", agg)
+        stats = [json.loads(a.data)["stats"] for a in got]
+        return got if all(st.get("answer_reused") and st["partitions_queried"] == 0 for st in stats) else None
+
+    kept = wait_for(all_kept, 20, "three kept answers")
+    assert json.loads(same("/v1/sql", "POST", agg, untimed=True, answers=kept))["stats"]["answer_reused"] is True
+    assert json.loads(same("/v1/sql", "POST", {"sql": "SELECT nope FROM players"}))["error"]["code"] == "UNKNOWN_COLUMN"
+    assert b"<html" in same("/").lower()
+    sql = "SELECT player, total_score FROM players ORDER BY player"
+    got, headers = sql_arrow(n1, sql)
+    assert [tuple(r.values()) for r in got.to_pylist()] == db.execute(sql).fetchall()
+    assert headers.get("X-Federator-Consistency-Token")
+    nd = post(n1, {"sql": sql, "format": "ndjson"})
+    assert [json.loads(x)["player"] for x in nd.data.decode().splitlines()] == [r["player"] for r in got.to_pylist()]

@@ -52,7 +52,9 @@ def tls_cluster(broker, tmp_path_factory) -> Iterator[TlsCluster]:
     rows = {f"p{i:02d}": i * 10 for i in range(40)}
     produce(broker, defn.topic, P, [(k.encode(), k.encode(), defn.value.serialize(v), 1_700_000_000_000)
                                     for k, v in rows.items()])
-    cluster = Cluster(broker.bootstrap_servers, app_id, root, size=2, standby_replicas=0, flight_sql=True, pg=True)
+    # n1 on the loop server: HTTPS from both servers, and between them
+    cluster = Cluster(broker.bootstrap_servers, app_id, root, size=2, standby_replicas=0, flight_sql=True, pg=True,
+                      servers={1: "loop"})
     trust = Tls(cert, key)
     for node in cluster.nodes:
         node.extra_args = ["--tls-cert", str(cert), "--tls-key", str(key)]
@@ -139,7 +141,7 @@ def test_bad_tls_flags_stop_the_node_saying_what_to_fix(broker, tmp_path) -> Non
     for extra, says in ((["--tls-cert", str(cert)], "both --tls-cert and --tls-key"),
                         (["--tls-cert", str(cert), "--tls-key", str(other_key)], "check that the key belongs"),
                         (["--tls-cert", str(tmp_path / "nope.pem"), "--tls-key", str(key)], "is not a readable file"),
-                        (["--tls-cert", str(cert), "--tls-key", str(key), "--server", "waitress"], "granian only")):
+                        (["--tls-cert", str(cert), "--tls-key", str(key), "--server", "waitress"], "not waitress")):
         done = node_run(broker, tmp_path, *extra)
         assert done.returncode == 2 and says in done.stderr, (extra, done.returncode, done.stderr[-400:])
 

@@ -352,6 +352,28 @@ def test_a_point_lookup_answers_with_duckdbs_names_and_types(world, sql) -> None
     assert_answers_as_duckdb(world, world.cluster.engine(), sql)
 
 
+def test_a_point_answer_given_at_once_is_the_one_execute_gives(fresh) -> None:
+    """local_point (the loop server's) answers only what execute has planned and this node reads
+    itself, and then as execute does: rows, schema, token, stats (but the time), metrics."""
+    world = fresh(("me", "n2"))
+    engine = world.cluster.engine("me")
+    sql = "SELECT player, best AS b FROM players WHERE player = ?"
+    local = next(f"p{i:04d}" for i in range(120) if key_partition(f"p{i:04d}") == 0)
+    far = next(f"p{i:04d}" for i in range(120) if key_partition(f"p{i:04d}") == 1)
+    missing = next(f"none{i}" for i in range(120) if key_partition(f"none{i}") == 0)
+    assert engine.local_point(SqlRequest(sql, [local])) is None  # not planned yet: execute plans it
+    for key in (local, missing):
+        _, full = run(engine, sql, [key])
+        now = engine.local_point(SqlRequest(sql, [key]))
+        assert now is not None and now.schema == full.schema and now.rows == full.rows
+        assert now.consistency_token == full.consistency_token
+        assert {**now.stats, "elapsed_ms": 0} == {**full.stats, "elapsed_ms": 0}
+    assert engine.local_point(SqlRequest(sql, [far])) is None  # n2's partition
+    assert engine.local_point(SqlRequest(sql, [local], consistency_token=full.consistency_token)) is None
+    assert engine.local_point(SqlRequest(sql, [local, 1])) is None  # not its parameters
+    assert engine.local_point(SqlRequest("SELECT COUNT(*) FROM players", [])) is None
+
+
 def test_a_point_lookup_this_node_cannot_read_in_process_goes_to_the_owner(fresh) -> None:
     """Partition 1 is on n2: the engine on me finds no local copy and asks n2 for the key's
     stored entry in the lean call (n2 reads it in process), not for a KeyQuery's rows."""
@@ -579,6 +601,30 @@ def test_a_repeated_statement_reuses_its_answer_until_a_position_moves(fresh) ->
     third = assert_answers_as_duckdb(world, engine, sql, ordered=True)
     assert not third.stats.get("answer_reused") and third.consistency_token != first.consistency_token
     assert assert_answers_as_duckdb(world, engine, sql, ordered=True).stats.get("answer_reused") is True
+
+
+def test_a_kept_answer_given_at_once_is_the_one_execute_gives(fresh) -> None:
+    """local_kept (the loop server's) gives a statement's kept answer while its partitions
+    are where they were, as execute would (rows, token, stats but the time); None before it is
+    kept, once a partition moves, and for a point query's text."""
+    world = fresh()
+    engine = world.cluster.engine()
+    sql = "SELECT key % 5 AS g, COUNT(*) AS n FROM scores WHERE key > -50 GROUP BY g HAVING COUNT(*) > 0 ORDER BY g"
+    assert engine.local_kept(SqlRequest(sql)) is None  # never run
+    run(engine, sql)
+    got, full = run(engine, sql)
+    assert full.stats.get("answer_reused") is True
+    now = engine.local_kept(SqlRequest(sql))
+    assert now is not None and pa.Table.from_batches(list(now.batches), now.schema) == got
+    assert now.consistency_token == full.consistency_token
+    assert {**now.stats, "elapsed_ms": 0} == {**full.stats, "elapsed_ms": 0}
+    assert engine.local_kept(SqlRequest(sql, allow_stale=True)) is None
+    world.put("scores", 1_000_003, 2.5)  # a partition moves on: execute reads again
+    assert engine.local_kept(SqlRequest(sql)) is None
+    point = "SELECT * FROM scores WHERE key = 7"
+    run(engine, point)
+    run(engine, point)
+    assert engine.local_kept(SqlRequest(point)) is None
 
 
 @pytest.mark.parametrize("sql", [

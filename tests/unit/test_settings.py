@@ -68,7 +68,7 @@ def test_the_file_alone_can_name_the_required_settings(tmp_path: Path) -> None:
     ('threads = "16"\n', "threads in .* must be a whole number, got str '16'"),
     ("allow_anonymous = 1\n", "allow_anonymous in .* must be true or false, got int 1"),
     ("scan_cache_mb = true\n", "scan_cache_mb in .* must be a whole number, got bool True"),
-    ('server = "nginx"\n', "server in .* must be one of 'granian', 'waitress', got 'nginx'"),
+    ('server = "nginx"\n', "server in .* must be one of 'granian', 'waitress', 'loop', got 'nginx'"),
     ('max_answer_bytes = "lots"\n', "max_answer_bytes in .* must be a size"),
     ("pg_port = 70000\n", "pg_port in .* must be a port, 0-65535, got 70000"),
     ('key_port = "none"\n', "key_port in .* must be a port, 0-65535, or \"off\", got str 'none'"),

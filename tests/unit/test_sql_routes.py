@@ -384,8 +384,8 @@ def test_a_refused_body_is_read_before_the_413_so_the_client_hears_it() -> None:
     with pytest.raises(SqlError) as e:
         sql_routes._read_body(environ, Limits(max_body_bytes=64 * 1024))
     assert e.value.code == "REQUEST_TOO_LARGE" and body.tell() == 70 * 1024
-    huge = io.BytesIO(b"x" * (sql_routes._DRAIN_MAX + 10))  # past the bound: not read to the end
-    environ = {"CONTENT_LENGTH": str(sql_routes._DRAIN_MAX + 10), "wsgi.input": huge}
+    huge = io.BytesIO(b"x" * (sql_routes.DRAIN_MAX + 10))  # past the bound: not read to the end
+    environ = {"CONTENT_LENGTH": str(sql_routes.DRAIN_MAX + 10), "wsgi.input": huge}
     with pytest.raises(SqlError):
         sql_routes._read_body(environ, Limits(max_body_bytes=64 * 1024))
-    assert huge.tell() == sql_routes._DRAIN_MAX
+    assert huge.tell() == sql_routes.DRAIN_MAX

@@ -1,0 +1,64 @@
+"""What the loop server (federator.http.loop_server) asks of the node's public routes: the
+answers it gives on its event loop, and the cap on request bodies.
+
+On the loop: the SQL point query and the REST key lookup when this node reads the key from
+its own copy at once, and a statement whose small answer this node keeps and knows to be
+current (``sql_at_once``, ``lookup_at_once``: the routes' own functions), after the same
+bearer-token check as the app's. Everything else goes to the Flask app on a thread.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from federator.auth import Users
+from federator.errors import SqlError
+from federator.http.bearer_auth import BearerAuth
+from federator.http.errors import error_response, wsgi_error
+from federator.http.sql_routes import SqlNode, hot_route, lookup_at_once, sql_at_once
+from federator.http.wsgi_bridge import WsgiApp
+from federator.sql.limits import limits_of
+
+_AT_ONCE: dict[str | None, Callable[[SqlNode, dict[str, Any]], WsgiApp | None]] = {
+    "sql": sql_at_once, "lookup": lookup_at_once}
+_INTERNAL = "/internal"  # node-to-node calls: the cluster secret guards them, and their bodies are the nodes' own
+
+
+class LoopAnswers:
+    def __init__(self, node: SqlNode, users: Users | None = None) -> None:
+        self.node = node
+        self.limits = limits_of(node)
+        self.auth = BearerAuth(_no_app, users) if users is not None else None
+
+    def at_once(self, env: dict[str, Any]) -> WsgiApp | None:
+        """The answer to give on the loop, or None: the app answers on a thread."""
+        answer = _AT_ONCE.get(hot_route(env))
+        if answer is None:
+            return None
+        if self.auth is not None:
+            refused = self.auth.refusal(env)  # each login counted once: here, not again on a thread
+            if refused is not None:
+                return _Refused(refused)
+        return answer(self.node, env)
+
+    def body_cap(self, path: str) -> int | None:
+        """The most bytes a request body to ``path`` may have (--max-body-bytes; None: no cap)."""
+        return None if path == _INTERNAL or path.startswith(_INTERNAL + "/") else self.limits.max_body_bytes
+
+    def too_large(self, size: str) -> WsgiApp:
+        """POST /v1/sql's 413 for a body over the cap."""
+        return error_response(self.limits.body_too_large(size))
+
+
+class _Refused:
+    """BearerAuth's refusal as a WSGI app."""
+
+    def __init__(self, err: SqlError) -> None:
+        self.err = err
+
+    def __call__(self, env: dict[str, Any], start_response: Any) -> list[bytes]:
+        return wsgi_error(self.err, start_response)
+
+
+def _no_app(env: dict[str, Any], start_response: Any) -> list[bytes]:
+    raise AssertionError("only BearerAuth.refusal is used here")
