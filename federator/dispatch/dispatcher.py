@@ -392,6 +392,7 @@ class Dispatcher:
         gathers waiting for them); a failure is raised, or left in ``tries`` to retry."""
         nid, i = answer.node_id, answer.subquery
         out.calls.append({"node": nid, "subquery": i, "partitions": [r.partition for r in answer.results]})
+        positions: list[Position] = []
         for r in answer.results:
             item = (i, r.partition)
             if not r.ok:
@@ -403,7 +404,7 @@ class Dispatcher:
                 if r.batch is not None:
                     out.batches.append(r.batch)
                 if r.position is not None:
-                    out.position = out.position.merge(r.position)
+                    positions.append(r.position)
                 if item in states:
                     asked = states[item]
                     kept = self._keep(defn, subqueries[i], work, r, asked.state)
@@ -411,6 +412,8 @@ class Dispatcher:
                         out.refreshed_rows += r.batch.num_rows
                     if asked.asking is not None:
                         asked.asking.set_result(kept)
+        if positions:
+            out.position = out.position.merge_all(positions)
 
     @staticmethod
     def _failure(r: QueryResult, nid: str, sq: SubQuery, item: tuple[int, int], token: dict[int, int],

@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import json
 from dataclasses import dataclass, field
-from typing import Iterator, Mapping
+from typing import Iterable, Iterator, Mapping
 
 
 class Position:
@@ -28,8 +28,16 @@ class Position:
 
     def with_offset(self, topic: str, partition: int, offset: int) -> Position:
         """A copy with this partition's offset set (moved forward or back)."""
-        copy = Position(self._offsets)
+        copy = self._copy()
         copy._offsets.setdefault(topic, {})[partition] = offset
+        return copy
+
+    def _copy(self) -> Position:
+        """A copy whose offsets may be changed; they are ints already, which __init__ would
+        convert again (a statement merges one position a partition read)."""
+        copy = Position.__new__(Position)
+        copy._token = None
+        copy._offsets = {t: dict(parts) for t, parts in self._offsets.items()}
         return copy
 
     def merge(self, other: Position) -> Position:
@@ -38,12 +46,18 @@ class Position:
             return self
         if self.is_empty():
             return other
-        merged = Position(self._offsets)
-        for topic, parts in other._offsets.items():
-            mine = merged._offsets.setdefault(topic, {})
-            for p, o in parts.items():
-                if o > mine.get(p, -1):
-                    mine[p] = o
+        return self.merge_all([other])
+
+    def merge_all(self, others: Iterable[Position]) -> Position:
+        """Per partition, the largest offset of this one and ``others``, in one copy (a
+        statement's answer merges one position a partition read)."""
+        merged = self._copy()
+        for other in others:
+            for topic, parts in other._offsets.items():
+                mine = merged._offsets.setdefault(topic, {})
+                for p, o in parts.items():
+                    if o > mine.get(p, -1):
+                        mine[p] = o
         return merged
 
     def topics(self) -> list[str]:

@@ -224,9 +224,7 @@ def _together_plan(players: tuple, named: list[exp.Expression], ranked: Ranking,
     ranks = [SubQuery(PlayerRanksQuery(players, ranked.order.descending, ranked.order.tie_key, ranked.dense), None)]
 
     def combine(fetch: Fetch) -> pa.Table:
-        schema = pa.schema([*store.arrow_schema(), pa.field(RANK_COLUMN, pa.int64())])
-        batches = fetch(ranks)
-        return pa.Table.from_batches(batches).cast(schema) if batches else schema.empty_table()
+        return _in_schema(fetch(ranks), pa.schema([*store.arrow_schema(), pa.field(RANK_COLUMN, pa.int64())]))
 
     def rebind(parameters: list[exp.Expression]) -> RulePlan | None:
         return _players_plan([_rebound(node, parameters) for node in named], ranked, store, None)
@@ -491,7 +489,15 @@ def _split(batches: list[pa.RecordBatch], store: StoreDefinition, *keep: str) ->
 
 def _table(batches: list[pa.RecordBatch], store: StoreDefinition) -> pa.Table:
     """The batches' rows in the store's schema."""
-    schema = store.arrow_schema()
-    if not batches:
+    return _in_schema(batches, store.arrow_schema())
+
+
+def _in_schema(batches: list[pa.RecordBatch], schema: pa.Schema) -> pa.Table:
+    """The batches' rows as one table in ``schema``. The partitions that answered none are left
+    out, and a cast to the types the rows have already is skipped: on a one-row answer each
+    costs more than the read."""
+    rows = [b for b in batches if b.num_rows]
+    if not rows:
         return schema.empty_table()
-    return pa.Table.from_batches(batches).combine_chunks().cast(schema)
+    table = pa.Table.from_batches(rows).combine_chunks()
+    return table if table.schema.equals(schema) else table.cast(schema)
