@@ -264,11 +264,12 @@ def sql_response(node: SqlNode, environ: dict[str, Any]) -> Response | _JsonBody
 
 def sql_at_once(node: SqlNode, environ: dict[str, Any]) -> Response | _JsonBody | None:
     """``sql_response``'s answer given at once on the calling thread (the loop server's event
-    loop): for a JSON point query without a consistency token that this node reads from its
-    own copy while a query slot is free. None for any other request, which ``sql_response``
-    answers (the same way: the same functions make both answers)."""
-    local = getattr(node, "local_point", None)
-    if local is None:
+    loop): for a JSON answer the node gives without waiting for anything (SqlEngine.at_once:
+    a point query it reads from its own copy, a leaderboard's rank on a global store) while a
+    query slot is free. None for any other request, which ``sql_response`` answers (the same
+    way: the same functions make both answers)."""
+    at_once = getattr(node, "at_once", None)
+    if at_once is None:
         return None
     limits = limits_of(node)
     try:
@@ -281,14 +282,11 @@ def sql_at_once(node: SqlNode, environ: dict[str, Any]) -> Response | _JsonBody 
         if slot is False:
             return None
         try:
-            result = local(req)
-        except FederatorError:
-            return None  # sql_response meets it again, and counts and answers it
-        if result is None:
-            return None
-        try:
-            return _sql_answer(result, fmt, limits, slot or None, None)[0]  # a point's answer is whole
-        except SqlError as e:
+            result = at_once(req)
+            if result is None:
+                return None
+            return _sql_answer(result, fmt, limits, slot or None, None)[0]  # small: one whole body
+        except SqlError as e:  # counted already: answered as sql_response answers it
             return error_response(e)
 
 

@@ -71,10 +71,9 @@ class SqlService:
         info["partition_owners"] = parts
         return info
 
-    def local_point(self, request: SqlRequest) -> SqlResult | None:
-        """``sql``'s answer when it is a point query this node reads from its own copy at once;
-        None when it is not (see SqlEngine.local_point)."""
-        return self.engine.local_point(request)
+    def at_once(self, request: SqlRequest) -> SqlResult | None:
+        """``sql``'s answer when nothing in it can wait (see SqlEngine.at_once); None otherwise."""
+        return self.engine.at_once(request)
 
     def lookup(self, store: str, key: str) -> SqlResult:
         """A routed point lookup of ``key`` (given as its string form): the answer of the SQL
