@@ -264,10 +264,11 @@ def sql_response(node: SqlNode, environ: dict[str, Any]) -> Response | _JsonBody
 
 def sql_at_once(node: SqlNode, environ: dict[str, Any]) -> Response | _JsonBody | None:
     """``sql_response``'s answer given at once on the calling thread (the loop server's event
-    loop): for a JSON query without a consistency token that this node answers at once (a
-    point query it reads from its own copy, a kept answer still current: ``answer_now``) while
-    a query slot is free. None for any other request, which ``sql_response`` answers (the same
-    way: the same functions make both answers)."""
+    loop): for a JSON query without a consistency token that this node answers at once
+    (``answer_now``: a point query it reads from its own copy, a kept answer still current, a
+    leaderboard's rank on a global store) while a query slot is free. None for any other
+    request, which ``sql_response`` answers (the same way: the same functions make both
+    answers)."""
     local = getattr(node, "answer_now", None)
     if local is None:
         return None
@@ -283,13 +284,10 @@ def sql_at_once(node: SqlNode, environ: dict[str, Any]) -> Response | _JsonBody 
             return None
         try:
             result = local(req)
-        except FederatorError:
-            return None  # sql_response meets it again, and counts and answers it
-        if result is None:
-            return None
-        try:
+            if result is None:
+                return None
             return _sql_answer(result, fmt, limits, slot or None, None)[0]  # small: made whole on the loop
-        except SqlError as e:
+        except SqlError as e:  # as sql_response answers it (the engine counted it)
             return error_response(e)
 
 

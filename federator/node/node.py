@@ -531,7 +531,7 @@ class Node:
                                      and request.work.join is None and self.scan_cache is not None
                                      and not request.collect_execution_info))
         for p in partitions:
-            hs, refused = self._copy_for(request, defn, p)
+            hs, refused = self._copy_for(request.store, defn, p, request.require_active)
             if hs is None:
                 run.results.append(refused)
             elif run.followable and hs.shard.base.store_type.is_full_scan(request.query):  # a kept result is of all rows
@@ -541,23 +541,28 @@ class Node:
                 run.results.append(self._run_partition(request, hs, run))
         return self._finish(request, run)
 
-    def _copy_for(self, request: StateQueryRequest, defn: StoreDefinition | None,
-                  p: int) -> tuple[HostedShard, None] | tuple[None, QueryResult]:
-        """This node's copy of partition ``p`` that may answer ``request``, or why none does."""
+    def answers_now(self, store: str, partition: int, require_active: bool) -> bool:
+        """Whether this node's copy of the partition answers a read now, as the current copy
+        (``require_active``: a read that may not be stale) or as any caught-up one."""
+        return self._copy_for(store, self.stores.get(store), partition, require_active)[0] is not None
+
+    def _copy_for(self, store: str, defn: StoreDefinition | None, p: int,
+                  require_active: bool) -> tuple[HostedShard, None] | tuple[None, QueryResult]:
+        """This node's copy of partition ``p`` that may answer a read, or why none does."""
         if defn is None or not 0 <= p < defn.partitions:
-            what = f"store {request.store!r}" if defn is None else f"partition {p} of store {request.store!r}"
+            what = f"store {store!r}" if defn is None else f"partition {p} of store {store!r}"
             return None, QueryResult.failed(p, FailureReason.DOES_NOT_EXIST, f"{what} does not exist")
-        hs = self.materializer.hosted(request.store, p)
+        hs = self.materializer.hosted(store, p)
         if hs is None:
             return None, QueryResult.failed(
                 p, FailureReason.NOT_PRESENT,
-                f"node {self.node_id} does not host partition {p} of store {request.store!r}; "
+                f"node {self.node_id} does not host partition {p} of store {store!r}; "
                 "GET /v1/metadata names its owner")
         if hs.gone:
             return None, QueryResult.failed(
                 p, FailureReason.DOES_NOT_EXIST,
-                f"the changelog {hs.shard.topic!r} of store {request.store!r} no longer exists")
-        if not hs.caught_up or (request.require_active and (hs.role != ACTIVE or not hs.restored)):
+                f"the changelog {hs.shard.topic!r} of store {store!r} no longer exists")
+        if not hs.caught_up or (require_active and (hs.role != ACTIVE or not hs.restored)):
             # A copy that never reached its log end is no answer at all, even a stale one.
             if not hs.caught_up:
                 why = f"a copy still restoring (lag {hs.lag})"
@@ -566,7 +571,7 @@ class Node:
             else:
                 why = f"an active copy that is catching up (lag {hs.lag})"
             return None, QueryResult.failed(
-                p, FailureReason.NOT_ACTIVE, f"node {self.node_id} holds partition {p} of store {request.store!r} as {why}")
+                p, FailureReason.NOT_ACTIVE, f"node {self.node_id} holds partition {p} of store {store!r} as {why}")
         return hs, None
 
     def _run_partition(self, request: StateQueryRequest, hs: HostedShard, run: _Execution) -> QueryResult:
@@ -625,7 +630,7 @@ class Node:
                                        f"a {request.query.type_name} reads every partition of store {defn.name!r} "
                                        f"at once; it was asked for partitions {sorted(partitions)}")
                     for p in partitions]
-        hosted = [self._copy_for(request, defn, p) for p in partitions]
+        hosted = [self._copy_for(request.store, defn, p, request.require_active) for p in partitions]
         refused = [r for _, r in hosted if r is not None]
         if refused:
             return refused + [together_refused(hs.shard.partition, refused[0]) for hs, r in hosted if r is None]

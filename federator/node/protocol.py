@@ -93,6 +93,11 @@ class ServingNode(Protocol):
         """Records this node's copy of the partition is behind its changelog's end."""
         ...
 
+    def answers_now(self, store: str, partition: int, require_active: bool) -> bool:
+        """Whether this node's copy of the partition answers a read now (``require_active``: as
+        the current copy)."""
+        ...
+
     def wait_applied(self, store: str, offsets: dict[int, int], deadline: float) -> None:
         """Until this node's copies have applied ``offsets`` (partition -> offset), or ``deadline``."""
         ...

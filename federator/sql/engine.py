@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import OrderedDict
@@ -18,6 +19,7 @@ from federator.node.protocol import ServingNode
 from federator.query.owner_work import OwnerWork
 from federator.query.position import Position, PositionBound
 from federator.route.read_options import ReadOptions
+from federator.route.router import local_refusal
 from federator.sql.catalog_tables import describe, information_schema, show_tables
 from federator.errors import SqlError
 from federator.sql import writeback
@@ -27,6 +29,7 @@ from federator.plan.keys import SubQuery
 from federator.query.queries import KeyQuery, UnknownQueryType
 from federator.owner.duck import Duck
 from federator.owner.duck_types import as_typed, wire_schema
+from federator.sql.finish import TopRows
 from federator.sql.planner import QueryPlan, StoreRef, bind_parameters, literal, plan_query
 from federator.sql.pushdown import is_volatile
 from federator.plugin.registry import Registry
@@ -221,6 +224,35 @@ class SqlEngine:
             return None
         reused = self._reused(plan, watch, Position(), stats) if watch is not None else None
         return None if reused is None else self._streamed(reused[0], plan_kind(plan), reused[1], stats, started)
+    def answer_now(self, req: SqlRequest) -> SqlResult | None:
+        """``execute``'s answer, given when nothing in it can wait: a point query this node
+        reads from its own copy (``local_point``), a statement's kept answer still current
+        (``local_kept``), or a statement over this node's global stores that their store type
+        answers in one read (``local_global``). None otherwise (planning a new text, a
+        consistency token to wait for, a copy too far behind, another node), and ``execute``
+        answers it. For the HTTP server's event loop."""
+        return self.local_point(req) or self.local_kept(req) or self.local_global(req)
+
+    def local_global(self, req: SqlRequest) -> SqlResult | None:
+        """A statement over this node's global stores whose small answer their store type
+        builds from every partition in one read (a leaderboard's ranks and top-k), with nothing
+        for DuckDB to do, when every copy answers now; None otherwise (see ``local_point``)."""
+        if req.consistency_token:
+            return None
+        plan_key = _plan_key(req)
+        stmt = parse(req.sql, dialect_of(req.dialect))  # parsed before: cached
+        if plan_key is None or stmt.kind != "select" or stmt.explain:
+            return None
+        plan = self._kept_plan(req, plan_key)
+        if plan is None or not _small_and_together(plan):
+            return None
+        options = ReadOptions(PositionBound.unbounded(), req.allow_stale, req.max_lag, math.inf)
+        for ref in plan.refs:  # else the dispatcher would wait for a copy to catch up
+            if any(not self.node.answers_now(ref.store.name, p, not req.allow_stale)
+                   or local_refusal(options, self.node.local_lag(ref.store.name, p)) is not None
+                   for p in range(ref.store.partitions)):
+                return None
+        return self.execute(req)
 
     def local_point(self, req: SqlRequest) -> SqlResult | None:
         """A point query's answer read from this node's own current copy, at once: None when it
@@ -443,22 +475,11 @@ class SqlEngine:
 
     def _plan(self, stmt: Statement, req: SqlRequest, deadline: float, copartitioned: bool = True) -> QueryPlan:
         plan_key = None if stmt.explain or not copartitioned else _plan_key(req)
-        stores = self._stores()
-        kept = self._plans.get(plan_key) if plan_key is not None else None
-        if kept is not None and all(stores.get(r.store.name) is r.store for r in kept.refs):
+        kept = self._kept_plan(req, plan_key) if plan_key is not None else None
+        if kept is not None:
             return kept
-        # the same text with other values: its plan rebound, where only a rule's calls read them
         text_key = (req.sql, req.dialect, tuple(map(type, req.parameters))) if plan_key is not None \
             and req.parameters else None
-        template = self._templates.get(text_key) if text_key is not None else None
-        if template is not None and template.rebind is not None \
-                and all(stores.get(r.store.name) is r.store for r in template.refs):
-            rebound = template.rebind(list(req.parameters))
-            if rebound is not None:
-                # not kept per value: a rank of random players kept ~500 plans alive, each
-                # garbage collection of the young objects walked them (holding the GIL each
-                # time), and an older generation's took longer; rebinding costs tens of µs
-                return rebound
         select = stmt.select
         assert select is not None, "only a statement that reads is planned (SHOW and DESCRIBE are not)"
         tree = bind_parameters(select, list(req.parameters), stmt.param_count)
@@ -474,6 +495,25 @@ class SqlEngine:
             if text_key is not None and plan.rebind is not None:
                 _put_bounded(self._templates, text_key, plan, PLAN_TEMPLATES)
         return plan
+
+    def _kept_plan(self, req: SqlRequest, plan_key: tuple) -> QueryPlan | None:
+        """The plan kept for the statement and its parameters, or its text's plan rebound to
+        them; None when it must be planned."""
+        stores = self._stores()
+        kept = self._plans.get(plan_key)
+        if kept is not None and all(stores.get(r.store.name) is r.store for r in kept.refs):
+            return kept
+        if not req.parameters:
+            return None
+        # the same text with other values: its plan rebound, where only a rule's calls read them
+        template = self._templates.get((req.sql, req.dialect, tuple(map(type, req.parameters))))
+        if template is None or template.rebind is None \
+                or not all(stores.get(r.store.name) is r.store for r in template.refs):
+            return None
+        # not kept per value: a rank of random players kept ~500 plans alive, each garbage
+        # collection of the young objects walked them (holding the GIL each time), and an older
+        # generation's took longer; rebinding costs tens of µs
+        return template.rebind(list(req.parameters))
 
     def _keep_plan(self, plan_key: tuple, plan: QueryPlan) -> None:
         _put_bounded(self._plans, plan_key, plan, STATEMENT_PLANS)  # one entry per distinct SQL text and parameters
@@ -557,6 +597,28 @@ def _point_key(plan: PointPlan, stmt: Statement, req: SqlRequest) -> tuple[Any, 
         return None
     kb = plan.store.key.serialize(key)
     return key, kb, partition_for(kb, plan.store.partitions)
+
+
+# the most rows a statement's ORDER BY ... LIMIT may keep to be answered at once (``at_once``)
+AT_ONCE_ROWS = 1_000
+
+
+def _small_and_together(plan: QueryPlan) -> bool:
+    """Whether ``plan`` reads only global stores, each with queries its store type answers from
+    every partition at once and no SQL for the owners, and its answer is small (a rule builds
+    it, or the statement keeps at most AT_ONCE_ROWS rows) and needs no DuckDB."""
+    if not plan.refs or plan.local or (plan.finish is None and plan.columns_only is None):
+        return False
+    finish = plan.finish
+    few = isinstance(finish, TopRows) and finish.limit is not None and finish.limit + finish.offset <= AT_ONCE_ROWS
+    for ref in plan.refs:
+        together = ref.store.store_type.together_handlers
+        if not ref.store.is_global or ref.work.sql is not None or ref.joined is not None \
+                or not all(type(sq.query) in together for sq in ref.subqueries):
+            return False
+        if ref.combine is None and not few:
+            return False
+    return True
 
 
 def _finished(table: pa.Table | PointAnswer, position: Position, stats: dict[str, Any], started: float) -> SqlResult:

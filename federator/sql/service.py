@@ -72,10 +72,8 @@ class SqlService:
         return info
 
     def answer_now(self, request: SqlRequest) -> SqlResult | None:
-        """``sql``'s answer when this node has it at once: a point query it reads from its own
-        copy, or a statement's kept answer still current; None when not (SqlEngine.local_point,
-        local_kept)."""
-        return self.engine.local_point(request) or self.engine.local_kept(request)
+        """``sql``'s answer when this node has it at once (SqlEngine.answer_now); None when not."""
+        return self.engine.answer_now(request)
 
     def lookup(self, store: str, key: str) -> SqlResult:
         """A routed point lookup of ``key`` (given as its string form): the answer of the SQL

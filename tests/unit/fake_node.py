@@ -52,5 +52,8 @@ class FakeNode:
     def local_lag(self, store: str, partition: int) -> int | None:
         return None
 
+    def answers_now(self, store: str, partition: int, require_active: bool) -> bool:
+        return False
+
     def wait_applied(self, store: str, offsets: dict[int, int], deadline: float) -> None:
         return None

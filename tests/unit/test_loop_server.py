@@ -41,7 +41,7 @@ class PointNode(FakeSqlNode):
     def __init__(self) -> None:
         super().__init__()
         self.admission = Admission(1, 4)
-        self.at_once: list[Any] = []
+        self.asked_at_once: list[Any] = []
 
     def sql(self, request: SqlRequest) -> SqlResult:
         self.requests.append(request)
@@ -50,11 +50,11 @@ class PointNode(FakeSqlNode):
         return SqlResult(LOOKUP_SCHEMA, iter([]), "tok-p", stats, rows=[(key, 120, b"\x89PNG", 1_700_000_000_000)])
 
     def answer_now(self, request: SqlRequest) -> SqlResult | None:
-        self.at_once.append(request)
+        self.asked_at_once.append(request)
         return None if request.parameters == ["far"] or request.consistency_token else self.sql(request)
 
     def lookup_now(self, store: str, key: str) -> SqlResult | None:
-        self.at_once.append(key)
+        self.asked_at_once.append(key)
         return None if key == "far" else self.lookup(store, key)
 
 
@@ -337,11 +337,11 @@ POINT_REQUESTS = [
 def test_answers_given_on_the_loop_are_byte_for_byte_the_routes() -> None:
     on_loop, on_threads = PointNode(), PointNode()
     assert answers_of(on_loop, POINT_REQUESTS, True) == answers_of(on_threads, POINT_REQUESTS, False)
-    assert on_threads.at_once == []
+    assert on_threads.asked_at_once == []
     # the loop answered the local reads itself; the rest went on to the routes, which read again
-    assert [(r.parameters, r.consistency_token) for r in on_loop.at_once if isinstance(r, SqlRequest)] \
+    assert [(r.parameters, r.consistency_token) for r in on_loop.asked_at_once if isinstance(r, SqlRequest)] \
         == [(["alice"], None), (["far"], None), ([], "t")]
-    assert [k for k in on_loop.at_once if isinstance(k, str)] == ["alice", "nobody", "far"]
+    assert [k for k in on_loop.asked_at_once if isinstance(k, str)] == ["alice", "nobody", "far"]
     assert [r.parameters for r in on_loop.requests] == [["alice"], ["far"], [], []]
 
 
@@ -367,4 +367,4 @@ def test_a_busy_node_hands_point_queries_to_its_threads() -> None:
     finally:
         slot.release()
     assert status == 200 and json.loads(body)["stats"]["queued_ms"] > 0  # it waited on a thread, not the loop
-    assert node.at_once == []
+    assert node.asked_at_once == []

@@ -1,0 +1,113 @@
+"""What the SQL engine answers at once over global stores (``SqlEngine.local_global``, part of
+``answer_now``, for the HTTP server's event loop): a global leaderboard's ranks and top, read
+from every partition in one read on the node asked, equal to what ``execute`` answers; anything
+that could wait, or is large, is left to ``execute``.
+
+Over a cluster in one process (tests/unit/memory_cluster.py) whose global leaderboard is held in
+real RocksDB shards, as a node keeps them (the leaderboard's index lives beside them)."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+from typing import Iterator
+
+import pyarrow as pa
+import pytest
+
+from federator.catalog import StoreDefinition
+from federator.owner.duck import Duck, DuckConfig
+from federator.partitioner import partition_for
+from federator.sql.result import SqlRequest, SqlResult
+from federator.store import ChangelogRecord, Shard
+from federator.store.metered import Meter
+from tests.registry import REGISTRY
+from tests.unit.memory_cluster import MemoryCluster
+
+P = 4
+PLAYERS = [f"p{i:03d}" for i in range(200)]
+RANK = "SELECT player, score, RANK() OVER (ORDER BY score DESC) AS r FROM board QUALIFY player = ?"
+TOP = "SELECT player, score FROM board ORDER BY score DESC LIMIT 5"
+
+
+def _board(name: str, is_global: bool) -> StoreDefinition:
+    return StoreDefinition.from_dict({
+        "name": name, "type": "leaderboard", "topic": f"app-{name}-changelog", "partitions": P,
+        "key": {"name": "player", "format": "string"}, "value": {"name": "score", "format": "long"},
+        "global": is_global}, REGISTRY)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory) -> Iterator[MemoryCluster]:
+    """One node: the global ``board`` (scores with ties) in RocksDB shards, and ``local``, the
+    same type partitioned."""
+    root = tmp_path_factory.mktemp("at-once")
+    board, local = _board("board", True), _board("local", False)
+    c = MemoryCluster([board, local], Duck(DuckConfig(memory_limit="256MB", spill_dir=root)), ("me",))
+    c.nodes["me"].meter = Meter()
+    shards = [Shard(root / f"s{p}", board, p) for p in range(P)]
+    rnd = random.Random(3)
+    records: dict[int, list[ChangelogRecord]] = {}
+    for player in PLAYERS:
+        kb = player.encode()
+        p = partition_for(kb, P)
+        part = records.setdefault(p, [])
+        part.append(ChangelogRecord(kb, board.value.serialize(rnd.randrange(50)), len(part), 1_700_000_000_000))
+    for p, shard in enumerate(shards):
+        shard.apply(records[p])
+        c.shards[("board", p)] = c.nodes["me"].materializer.shards[("board", p)] = shard
+    yield c
+    for shard in shards:
+        shard.close()
+
+
+def rows(result: SqlResult) -> list[dict]:
+    return pa.Table.from_batches(list(result.batches), result.schema).to_pylist()
+
+
+def test_a_global_leaderboards_rank_and_top_are_answered_at_once_as_execute_answers_them(cluster) -> None:
+    engine = cluster.engine()
+    assert engine.local_global(SqlRequest(RANK, ["p001"])) is None  # a new text is planned by execute first
+    engine.execute(SqlRequest(RANK, ["p001"]))
+    for player in ("p007", "p150", "nobody"):
+        now, then = engine.local_global(SqlRequest(RANK, [player])), engine.execute(SqlRequest(RANK, [player]))
+        assert now is not None and rows(now) == rows(then)
+        assert now.consistency_token == then.consistency_token
+    engine.execute(SqlRequest(TOP))
+    now = engine.local_global(SqlRequest(TOP))
+    assert now is not None
+    top = rows(now)
+    assert top == rows(engine.execute(SqlRequest(TOP))) and len(top) == 5
+
+
+@pytest.mark.parametrize("sql, params, options", [
+    (RANK, ["p007"], {"consistency_token": "e30"}),  # a token may have to be waited for
+    (RANK.replace("board", "local"), ["p007"], {}),  # a partitioned store: its owners are asked
+    ("SELECT player, score FROM board ORDER BY score DESC", [], {}),  # every row
+    ("SELECT COUNT(*) AS n FROM board", [], {}),  # every row, then DuckDB
+    ("EXPLAIN " + TOP, [], {}),
+])
+def test_what_could_wait_or_is_large_is_left_to_execute(cluster, sql, params, options) -> None:
+    engine = cluster.engine()
+    engine.execute(SqlRequest(sql, params))  # planned
+    assert engine.local_global(SqlRequest(sql, params, **options)) is None
+
+
+def test_a_copy_behind_the_lag_a_stale_read_allows_is_left_to_execute(cluster, monkeypatch) -> None:
+    engine = cluster.engine()
+    engine.execute(SqlRequest(TOP))
+    assert engine.local_global(SqlRequest(TOP, allow_stale=True, max_lag=3)) is not None
+    monkeypatch.setattr(cluster.nodes["me"], "local_lag", lambda store, p: 5 if p == 2 else 0)
+    assert engine.local_global(SqlRequest(TOP, allow_stale=True, max_lag=3)) is None
+    assert engine.local_global(SqlRequest(TOP, allow_stale=True, max_lag=5)) is not None
+
+
+def test_a_copy_still_restoring_is_left_to_execute(cluster, monkeypatch) -> None:
+    """execute waits for it (or says why it cannot answer); the event loop must not."""
+    engine = cluster.engine()
+    engine.execute(SqlRequest(TOP))
+    materializer = cluster.nodes["me"].materializer
+    hosted = materializer.hosted
+    monkeypatch.setattr(materializer, "hosted", lambda store, p: replace(hosted(store, p), caught_up=p != 2))
+    assert engine.local_global(SqlRequest(TOP)) is None
+    assert engine.local_global(SqlRequest(TOP, allow_stale=True)) is None
