@@ -7,6 +7,7 @@ port before any request arrives; ``start`` runs it in a thread; ``shutdown`` end
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from typing import Any
