@@ -148,12 +148,14 @@ class SqlEngine:
             raise SqlError("UNKNOWN_STORE", f"unknown store {name!r}; stores are: {known} (SHOW TABLES lists them)")
         return defn
 
-    def execute(self, req: SqlRequest) -> SqlResult:
+    def execute(self, req: SqlRequest, plan: QueryPlan | None = None) -> SqlResult:
+        """``req``'s answer; ``plan``: the statement's plan for these parameters when the caller
+        holds it already (``local_global``), not looked up again."""
         started = time.perf_counter()
         # [the statement's kind once known, whether its answer streams out (then counted at its end)]
         track: list[Any] = ["unknown", False]
         try:
-            result = self._execute(req, started, track)
+            result = self._execute(req, started, track, plan)
         except SqlError as e:
             self._count(track[0], e.code, started)
             raise
@@ -172,7 +174,7 @@ class SqlEngine:
         if self.metrics is not None:
             self.metrics.query(kind, outcome, time.perf_counter() - started)
 
-    def _execute(self, req: SqlRequest, started: float, track: list[Any]) -> SqlResult:
+    def _execute(self, req: SqlRequest, started: float, track: list[Any], plan: QueryPlan | None) -> SqlResult:
         deadline = time.monotonic() + req.timeout_ms / 1000
         try:
             position = Position.from_token(req.consistency_token) if req.consistency_token else Position()
@@ -189,7 +191,7 @@ class SqlEngine:
             track[0] = "other"
             table = describe(self.resolve_store(stmt.table or ""))
         else:
-            table, position, stats = self._select(stmt, req, position, options, stats, track)
+            table, position, stats = self._select(stmt, req, position, options, stats, track, plan)
         if isinstance(table, tuple):  # DuckDB's answer, counted as it streams out
             track[1] = True
             return self._streamed(table, track[0], position, stats, started)
@@ -252,7 +254,7 @@ class SqlEngine:
                    or local_refusal(options, self.node.local_lag(ref.store.name, p)) is not None
                    for p in range(ref.store.partitions)):
                 return None
-        return self.execute(req)
+        return self.execute(req, plan)
 
     def local_point(self, req: SqlRequest) -> SqlResult | None:
         """A point query's answer read from this node's own current copy, at once: None when it
@@ -321,14 +323,15 @@ class SqlEngine:
         return table.select(list(cached.columns)).rename_columns(list(cached.names)), position.merge(gathered.position), stats
 
     def _select(self, stmt: Statement, req: SqlRequest, position: Position, options: ReadOptions,
-                stats: dict[str, Any], track: list[Any]) -> tuple[pa.Schema, Iterator[pa.RecordBatch], Position, dict[str, Any]] | tuple:
-        if not stmt.explain:
+                stats: dict[str, Any], track: list[Any],
+                plan: QueryPlan | None) -> tuple[pa.Schema, Iterator[pa.RecordBatch], Position, dict[str, Any]] | tuple:
+        if not stmt.explain and plan is None:
             track[0] = "point"
             fast = self._point(stmt, req, position, options, stats)
             if fast is not None:
                 return fast
             track[0] = "unknown"
-        plan = self._plan(stmt, req, options.deadline)
+        plan = plan or self._plan(stmt, req, options.deadline)
         if stmt.explain:
             track[0] = "other"
             return self._explain(plan), position, stats
