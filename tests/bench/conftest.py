@@ -18,6 +18,8 @@ from typing import Iterator
 import pytest
 
 # FEDERATOR_BENCH_RESULTS: append elsewhere (a quick look at small sizes need not enter the history)
+# the nodes' HTTP server (`federator node --server`) in the benches that start nodes; None: their default
+SERVER = os.environ.get("FEDERATOR_BENCH_SERVER") or None
 RESULTS_MD = Path(os.environ.get("FEDERATOR_BENCH_RESULTS") or Path(__file__).with_name("results.md"))
 
 

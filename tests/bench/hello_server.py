@@ -1,7 +1,8 @@
 """The baseline: a bare Flask app on the node's server stack (the server `federator node` would
-use, granian or waitress, with the same thread count), in its own process.
+use, loop, granian or waitress, with the same thread count), in its own process. On the loop
+server ``/hello`` is answered on the event loop, where the node answers its point reads.
 
-    python -m tests.bench.hello_server --port PORT [--threads 16] [--server granian|waitress]
+    python -m tests.bench.hello_server --port PORT [--threads 16] [--server loop|granian|waitress]
 
 ``GET /hello`` answers a small JSON object; ``POST /hello`` also reads and decodes a JSON
 body first, the shape of a ``POST /v1/sql`` round trip with none of its work.
@@ -15,6 +16,7 @@ import logging
 import signal
 import sys
 import threading
+from typing import Any
 
 from flask import Flask, Response, request
 
@@ -36,6 +38,22 @@ def create_app() -> Flask:
     return app
 
 
+class HelloOnTheLoop:
+    """The loop server's front (federator.http.loop_protocol.Front): ``/hello`` on the loop."""
+
+    def __init__(self, app: Flask) -> None:
+        self.app = app
+
+    def at_once(self, env: dict[str, Any]) -> Any:
+        return self.app if env.get("PATH_INFO") == "/hello" else None
+
+    def body_cap(self, path: str) -> int | None:
+        return None
+
+    def too_large(self, size: str) -> Any:
+        raise AssertionError("no body is capped here")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--port", type=int, required=True)
@@ -43,7 +61,18 @@ def main() -> int:
     ap.add_argument("--server", choices=SERVERS, default=None)  # `federator node --server` default
     args = ap.parse_args()
     logging.getLogger("waitress").setLevel(logging.WARNING)
-    if (args.server or default_server()) == "granian":
+    server_name = args.server or default_server()
+    if server_name == "loop":
+        from federator.http.loop_server import LoopServer
+
+        loop = LoopServer(create_app(), "127.0.0.1", args.port, threads=args.threads, front=HelloOnTheLoop(create_app()))
+        threading.Thread(target=lambda: (loop.listening.wait(30), print(f"ready http://127.0.0.1:{args.port}", flush=True)),
+                         daemon=True).start()
+        signal.signal(signal.SIGTERM, lambda *_: loop.stop())
+        signal.signal(signal.SIGINT, lambda *_: loop.stop())
+        loop.run()
+        return 0
+    if server_name == "granian":
         from federator.http.granian_server import GranianServer
 
         granian = GranianServer(create_app(), "127.0.0.1", args.port, threads=args.threads)

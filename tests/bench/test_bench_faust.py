@@ -40,7 +40,7 @@ from federator import kafka
 from federator.broker import die_with_parent
 from federator.partitioner import partition_for
 from federator.settings import NodeSettings
-from tests.bench.conftest import Report, progress
+from tests.bench.conftest import SERVER, Report, progress
 from tests.bench.test_bench_sql import PARTITIONS, POINT_ROWS, POINT_SQL, REPO, SECONDS, key_of, post_sql, produce_kv
 from tests.bench.wrk import WrkResult, run_wrk, wrk_binary, wrk_version
 from tests.conftest import free_port, stop_process
@@ -53,7 +53,6 @@ WARMUP_S = 1.0
 CLIENTS = (1, 10, 50)
 FAUST_PYTHON = Path(os.environ.get("FEDERATOR_BENCH_FAUST_PYTHON") or REPO / ".venv-faust" / "bin" / "python")
 FAUST_APP = Path(__file__).with_name("faust_app.py")
-SERVER = os.environ.get("FEDERATOR_BENCH_SERVER") or None  # the node's `--server`; None: its default
 SYSTEMS = (  # (label, wrk_point.lua mode)
     ("Faust table_route GET", "faust"),
     ("Federator SQL point", "sql"),

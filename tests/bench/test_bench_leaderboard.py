@@ -35,7 +35,8 @@ leaderboard_replay.py). A second test does the same with 1,000,000 players in th
 Nothing is asserted on timings: figures and targets go to tests/bench/results.md; wrong answers fail.
 FEDERATOR_BENCH_LB_PLAYERS (default 10,000), FEDERATOR_BENCH_LB_SECONDS (default 4 per row),
 FEDERATOR_BENCH_LB_SCOPES (default ``global,partitioned``), FEDERATOR_BENCH_LB_RYW_WRITES (default 200),
-FEDERATOR_BENCH_LB_BIG_PLAYERS (default 1,000,000).
+FEDERATOR_BENCH_LB_BIG_PLAYERS (default 1,000,000); FEDERATOR_BENCH_SERVER names the nodes' HTTP
+server (`--server`; default the node's).
 """
 
 from __future__ import annotations
@@ -55,7 +56,8 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from tests.bench.conftest import Report, progress
+from federator.settings import NodeSettings
+from tests.bench.conftest import SERVER, Report, progress
 from tests.bench.leaderboard_games import GAME_POINTS, KafkaGames, Paced, RedisGames, Scores, produce_totals
 from tests.bench.leaderboard_replay import Replay, check_all, rank_wrong, top_wrong, zrevrank_wrong
 from tests.bench.loadgen import Conn, LoadResult, cpu_seconds, http_request, run_load
@@ -711,7 +713,7 @@ def measure_scope(broker, board: Board, scope: str, root, idle_mb: float, ryw_wr
     memory, the loads at each game rate, read-your-writes at each game rate."""
     progress(f"three nodes, the leaderboard {scope}")
     defn = {**LB, "topic": board.topic, "global": scope == "global"}
-    cluster = start_cluster(broker, [defn], root, [])
+    cluster = start_cluster(broker, [defn], root, ["--server", SERVER] if SERVER else [])
     try:
         nodes = cluster.nodes
         want = board.replay.last()
@@ -794,8 +796,8 @@ def redis_games_rows(port: int, pid: int, players: int) -> tuple[list[str], list
 def report_games(report: Report, runs: list[ScopeRun], redis_lines: list[str], load_before: float) -> None:
     players = runs[0].players
     rows = [row for run in runs for row in run.rows]
-    report.section(f"The leaderboard while games end ({players:,} players, 8 partitions, 3 nodes, "
-                   f"{CLIENTS} clients to n0)", [
+    report.section(f"The leaderboard while games end ({players:,} players, 8 partitions, 3 nodes on "
+                   f"{SERVER or NodeSettings.server}, {CLIENTS} clients to n0)", [
         f"Each node keeps the `leaderboard` store (the leaderboard plugin's type, player -> total_score) "
         f"{' and, in the partitioned rows, '.join(run.scope for run in runs[:2])}; {players:,} players' totals "
         f"produced first. A producer ends games at the rate named: each raises a random player's total by "
