@@ -96,8 +96,8 @@ class NodeSettings:
     threads: int = _s(16, "HTTP worker threads; running and queued queries may hold all but 2, which stay free "
                           "for node-to-node calls", "node", metavar="N",
                       sizing="a thread holds its request's body and its answer while it sends it")
-    server: str = _s("granian", "HTTP server: granian (Rust; less CPU per small request), waitress (pure Python) or loop "
-                     "(an asyncio event loop that answers local point reads itself, the rest on --threads)",
+    server: str = _s("loop", "HTTP server: loop (an asyncio event loop that answers what needs no waiting itself, "
+                     "the rest on --threads), granian (Rust, on --threads) or waitress (pure Python)",
                      "node", env="FEDERATOR_HTTP_SERVER", choices=SERVERS)
     plugin_errors: str = _s("fatal", "a plugin that fails to load: fatal stops the node before it joins the cluster; "
                                      "warn logs it and serves without it (its stores and queries are unknown to this "

@@ -49,7 +49,7 @@ def auth_node(broker, tmp_path_factory) -> Iterator[AuthNode]:
     assert users.stat().st_mode & 0o077 == 0  # readable by its owner only
     node = NodeProcess(broker.bootstrap_servers, f"au{uuid.uuid4().hex[:8]}", "n0", root / "n0",
                        standby_replicas=0, flight_port=free_port(), secret="auth-test-cluster-secret",
-                       server="loop")  # the loop server's own token check; test_access_matrix.py's nodes run granian
+                       server="granian")  # through granian; test_access_matrix.py's nodes run the loop server
     node.extra_args = ["--users-file", str(users)]
     node.pg_port = free_port()
     node.start()

@@ -77,9 +77,9 @@ def sql_cluster(broker, tmp_path_factory):
         (r["player"].encode(), window_key(r["player"].encode(), r["window_start"]), minutes.value.serialize(r["points"]), r["window_start"])
         for r in win_rows])
 
-    # n1 and n2 on the other HTTP servers: every query here also crosses a mixed granian/loop/waitress cluster
+    # one node on each HTTP server: every query here also crosses a mixed granian/loop/waitress cluster
     c = Cluster(broker.bootstrap_servers, app_id, tmp_path_factory.mktemp("sqlnodes"), size=3, standby_replicas=1,
-                servers={1: "loop", 2: "waitress"})
+                servers={0: "granian", 1: "loop", 2: "waitress"})
     c.start()
     for store in ("players", "scores", "per_minute", "bonus"):
         c.wait_settled(store, P, timeout=60)

@@ -52,9 +52,9 @@ def tls_cluster(broker, tmp_path_factory) -> Iterator[TlsCluster]:
     rows = {f"p{i:02d}": i * 10 for i in range(40)}
     produce(broker, defn.topic, P, [(k.encode(), k.encode(), defn.value.serialize(v), 1_700_000_000_000)
                                     for k, v in rows.items()])
-    # n1 on the loop server: HTTPS from both servers, and between them
+    # n0 on granian, n1 on the loop server: HTTPS from both servers, and between them
     cluster = Cluster(broker.bootstrap_servers, app_id, root, size=2, standby_replicas=0, flight_sql=True, pg=True,
-                      servers={1: "loop"})
+                      servers={0: "granian", 1: "loop"})
     trust = Tls(cert, key)
     for node in cluster.nodes:
         node.extra_args = ["--tls-cert", str(cert), "--tls-key", str(key)]
