@@ -222,7 +222,8 @@ class SqlEngine:
         options = ReadOptions(PositionBound.unbounded(), False, req.max_lag, time.monotonic() + req.timeout_ms / 1000)
         watch = self._watched(plan, req, options)[1]
         kept = self._kept_answer(watch.key, plan) if watch is not None else None
-        if kept is None or sum(b.nbytes for b in kept.batches) > AT_ONCE_MAX_BYTES:
+        # the buffers it holds, read without walking them (nbytes walks them, and lets the GIL go)
+        if kept is None or sum(b.get_total_buffer_size() for b in kept.batches) > AT_ONCE_MAX_BYTES:
             return None
         reused = self._reused(plan, watch, Position(), stats) if watch is not None else None
         return None if reused is None else self._streamed(reused[0], plan_kind(plan), reused[1], stats, started)
@@ -602,7 +603,10 @@ def _point_key(plan: PointPlan, stmt: Statement, req: SqlRequest) -> tuple[Any, 
     return key, kb, partition_for(kb, plan.store.partitions)
 
 
-# the most rows a statement's ORDER BY ... LIMIT may keep to be answered at once (``at_once``)
+# What answer_now gives on the caller's event loop, which serves every other connection
+# meanwhile: a kept answer of at most AT_ONCE_MAX_BYTES (making a larger one's body would hold
+# the loop), and a global store's statement whose ORDER BY ... LIMIT keeps at most AT_ONCE_ROWS.
+AT_ONCE_MAX_BYTES = 64 * 1024
 AT_ONCE_ROWS = 1_000
 
 
@@ -744,8 +748,5 @@ def _read_at_known(seen: _Seen, known: Position, plan: QueryPlan, stores: list[S
 # repeated statements' answers kept at the receiver (--statement-answers); larger answers cost more
 # to keep than DuckDB's fixed cost saves
 _ANSWER_MAX_BYTES = STATEMENT_ANSWER_MAX_BYTES
-# the largest kept answer local_kept gives: making a larger one's body would hold the caller's
-# event loop, which serves every other connection meanwhile
-AT_ONCE_MAX_BYTES = 64 * 1024
 
 _EXPLAIN_COLUMNS = ("store", "query", "partitions", "node", "pushed_down", "at_receiver")
