@@ -240,12 +240,10 @@ class SqlEngine:
         """A statement over this node's global stores whose small answer their store type
         builds from every partition in one read (a leaderboard's ranks and top-k), with nothing
         for DuckDB to do, when every copy answers now; None otherwise (see ``local_point``)."""
-        if req.consistency_token:
-            return None
         plan_key = _plan_key(req)
-        stmt = parse(req.sql, dialect_of(req.dialect))  # parsed before: cached
-        if plan_key is None or stmt.kind != "select" or stmt.explain:
+        if req.consistency_token or plan_key is None:
             return None
+        # kept only for a SELECT that planned (not for EXPLAIN): no parse, so no error, here
         plan = self._kept_plan(req, plan_key)
         if plan is None or not _small_and_together(plan):
             return None

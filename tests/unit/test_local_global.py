@@ -111,3 +111,10 @@ def test_a_copy_still_restoring_is_left_to_execute(cluster, monkeypatch) -> None
     monkeypatch.setattr(materializer, "hosted", lambda store, p: replace(hosted(store, p), caught_up=p != 2))
     assert engine.local_global(SqlRequest(TOP)) is None
     assert engine.local_global(SqlRequest(TOP, allow_stale=True)) is None
+
+
+def test_a_statement_never_planned_is_left_to_execute_even_when_it_is_no_sql(cluster) -> None:
+    """execute says what is wrong with it (and counts it); answer_now neither parses nor raises."""
+    engine = cluster.engine()
+    assert engine.answer_now(SqlRequest("SELEC player FROM board")) is None
+    assert engine.answer_now(SqlRequest(TOP.replace("LIMIT 5", "LIMIT 6"))) is None  # a text not planned yet
