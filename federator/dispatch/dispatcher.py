@@ -47,12 +47,19 @@ RETRYABLE = {FailureReason.NOT_PRESENT, FailureReason.NOT_ACTIVE, FailureReason.
 @dataclass
 class Gathered:
     batches: list[pa.RecordBatch] = field(default_factory=list)
-    position: Position = field(default_factory=Position)
+    # each partition's answer's position, merged once when read (a merge per partition copied
+    # the growing whole each time)
+    positions: list[Position] = field(default_factory=list)
     partitions: set[tuple[int, int]] = field(default_factory=set)  # (subquery, partition)
     nodes: set[str] = field(default_factory=set)
     calls: list[dict[str, Any]] = field(default_factory=list)
     reused: int = 0  # partitions answered from kept answers, without a call
     refreshed_rows: int = 0  # rows of answers asked again because their partition moved since kept
+
+    @property
+    def position(self) -> Position:
+        """What the answers read: per partition, the largest offset any of them names."""
+        return Position().merge_all(self.positions)
 
 
 class _Asked(NamedTuple):
@@ -392,7 +399,6 @@ class Dispatcher:
         gathers waiting for them); a failure is raised, or left in ``tries`` to retry."""
         nid, i = answer.node_id, answer.subquery
         out.calls.append({"node": nid, "subquery": i, "partitions": [r.partition for r in answer.results]})
-        positions: list[Position] = []
         for r in answer.results:
             item = (i, r.partition)
             if not r.ok:
@@ -404,7 +410,7 @@ class Dispatcher:
                 if r.batch is not None:
                     out.batches.append(r.batch)
                 if r.position is not None:
-                    positions.append(r.position)
+                    out.positions.append(r.position)
                 if item in states:
                     asked = states[item]
                     kept = self._keep(defn, subqueries[i], work, r, asked.state)
@@ -412,8 +418,6 @@ class Dispatcher:
                         out.refreshed_rows += r.batch.num_rows
                     if asked.asking is not None:
                         asked.asking.set_result(kept)
-        if positions:
-            out.position = out.position.merge_all(positions)
 
     @staticmethod
     def _failure(r: QueryResult, nid: str, sq: SubQuery, item: tuple[int, int], token: dict[int, int],
@@ -534,7 +538,7 @@ class Dispatcher:
         if kept[1] is not None:
             out.batches.append(kept[1])
         if kept[0] is not None:
-            out.position = out.position.merge(Position.of(defn.topic, item[1], kept[0]))
+            out.positions.append(Position.of(defn.topic, item[1], kept[0]))
 
     def _keep(self, defn: Any, sq: SubQuery, work: OwnerWork | None, r: QueryResult,
               state: tuple) -> tuple[int | None, pa.RecordBatch | None] | None:

@@ -663,7 +663,7 @@ class Node:
         copy unless any will do)."""
         query = defn.store_type.full_scan_query()
         batches: list[pa.RecordBatch] = []
-        position = Position()
+        positions: list[Position] = []
         for p in range(defn.partitions):
             hs = self.materializer.hosted(defn.name, p)
             if hs is None or hs.gone or not hs.caught_up or (request.require_active and not hs.restored):
@@ -674,8 +674,9 @@ class Node:
             if not r.ok:
                 return r
             batches.append(r.batch)
-            position = position.merge(r.position)
-        return pa.Table.from_batches(batches, defn.arrow_schema()), position
+            if r.position is not None:
+                positions.append(r.position)
+        return pa.Table.from_batches(batches, defn.arrow_schema()), Position().merge_all(positions)
 
     def _join(self, request: StateQueryRequest, parts: list[tuple[QueryResult, Any, pa.RecordBatch | None, Any]],
               broadcast: pa.Table | None = None) -> None:

@@ -42,15 +42,17 @@ class Position:
 
     def merge(self, other: Position) -> Position:
         """Per partition, the larger offset of the two."""
-        if other.is_empty():
-            return self
-        if self.is_empty():
-            return other
         return self.merge_all([other])
 
     def merge_all(self, others: Iterable[Position]) -> Position:
         """Per partition, the largest offset of this one and ``others``, in one copy (a
-        statement's answer merges one position a partition read)."""
+        statement's answer merges one position a partition read); one of them as it is when
+        the others add nothing, so its token is made once."""
+        others = [o for o in others if not o.is_empty()]
+        if not others:
+            return self
+        if len(others) == 1 and self.is_empty():
+            return others[0]
         merged = self._copy()
         for other in others:
             for topic, parts in other._offsets.items():

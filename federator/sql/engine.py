@@ -275,7 +275,7 @@ class SqlEngine:
         if answer is None:
             return None
         stats: dict[str, Any] = {"partitions_queried": 1, "nodes": 1, "rows": 0, "elapsed_ms": 0.0}
-        result = _finished(answer, Position().merge(entry.position), stats, started)
+        result = _finished(answer, entry.position, stats, started)
         self._count("point", "ok", started)
         return result
 
