@@ -35,6 +35,7 @@ import numpy as np
 import pyarrow as pa
 from sortedcontainers import SortedList
 from sqlglot import exp
+from sqlglot.optimizer.eliminate_ctes import eliminate_ctes
 
 from federator.catalog.definition import StoreDefinition
 from federator.errors import SqlError
@@ -395,25 +396,8 @@ def _around_remaining(select: exp.Select, ranked: Ranking) -> exp.Select:
         column.replace(exp.column(RANK_COLUMN))
     remaining.set("where", exp.Where(this=remaining.args["qualify"].this))
     remaining.set("qualify", None)
-    _drop_unread_ctes(remaining)
+    eliminate_ctes(remaining)  # in place: the CTE that ranked the player, whose rank the rule's column holds
     return remaining
-
-
-def _drop_unread_ctes(select: exp.Select) -> None:
-    """Takes from ``select``'s WITH the CTEs nothing reads any more (the one that ranked the
-    player, once its rank is read from the rule's column)."""
-    key = "with_" if select.args.get("with_") is not None else "with"
-    with_ = select.args.get(key)
-    while with_ is not None:
-        read = {t.name.lower() for t in select.find_all(exp.Table)}
-        unread = [c for c in with_.expressions if c.alias.lower() not in read]
-        if not unread:
-            return
-        kept = [c for c in with_.expressions if c not in unread]
-        if not kept:
-            select.set(key, None)
-            return
-        with_.set("expressions", kept)
 
 
 def _anchored(node: exp.Expression, select: exp.Select, ranked: Ranking,
