@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from federator.query.position import Position
+from federator.query.rows import Rows
 
 
 class FailureReason(str, enum.Enum):
@@ -22,7 +23,9 @@ class FailureReason(str, enum.Enum):
 @dataclass
 class QueryResult:
     partition: int
-    batch: pa.RecordBatch | None = None
+    # Rows: a global store's answer read on the node asked (a together handler), which never
+    # crosses the wire
+    batch: pa.RecordBatch | Rows | None = None
     position: Position | None = None
     failure: FailureReason | None = None
     message: str = ""
@@ -32,7 +35,7 @@ class QueryResult:
     execution_info: list[str] = field(default_factory=list)
 
     @classmethod
-    def success(cls, partition: int, batch: pa.RecordBatch, position: Position) -> QueryResult:
+    def success(cls, partition: int, batch: pa.RecordBatch | Rows, position: Position) -> QueryResult:
         return cls(partition, batch=batch, position=position)
 
     @classmethod

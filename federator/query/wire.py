@@ -18,6 +18,7 @@ import pyarrow as pa
 
 from federator.query.position import Position
 from federator.query.result import FailureReason, QueryResult
+from federator.query.rows import as_batch
 from federator.errors import FederatorError
 
 MEDIA_TYPE = "application/vnd.apache.arrow.stream"
@@ -186,7 +187,7 @@ def _batch_for(r: QueryResult, schema: pa.Schema, empty: pa.RecordBatch) -> pa.R
             f"partition {r.partition}'s batch has schema {r.batch.schema} but the stream's schema is {schema}; "
             "every partition of one request must answer in the same schema"
         )
-    return r.batch
+    return as_batch(r.batch)
 
 
 def write_results(sink: Any, results: Iterable[QueryResult], schema: pa.Schema) -> None:

@@ -27,6 +27,7 @@ from federator.sql.parse import DIALECT, Statement, dialect_of, parse
 from federator.partitioner import partition_for
 from federator.plan.keys import SubQuery
 from federator.query.queries import KeyQuery, UnknownQueryType
+from federator.query.rows import Rows, as_batch, concat_rows
 from federator.owner.duck import Duck
 from federator.owner.duck_types import as_typed, wire_schema
 from federator.sql.finish import TopRows
@@ -37,6 +38,9 @@ from federator.sql.dispatch_errors import from_dispatch
 from federator.sql.point import PointAnswer, PointPlan, point_plan
 from federator.sql.result import SqlRequest, SqlResult
 from federator.settings import PLAN_TEMPLATES, POINT_PLANS, STATEMENT_ANSWER_MAX_BYTES, STATEMENT_PLANS
+
+Relation = pa.Table | Rows  # a store reference's rows as read
+Answer = tuple[pa.Schema, Iterator[pa.RecordBatch]] | Rows  # a statement's answer: streamed, or Python values
 
 
 def _plan_key(req: SqlRequest) -> tuple | None:
@@ -222,11 +226,16 @@ class SqlEngine:
         options = ReadOptions(PositionBound.unbounded(), False, req.max_lag, time.monotonic() + req.timeout_ms / 1000)
         watch = self._watched(plan, req, options)[1]
         kept = self._kept_answer(watch.key, plan) if watch is not None else None
-        # the buffers it holds, read without walking them (nbytes walks them, and lets the GIL go)
-        if kept is None or sum(b.get_total_buffer_size() for b in kept.batches) > AT_ONCE_MAX_BYTES:
+        if kept is None or not kept.small():
             return None
         reused = self._reused(plan, watch, Position(), stats) if watch is not None else None
-        return None if reused is None else self._streamed(reused[0], plan_kind(plan), reused[1], stats, started)
+        if reused is None:
+            return None
+        if isinstance(reused[0], Rows):
+            result = _finished(reused[0], reused[1], stats, started)
+            self._count(plan_kind(plan), "ok", started)
+            return result
+        return self._streamed(reused[0], plan_kind(plan), reused[1], stats, started)
     def answer_now(self, req: SqlRequest) -> SqlResult | None:
         """``execute``'s answer, given when nothing in it can wait: a point query this node
         reads from its own copy (``local_point``), a statement's kept answer still current
@@ -377,7 +386,7 @@ class SqlEngine:
         if any(ref.joined is not None for ref in plan.refs):
             stats["joined_on_owners"] = True  # as the kept answer was
         # the Position kept with it: equal to ``known``, and its token made once
-        return (kept.schema, iter(kept.batches)), position.merge(kept.at or watch.known.at)
+        return kept.answer(), position.merge(kept.at or watch.known.at)
 
     def _watch(self, plan: QueryPlan, plan_key: tuple, options: ReadOptions) -> _Watch | None:
         """When every partition of ``plan``'s stores is known to be where it is now (its owners'
@@ -403,37 +412,39 @@ class SqlEngine:
                 relations[ref.relation] = future.result()
         return relations
 
-    def _answer(self, plan: QueryPlan, req: SqlRequest, options: ReadOptions, relations: dict[str, pa.Table], seen: _Seen,
-                plan_key: tuple | None, watch: _Watch | None, stats: dict[str, Any]) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
+    def _answer(self, plan: QueryPlan, req: SqlRequest, options: ReadOptions, relations: dict[str, Relation],
+                seen: _Seen, plan_key: tuple | None, watch: _Watch | None, stats: dict[str, Any]) -> Answer:
         """The statement's answer over the rows read: as the owners sent them, finished in
-        Arrow, kept from an earlier statement over the same rows, or DuckDB's; kept as the
-        answer at the watched positions (``watch``) as it streams out."""
+        Arrow (or in Python, for rows that came as Python values), kept from an earlier
+        statement over the same rows, or DuckDB's; kept as the answer at the watched positions
+        (``watch``) as it streams out."""
         watched, at = (watch.key, watch.known.at) if watch is not None else (None, None)
         if plan.columns_only is not None:  # nothing left to compute: the rows as the owners sent them
             (rows,) = (relations[r.relation] for r in plan.refs)
             table = rows.select([c for c, _ in plan.columns_only]).rename_columns([n for _, n in plan.columns_only])
-            table = table.cast(plan.schema) if plan.schema is not None else table  # DuckDB's types, as ever
-            return self._keeping(watched, plan, table.schema, iter(table.to_batches()), at)
+            return self._keeping(watched, plan, _answer_of(_typed(table, plan.schema)), at)
         if plan.finish is not None:  # a merge of states or a top-k cut: in Arrow unless the types need DuckDB
             (rows,) = (relations[r.relation] for r in plan.refs)
-            table = plan.finish.apply(rows, plan.schema)
+            table = plan.finish.apply(rows, plan.schema) if isinstance(plan.finish, TopRows) \
+                else plan.finish.apply(_arrow(rows), plan.schema)
             if table is not None:
                 stats["finished_in_arrow"] = True
-                return self._keeping(watched, plan, table.schema, iter(table.to_batches()), at)
+                return self._keeping(watched, plan, _answer_of(table), at)
         key = None
         if plan_key is not None:
             key = (plan_key, seen.position.to_token(), frozenset(seen.partitions))
             kept = self._kept_answer(key, plan)
             if kept is not None:
                 stats["answer_reused"] = True
-                return self._keeping(watched, plan, kept.schema, iter(kept.batches), at)
+                return self._keeping(watched, plan, kept.answer(), at)
+        relations = {name: _arrow(r) for name, r in relations.items()}
         for ref in plan.refs:  # HUGEINT states as DuckDB's HUGEINT, not as the DECIMAL(38,0) they travel as
             if ref.rows_schema is not None:
                 relations[ref.relation] = as_typed(relations[ref.relation], ref.rows_schema)
         schema, batches = self.duck.stream(plan.sql, relations, options.deadline, cancel=req.cancel)
         if key is not None:
             batches = self._kept(key, plan, schema, batches)
-        return self._keeping(watched, plan, schema, batches, at)
+        return self._keeping(watched, plan, (schema, batches), at)
 
     def _kept_answer(self, key: tuple, plan: QueryPlan) -> _KeptAnswer | None:
         """The answer kept for ``key``, while it is ``plan``'s and young enough."""
@@ -446,12 +457,16 @@ class SqlEngine:
                 return None
             return kept
 
-    def _keeping(self, key: tuple | None, plan: QueryPlan, schema: pa.Schema, batches: Iterator[pa.RecordBatch],
-                 at: Position | None) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
-        """(schema, batches), the batches kept as ``key``'s answer at ``at`` as they stream out
-        (as they are when ``key`` is None)."""
+    def _keeping(self, key: tuple | None, plan: QueryPlan, answer: Answer, at: Position | None) -> Answer:
+        """``answer``, kept as ``key``'s answer at ``at`` (batches as they stream out; as it
+        is when ``key`` is None)."""
         if key is None or self._statement_answers_max == 0:
-            return schema, batches
+            return answer
+        if isinstance(answer, Rows):
+            if answer.num_rows <= AT_ONCE_ROWS:
+                self._keep_answer(key, _KeptAnswer(time.monotonic(), plan.identity, answer.schema, [], at, answer))
+            return answer
+        schema, batches = answer
         return schema, self._kept(key, plan, schema, batches, at)
 
     def _kept(self, key: tuple, plan: QueryPlan, schema: pa.Schema,
@@ -470,10 +485,13 @@ class SqlEngine:
                     kept = None
             yield batch
         if kept is not None:
-            with self._statement_answers_lock:
-                self._statement_answers[key] = _KeptAnswer(time.monotonic(), plan.identity, schema, kept, at)
-                while len(self._statement_answers) > self._statement_answers_max:
-                    self._statement_answers.popitem(last=False)
+            self._keep_answer(key, _KeptAnswer(time.monotonic(), plan.identity, schema, kept, at))
+
+    def _keep_answer(self, key: tuple, kept: _KeptAnswer) -> None:
+        with self._statement_answers_lock:
+            self._statement_answers[key] = kept
+            while len(self._statement_answers) > self._statement_answers_max:
+                self._statement_answers.popitem(last=False)
 
     def _plan(self, stmt: Statement, req: SqlRequest, deadline: float, copartitioned: bool = True) -> QueryPlan:
         plan_key = None if stmt.explain or not copartitioned else _plan_key(req)
@@ -530,8 +548,9 @@ class SqlEngine:
             pass
         return schema
 
-    def _rows(self, ref: StoreRef, options: ReadOptions, seen: _Seen) -> pa.Table:
-        """What the owners return for one store reference, as one table."""
+    def _rows(self, ref: StoreRef, options: ReadOptions, seen: _Seen) -> Relation:
+        """What the owners return for one store reference, as one table (or the Python values a
+        global store's type gave on this node, ``Rows``)."""
         defn = ref.store
 
         def gather(subqueries: list[SubQuery], work: OwnerWork | None = None, keep: bool = False) -> Gathered:
@@ -546,9 +565,14 @@ class SqlEngine:
         # with a key join, a node that does not know it runs work's join in DuckDB
         batches = gather(ref.subqueries, replace(ref.work, join=ref.joined, key_join=ref.key_join)).batches
         schema = wire_schema(ref.rows_schema) if ref.rows_schema is not None else defn.arrow_schema()
+        if batches and all(isinstance(b, Rows) for b in batches):  # a global store's rows read here at once
+            rows = concat_rows([b for b in batches if b.num_rows], schema)
+            if rows is not None:
+                return rows
         if not batches:
             return schema.empty_table()
-        return pa.Table.from_batches([b if b.schema.equals(schema) else b.cast(schema) for b in batches], schema)
+        return pa.Table.from_batches([b if b.schema.equals(schema) else b.cast(schema) for b in map(as_batch, batches)],
+                                     schema)
 
     def _explain(self, plan: QueryPlan) -> pa.Table:
         rows: dict[str, list] = {k: [] for k in _EXPLAIN_COLUMNS}
@@ -626,13 +650,35 @@ def _small_and_together(plan: QueryPlan) -> bool:
     return True
 
 
-def _finished(table: pa.Table | PointAnswer, position: Position, stats: dict[str, Any], started: float) -> SqlResult:
+def _finished(table: pa.Table | PointAnswer | Rows, position: Position, stats: dict[str, Any],
+              started: float) -> SqlResult:
     """A statement's whole answer (not streamed), with its row count and time in ``stats``."""
     stats["rows"] = table.num_rows
     stats["elapsed_ms"] = round((time.perf_counter() - started) * 1000, 3)
-    if isinstance(table, PointAnswer):
-        return SqlResult(table.schema, table.batches(), position.to_token(), stats, rows=table.rows)
-    return SqlResult(table.schema, iter(table.to_batches()), position.to_token(), stats)
+    if isinstance(table, pa.Table):
+        return SqlResult(table.schema, iter(table.to_batches()), position.to_token(), stats)
+    return SqlResult(table.schema, table.batches(), position.to_token(), stats, rows=table.rows)
+
+
+def _arrow(rows: Relation) -> pa.Table:
+    return rows.to_table() if isinstance(rows, Rows) else rows
+
+
+def _typed(rows: Relation, schema: pa.Schema | None) -> Relation:
+    """``rows`` in DuckDB's types for the statement (``schema``; None: as they are), as ever;
+    Python values stay so where their types are those already."""
+    if schema is None:
+        return rows
+    if isinstance(rows, Rows):
+        if rows.schema.types == schema.types:
+            return Rows(schema, rows.rows)
+        rows = rows.to_table()
+    return rows.cast(schema)
+
+
+def _answer_of(table: Relation) -> Answer:
+    """A whole answer as ``_answer`` gives one: Rows as they are, a table as its batches."""
+    return table if isinstance(table, Rows) else (table.schema, iter(table.to_batches()))
 
 
 def _reaches(known: Position, bound: PositionBound) -> bool:
@@ -685,6 +731,17 @@ class _KeptAnswer(NamedTuple):
     schema: pa.Schema
     batches: list[pa.RecordBatch]
     at: Position | None  # the positions it was kept at, when known
+    rows: Rows | None = None  # the answer as Python values (then ``batches`` is empty)
+
+    def answer(self) -> Answer:
+        return self.rows if self.rows is not None else (self.schema, iter(self.batches))
+
+    def small(self) -> bool:
+        """Whether it is small enough to give on the HTTP server's event loop."""
+        if self.rows is not None:
+            return self.rows.num_rows <= AT_ONCE_ROWS
+        # the buffers it holds, read without walking them (nbytes walks them, and lets the GIL go)
+        return sum(b.get_total_buffer_size() for b in self.batches) <= AT_ONCE_MAX_BYTES
 
 
 @dataclass

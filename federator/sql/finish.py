@@ -16,11 +16,14 @@ from __future__ import annotations
 import decimal
 import functools
 from dataclasses import dataclass
-from typing import Any
+from operator import itemgetter
+from typing import Any, Callable
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from sqlglot import exp
+
+from federator.query.rows import Rows
 
 # Types compared and added alike in Python/Arrow and DuckDB, with the Arrow type DuckDB
 # answers with for each (None: the same type).
@@ -64,7 +67,10 @@ class TopRows:
     limit: int | None
     offset: int
 
-    def apply(self, rows: pa.Table, schema: pa.Schema | None) -> pa.Table | None:
+    def apply(self, rows: pa.Table | Rows, schema: pa.Schema | None) -> pa.Table | Rows | None:
+        if isinstance(rows, Rows):  # a few rows as Python values: cut in Python, where the types allow
+            cut = self._apply_rows(rows, schema)
+            return cut if cut is not None else self.apply(rows.to_table(), schema)
         names = rows.column_names
         columns = self.columns if self.columns is not None else tuple((n, n) for n in names)
         if any(c not in names for c, _ in columns) or any(c not in names for c, _, _ in self.order):
@@ -92,6 +98,49 @@ class TopRows:
             return table.cast(schema)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
             return None
+
+
+    def _apply_rows(self, rows: Rows, schema: pa.Schema | None) -> Rows | None:
+        """``apply`` over Python values, the same answer: a stable sort per key (the last key
+        first), each key's nulls first or last; None when the rows' types are not the answer's
+        (a cast is Arrow's) or a column is missing."""
+        layout = _rows_layout(self, rows.schema, schema)
+        if layout is None:
+            return None
+        sort_keys, pick, out = layout
+        kept = rows.rows
+        for i, desc, nulls_first in sort_keys:
+            kept = _sorted(kept, i, desc, nulls_first)
+        stop = None if self.limit is None else self.offset + self.limit
+        return Rows(out, [pick(r) for r in kept[self.offset:stop]])
+
+
+@functools.lru_cache(maxsize=256)
+def _rows_layout(top: TopRows, source: pa.Schema, schema: pa.Schema | None
+                 ) -> tuple[list[tuple[int, bool, bool]], Callable[[tuple], tuple], pa.Schema] | None:
+    """For ``TopRows._apply_rows``, made once per statement and schema (a schema costs more to
+    build than a row to cut): the sort keys as column indices (the last key first), what picks
+    the columns of a row, and the answer's schema; None where Arrow must answer."""
+    names = source.names
+    columns = top.columns if top.columns is not None else tuple((n, n) for n in names)
+    if any(c not in names for c, _ in columns) or any(c not in names for c, _, _ in top.order) \
+            or any(not _exact(source.field(c).type) for c, _, _ in top.order):
+        return None
+    at = [names.index(c) for c, _ in columns]
+    out_names = schema.names if schema is not None and len(schema) == len(columns) else [n for _, n in columns]
+    picked = pa.schema([source.field(i).with_name(n) for i, n in zip(at, out_names)])
+    out = schema if schema is not None else _duckdb_schema(picked)
+    if out is None or out.types != picked.types:
+        return None
+    sort_keys = [(names.index(c), desc, first) for c, desc, first in reversed(top.order)]
+    return sort_keys, lambda row: tuple([row[i] for i in at]), out
+
+
+def _sorted(rows: list[tuple], i: int, descending: bool, nulls_first: bool) -> list[tuple]:
+    """``rows`` ordered by column ``i`` as ``pc.sort_indices`` orders them (stable)."""
+    nulls = [r for r in rows if r[i] is None]
+    values = sorted((r for r in rows if r[i] is not None), key=itemgetter(i), reverse=descending)
+    return nulls + values if nulls_first else values + nulls
 
 
 @dataclass(frozen=True)

@@ -21,12 +21,14 @@ from federator.store.record import ChangelogRecord
 
 if TYPE_CHECKING:
     from federator.catalog.definition import StoreDefinition
+    from federator.query.rows import Rows
     from federator.store.view import ShardView
 
 Handler = Callable[["ShardView", Query], pa.RecordBatch]
 # A query a global store answers from every partition's view at once (each a state it held),
-# on the node asked: one step where a partition at a time would take rounds.
-TogetherHandler = Callable[[list["ShardView"], Query], pa.RecordBatch]
+# on the node asked: one step where a partition at a time would take rounds. Its answer never
+# leaves the node, so a few rows may stay Python values (Rows) until a format needs Arrow.
+TogetherHandler = Callable[[list["ShardView"], Query], "pa.RecordBatch | Rows"]
 
 
 

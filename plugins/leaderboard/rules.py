@@ -43,6 +43,7 @@ from federator.partitioner import partition_for
 from federator.plan.keys import SubQuery
 from federator.plugin.rules import Fetch, RulePlan, SqlRule, is_plain_column, literal, parameter_of
 from federator.query.queries import KeysQuery
+from federator.query.rows import Rows, as_batch, concat_rows
 
 from federator_plugins.leaderboard.index import Order, before, key_order, score_of
 from federator_plugins.leaderboard.queries import (AroundQuery, PlayerRanksQuery, RankQuery, RanksAroundQuery,
@@ -228,8 +229,8 @@ def _together_plan(players: tuple, named: list[exp.Expression], ranked: Ranking,
     """A global leaderboard's players ranked in one read of every partition on the node asked."""
     ranks = [SubQuery(PlayerRanksQuery(players, ranked.order.descending, ranked.order.tie_key, ranked.dense), None)]
 
-    def combine(fetch: Fetch) -> pa.Table:
-        return _in_schema(fetch(ranks), pa.schema([*store.arrow_schema(), pa.field(RANK_COLUMN, pa.int64())]))
+    def combine(fetch: Fetch) -> pa.Table | Rows:
+        return _together_rows(fetch(ranks), pa.schema([*store.arrow_schema(), pa.field(RANK_COLUMN, pa.int64())]))
 
     def rebind(parameters: list[exp.Expression]) -> RulePlan | None:
         return _players_plan([_rebound(node, parameters) for node in named], ranked, store, None)
@@ -369,8 +370,8 @@ def _around_together_plan(player: Any, named: exp.Expression, above: int, below:
     rows = [SubQuery(RanksAroundQuery(player, above, below, ranked.order.descending, ranked.order.tie_key), None)]
     schema = pa.schema([*store.arrow_schema(), pa.field(RANK_COLUMN, pa.int64()), pa.field(ANCHOR_COLUMN, pa.int64())])
 
-    def combine(fetch: Fetch) -> pa.Table:
-        return _in_schema(fetch(rows), schema)
+    def combine(fetch: Fetch) -> pa.Table | Rows:
+        return _together_rows(fetch(rows), schema)
 
     def rebind(parameters: list[exp.Expression]) -> RulePlan | None:
         other = _rebound(named, parameters)
@@ -528,6 +529,14 @@ def _split(batches: list[pa.RecordBatch], store: StoreDefinition, *keep: str) ->
 def _table(batches: list[pa.RecordBatch], store: StoreDefinition) -> pa.Table:
     """The batches' rows in the store's schema."""
     return _in_schema(batches, store.arrow_schema())
+
+
+def _together_rows(answers: list[pa.RecordBatch | Rows], schema: pa.Schema) -> pa.Table | Rows:
+    """A global store's answer read in one go on the node asked, in ``schema``: as the Python
+    values its store type gave (Rows) where their types are those already, else in Arrow."""
+    rows = concat_rows([a for a in answers if a.num_rows], schema) \
+        if all(isinstance(a, Rows) for a in answers) else None
+    return rows if rows is not None else _in_schema([as_batch(a) for a in answers], schema)
 
 
 def _in_schema(batches: list[pa.RecordBatch], schema: pa.Schema) -> pa.Table:

@@ -24,6 +24,7 @@ from federator.catalog.definition import DefinitionError, StoreDefinition
 from federator.partitioner import partition_for
 from federator.store.arrow import build_batch, empty_batch
 from federator.query.queries import KeysQuery
+from federator.query.rows import Rows
 from federator.store.kv import KeyValueStoreType, keys_query
 from federator.store.record import ChangelogRecord
 from federator.store.view import ShardView
@@ -60,16 +61,14 @@ def _index(view: ShardView) -> ScoreIndex:
     return view.memory
 
 
-def _rows(view: ShardView, entries: list[bytes], views: list[ShardView] | None = None) -> pa.RecordBatch:
-    """The rows of index entries, in their order (read in the same consistent read); with
-    ``views`` (every partition's), entries of any partition, each read from its own."""
+def _rows(view: ShardView, entries: list[bytes]) -> pa.RecordBatch:
+    """The rows of index entries, in their order (read in the same consistent read)."""
     defn = view.definition
     order = key_order(defn.key_format)
     keys = [order(e[8:]) for e in entries]
-    stored = [(view if views is None else views[partition_for(k, defn.partitions)]).get(k) for k in keys]
     if not keys:
         return empty_batch(view.schema)
-    return build_batch(view.schema, defn, keys, stored)  # type: ignore[arg-type]
+    return build_batch(view.schema, defn, keys, [view.get(k) for k in keys])  # type: ignore[arg-type]
 
 
 def _entries(view: ShardView, span: Callable[[Any], tuple[int, int]], descending: bool) -> tuple[list[bytes], int, int]:
@@ -87,7 +86,7 @@ def top_k(view: ShardView, q: TopKQuery) -> pa.RecordBatch:
     return _rows(view, picked)
 
 
-def top_k_together(views: list[ShardView], q: TopKQuery) -> pa.RecordBatch:
+def top_k_together(views: list[ShardView], q: TopKQuery) -> Rows:
     """A global leaderboard's k best rows (with the ties at the cut) over every partition:
     each partition's best, merged and cut as one index would be."""
     picked: list[bytes] = []
@@ -95,7 +94,39 @@ def top_k_together(views: list[ShardView], q: TopKQuery) -> pa.RecordBatch:
         picked += _entries(view, lambda entries: top(entries, q.k, q.descending, q.distinct), q.descending)[0]
     merged = SortedList(picked)
     lo, hi = top(merged, q.k, q.descending, q.distinct)
-    return _rows(views[0], list(merged.islice(lo, hi, reverse=q.descending)), views)
+    picked = list(merged.islice(lo, hi, reverse=q.descending))
+    return Rows(views[0].schema, _python_rows(views, picked))
+
+
+def _python_rows(views: list[ShardView], entries: list[bytes]) -> list[tuple]:
+    """``_rows`` as Python values, for a together handler's few rows: entries of any
+    partition, each read from its own view (``views``: all of them)."""
+    defn = views[0].definition
+    order, decode = key_order(defn.key_format), _decoder(defn)
+    keys = [order(e[8:]) for e in entries]
+    return [decode(k, views[partition_for(k, defn.partitions)].get(k)) for k in keys]
+
+
+_DECODERS: dict[int, tuple[StoreDefinition, Callable[[bytes, bytes], tuple]]] = {}
+
+
+def _decoder(defn: StoreDefinition) -> Callable[[bytes, bytes], tuple]:
+    """A stored entry as the row of the store's columns, made once per definition (which holds
+    dicts, so it is known by identity, not hashed)."""
+    held = _DECODERS.get(id(defn))
+    if held is None or held[0] is not defn:
+        decode = defn.store_type.row_decoder(defn)
+        assert decode is not None, "a leaderboard decodes entries one at a time, as a kv store does"
+        if len(_DECODERS) >= 64:
+            _DECODERS.clear()
+        held = _DECODERS[id(defn)] = (defn, decode)
+    return held[1]
+
+
+@functools.lru_cache(maxsize=64)
+def _with_columns(schema: pa.Schema, *names: str) -> pa.Schema:
+    """The store's schema with int64 columns ``names`` after it (a rank, its anchor)."""
+    return pa.schema([*schema, *(pa.field(n, pa.int64()) for n in names)])
 
 
 def sortable_score(defn: StoreDefinition, score: Any) -> int:
@@ -139,7 +170,7 @@ def rank(view: ShardView, q: RankQuery) -> pa.RecordBatch:
     return _with_tail(rows, RANK_FIELDS, values)
 
 
-def player_ranks(views: list[ShardView], q: PlayerRanksQuery) -> pa.RecordBatch:
+def player_ranks(views: list[ShardView], q: PlayerRanksQuery) -> Rows:
     """The players' rows with their ranks over every partition (``views``: all of them)."""
     defn = views[0].definition
     order, key_bytes = Order(q.descending, q.tie_key), key_order(defn.key_format)
@@ -157,8 +188,8 @@ def player_ranks(views: list[ShardView], q: PlayerRanksQuery) -> pa.RecordBatch:
     else:
         ranked = _ranks(indexes, places, order)
         ranks = [ranked[p] for p in places]
-    rows = build_batch(views[0].schema, defn, keys, stored) if keys else empty_batch(views[0].schema)
-    return rows.append_column(RANK, pa.array(ranks, pa.int64()))
+    decode = _decoder(defn)
+    return Rows(_with_columns(views[0].schema, RANK), [(*decode(k, v), r) for k, v, r in zip(keys, stored, ranks)])
 
 
 def _ranks(indexes: list[ScoreIndex], places: Iterable[tuple[int, bytes]],
@@ -206,7 +237,7 @@ def around_rows(view: ShardView, q: AroundQuery) -> pa.RecordBatch:
     return _with_tail(rows, AROUND_FIELDS, {BEFORE: [ahead], AFTER: [behind], SCORE: [now]})
 
 
-def ranks_around(views: list[ShardView], q: RanksAroundQuery) -> pa.RecordBatch:
+def ranks_around(views: list[ShardView], q: RanksAroundQuery) -> Rows:
     """The rows ranked around the player over every partition (``views``: all of them), each
     ranked exactly, from the rows near the player's place in each partition (``_near``)."""
     defn = views[0].definition
@@ -244,9 +275,9 @@ def _near(entries: SortedList, me: tuple[int, bytes], above: int, below: int, or
     return [entries[nth(entries, k, order)] for k in range(max(at - above, 0), min(at + below + 1, len(entries)))]
 
 
-def _ranked_rows(views: list[ShardView], entries: list[bytes], ranks: list[int], anchor: int) -> pa.RecordBatch:
-    return _rows(views[0], entries, views).append_column(RANK, pa.array(ranks, pa.int64())).append_column(
-        ANCHOR, pa.array([anchor] * len(ranks), pa.int64()))
+def _ranked_rows(views: list[ShardView], entries: list[bytes], ranks: list[int], anchor: int) -> Rows:
+    rows = _python_rows(views, entries)
+    return Rows(_with_columns(views[0].schema, RANK, ANCHOR), [(*row, r, anchor) for row, r in zip(rows, ranks)])
 
 
 class LeaderboardStoreType(KeyValueStoreType):

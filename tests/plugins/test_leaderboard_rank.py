@@ -15,6 +15,7 @@ import pytest
 
 from federator.catalog import StoreDefinition
 from federator.partitioner import partition_for
+from federator.query.rows import Rows, as_batch
 from federator.sql.parse import parse
 from federator.sql.planner import bind_parameters, literal, plan_query
 from federator.store import ChangelogRecord, Shard
@@ -64,6 +65,11 @@ class Fetch:
             for p in sq.partitions if sq.partitions is not None else range(P):
                 out.append(self.shards[p].query(sq.query)[0])
         return out
+
+
+def _arrow(rows: pa.Table | Rows) -> pa.Table:
+    """A rule's rows as the receiver hands them to DuckDB (a global store's come as Python values)."""
+    return rows.to_table() if isinstance(rows, Rows) else rows
 
 
 class Board:
@@ -121,10 +127,10 @@ class Board:
             plan = plan.rebind(params)
         for ref in plan.refs:
             if ref.combine is not None:
-                rows = ref.combine(fetch)
+                rows = _arrow(ref.combine(fetch))
             else:
                 assert ref.work.sql is None, ref.work
-                rows = pa.Table.from_batches(fetch(ref.subqueries), self.defn.arrow_schema())
+                rows = pa.Table.from_batches(map(as_batch, fetch(ref.subqueries)), self.defn.arrow_schema())
             db.register(ref.relation, rows)
         return db.execute(plan.sql).fetchall()
 
@@ -290,7 +296,7 @@ def test_a_plan_rebound_to_another_player_ranks_that_player(board) -> None:
     plan = RankRule().plan(bind_parameters(stmt.select, ["p001", "p002"], 2), board.defn)
     rebound = plan.rebind([literal("p100", 0), literal("p200", 1)])
     assert rebound.subqueries[0].query.keys == ("p100", "p007", "p200")
-    ranks = dict(zip(*rebound.combine(Fetch(board.shards)).select(["player", "__rank"]).to_pydict().values()))
+    ranks = dict(zip(*_arrow(rebound.combine(Fetch(board.shards))).select(["player", "__rank"]).to_pydict().values()))
     want = board.duckdb("SELECT player, RANK() OVER (ORDER BY score DESC) FROM lb "
                         "QUALIFY player IN ('p100', 'p007', 'p200')", [])
     assert ranks == dict(want)

@@ -12,6 +12,7 @@ import random
 from dataclasses import replace
 from typing import Iterator
 
+import duckdb
 import pyarrow as pa
 import pytest
 
@@ -118,3 +119,26 @@ def test_a_statement_never_planned_is_left_to_execute_even_when_it_is_no_sql(clu
     engine = cluster.engine()
     assert engine.answer_now(SqlRequest("SELEC player FROM board")) is None
     assert engine.answer_now(SqlRequest(TOP.replace("LIMIT 5", "LIMIT 6"))) is None  # a text not planned yet
+
+
+AROUND = ("WITH me AS (SELECT RANK() OVER (ORDER BY score DESC) AS r FROM board QUALIFY player = ?) "
+          "SELECT player, score, RANK() OVER (ORDER BY score DESC) AS r FROM board "
+          "QUALIFY r BETWEEN (SELECT r FROM me) - 3 AND (SELECT r FROM me) + 3 ORDER BY r, player")
+
+
+@pytest.mark.parametrize("sql, params, python", [
+    (RANK, ["p007"], True), (RANK, ["nobody"], True), (TOP.replace("DESC", "DESC, player"), [], True),
+    (AROUND, ["p150"], False),  # DuckDB keeps the rows around the player's rank
+])
+def test_a_global_leaderboards_few_rows_stay_python_values_and_equal_duckdbs(cluster, sql, params, python) -> None:
+    """No Arrow on the way from the score index to a JSON answer (``rows``) where nothing is
+    left for DuckDB, and the same rows as DuckDB ranks over the store's rows."""
+    engine = cluster.engine()
+    got = engine.execute(SqlRequest(sql, params))
+    assert (got.rows is not None) == python, sql
+    whole = pa.Table.from_batches(list(engine.execute(SqlRequest("SELECT player, score FROM board")).batches))
+    db = duckdb.connect()
+    db.register("board", whole)
+    want = db.execute(sql, params).fetchall()
+    assert got.rows is None or got.rows == want
+    assert [tuple(r.values()) for r in rows(got)] == want  # and the same when a format asks for Arrow
