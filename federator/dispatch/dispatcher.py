@@ -346,7 +346,7 @@ class Dispatcher:
         finally:  # a call whose answer is not read leaves its connection (the thread's) unusable
             for s in sent:
                 s.abandon()
-        return answered + self._wait(futures, pending, deadline, tries)
+        return answered + self._wait(futures, pending, deadline, tries) if futures else answered
 
     def _send_all(self, remote: list[_Call], deadline: float, sent: list[_Sent]) -> dict[Future, _Call]:
         """Each node's call sent from here before this node's own part runs, its answer read

@@ -42,6 +42,7 @@ server (`--server`; default the node's).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import random
@@ -514,6 +515,7 @@ RYW_WRITES = int(os.environ.get("FEDERATOR_BENCH_LB_RYW_WRITES", 200))
 BIG_PLAYERS = int(os.environ.get("FEDERATOR_BENCH_LB_BIG_PLAYERS", 1_000_000))
 BIG_RYW_WRITES = max(1, RYW_WRITES // 4)  # each may wait for a rank that reads whole partitions again
 CLIENTS = 10
+SPREAD = "%s, clients over n0-n2"  # a row's scope when wrk's clients take the three nodes in turn
 T_GAMES_RATE, T_GAMES_P99_MS, T_RYW_P50_MS = 3_000, 8.0, 10.0  # the issue's targets
 
 
@@ -572,12 +574,13 @@ class GamesRow:
 QUIET_SECONDS = 2.0
 
 
-def drained(node) -> None:
-    """Back once the node has answered what a finished wrk left running: wrk stops with its
-    requests in flight, and the node still runs them (holding its query slots and queue, which
+def drained(*nodes) -> None:
+    """Back once the nodes have answered what a finished wrk left running: wrk stops with its
+    requests in flight, and a node still runs them (holding its query slots and queue, which
     would refuse the next run's first requests with 429)."""
-    wait_for(lambda: node.sql("SELECT 1", timeout=120)[0] == 200, 600, f"{node.node_id} to finish what wrk left",
-             interval=0.1)
+    for node in nodes:
+        wait_for(lambda: node.sql("SELECT 1", timeout=120)[0] == 200, 600, f"{node.node_id} to finish what wrk left",
+                 interval=0.1)
 
 
 def quiet_cores(pids: list[int]) -> float:
@@ -587,36 +590,41 @@ def quiet_cores(pids: list[int]) -> float:
     return (sum(cpu_seconds(p) for p in pids) - cpu0) / QUIET_SECONDS
 
 
-def games_rows(board: Board, scope: str, node, pids: list[int], folder) -> tuple[list[GamesRow], dict[int, float]]:
-    """Top-10 and a random player's rank from wrk at CLIENTS clients, with no games and while
-    games end at RATE a second; every answer of each wrk run (warm-up too) checked afterwards.
-    Also the nodes' cores at each rate with no reads."""
+def games_rows(board: Board, scope: str, nodes: list, pids: list[int], folder) -> tuple[list[GamesRow], dict[int, float]]:
+    """Top-10 and a random player's rank from wrk at CLIENTS clients to n0, with no games and
+    while games end at RATE a second; on a global leaderboard, which every node answers alone,
+    also with the clients spread over the three nodes (as behind a load balancer) while games
+    end. Every answer of each wrk run (warm-up too) checked afterwards. Also the nodes' cores at
+    each rate with no reads."""
     rnd = random.Random(11)
     bodies = {"top-10": [json.dumps({"sql": TOP10})],
               "rank of a player": [json.dumps({"sql": RANK, "parameters": [rnd.choice(board.replay.players)]})
                                    for _ in range(10_000)]}
-    url = f"http://127.0.0.1:{node.port}"
+    url = f"http://127.0.0.1:{nodes[0].port}"
+    everywhere = [f"127.0.0.1:{n.port}" for n in nodes]
     rows: list[GamesRow] = []
     cores: dict[int, float] = {}
     for rate in GAME_RATES:
-        answers: dict[str, list[tuple[int, bytes]]] = {}
+        answers: dict[tuple[str, str], list[tuple[int, bytes]]] = {}
+        loads = [(scope, ())] + ([(SPREAD % scope, everywhere)] if scope == "global" and rate else [])
         with board.games().paced(rate) as games:
             cores[rate] = quiet_cores(pids)
-            for query, lines in bodies.items():
+            for (what, spread), (query, lines) in itertools.product(loads, bodies.items()):
                 path = folder / f"bodies-{scope}-{rate}-{len(lines)}.txt"
                 path.write_text("\n".join(lines) + "\n")
-                out = folder / f"answers-{scope}-{rate}-{len(lines)}"
-                run_wrk("warm-up", url, "body", path, CLIENTS, WARMUP, answers=out.with_suffix(".warm"))
-                drained(node)
-                w = run_wrk(f"{query} [{scope}, {rate}/s]", url, "body", path, CLIENTS, SECONDS, pids, answers=out)
-                drained(node)
+                out = folder / f"answers-{scope}-{rate}-{len(lines)}-{len(spread)}"
+                run_wrk("warm-up", url, "body", path, CLIENTS, WARMUP, answers=out.with_suffix(".warm"), spread=spread)
+                drained(*nodes)
+                w = run_wrk(f"{query} [{what}, {rate}/s]", url, "body", path, CLIENTS, SECONDS, pids, answers=out,
+                            spread=spread)
+                drained(*nodes)
                 progress(w.line())
-                rows.append(GamesRow(scope, rate, query, w))
-                answers[query] = read_answers(out.with_suffix(".warm")) + read_answers(out)
+                rows.append(GamesRow(what, rate, query, w))
+                answers[(what, query)] = read_answers(out.with_suffix(".warm")) + read_answers(out)
         progress(f"{games.sent:,} games ended during the rows at {rate}/s")
         board.replay.settle()
-        for row in rows[-len(bodies):]:
-            check_answers(board, row, answers[row.query])
+        for row in rows[-len(answers):]:
+            check_answers(board, row, answers[(row.scope, row.query)])
     return rows, cores
 
 
@@ -721,7 +729,7 @@ def measure_scope(broker, board: Board, scope: str, root, idle_mb: float, ryw_wr
             wait_for(lambda: board.position(node.sql(TOP10)[1]) == want, 120, f"{node.node_id} to show the scores")
         pids = [n.proc.pid for n in nodes]  # type: ignore[union-attr]
         memory = [mb - idle_mb for mb in node_rss_mb(pids)]
-        rows, cores = games_rows(board, scope, nodes[0], pids, root)
+        rows, cores = games_rows(board, scope, nodes, pids, root)
         ryw = [read_your_writes(board, scope, nodes, rate, ryw_writes) for rate in GAME_RATES]
     finally:
         cluster.stop()
@@ -797,13 +805,15 @@ def report_games(report: Report, runs: list[ScopeRun], redis_lines: list[str], l
     players = runs[0].players
     rows = [row for run in runs for row in run.rows]
     report.section(f"The leaderboard while games end ({players:,} players, 8 partitions, 3 nodes on "
-                   f"{SERVER or NodeSettings.server}, {CLIENTS} clients to n0)", [
+                   f"{SERVER or NodeSettings.server}, {CLIENTS} clients to n0 unless said)", [
         f"Each node keeps the `leaderboard` store (the leaderboard plugin's type, player -> total_score) "
         f"{' and, in the partitioned rows, '.join(run.scope for run in runs[:2])}; {players:,} players' totals "
         f"produced first. A producer ends games at the rate named: each raises a random player's total by "
         f"1..{GAME_POINTS:,} points and writes the new total (so ranks move). wrk -t1 -c{CLIENTS} for {SECONDS:g} s "
         f"after {WARMUP:g} s of warm-up (its own run); queries: top-10 `{TOP10}`; rank `{RANK}` with a random "
-        "player. Every answer wrk got (warm-up and measured) is checked afterwards as of the position in its "
+        "player. In the rows 'clients over n0-n2' wrk runs one thread a client, and the clients take the "
+        "three nodes in turn (4, 3 and 3), as behind a load balancer: each node answers a global leaderboard "
+        "alone. Every answer wrk got (warm-up and measured) is checked afterwards as of the position in its "
         "consistency token: the players' totals with every write up to that position applied (the writes are "
         "logged with the partition and offset the broker acknowledged), so a top-10 must be the 10 best totals, "
         "best first, each its player's total, and a rank must be the player's total with 1 + the number of "
@@ -845,7 +855,7 @@ def report_games(report: Report, runs: list[ScopeRun], redis_lines: list[str], l
         for row in run.rows:
             if row.rate == RATE:
                 w = row.wrk
-                report.target(f"{row.query}, leaderboard {run.scope}, {players:,} players, {RATE:,} new scores/s: "
+                report.target(f"{row.query}, leaderboard {row.scope}, {players:,} players, {RATE:,} new scores/s: "
                               f">= {T_GAMES_RATE:,} q/s, p99 <= {T_GAMES_P99_MS:g} ms, 0 non-2xx at {CLIENTS} clients",
                               f"wrk: {w.rate:,.0f} q/s, p99 {w.p99_ms:.1f} ms, {row.non_2xx} non-2xx",
                               w.rate >= T_GAMES_RATE and w.p99_ms <= T_GAMES_P99_MS and not row.non_2xx)

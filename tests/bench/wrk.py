@@ -57,12 +57,15 @@ class WrkResult:
 
 
 def run_wrk(label: str, url: str, mode: str, keys_file: Path, clients: int, seconds: float,
-            server_pids: Sequence[int] = (), answers: Path | None = None) -> WrkResult:
+            server_pids: Sequence[int] = (), answers: Path | None = None, spread: Sequence[str] = ()) -> WrkResult:
     """``wrk -t1 -c<clients> -d<seconds>`` against ``url`` with wrk_point.lua's ``mode`` (faust, rest, sql, body);
-    with ``answers``, every answer is written beside it (see ``read_answers``)."""
-    cmd = ["wrk", "-t1", f"-c{clients}", f"-d{seconds:g}s", "--timeout", "10s", "-s", str(LUA), url,
+    with ``answers``, every answer is written beside it (see ``read_answers``). ``spread``
+    (host:port of each server): the clients take them in turn, one wrk thread each."""
+    threads = clients if spread else 1
+    cmd = ["wrk", f"-t{threads}", f"-c{clients}", f"-d{seconds:g}s", "--timeout", "10s", "-s", str(LUA), url,
            "--", mode, str(keys_file)]
-    env = None if answers is None else {**os.environ, "WRK_ANSWERS": str(answers)}
+    env = {**os.environ, **({"WRK_ANSWERS": str(answers)} if answers is not None else {}),
+           **({"WRK_HOSTS": ",".join(spread)} if spread else {})}
     cpu0 = sum(cpu_seconds(p) for p in server_pids)
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60, env=env)
     cpu1 = sum(cpu_seconds(p) for p in server_pids)

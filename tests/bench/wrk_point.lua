@@ -13,6 +13,8 @@
 -- With WRK_ANSWERS=PATH in the environment, every answer is also written to PATH.<thread id> as
 -- "<status> <body length>\n<body>\n", for the caller to check each one (wrk then hands every
 -- response's body to Lua, which costs it a few microseconds an answer).
+-- With WRK_HOSTS=HOST:PORT,HOST:PORT,... the threads (-t) take those servers in turn, as
+-- clients behind a load balancer would: wrk spreads the connections evenly over its threads.
 
 local POOL = 20000
 local requests_pool = {}
@@ -41,8 +43,17 @@ local builders = {
   body = function(line) return wrk.format("POST", "/v1/sql", {["Content-Type"] = "application/json"}, line) end,
 }
 
+local hosts = {}
+for host, port in (os.getenv("WRK_HOSTS") or ""):gmatch("([^,:]+):(%d+)") do
+  hosts[#hosts + 1] = {host, port}
+end
+
 function setup(thread)
   thread:set("id", next_id)
+  if #hosts > 0 then
+    local h = hosts[next_id % #hosts + 1]
+    thread.addr = wrk.lookup(h[1], h[2])[1]
+  end
   next_id = next_id + 1
 end
 
