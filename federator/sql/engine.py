@@ -370,8 +370,13 @@ class SqlEngine:
 
     def _watched(self, plan: QueryPlan, req: SqlRequest, options: ReadOptions) -> tuple[tuple | None, _Watch | None]:
         """The key ``plan``'s answer is kept under (None: it is neither taken from nor kept for
-        another), and the watch that names the positions it would be at (see ``_watch``)."""
+        another), and the watch that names the positions it would be at (see ``_watch``). Not
+        for a plan rebound to the statement's values (``_kept_plan``): a text asked with ever
+        other values (a rank of any one of many players) would keep answers that are seldom
+        asked again, and watching costs a quarter of such an answer."""
         plan_key = _plan_key(req) if self._reuse_seconds > 0 and plan.deterministic and not plan.local else None
+        if plan_key is not None and self._plans.get(plan_key) is not plan:
+            plan_key = None
         watch = self._watch(plan, plan_key, options) if plan_key is not None and not options.allow_stale else None
         return plan_key, watch
 

@@ -57,13 +57,16 @@ def start(entries: SortedList, score: int) -> int:
 
 def before(entries: SortedList, score: int, key: bytes, order: Order) -> int:
     """How many entries rank strictly before a row with this score and (ordered) key."""
-    lo, hi = start(entries, score), start(entries, score + 1)
-    n = len(entries) - hi if order.descending else lo
+    # only the bounds of the score's group this order reads: a rank runs this once a partition
     if order.tie_key == "asc":
-        n += entries.bisect_left(entry(score, key)) - lo
-    elif order.tie_key == "desc":
-        n += hi - entries.bisect_right(entry(score, key))
-    return n
+        lo = start(entries, score)
+        ahead = len(entries) - start(entries, score + 1) if order.descending else lo
+        return ahead + entries.bisect_left(entry(score, key)) - lo
+    if order.tie_key == "desc":
+        hi = start(entries, score + 1)
+        ahead = len(entries) - hi if order.descending else start(entries, score)
+        return ahead + hi - entries.bisect_right(entry(score, key))
+    return len(entries) - start(entries, score + 1) if order.descending else start(entries, score)
 
 
 def nth(entries: SortedList, k: int, order: Order) -> int:
