@@ -2,14 +2,15 @@
 answers it gives on its event loop, and the cap on request bodies.
 
 On the loop: the SQL point query and the REST key lookup when this node reads the key from
-its own copy at once, and a statement whose small answer this node keeps and knows to be
-current (``sql_at_once``, ``lookup_at_once``: the routes' own functions), after the same
-bearer-token check as the app's. Everything else goes to the Flask app on a thread.
+its own copy at once, or from the key's owner elsewhere over its key port (awaited on the loop),
+and a statement whose small answer this node keeps and knows to be current (``sql_at_once``,
+``lookup_at_once``: the routes' own functions), after the same bearer-token check as the app's.
+Everything else goes to the Flask app on a thread.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 from federator.auth import Users
 from federator.errors import SqlError
@@ -19,7 +20,7 @@ from federator.http.sql_routes import SqlNode, hot_route, lookup_at_once, sql_at
 from federator.http.wsgi_bridge import WsgiApp
 from federator.sql.limits import limits_of
 
-_AT_ONCE: dict[str | None, Callable[[SqlNode, dict[str, Any]], WsgiApp | None]] = {
+_AT_ONCE: dict[str | None, Callable[[SqlNode, dict[str, Any]], WsgiApp | Awaitable[WsgiApp | None] | None]] = {
     "sql": sql_at_once, "lookup": lookup_at_once}
 _INTERNAL = "/internal"  # node-to-node calls: the cluster secret guards them, and their bodies are the nodes' own
 
@@ -30,8 +31,8 @@ class LoopAnswers:
         self.limits = limits_of(node)
         self.auth = BearerAuth(_no_app, users) if users is not None else None
 
-    def at_once(self, env: dict[str, Any]) -> WsgiApp | None:
-        """The answer to give on the loop, or None: the app answers on a thread."""
+    def at_once(self, env: dict[str, Any]) -> WsgiApp | Awaitable[WsgiApp | None] | None:
+        """The answer to give on the loop (or what gives it there), or None: the app answers on a thread."""
         answer = _AT_ONCE.get(hot_route(env))
         if answer is None:
             return None
