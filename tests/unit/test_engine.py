@@ -12,6 +12,7 @@ checks the same behaviours over real clusters.
 
 from __future__ import annotations
 
+import asyncio
 import decimal
 import math
 import random
@@ -372,6 +373,37 @@ def test_a_point_answer_given_at_once_is_the_one_execute_gives(fresh) -> None:
     assert engine.local_point(SqlRequest(sql, [local], consistency_token=full.consistency_token)) is None
     assert engine.local_point(SqlRequest(sql, [local, 1])) is None  # not its parameters
     assert engine.local_point(SqlRequest("SELECT COUNT(*) FROM players", [])) is None
+
+
+def test_a_routed_point_read_on_an_event_loop_answers_as_execute(fresh) -> None:
+    """routed_point (the loop server's, for a key another node owns) reads the owner's entry on
+    an event loop and answers as execute does: rows, schema, token, stats (but the time); only
+    for what execute has planned, another node owns, and asks for no token; None when the owner
+    cannot answer so (then execute takes its general path)."""
+    world = fresh(("me", "n2"))
+    engine = world.cluster.engine("me")
+    n2 = world.cluster.nodes["n2"]
+    sql = "SELECT player, best AS b FROM players WHERE player = ?"
+    local = next(f"p{i:04d}" for i in range(120) if key_partition(f"p{i:04d}") == 0)
+    far = next(f"p{i:04d}" for i in range(120) if key_partition(f"p{i:04d}") == 1)
+    missing = next(f"none{i}" for i in range(120) if key_partition(f"none{i}") == 1)
+    assert engine.routed_point(SqlRequest(sql, [far])) is None  # not planned yet: execute plans it
+    for key in (far, missing):
+        _, full = run(engine, sql, [key])
+        world.cluster.forget()
+        routed = engine.routed_point(SqlRequest(sql, [key]))
+        assert routed is not None and n2.point_reads == []  # read when awaited, not before
+        now = asyncio.run(routed.answer())
+        assert now is not None and now.schema == full.schema and now.rows == full.rows
+        assert now.consistency_token == full.consistency_token
+        assert {**now.stats, "elapsed_ms": 0} == {**full.stats, "elapsed_ms": 0}
+        assert n2.point_reads == [("players", 1)] and world.cluster.requests() == []
+    assert engine.routed_point(SqlRequest(sql, [local])) is None  # this node's own partition
+    assert engine.routed_point(SqlRequest(sql, [far], consistency_token=full.consistency_token)) is None
+    assert engine.routed_point(SqlRequest("SELECT COUNT(*) FROM players", [])) is None
+    n2.materializer.shards.pop(("players", 1))  # n2 no longer holds it, though the view says so
+    routed = engine.routed_point(SqlRequest(sql, [far]))
+    assert routed is not None and asyncio.run(routed.answer()) is None
 
 
 def test_a_point_lookup_this_node_cannot_read_in_process_goes_to_the_owner(fresh) -> None:
