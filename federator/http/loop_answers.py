@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any, Awaitable, Callable
 
 from federator.auth import Users
+from federator.metrics import Metrics
 from federator.errors import SqlError
 from federator.http.bearer_auth import BearerAuth
 from federator.http.errors import error_response, wsgi_error
@@ -29,18 +30,39 @@ class LoopAnswers:
     def __init__(self, node: SqlNode, users: Users | None = None) -> None:
         self.node = node
         self.limits = limits_of(node)
+        self.metrics: Metrics | None = getattr(node, "metrics", None)  # the node's (a SqlService's)
         self.auth = BearerAuth(_no_app, users) if users is not None else None
 
     def at_once(self, env: dict[str, Any]) -> WsgiApp | Awaitable[WsgiApp | None] | None:
         """The answer to give on the loop (or what gives it there), or None: the app answers on a thread."""
-        answer = _AT_ONCE.get(hot_route(env))
+        route = hot_route(env)
+        answer = _AT_ONCE.get(route)
         if answer is None:
             return None
+        assert route is not None
         if self.auth is not None:
             refused = self.auth.refusal(env)  # each login counted once: here, not again on a thread
             if refused is not None:
+                self._count(route, "at_once")
                 return _Refused(refused)
-        return answer(self.node, env)
+        got = answer(self.node, env)
+        if isinstance(got, Awaitable):
+            return self._from_owner(route, got)
+        self._count(route, "at_once" if got is not None else "threads")
+        return got
+
+    async def _from_owner(self, route: str, pending: Awaitable[WsgiApp | None]) -> WsgiApp | None:
+        try:
+            app = await pending
+        except Exception:
+            self._count(route, "threads")  # where the server hands a request whose answer failed on its loop
+            raise
+        self._count(route, "from_owner" if app is not None else "threads")
+        return app
+
+    def _count(self, route: str, answered: str) -> None:
+        if self.metrics is not None:
+            self.metrics.loop_request(route, answered)
 
     def body_cap(self, path: str) -> int | None:
         """The most bytes a request body to ``path`` may have (--max-body-bytes; None: no cap)."""

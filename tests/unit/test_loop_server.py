@@ -22,6 +22,7 @@ from federator.http import create_app
 from federator.http.formats import failure_at_end
 from federator.http.loop_answers import LoopAnswers
 from federator.http.loop_server import LoopServer
+from federator.metrics import Metrics
 from federator.sql import limits
 from federator.sql.limits import Admission, Limits
 from federator.sql.result import SqlRequest, SqlResult
@@ -73,6 +74,7 @@ class RoutingNode(PointNode):
         self.delay = delay
         self.routed: list[str] = []
         self.let_go: list[str] = []
+        self.metrics = Metrics()
 
     def answer_now(self, request: SqlRequest) -> SqlResult | None:  # ``requests``: only what threads were asked
         self.asked_at_once.append(request)
@@ -431,6 +433,11 @@ def test_routed_answers_given_on_the_loop_are_byte_for_byte_the_routes() -> None
     assert on_loop.routed == ["far", "gone", "far", "gone"] and on_threads.routed == []
     # a read the owner could not answer went on to the routes, and only that one
     assert [r.parameters for r in on_loop.requests] == [["gone"]]
+    counted = {(route, answered): on_loop.metrics.registry.get_sample_value(
+        "federator_loop_server_requests_total", {"route": route, "answered": answered})
+        for route in ("sql", "lookup") for answered in ("at_once", "from_owner", "threads")}
+    assert counted == {("sql", "at_once"): 1, ("sql", "from_owner"): 1, ("sql", "threads"): 1,
+                       ("lookup", "at_once"): None, ("lookup", "from_owner"): 1, ("lookup", "threads"): 1}
 
 
 def test_pipelined_requests_wait_in_order_for_an_answer_read_from_another_node() -> None:
