@@ -268,7 +268,7 @@ def sql_at_once(node: SqlNode, environ: dict[str, Any]) -> Response | _JsonBody 
     for a JSON query without a consistency token that this node answers at once
     (``answer_now``: a point query it reads from its own copy, a kept answer still current, a
     leaderboard's rank on a global store) while a query slot is free; or what gives it on the
-    loop, for a point query whose key another node owns (``routed_now``, see ``_routed``).
+    loop, for a point query whose key another node owns (``routed_now``, see ``_from_owner``).
     None for any other request, which ``sql_response`` answers (the same way: the same
     functions make both answers)."""
     local = getattr(node, "answer_now", None)
@@ -290,9 +290,9 @@ def sql_at_once(node: SqlNode, environ: dict[str, Any]) -> Response | _JsonBody 
             return error_response(e)
         if result is not None:
             return _sql_json_now(result, limits, slot or None)
-    routed = getattr(node, "routed_now", None)
-    return _routed(node, routed(req) if routed is not None else None,
-                   lambda result, slot: _sql_json_now(result, limits, slot))
+        routed = getattr(node, "routed_now", None)
+        pending = routed(req) if routed is not None else None
+    return None if pending is None else _from_owner(pending, lambda result: _sql_json_now(result, limits, None))
 
 
 def _sql_json_now(result: SqlResult, limits: Limits, slot: Slot | None) -> Response | _JsonBody:
@@ -303,23 +303,15 @@ def _sql_json_now(result: SqlResult, limits: Limits, slot: Slot | None) -> Respo
         return error_response(e)
 
 
-def _routed(node: SqlNode, routed: RoutedPoint | None,
-            answer: Callable[[SqlResult, Slot | None], Response | _JsonBody]) -> Coroutine[Any, Any, Any] | None:
-    """What answers a point query whose key another node owns on the event loop, holding a
-    query slot while it waits for the owner; None when there is no such read."""
-    return None if routed is None else _routed_answer(node, routed, answer)
-
-
-async def _routed_answer(node: SqlNode, routed: RoutedPoint,
-                         answer: Callable[[SqlResult, Slot | None], Response | _JsonBody]) -> Response | _JsonBody | None:
-    """The answer from the owner's entry; None when no slot is free now, or the owner could not
-    answer so: the route answers it on a thread. The slot goes back however this ends, cancelled
-    (the client went away) included."""
-    with _slot_now(node) as slot:
-        if slot is False:
-            return None
-        result = await routed.answer()
-        return None if result is None else answer(result, slot or None)
+async def _from_owner(routed: RoutedPoint, answer: Callable[[SqlResult], Response | _JsonBody]) -> Response | _JsonBody | None:
+    """The answer from the entry the key's owner gives, awaited on the event loop; None when the
+    owner could not answer so (the route answers on a thread). Admitted as the answers given at
+    once are (a query slot was free when it came), it holds no slot while it waits: it runs no
+    Python meanwhile (a slot held across the wait would send the next queries to the threads,
+    and there wait in the queue), and one owner's calls are capped by its client's connections
+    (federator.dispatch.key_client_async)."""
+    result = await routed.answer()
+    return None if result is None else answer(result)
 
 
 @contextmanager
@@ -423,9 +415,9 @@ def lookup_at_once(node: SqlNode, environ: dict[str, Any]) -> Response | _JsonBo
             return None  # lookup_response meets it again, and answers it
         if result is not None:
             return _lookup_answer(result, name, key)
-    routed = getattr(node, "lookup_routed", None)
-    return _routed(node, routed(name, key) if routed is not None else None,
-                   lambda result, _: _lookup_answer(result, name, key))
+        routed = getattr(node, "lookup_routed", None)
+        pending = routed(name, key) if routed is not None else None
+    return None if pending is None else _from_owner(pending, lambda result: _lookup_answer(result, name, key))
 
 
 def _lookup_answer(result: SqlResult, name: str, key: str) -> Response | _JsonBody:
