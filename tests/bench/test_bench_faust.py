@@ -285,17 +285,19 @@ def measure_routed(cluster: Cluster, root: Path) -> tuple[dict[tuple[str, int], 
     pids = [n.proc.pid for n in cluster.nodes]  # type: ignore[union-attr]
     url = f"http://{n0.endpoint}"
     out: dict[tuple[str, int], list[WrkResult]] = {}
-    before = loop_requests(n0)
+    answered = asked = 0.0
     for rnd in range(ROUNDS):
         for c in ROUTED_CLIENTS:
             for kind in ("local", "routed") if rnd % 2 == 0 else ("routed", "local"):
+                before = loop_requests(n0)
                 run_wrk("warm-up", url, "sql", files[kind], c, WARMUP_S)
                 r = run_wrk(f"SQL point, {kind}", url, "sql", files[kind], c, SECONDS, pids)
                 out.setdefault((kind, c), []).append(r)
                 progress(f"round {rnd + 1}: {r.line()}")
-    after = loop_requests(n0)
-    answered = after.get("from_owner", 0) - before.get("from_owner", 0)
-    asked = sum(after.values()) - sum(before.values())
+                if kind == "routed":
+                    after = loop_requests(n0)
+                    answered += after.get("from_owner", 0) - before.get("from_owner", 0)
+                    asked += sum(after.values()) - sum(before.values())
     return out, answered / asked if asked else 0.0
 
 
@@ -328,7 +330,7 @@ def report_routed(report: Report, results: dict[tuple[str, int], list[WrkResult]
         f"half the partitions. n0 is asked `{POINT_SQL}` for keys it holds (local) and for keys n1 holds (routed: "
         f"n0 reads the key's stored entry from n1 over the key port). {wrk_v}, `wrk -t1 -cN`; each load "
         f"{SECONDS:g}s after a {WARMUP_S:g}s warm-up, {ROUNDS} rounds, medians. Server CPU sums both nodes. "
-        f"n0 answered {from_owner:.0%} of the point queries of these loads on its event loop after reading "
+        f"n0 answered {from_owner:.0%} of the routed queries on its event loop after reading "
         "the key from its owner (its federator_loop_server_requests_total, answered=\"from_owner\"); the local "
         "ones are answered at once.", "", *rows])
     worst = max(max(med("routed", c, "p50_ms") / med("local", c, "p50_ms"),
