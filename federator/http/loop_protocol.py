@@ -84,7 +84,7 @@ class HttpProtocol(asyncio.Protocol):
         self.served.connections.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self.task is not None:  # nobody to answer: stop waiting (its query slot goes back)
+        if self.task is not None:  # nobody to answer: stop waiting for it
             self.task.cancel()
         with self.room:
             self.closed = True
