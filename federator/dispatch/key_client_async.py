@@ -88,11 +88,6 @@ class AsyncKeyClient:
             raise
         return conn
 
-    def close(self) -> None:
-        for conn in self._idle:
-            conn.close()
-        self._idle.clear()
-
 
 def _welcome(buf: bytearray) -> tuple[bytes, int] | None:
     return (bytes(buf[:len(KEY_WELCOME)]), len(KEY_WELCOME)) if len(buf) >= len(KEY_WELCOME) else None
