@@ -3,9 +3,10 @@ global one: a process may hold many nodes and apps, as the tests do), served at 
 
 Two kinds of series:
 
-* what the query path counts as it goes (``Metrics.query``, ``Metrics.internal_call``): the SQL
-  statements this node answered, by kind and outcome, with their latency, and its calls to
-  other nodes, by peer and outcome. The SQL engine and the dispatcher are handed the node's
+* what the query path counts as it goes (``Metrics.query``, ``Metrics.internal_call``,
+  ``Metrics.loop_request``): the SQL statements this node answered, by kind and outcome, with
+  their latency, its calls to other nodes, by peer and outcome, and how the event-loop HTTP
+  server answered its hot routes. The SQL engine and the dispatcher are handed the node's
   ``Metrics`` (they import nothing of this module); each update is a dict lookup of the
   labelled children, kept here, and prometheus_client's own increments.
 * what the node's state is, read at scrape time by ``NodeCollector`` and never updated on the
@@ -52,9 +53,14 @@ class Metrics:
         self._call_latency = Histogram(
             "federator_internal_call_duration_seconds", "Time of this node's calls to other nodes, by call",
             ("call",), buckets=LATENCY_BUCKETS, registry=self.registry)
+        self._loop_requests = Counter(
+            "federator_loop_server_requests", "SQL statements and key lookups the event-loop HTTP server was "
+            "asked, by route and how it answered them: at once on its loop, on its loop after reading the key "
+            "from its owner, or on its threads", ("route", "answered"), registry=self.registry)
         # labelled children resolved once: .labels() takes a lock and builds a tuple per call
         self._query_children: dict[tuple[str, str], tuple[Any, Any]] = {}
         self._call_children: dict[tuple[str, str, str], tuple[Any, Any]] = {}
+        self._loop_children: dict[tuple[str, str], Any] = {}
 
     def query(self, kind: str, outcome: str, seconds: float) -> None:
         """One SQL statement answered (``outcome`` "ok") or failed (its SqlError code)."""
@@ -73,6 +79,14 @@ class Metrics:
                 (peer, call, outcome), (self._calls.labels(peer, call, outcome), self._call_latency.labels(call)))
         children[0].inc()
         children[1].observe(seconds)
+
+    def loop_request(self, route: str, answered: str) -> None:
+        """One request of a hot route (``route``: "sql" or "lookup") to the event-loop HTTP
+        server, ``answered`` "at_once", "from_owner" or "threads"."""
+        child = self._loop_children.get((route, answered))
+        if child is None:
+            child = self._loop_children.setdefault((route, answered), self._loop_requests.labels(route, answered))
+        child.inc()
 
     def watch(self, node: Any) -> None:
         """Report ``node``'s state at each scrape (see NodeCollector)."""

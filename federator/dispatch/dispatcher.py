@@ -11,6 +11,7 @@ answers: every partition answers, or the query fails naming the ones that did no
 
 from __future__ import annotations
 
+import asyncio
 import math
 import threading
 import time
@@ -25,6 +26,7 @@ import pyarrow as pa
 
 from federator.dispatch.client import NodeCallError, NodeClient
 from federator.dispatch.key_client import CallClient, CallUnavailable, KeyClient
+from federator.dispatch.key_client_async import AsyncKeyClient
 from federator.dispatch.partition_answers import PartitionAnswers
 from federator.dispatch.position_watch import PositionWatch
 from federator.node.protocol import ServingNode
@@ -127,6 +129,7 @@ class Dispatcher:
         self.pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="dispatch")
         self._clients: dict[str, NodeClient] = {}
         self._key_clients: dict[str, KeyClient] = {}
+        self._async_key_clients: dict[str, AsyncKeyClient] = {}  # the event loop's (one loop uses them)
         self._call_clients: dict[str, CallClient] = {}
         self._watches: dict[str, PositionWatch] = {}  # key port -> its node's positions, as it says them
         self._watches_lock = threading.Lock()
@@ -211,6 +214,13 @@ class Dispatcher:
         c = self._key_clients.get(endpoint)
         if c is None:
             c = self._key_clients[endpoint] = KeyClient(endpoint, self.node.cluster_secret, self.node.tls)
+        return c
+
+    def _async_key_client(self, endpoint: str) -> AsyncKeyClient:
+        """The running event loop's client of ``endpoint`` (its connections are that loop's)."""
+        c = self._async_key_clients.get(endpoint)
+        if c is None or c.loop is not asyncio.get_running_loop():
+            c = self._async_key_clients[endpoint] = AsyncKeyClient(endpoint, self.node.cluster_secret, self.node.tls)
         return c
 
     def gather(
@@ -563,8 +573,26 @@ class Dispatcher:
     def read_key(self, store: str, partition: int, key: bytes, options: ReadOptions) -> StoredEntry | None:
         """The point lookup's one call: ``key``'s stored entry from the partition's active
         owner elsewhere, as that node's ``read_local`` gives it; None when it is not to be had
-        so at once (no owner in the view, the owner is this node, it cannot answer so, it does
-        not answer): the caller takes ``gather``, with its retries and its errors."""
+        so at once (see ``key_call``; the owner cannot answer it so, or does not answer): the
+        caller takes ``gather``, with its retries and its errors."""
+        call = self.key_call(store, partition, options)
+        if call is None:
+            return None
+        started = perf_counter()
+        entry = self._key_client(call.key_endpoint).read_key(store, call.topic, partition, key, call.at, call.timeout)
+        return self._key_read(call, entry, started)
+
+    async def read_key_soon(self, call: KeyCall, key: bytes) -> StoredEntry | None:
+        """``read_key``'s call (``key_call``) made on the running event loop, without a thread."""
+        started = perf_counter()
+        entry = await self._async_key_client(call.key_endpoint).read_key(
+            call.store, call.topic, call.partition, key, call.at, call.timeout)
+        return self._key_read(call, entry, started)
+
+    def key_call(self, store: str, partition: int, options: ReadOptions) -> KeyCall | None:
+        """Where ``read_key`` asks for a key of ``partition``: its active owner's key port, when
+        that is another node's and there is time left; None when there is no such call (no owner
+        in the view, the owner is this node, a global store, the deadline passed)."""
         defn = self.node.stores.get(store)
         if defn is None or defn.is_global:  # a global store's keys are read here or not at all
             return None
@@ -578,11 +606,11 @@ class Dispatcher:
         timeout = options.deadline - time.monotonic()
         if timeout <= 0:
             return None
-        started = perf_counter()
-        entry = self._key_client(t.key_endpoint).read_key(store, defn.topic, partition, key, token.get(partition),
-                                                          min(timeout, 10.0))
+        return KeyCall(t.node_id, t.key_endpoint, store, defn.topic, partition, token.get(partition), min(timeout, 10.0))
+
+    def _key_read(self, call: KeyCall, entry: StoredEntry | None, started: float) -> StoredEntry | None:
         if self.metrics is not None:  # FALLBACK: the owner could not answer so; the general path follows
-            self.metrics.internal_call(t.node_id, "key", "ok" if entry is not None else "FALLBACK",
+            self.metrics.internal_call(call.node_id, "key", "ok" if entry is not None else "FALLBACK",
                                        perf_counter() - started)
         return entry
 
@@ -595,6 +623,18 @@ class Dispatcher:
                                "retry, or raise timeout_ms", parts)
         raise Unavailable(f"partitions {parts} are unavailable: {why}; retry shortly, or pass "
                           "allow_stale to read a standby", parts)
+
+
+class KeyCall(NamedTuple):
+    """The point lookup's call to the owner of a key's partition (``Dispatcher.key_call``)."""
+
+    node_id: str
+    key_endpoint: str
+    store: str
+    topic: str
+    partition: int
+    at: int | None  # the changelog offset the consistency token asks for
+    timeout: float  # seconds
 
 
 @dataclass(frozen=True)

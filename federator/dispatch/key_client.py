@@ -21,13 +21,27 @@ from federator.store.layer import StoredEntry
 from federator.tls import Tls
 
 
+def address_of(endpoint: str) -> tuple[str, int]:
+    """(host, port) of a node's ``host:port`` key endpoint (an IPv6 host in brackets)."""
+    host, _, port = endpoint.rpartition(":")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def entry_of(answer: tuple[int, int | None, bytes | None], topic: str, partition: int) -> StoredEntry | None:
+    """The stored entry a key port's answer (``read_key_answer``) carries; None when the node
+    could not answer so (the caller takes the general path)."""
+    status, offset, stored = answer
+    if status not in (KEY_FOUND, KEY_ABSENT):
+        return None
+    return StoredEntry(stored, Position() if offset is None else Position.of(topic, partition, offset))
+
+
 class _PortClient:
     """Connections to one node's key port, one per calling thread, opened with ``hello``."""
 
     def __init__(self, endpoint: str, hello: bytes, tls: Tls | None = None) -> None:
-        host, _, port = endpoint.rpartition(":")
         self.endpoint = endpoint
-        self._address = (host.strip("[]") or "127.0.0.1", int(port))
+        self._address = address_of(endpoint)
         self._tls = tls  # the calling node's: the connection is TLS and the peer's certificate checked
         self._hello = hello
         self._local = threading.local()
@@ -81,7 +95,7 @@ class KeyClient(_PortClient):
                 sock, read = self._connection(timeout)
                 sock.settimeout(timeout)
                 sock.sendall(request)
-                status, offset, stored = read_key_answer(read)
+                answer = read_key_answer(read)
             except TimeoutError:  # not again: the time is spent
                 self._drop()
                 return None
@@ -90,9 +104,7 @@ class KeyClient(_PortClient):
                 if attempt:
                     return None
                 continue
-            if status not in (KEY_FOUND, KEY_ABSENT):
-                return None
-            return StoredEntry(stored, Position() if offset is None else Position.of(topic, partition, offset))
+            return entry_of(answer, topic, partition)
         return None
 
 

@@ -2,16 +2,18 @@
 answers it gives on its event loop, and the cap on request bodies.
 
 On the loop: the SQL point query and the REST key lookup when this node reads the key from
-its own copy at once, and a statement whose small answer this node keeps and knows to be
-current (``sql_at_once``, ``lookup_at_once``: the routes' own functions), after the same
-bearer-token check as the app's. Everything else goes to the Flask app on a thread.
+its own copy at once, or from the key's owner elsewhere over its key port (awaited on the loop),
+and a statement whose small answer this node keeps and knows to be current (``sql_at_once``,
+``lookup_at_once``: the routes' own functions), after the same bearer-token check as the app's.
+Everything else goes to the Flask app on a thread.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 from federator.auth import Users
+from federator.metrics import Metrics
 from federator.errors import SqlError
 from federator.http.bearer_auth import BearerAuth
 from federator.http.errors import error_response, wsgi_error
@@ -19,7 +21,7 @@ from federator.http.sql_routes import SqlNode, hot_route, lookup_at_once, sql_at
 from federator.http.wsgi_bridge import WsgiApp
 from federator.sql.limits import limits_of
 
-_AT_ONCE: dict[str | None, Callable[[SqlNode, dict[str, Any]], WsgiApp | None]] = {
+_AT_ONCE: dict[str | None, Callable[[SqlNode, dict[str, Any]], WsgiApp | Awaitable[WsgiApp | None] | None]] = {
     "sql": sql_at_once, "lookup": lookup_at_once}
 _INTERNAL = "/internal"  # node-to-node calls: the cluster secret guards them, and their bodies are the nodes' own
 
@@ -28,18 +30,39 @@ class LoopAnswers:
     def __init__(self, node: SqlNode, users: Users | None = None) -> None:
         self.node = node
         self.limits = limits_of(node)
+        self.metrics: Metrics | None = getattr(node, "metrics", None)  # the node's (a SqlService's)
         self.auth = BearerAuth(_no_app, users) if users is not None else None
 
-    def at_once(self, env: dict[str, Any]) -> WsgiApp | None:
-        """The answer to give on the loop, or None: the app answers on a thread."""
-        answer = _AT_ONCE.get(hot_route(env))
+    def at_once(self, env: dict[str, Any]) -> WsgiApp | Awaitable[WsgiApp | None] | None:
+        """The answer to give on the loop (or what gives it there), or None: the app answers on a thread."""
+        route = hot_route(env)
+        answer = _AT_ONCE.get(route)
         if answer is None:
             return None
+        assert route is not None
         if self.auth is not None:
             refused = self.auth.refusal(env)  # each login counted once: here, not again on a thread
             if refused is not None:
+                self._count(route, "at_once")
                 return _Refused(refused)
-        return answer(self.node, env)
+        got = answer(self.node, env)
+        if isinstance(got, Awaitable):
+            return self._from_owner(route, got)
+        self._count(route, "at_once" if got is not None else "threads")
+        return got
+
+    async def _from_owner(self, route: str, pending: Awaitable[WsgiApp | None]) -> WsgiApp | None:
+        try:
+            app = await pending
+        except Exception:
+            self._count(route, "threads")  # where the server hands a request whose answer failed on its loop
+            raise
+        self._count(route, "from_owner" if app is not None else "threads")
+        return app
+
+    def _count(self, route: str, answered: str) -> None:
+        if self.metrics is not None:
+            self.metrics.loop_request(route, answered)
 
     def body_cap(self, path: str) -> int | None:
         """The most bytes a request body to ``path`` may have (--max-body-bytes; None: no cap)."""

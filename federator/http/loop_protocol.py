@@ -3,8 +3,9 @@ answered in order, Content-Length and chunked bodies, Expect: 100-continue, HEAD
 request bodies.
 
 A request is answered by the front's ``at_once`` on the loop itself when it can be without
-blocking (its answer is written at once), else by the WSGI app on the server's thread pool,
-whose answer the loop writes as it comes (federator.http.wsgi_bridge). A connection answers
+blocking: its answer is written at once, or when ``at_once`` gives an awaitable (a read from
+another node), when that gives it; else by the WSGI app on the server's thread pool, whose
+answer the loop writes as it comes (federator.http.wsgi_bridge). A connection answers
 one request at a time; pipelined ones wait in order, and past MAX_PIPELINED it stops reading.
 """
 
@@ -14,6 +15,7 @@ import asyncio
 import logging
 import threading
 from collections import deque
+from collections.abc import Awaitable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol as Typing
@@ -34,7 +36,7 @@ _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 class Front(Typing):
     """What the server asks of the node's routes (federator.http.loop_answers)."""
 
-    def at_once(self, env: dict[str, Any]) -> WsgiApp | None: ...
+    def at_once(self, env: dict[str, Any]) -> WsgiApp | Awaitable[WsgiApp | None] | None: ...
     def body_cap(self, path: str) -> int | None: ...
     def too_large(self, size: str) -> WsgiApp: ...
 
@@ -61,7 +63,8 @@ class HttpProtocol(asyncio.Protocol):
         self.peer: tuple[str, int] = ("", 0)
         self.req: Request | None = None  # the request being read
         self.waiting: deque[Request] = deque()  # read, not yet answered
-        self.busy = False  # an answer is being made on the pool
+        self.busy = False  # an answer is being made on the pool, or waited for on the loop
+        self.task: asyncio.Task | None = None  # the answer waited for on the loop
         self.ending = False  # closing once the answer being written is done
         self.unreadable = False  # the client sent what is not HTTP: answer what came before, read no more
         self.reading = True
@@ -81,6 +84,8 @@ class HttpProtocol(asyncio.Protocol):
         self.served.connections.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.task is not None:  # nobody to answer: stop waiting for it
+            self.task.cancel()
         with self.room:
             self.closed = True
             self.room.notify_all()  # a producer waiting for room finds the client gone
@@ -186,29 +191,51 @@ class HttpProtocol(asyncio.Protocol):
                 self.reading = True
             env = environ(req, self.served.address, self.peer, self.served.scheme)
             app = req.answer or self._at_once(env)
-            if app is not None:
-                status, headers, data = _whole(app, env)
-                first = head(req, status, headers, len(data))[0]
-                self._write(first if req.method == "HEAD" else first + data)
-                self._done(req)
-            else:
+            if app is None:
+                self._to_pool(req, env)
+            elif isinstance(app, Awaitable):  # an answer that waits on the loop (another node's read)
                 self.busy = True
-                env["wsgi.input"].seek(0)  # the loop's attempt may have read the body
-                self.served.pool.submit(answer_in_pool, self, req, env, self.served.app)
+                self.task = self.served.loop.create_task(self._awaited(req, env, app))
+            else:
+                self._write_whole(req, env, app)
         if self.continue_owed and self._idle() and self.req is not None:
             self.continue_owed = False
             self._write(_CONTINUE)
 
-    def _at_once(self, env: dict[str, Any]) -> WsgiApp | None:
+    def _at_once(self, env: dict[str, Any]) -> WsgiApp | Awaitable[WsgiApp | None] | None:
         front = self.served.front
         if front is None:
             return None
         try:
             return front.at_once(env)
         except Exception:  # noqa: BLE001 - the pool's answer tells the client; the log keeps why
-            log.exception("the loop's answer to %s %s failed; answering it on a thread", env["REQUEST_METHOD"],
-                          env["PATH_INFO"])
+            _failed_on_loop(env)
             return None
+
+    async def _awaited(self, req: Request, env: dict[str, Any], pending: Awaitable[WsgiApp | None]) -> None:
+        """The answer ``pending`` gives, written when it comes; the pool's when it gives none.
+        Cancelled when the client goes away."""
+        try:
+            app = await pending
+        except Exception:  # noqa: BLE001 - as _at_once
+            _failed_on_loop(env)
+            app = None
+        self.task = None
+        if app is None:
+            self._to_pool(req, env)
+        else:
+            self._write_whole(req, env, app)
+
+    def _write_whole(self, req: Request, env: dict[str, Any], app: WsgiApp) -> None:
+        status, headers, data = _whole(app, env)
+        first = head(req, status, headers, len(data))[0]
+        self._write(first if req.method == "HEAD" else first + data)
+        self._done(req)
+
+    def _to_pool(self, req: Request, env: dict[str, Any]) -> None:
+        self.busy = True
+        env["wsgi.input"].seek(0)  # the loop's attempt may have read the body
+        self.served.pool.submit(answer_in_pool, self, req, env, self.served.app)
 
     def _done(self, req: Request) -> None:
         if not req.keep_alive or self.served.stopping or (self.unreadable and not self.waiting):
@@ -265,6 +292,10 @@ class HttpProtocol(asyncio.Protocol):
         self.ending = True
         if self.transport is not None:
             self.transport.close()
+
+
+def _failed_on_loop(env: dict[str, Any]) -> None:
+    log.exception("the loop's answer to %s %s failed; answering it on a thread", env["REQUEST_METHOD"], env["PATH_INFO"])
 
 
 def _whole(app: WsgiApp, env: dict[str, Any]) -> tuple[str, list[tuple[str, str]], bytes]:

@@ -12,7 +12,7 @@ import logging
 import reprlib
 from contextlib import contextmanager
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any, Iterator, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Coroutine, Iterator, Protocol
 
 from flask import Flask, Response, request
 from werkzeug.datastructures import MIMEAccept
@@ -28,6 +28,7 @@ from federator.sql.result import SqlRequest, SqlResult
 
 if TYPE_CHECKING:
     from federator.plugin.registry import Registry
+    from federator.sql.engine import RoutedPoint
 
 TOKEN_HEADER = "X-Federator-Consistency-Token"
 _log = logging.getLogger("federator.http")
@@ -262,13 +263,14 @@ def sql_response(node: SqlNode, environ: dict[str, Any]) -> Response | _JsonBody
             slot.release()
 
 
-def sql_at_once(node: SqlNode, environ: dict[str, Any]) -> Response | _JsonBody | None:
-    """``sql_response``'s answer given at once on the calling thread (the loop server's event
-    loop): for a JSON query without a consistency token that this node answers at once
+def sql_at_once(node: SqlNode, environ: dict[str, Any]) -> Response | _JsonBody | Coroutine[Any, Any, Any] | None:
+    """``sql_response``'s answer given on the calling thread's event loop (the loop server's):
+    for a JSON query without a consistency token that this node answers at once
     (``answer_now``: a point query it reads from its own copy, a kept answer still current, a
-    leaderboard's rank on a global store) while a query slot is free. None for any other
-    request, which ``sql_response`` answers (the same way: the same functions make both
-    answers)."""
+    leaderboard's rank on a global store) while a query slot is free; or what gives it on the
+    loop, for a point query whose key another node owns (``routed_now``, see ``_from_owner``).
+    None for any other request, which ``sql_response`` answers (the same way: the same
+    functions make both answers)."""
     local = getattr(node, "answer_now", None)
     if local is None:
         return None
@@ -284,11 +286,32 @@ def sql_at_once(node: SqlNode, environ: dict[str, Any]) -> Response | _JsonBody 
             return None
         try:
             result = local(req)
-            if result is None:
-                return None
-            return _sql_answer(result, fmt, limits, slot or None, None)[0]  # small: made whole on the loop
         except SqlError as e:  # as sql_response answers it (the engine counted it)
             return error_response(e)
+        if result is not None:
+            return _sql_json_now(result, limits, slot or None)
+        routed = getattr(node, "routed_now", None)
+        pending = routed(req) if routed is not None else None
+    return None if pending is None else _from_owner(pending, lambda result: _sql_json_now(result, limits, None))
+
+
+def _sql_json_now(result: SqlResult, limits: Limits, slot: Slot | None) -> Response | _JsonBody:
+    """A JSON answer made whole on the loop (small: a point's, or a kept one within its cap)."""
+    try:
+        return _sql_answer(result, "json", limits, slot, None)[0]
+    except SqlError as e:  # an answer over a cap, as sql_response answers it
+        return error_response(e)
+
+
+async def _from_owner(routed: RoutedPoint, answer: Callable[[SqlResult], Response | _JsonBody]) -> Response | _JsonBody | None:
+    """The answer from the entry the key's owner gives, awaited on the event loop; None when the
+    owner could not answer so (the route answers on a thread). Admitted as the answers given at
+    once are (a query slot was free when it came), it holds no slot while it waits: it runs no
+    Python meanwhile (a slot held across the wait would send the next queries to the threads,
+    and there wait in the queue), and one owner's calls are capped by its client's connections
+    (federator.dispatch.key_client_async)."""
+    result = await routed.answer()
+    return None if result is None else answer(result)
 
 
 @contextmanager
@@ -375,9 +398,10 @@ def lookup_response(node: SqlNode, name: str, key: str) -> Response | _JsonBody:
             slot.release()
 
 
-def lookup_at_once(node: SqlNode, environ: dict[str, Any]) -> Response | _JsonBody | None:
-    """``lookup_response``'s answer given at once on the calling thread (see ``sql_at_once``):
-    None unless this node reads the key from its own copy while a query slot is free."""
+def lookup_at_once(node: SqlNode, environ: dict[str, Any]) -> Response | _JsonBody | Coroutine[Any, Any, Any] | None:
+    """``lookup_response``'s answer given on the calling thread's event loop (see
+    ``sql_at_once``): when this node reads the key from its own copy while a query slot is free,
+    or reads it from the key's owner elsewhere on the loop; None otherwise."""
     local = getattr(node, "lookup_now", None)
     if local is None:
         return None
@@ -389,7 +413,11 @@ def lookup_at_once(node: SqlNode, environ: dict[str, Any]) -> Response | _JsonBo
             result = local(name, key)
         except FederatorError:
             return None  # lookup_response meets it again, and answers it
-        return None if result is None else _lookup_answer(result, name, key)
+        if result is not None:
+            return _lookup_answer(result, name, key)
+        routed = getattr(node, "lookup_routed", None)
+        pending = routed(name, key) if routed is not None else None
+    return None if pending is None else _from_owner(pending, lambda result: _lookup_answer(result, name, key))
 
 
 def _lookup_answer(result: SqlResult, name: str, key: str) -> Response | _JsonBody:

@@ -138,8 +138,26 @@ def key_answer(status: int, offset: int | None, stored: bytes | None) -> bytes:
 
 
 def read_key_answer(read: Callable[[int], bytes]) -> tuple[int, int | None, bytes | None]:
-    status, offset, n = _KEY_ANSWER.unpack(read(_KEY_ANSWER.size))
-    return status, None if offset < 0 else offset, None if n < 0 else read(n)
+    status, offset, n = _key_answer_head(read(_KEY_ANSWER.size))
+    return status, offset, None if n < 0 else read(n)
+
+
+def split_key_answer(buf: bytes | bytearray) -> tuple[tuple[int, int | None, bytes | None], int] | None:
+    """The answer at the start of ``buf`` (as ``read_key_answer`` gives it) and its length in
+    bytes; None while not all of it is there (a caller that reads what comes, as it comes)."""
+    if len(buf) < _KEY_ANSWER.size:
+        return None
+    status, offset, n = _key_answer_head(buf[:_KEY_ANSWER.size])
+    end = _KEY_ANSWER.size + max(n, 0)
+    if len(buf) < end:
+        return None
+    return (status, offset, None if n < 0 else bytes(buf[_KEY_ANSWER.size:end])), end
+
+
+def _key_answer_head(head: bytes | bytearray) -> tuple[int, int | None, int]:
+    """An answer's status, offset (None: unknown) and stored length (-1: none)."""
+    status, offset, n = _KEY_ANSWER.unpack(head)
+    return status, None if offset < 0 else offset, n
 
 
 def exact_reader(stream: IO[bytes]) -> Callable[[int], bytes]:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterator, NamedTuple
+from typing import Any, Awaitable, Callable, Iterator, NamedTuple
 
 import pyarrow as pa
 
@@ -37,6 +38,7 @@ from federator.plugin.registry import Registry
 from federator.sql.dispatch_errors import from_dispatch
 from federator.sql.point import PointAnswer, PointPlan, point_plan
 from federator.sql.result import SqlRequest, SqlResult
+from federator.store.layer import StoredEntry
 from federator.settings import PLAN_TEMPLATES, POINT_PLANS, STATEMENT_ANSWER_MAX_BYTES, STATEMENT_PLANS
 
 Relation = pa.Table | Rows  # a store reference's rows as read
@@ -269,18 +271,47 @@ class SqlEngine:
         needs anything that could wait (planning a new text, a consistency token, another node,
         the general path), and then ``execute`` answers it, the same. For the HTTP server's event
         loop, which answers what it can without handing the request to a thread."""
+        started = time.perf_counter()
+        found = self._planned_point(req)
+        if found is None:
+            return None
+        plan, kb, partition = found
+        entry = self.node.read_local(plan.store.name, partition, kb, PositionBound.unbounded())
+        return None if entry is None else self._point_result(plan, kb, entry, started)
+
+    def routed_point(self, req: SqlRequest) -> RoutedPoint | None:
+        """A point query whose key's partition another node owns, as an event loop reads it
+        (``RoutedPoint.answer``: the owner's entry over the key port, then the answer ``execute``
+        gives); None as ``local_point`` says, or when the dispatcher makes no such call
+        (``Dispatcher.key_call``), and then ``execute`` answers it."""
+        started = time.perf_counter()
+        found = self._planned_point(req)
+        if found is None:
+            return None
+        plan, kb, partition = found
+        options = ReadOptions(PositionBound.unbounded(), req.allow_stale, req.max_lag,
+                              time.monotonic() + req.timeout_ms / 1000)
+        call = self.dispatcher.key_call(plan.store.name, partition, options)
+        if call is None:
+            return None
+        return RoutedPoint(functools.partial(self.dispatcher.read_key_soon, call, kb),
+                           functools.partial(self._point_result, plan, kb, started=started))
+
+    def _planned_point(self, req: SqlRequest) -> tuple[PointPlan, bytes, int] | None:
+        """A point query's plan, key bytes and partition, when ``execute`` has planned its text
+        and it asks for no consistency token (that may wait); None otherwise."""
         if req.consistency_token:
             return None
-        started = time.perf_counter()
         plan = self._points.get(_point_text(req))
         if plan is None or self._stores().get(plan.store.name) is not plan.store:
             return None
         found = _point_key(plan, parse(req.sql, dialect_of(req.dialect)), req)  # parsed before: cached
-        if found is None:
-            return None
-        _, kb, partition = found
-        entry = self.node.read_local(plan.store.name, partition, kb, PositionBound.unbounded())
-        answer = None if entry is None else plan.answer(kb, entry.stored)
+        return None if found is None else (plan, found[1], found[2])
+
+    def _point_result(self, plan: PointPlan, kb: bytes, entry: StoredEntry, started: float) -> SqlResult | None:
+        """A point query's answer from its key's stored entry, counted as ``execute`` counts it;
+        None when the plan cannot answer from the entry (the general path does)."""
+        answer = plan.answer(kb, entry.stored)
         if answer is None:
             return None
         stats: dict[str, Any] = {"partitions_queried": 1, "nodes": 1, "rows": 0, "elapsed_ms": 0.0}
@@ -611,6 +642,21 @@ class SqlEngine:
             for k, v in zip(_EXPLAIN_COLUMNS, ["(none)", "", "", self.node.node_id + " (local)", "nothing", at_receiver]):
                 rows[k].append(v)
         return pa.table({k: pa.array(v, pa.string()) for k, v in rows.items()})
+
+
+@dataclass(frozen=True)
+class RoutedPoint:
+    """A point query answered from the entry its key's owner elsewhere gives
+    (``SqlEngine.routed_point``)."""
+
+    read: Callable[[], Awaitable[StoredEntry | None]]  # the owner's entry, on the running event loop
+    finish: Callable[[StoredEntry], SqlResult | None]  # the answer from it, as ``execute`` gives it
+
+    async def answer(self) -> SqlResult | None:
+        """The statement's answer; None when the owner could not give the entry so, or the
+        answer needs more than it (then ``execute`` answers, by its general path)."""
+        entry = await self.read()
+        return None if entry is None else self.finish(entry)
 
 
 def _point_text(req: SqlRequest) -> Any:

@@ -14,7 +14,7 @@ from federator.errors import SqlError
 from federator.metrics import Metrics
 from federator.node.protocol import ServingNode
 from federator.plugin.registry import Registry
-from federator.sql.engine import SqlEngine
+from federator.sql.engine import RoutedPoint, SqlEngine
 from federator.sql.limits import Admission, Limits
 from federator.sql.result import SqlRequest, SqlResult
 from federator.sql.types import sql_type
@@ -75,6 +75,11 @@ class SqlService:
         """``sql``'s answer when this node has it at once (SqlEngine.answer_now); None when not."""
         return self.engine.answer_now(request)
 
+    def routed_now(self, request: SqlRequest) -> RoutedPoint | None:
+        """``sql``'s answer to a point query as the event loop reads it from the key's owner
+        elsewhere (SqlEngine.routed_point); None when it cannot be read so."""
+        return self.engine.routed_point(request)
+
     def lookup(self, store: str, key: str) -> SqlResult:
         """A routed point lookup of ``key`` (given as its string form): the answer of the SQL
         point query, so the REST lookup takes the SQL point path (no row: no such key)."""
@@ -83,6 +88,10 @@ class SqlService:
     def lookup_now(self, store: str, key: str) -> SqlResult | None:
         """``lookup``'s answer when this node reads the key from its own copy at once; None when not."""
         return self.engine.local_point(self._lookup_request(store, key))
+
+    def lookup_routed(self, store: str, key: str) -> RoutedPoint | None:
+        """``lookup``'s answer as the event loop reads it from the key's owner elsewhere; None when not."""
+        return self.engine.routed_point(self._lookup_request(store, key))
 
     def _lookup_request(self, store: str, key: str) -> SqlRequest:
         defn = self.engine.resolve_store(store)

@@ -12,8 +12,10 @@ connections, in ROUNDS interleaved rounds:
 - Federator SQL point: ``POST /v1/sql`` with ``SELECT * FROM kv WHERE key = ?``
 - Federator REST: ``GET /v1/stores/kv/keys/<key>``
 
-and every Federator figure is reported as a ratio to Faust's at the same concurrency.
-Nothing is asserted on timings. About a minute and a half of load, two minutes in all.
+and every Federator figure is reported as a ratio to Faust's at the same concurrency. Then, with
+Faust stopped, a second node joins and the SQL point query is measured at 1 and 10 connections
+for keys the first node holds and for keys it must read from the second (routed), as a ratio.
+Nothing is asserted on timings. About two minutes of load, three minutes in all.
 FEDERATOR_BENCH_SECONDS (per load, default 4), FEDERATOR_BENCH_FAUST_ROUNDS (default 2) and
 FEDERATOR_BENCH_FAUST_ROWS (default POINT_ROWS) shrink it for a quick look;
 FEDERATOR_BENCH_FAUST_PYTHON names another Python with faust-streaming (default .venv-faust's);
@@ -158,14 +160,17 @@ def test_point_lookups_vs_faust(broker, report: Report, tmp_path_factory) -> Non
     keys_file = root / "keys.txt"
     keys_file.write_text("".join(key_of(i) + "\n" for i in range(ROWS)))
     faust = FaustWorker(broker.bootstrap_servers, defn.topic, root)
-    cluster = Cluster(broker.bootstrap_servers, app_id, root, size=1, standby_replicas=0, servers={0: SERVER} if SERVER else None)
+    # n1 joins only after the rounds beside Faust (see measure_routed)
+    cluster = Cluster(broker.bootstrap_servers, app_id, root, size=2, standby_replicas=0,
+                      servers={0: SERVER, 1: SERVER} if SERVER else None)
     node = cluster.nodes[0]
     results: dict[tuple[str, int], list[WrkResult]] = {}
+    routed: dict[tuple[str, int], list[WrkResult]] = {}
     try:
         progress("starting the Faust worker and one `federator node`")
         t0 = time.perf_counter()
         faust.start()
-        cluster.start()
+        node.start()
 
         def node_caught_up() -> bool:
             return sum(node.metadata()["local"]["records_applied"].values()) >= ROWS and node.ready()
@@ -208,6 +213,8 @@ def test_point_lookups_vs_faust(broker, report: Report, tmp_path_factory) -> Non
                     results.setdefault((mode, c), []).append(r)
                     progress(f"[{step}/{total}] round {rnd + 1}: {r.line()}")
         faust_version, wrk_v = faust.version(), wrk_version()
+        faust.stop()
+        routed, from_owner = measure_routed(cluster, root)
     finally:
         faust.stop()
         cluster.stop()
@@ -240,6 +247,7 @@ def test_point_lookups_vs_faust(broker, report: Report, tmp_path_factory) -> Non
         "brackets). Ratios: Federator's figure over Faust's at the same concurrency (req/s: higher is better; "
         "latency: lower is better). Server CPU: the Faust process or the node process; wrk, the broker and "
         "the other server share the machine.", "", *rows])
+    report_routed(report, routed, from_owner, wrk_v)
     sql_p99 = med("sql", 10, "p99_ms")
     report.target(f"SQL point p99 at c=10 <= {T_SQL_P99_MS_C10:g} ms (issue 17)", f"{sql_p99:.2f} ms "
                   f"(Faust {med('faust', 10, 'p99_ms'):.2f} ms)", sql_p99 <= T_SQL_P99_MS_C10)
@@ -250,3 +258,84 @@ def test_point_lookups_vs_faust(broker, report: Report, tmp_path_factory) -> Non
     rest_x = med("rest", 10, "rate") / med("sql", 10, "rate")
     report.target("REST lookup req/s >= SQL point req/s at c=10 (issue 17)",
                   f"{med('rest', 10, 'rate'):,.0f} vs {med('sql', 10, 'rate'):,.0f} = {rest_x:.2f}x", rest_x >= 1)
+
+
+# ---- a routed point query beside a local one, on the same node ----------------------------------
+ROUTED_CLIENTS = (1, 10)
+T_ROUTED_VS_LOCAL = 1.5  # routed point query's p50 and 1/rate at most this many times the local one's
+
+
+def measure_routed(cluster: Cluster, root: Path) -> tuple[dict[tuple[str, int], list[WrkResult]], float]:
+    """After the rounds beside Faust, n1 joins and takes half the partitions; n0 is asked the SQL
+    point query for keys it holds ("local") and for keys n1 holds ("routed": n0 reads the key from
+    n1 over the key port). The results by (kind, clients), and the share of the routed queries n0
+    answered on its event loop from the owner (its federator_loop_server_requests_total)."""
+    n0, n1 = cluster.nodes
+    progress("routed point queries: a second node joins")
+    n1.start()
+    cluster.wait_settled("kv", PARTITIONS, timeout=120)
+    owners = cluster.active_map("kv")
+    files: dict[str, Path] = {}
+    for kind, holder in (("local", n0.node_id), ("routed", n1.node_id)):
+        keys = [key_of(i) for i in range(ROWS) if owners[partition_for(key_of(i).encode(), PARTITIONS)] == holder]
+        for k in keys[:: max(1, len(keys) // 10)]:  # right answers first
+            assert json.loads(post_sql(n0, POINT_SQL, [k]).data)["rows"] == [[k, value_of(int(k.split("-")[1]))]]
+        files[kind] = root / f"keys-{kind}.txt"
+        files[kind].write_text("".join(k + "\n" for k in keys))
+    pids = [n.proc.pid for n in cluster.nodes]  # type: ignore[union-attr]
+    url = f"http://{n0.endpoint}"
+    out: dict[tuple[str, int], list[WrkResult]] = {}
+    answered = asked = 0.0
+    for rnd in range(ROUNDS):
+        for c in ROUTED_CLIENTS:
+            for kind in ("local", "routed") if rnd % 2 == 0 else ("routed", "local"):
+                before = loop_requests(n0)
+                run_wrk("warm-up", url, "sql", files[kind], c, WARMUP_S)
+                r = run_wrk(f"SQL point, {kind}", url, "sql", files[kind], c, SECONDS, pids)
+                out.setdefault((kind, c), []).append(r)
+                progress(f"round {rnd + 1}: {r.line()}")
+                if kind == "routed":
+                    after = loop_requests(n0)
+                    answered += after.get("from_owner", 0) - before.get("from_owner", 0)
+                    asked += sum(after.values()) - sum(before.values())
+    return out, answered / asked if asked else 0.0
+
+
+def loop_requests(node) -> dict[str, float]:
+    """n0's federator_loop_server_requests_total for POST /v1/sql, by how it answered."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = HTTP.request("GET", f"http://{node.endpoint}/metrics").data.decode()
+    return {s.labels["answered"]: s.value for f in text_string_to_metric_families(text) for s in f.samples
+            if s.name == "federator_loop_server_requests_total" and s.labels.get("route") == "sql"}
+
+
+def report_routed(report: Report, results: dict[tuple[str, int], list[WrkResult]], from_owner: float,
+                  wrk_v: str) -> None:
+    def med(kind: str, c: int, attr: str) -> float:
+        return statistics.median(getattr(r, attr) for r in results[(kind, c)])
+
+    rows = ["| concurrency | keys | req/s | p50 ms | p99 ms | server CPU us/req | req/s vs local | p50 vs local |",
+            "|---:|---|---:|---:|---:|---:|---:|---:|"]
+    for c in ROUTED_CLIENTS:
+        for kind in ("local", "routed"):
+            errors = sum(r.errors for r in results[(kind, c)])
+            vs = ("baseline", "") if kind == "local" else (ratio(med(kind, c, "rate"), med("local", c, "rate")),
+                                                            ratio(med(kind, c, "p50_ms"), med("local", c, "p50_ms")))
+            rows.append(f"| {c} | {kind}{f' ({errors} errors)' if errors else ''} | {med(kind, c, 'rate'):,.0f} | "
+                        f"{med(kind, c, 'p50_ms'):.2f} | {med(kind, c, 'p99_ms'):.2f} | "
+                        f"{med(kind, c, 'server_us_per_req'):,.0f} | {' | '.join(vs)} |")
+    report.section("A routed point query beside a local one (two nodes, same run, after the Faust rows)", [
+        f"After the rows beside Faust, a second node (n1, HTTP on {SERVER or NodeSettings.server}) joins and takes "
+        f"half the partitions. n0 is asked `{POINT_SQL}` for keys it holds (local) and for keys n1 holds (routed: "
+        f"n0 reads the key's stored entry from n1 over the key port). {wrk_v}, `wrk -t1 -cN`; each load "
+        f"{SECONDS:g}s after a {WARMUP_S:g}s warm-up, {ROUNDS} rounds, medians. Server CPU sums both nodes. "
+        f"n0 answered {from_owner:.0%} of the routed queries on its event loop after reading "
+        "the key from its owner (its federator_loop_server_requests_total, answered=\"from_owner\"); the local "
+        "ones are answered at once.", "", *rows])
+    worst = max(max(med("routed", c, "p50_ms") / med("local", c, "p50_ms"),
+                    med("local", c, "rate") / med("routed", c, "rate")) for c in ROUTED_CLIENTS)
+    report.target(f"routed SQL point <= {T_ROUTED_VS_LOCAL:g}x local (p50 and 1/rate, c=1 and c=10; issue 45)",
+                  ", ".join(f"c={c}: p50 {med('routed', c, 'p50_ms'):.2f} vs {med('local', c, 'p50_ms'):.2f} ms, "
+                            f"{med('routed', c, 'rate'):,.0f} vs {med('local', c, 'rate'):,.0f} req/s"
+                            for c in ROUTED_CLIENTS) + f" (worst {worst:.2f}x)", worst <= T_ROUTED_VS_LOCAL)

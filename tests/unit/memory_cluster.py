@@ -168,6 +168,14 @@ class _Client:
         return _Sent(self.query(request, timeout))
 
 
+class _AsyncClient(_Client):
+    """The key port's client of an event loop (AsyncKeyClient), without a socket."""
+
+    async def read_key(self, store: str, topic: str, partition: int, key: bytes,  # type: ignore[override]
+                       at: int | None, timeout: float) -> StoredEntry | None:
+        return super().read_key(store, topic, partition, key, at, timeout)
+
+
 class _Sent:
     def __init__(self, answer: list[QueryResult]) -> None:
         self._answer = answer
@@ -253,6 +261,8 @@ class MemoryCluster:
         # and over the key port too, with no socket: a name such as "n2" is no host (its DNS lookup
         # can take the resolver's whole timeout), and nothing else here is a node to connect to
         engine.dispatcher._call_client = engine.dispatcher._client  # type: ignore[method-assign]
+        engine.dispatcher._async_key_client = lambda endpoint: _AsyncClient(  # type: ignore[method-assign]
+            self.nodes[endpoint.split(":")[0]])
         engine.dispatcher._watch = _Unwatched  # type: ignore[method-assign,assignment]
         self.engines.append(engine)
         return engine

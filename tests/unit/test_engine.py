@@ -12,6 +12,7 @@ checks the same behaviours over real clusters.
 
 from __future__ import annotations
 
+import asyncio
 import decimal
 import math
 import random
@@ -352,26 +353,59 @@ def test_a_point_lookup_answers_with_duckdbs_names_and_types(world, sql) -> None
     assert_answers_as_duckdb(world, world.cluster.engine(), sql)
 
 
+def key_in(partition: int, prefix: str = "p") -> str:
+    """A player key of ``partition``: one of the rows, or with another ``prefix`` none."""
+    return next(k for k in (f"{prefix}{i:04d}" for i in range(120)) if key_partition(k) == partition)
+
+
+def assert_as_executed(now: SqlResult | None, full: SqlResult) -> None:
+    """``now`` is execute's answer ``full``: rows, schema, token, stats (but the time)."""
+    assert now is not None and now.schema == full.schema and now.rows == full.rows
+    assert now.consistency_token == full.consistency_token
+    assert {**now.stats, "elapsed_ms": 0} == {**full.stats, "elapsed_ms": 0}
+
+
 def test_a_point_answer_given_at_once_is_the_one_execute_gives(fresh) -> None:
     """local_point (the loop server's) answers only what execute has planned and this node reads
     itself, and then as execute does: rows, schema, token, stats (but the time), metrics."""
     world = fresh(("me", "n2"))
     engine = world.cluster.engine("me")
     sql = "SELECT player, best AS b FROM players WHERE player = ?"
-    local = next(f"p{i:04d}" for i in range(120) if key_partition(f"p{i:04d}") == 0)
-    far = next(f"p{i:04d}" for i in range(120) if key_partition(f"p{i:04d}") == 1)
-    missing = next(f"none{i}" for i in range(120) if key_partition(f"none{i}") == 0)
+    local, far = key_in(0), key_in(1)
     assert engine.local_point(SqlRequest(sql, [local])) is None  # not planned yet: execute plans it
-    for key in (local, missing):
+    for key in (local, key_in(0, "none")):
         _, full = run(engine, sql, [key])
-        now = engine.local_point(SqlRequest(sql, [key]))
-        assert now is not None and now.schema == full.schema and now.rows == full.rows
-        assert now.consistency_token == full.consistency_token
-        assert {**now.stats, "elapsed_ms": 0} == {**full.stats, "elapsed_ms": 0}
+        assert_as_executed(engine.local_point(SqlRequest(sql, [key])), full)
     assert engine.local_point(SqlRequest(sql, [far])) is None  # n2's partition
     assert engine.local_point(SqlRequest(sql, [local], consistency_token=full.consistency_token)) is None
     assert engine.local_point(SqlRequest(sql, [local, 1])) is None  # not its parameters
     assert engine.local_point(SqlRequest("SELECT COUNT(*) FROM players", [])) is None
+
+
+def test_a_routed_point_read_on_an_event_loop_answers_as_execute(fresh) -> None:
+    """routed_point (the loop server's, for a key another node owns) reads the owner's entry on
+    an event loop and answers as execute does: rows, schema, token, stats (but the time); only
+    for what execute has planned, another node owns, and asks for no token; None when the owner
+    cannot answer so (then execute takes its general path)."""
+    world = fresh(("me", "n2"))
+    engine = world.cluster.engine("me")
+    n2 = world.cluster.nodes["n2"]
+    sql = "SELECT player, best AS b FROM players WHERE player = ?"
+    local, far = key_in(0), key_in(1)
+    assert engine.routed_point(SqlRequest(sql, [far])) is None  # not planned yet: execute plans it
+    for key in (far, key_in(1, "none")):
+        _, full = run(engine, sql, [key])
+        world.cluster.forget()
+        routed = engine.routed_point(SqlRequest(sql, [key]))
+        assert routed is not None and n2.point_reads == []  # read when awaited, not before
+        assert_as_executed(asyncio.run(routed.answer()), full)
+        assert n2.point_reads == [("players", 1)] and world.cluster.requests() == []
+    assert engine.routed_point(SqlRequest(sql, [local])) is None  # this node's own partition
+    assert engine.routed_point(SqlRequest(sql, [far], consistency_token=full.consistency_token)) is None
+    assert engine.routed_point(SqlRequest("SELECT COUNT(*) FROM players", [])) is None
+    n2.materializer.shards.pop(("players", 1))  # n2 no longer holds it, though the view says so
+    routed = engine.routed_point(SqlRequest(sql, [far]))
+    assert routed is not None and asyncio.run(routed.answer()) is None
 
 
 def test_a_point_lookup_this_node_cannot_read_in_process_goes_to_the_owner(fresh) -> None:

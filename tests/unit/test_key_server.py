@@ -1,18 +1,23 @@
 """The point lookup's node-to-node call over real sockets: the node's KeyServer and the
-caller's KeyClient, and the framing between them."""
+caller's KeyClient (a thread's) and AsyncKeyClient (an event loop's), and the framing between
+them."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import threading
-from typing import Iterator
+import time
+from typing import Any, Awaitable, Callable, Iterator
 
 import pyarrow as pa
 import pytest
+import uvloop
 
 from federator.dispatch.client import NodeCallError
 from federator.dispatch.key_client import CallClient, CallUnavailable, KeyClient
+from federator.dispatch.key_client_async import AsyncKeyClient
 from federator.node.key_server import KeyServer
 from federator.query.position import Position, PositionBound
 from federator.query import wire
@@ -20,6 +25,7 @@ from federator.query.queries import RangeQuery
 from federator.query.request import StateQueryRequest
 from federator.query.result import QueryResult
 from federator.store.layer import StoredEntry
+from federator.tls import Tls
 
 TOPIC = "app-s-changelog"
 AT = Position.of(TOPIC, 3, 41)
@@ -215,3 +221,147 @@ def test_calls_sent_to_several_nodes_are_read_after_and_an_abandoned_one_is_not_
     finally:
         for s in servers:
             s.stop()
+
+
+# ---- the event loop's client of the port (the loop server's routed point reads) ---------------
+def on_loop(make: Callable[[], Awaitable[Any]]) -> Any:
+    """``make()`` awaited on a uvloop event loop, as the loop server runs."""
+    return uvloop.run(make())
+
+
+def test_the_loops_client_answers_as_the_threads_client(server: KeyServer, owner: Owner) -> None:
+    async def reads() -> list:
+        client = AsyncKeyClient(endpoint(server))
+        out = [await client.read_key("s", TOPIC, 3, key, at, 5)
+               for key, at in ((b"k\x00\xff", None), (b"", None), (b"big", None), (b"nope", None), (b"k\x00\xff", 41))]
+        out += [await client.read_key("s", TOPIC, 5, b"k", None, 5),  # not a partition it holds so
+                await client.read_key("other", TOPIC, 3, b"k", None, 5),  # not a store it knows
+                await client.read_key("s", TOPIC, 3, b"k\x00\xff", 42, 5)]  # behind the token
+        owner.fail = True
+        out.append(await client.read_key("s", TOPIC, 3, b"k\x00\xff", None, 5))
+        owner.fail = False
+        out.append(await client.read_key("s", TOPIC, 3, b"", None, 5))
+        return out
+
+    assert on_loop(reads) == [StoredEntry(b"stored-bytes", AT), StoredEntry(b"empty key", AT),
+                              StoredEntry(owner.data[b"big"], AT), StoredEntry(None, AT),
+                              StoredEntry(b"stored-bytes", AT), None, None, None, None, StoredEntry(b"empty key", AT)]
+    assert owner.asked[6][3] == PositionBound.at(Position.of(TOPIC, 3, 42))
+    assert len(owner.asked) == 9  # each asked once (but of the store it does not know), on one connection
+    assert len(server._connections) <= 1
+
+
+def test_the_loops_requests_share_kept_connections_up_to_a_cap(owner: Owner) -> None:
+    slow = threading.Event()
+    read = owner.read_local
+
+    def held(*args: Any) -> StoredEntry | None:
+        slow.wait(5)  # every read waits until all have been sent
+        return read(*args)
+
+    owner.read_local = held  # type: ignore[method-assign]
+    server = serving(owner)
+
+    async def many() -> tuple[list, int, int]:
+        client = AsyncKeyClient(endpoint(server), most=3)
+        tasks = [asyncio.ensure_future(client.read_key("s", TOPIC, 3, b"", None, 5)) for _ in range(8)]
+        await asyncio.sleep(0.3)
+        opened = len(server._connections)
+        slow.set()
+        got = await asyncio.gather(*tasks)
+        await client.read_key("s", TOPIC, 3, b"", None, 5)
+        return got, opened, len(server._connections)
+
+    try:
+        got, opened, after = on_loop(many)
+    finally:
+        server.stop()
+    assert got == [StoredEntry(b"empty key", AT)] * 8
+    assert opened == 3 and after == 3  # three at once, kept, and the next request takes one of them
+
+
+def test_the_loops_client_opens_a_connection_the_node_dropped_again(owner: Owner) -> None:
+    first = serving(owner)
+
+    async def reads() -> list:
+        client = AsyncKeyClient(endpoint(first))
+        out = [await client.read_key("s", TOPIC, 3, b"", None, 5)]
+        first.stop()  # ends every connection
+        out.append(await client.read_key("s", TOPIC, 3, b"", None, 5))  # nobody there: the general path
+        again = KeyServer(owner.read_local, owner.topic_of, None, "127.0.0.1", first.port)
+        again.start()
+        try:
+            out.append(await client.read_key("s", TOPIC, 3, b"", None, 5))
+            again.stop()
+            restarted = KeyServer(owner.read_local, owner.topic_of, None, "127.0.0.1", first.port)
+            restarted.start()
+            try:  # the kept connection is closed: the request goes again on a new one
+                out.append(await client.read_key("s", TOPIC, 3, b"", None, 5))
+            finally:
+                restarted.stop()
+        finally:
+            again.stop()
+        return out
+
+    assert on_loop(reads) == [StoredEntry(b"empty key", AT), None, StoredEntry(b"empty key", AT),
+                              StoredEntry(b"empty key", AT)]
+
+
+def test_the_loops_client_gives_up_at_its_timeout_and_reads_no_late_answer_as_the_next(owner: Owner) -> None:
+    read = owner.read_local
+    delays = {b"late": 0.6}
+
+    def slow(store: str, partition: int, key: bytes, bound: PositionBound) -> StoredEntry | None:
+        time.sleep(delays.get(key, 0))
+        return read(store, partition, key, bound)
+
+    owner.read_local = slow  # type: ignore[method-assign]
+    server = serving(owner)
+
+    async def reads() -> tuple[StoredEntry | None, float, StoredEntry | None]:
+        client = AsyncKeyClient(endpoint(server))
+        started = time.monotonic()
+        late = await client.read_key("s", TOPIC, 3, b"late", None, 0.2)
+        took = time.monotonic() - started
+        return late, took, await client.read_key("s", TOPIC, 3, b"k\x00\xff", None, 5)
+
+    try:
+        late, took, next_one = on_loop(reads)
+    finally:
+        server.stop()
+    assert late is None and took < 0.5
+    assert next_one == StoredEntry(b"stored-bytes", AT)  # its own answer, not the late one's
+
+
+def test_the_loops_client_needs_the_secret_and_a_node_that_is_there(owner: Owner, tmp_path) -> None:
+    server = serving(owner, "s3cret")
+
+    async def reads() -> list:
+        return [await AsyncKeyClient(endpoint(server)).read_key("s", TOPIC, 3, b"", None, 5),
+                await AsyncKeyClient(endpoint(server), "wrong").read_key("s", TOPIC, 3, b"", None, 5),
+                await AsyncKeyClient("127.0.0.1:1").read_key("s", TOPIC, 3, b"", None, 5),
+                await AsyncKeyClient(endpoint(server), "s3cret").read_key("s", TOPIC, 3, b"", None, 5)]
+
+    try:
+        assert on_loop(reads) == [None, None, None, StoredEntry(b"empty key", AT)]
+    finally:
+        server.stop()
+
+
+def test_the_loops_client_speaks_tls_and_checks_the_nodes_certificate(owner: Owner, tmp_path) -> None:
+    from tests.certificates import make_certificate
+
+    tls = Tls(*make_certificate(tmp_path))
+    stranger = Tls(*make_certificate(tmp_path, "other"))  # trusts only its own certificate
+    server = KeyServer(owner.read_local, owner.topic_of, "s", "127.0.0.1", 0, tls)
+    server.start()
+
+    async def reads() -> list:
+        return [await AsyncKeyClient(endpoint(server), "s", tls).read_key("s", TOPIC, 3, b"", None, 5),
+                await AsyncKeyClient(endpoint(server), "s", stranger).read_key("s", TOPIC, 3, b"", None, 5),
+                await AsyncKeyClient(endpoint(server), "s").read_key("s", TOPIC, 3, b"", None, 2)]
+
+    try:
+        assert on_loop(reads) == [StoredEntry(b"empty key", AT), None, None]
+    finally:
+        server.stop()

@@ -5,6 +5,7 @@ Flask routes give them."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import socket
@@ -21,6 +22,7 @@ from federator.http import create_app
 from federator.http.formats import failure_at_end
 from federator.http.loop_answers import LoopAnswers
 from federator.http.loop_server import LoopServer
+from federator.metrics import Metrics
 from federator.sql import limits
 from federator.sql.limits import Admission, Limits
 from federator.sql.result import SqlRequest, SqlResult
@@ -45,6 +47,10 @@ class PointNode(FakeSqlNode):
 
     def sql(self, request: SqlRequest) -> SqlResult:
         self.requests.append(request)
+        return self.point(request)
+
+    @staticmethod
+    def point(request: SqlRequest) -> SqlResult:
         key = request.parameters[0] if request.parameters else "alice"
         stats = {"partitions_queried": 1, "nodes": 1, "rows": 1, "elapsed_ms": 0.25}
         return SqlResult(LOOKUP_SCHEMA, iter([]), "tok-p", stats, rows=[(key, 120, b"\x89PNG", 1_700_000_000_000)])
@@ -56,6 +62,49 @@ class PointNode(FakeSqlNode):
     def lookup_now(self, store: str, key: str) -> SqlResult | None:
         self.asked_at_once.append(key)
         return None if key == "far" else self.lookup(store, key)
+
+
+class RoutingNode(PointNode):
+    """A PointNode that reads a "far" key from its owner on the loop (``delay`` seconds later),
+    and a "gone" one not (its owner cannot answer so: then its threads answer). ``routed``: the
+    keys read so, ``let_go``: those whose read stopped before its end."""
+
+    def __init__(self, delay: float = 0.0) -> None:
+        super().__init__()
+        self.delay = delay
+        self.routed: list[str] = []
+        self.let_go: list[str] = []
+        self.metrics = Metrics()
+
+    def answer_now(self, request: SqlRequest) -> SqlResult | None:  # ``requests``: only what threads were asked
+        self.asked_at_once.append(request)
+        return None if request.parameters in (["far"], ["gone"]) else self.point(request)
+
+    def lookup_now(self, store: str, key: str) -> SqlResult | None:
+        return None if key == "gone" else super().lookup_now(store, key)
+
+    def routed_now(self, request: SqlRequest) -> Routed | None:
+        key = request.parameters[0] if request.parameters else None
+        return Routed(self, key, lambda: self.point(request)) if key in ("far", "gone") else None
+
+    def lookup_routed(self, store: str, key: str) -> Routed | None:
+        return Routed(self, key, lambda: self.lookup(store, key)) if key in ("far", "gone") else None
+
+
+class Routed:
+    """SqlEngine.routed_point's answer, as RoutingNode plays it."""
+
+    def __init__(self, node: RoutingNode, key: str, result: Any) -> None:
+        self.node, self.key, self.result = node, key, result
+
+    async def answer(self) -> SqlResult | None:
+        self.node.routed.append(self.key)
+        try:
+            await asyncio.sleep(self.node.delay)
+        except asyncio.CancelledError:
+            self.node.let_go.append(self.key)
+            raise
+        return None if self.key == "gone" else self.result()
 
 
 def echo(environ: dict[str, Any], start_response: Any) -> Any:
@@ -368,3 +417,53 @@ def test_a_busy_node_hands_point_queries_to_its_threads() -> None:
         slot.release()
     assert status == 200 and json.loads(body)["stats"]["queued_ms"] > 0  # it waited on a thread, not the loop
     assert node.asked_at_once == []
+
+
+# ---- point reads of another node's keys, awaited on the loop ---------------------------------
+
+def routed_sql(key: str) -> bytes:
+    return post("/v1/sql", json.dumps({"sql": "SELECT * FROM scores WHERE player = ?", "parameters": [key]}).encode())
+
+
+def test_routed_answers_given_on_the_loop_are_byte_for_byte_the_routes() -> None:
+    requests = [routed_sql("far"), routed_sql("gone"), get("/v1/stores/scores/keys/far"),
+                get("/v1/stores/scores/keys/gone"), post("/v1/sql", SQL)]
+    on_loop, on_threads = RoutingNode(), RoutingNode()
+    assert answers_of(on_loop, requests, True) == answers_of(on_threads, requests, False)
+    assert on_loop.routed == ["far", "gone", "far", "gone"] and on_threads.routed == []
+    # a read the owner could not answer went on to the routes, and only that one
+    assert [r.parameters for r in on_loop.requests] == [["gone"]]
+    counted = {(route, answered): on_loop.metrics.registry.get_sample_value(
+        "federator_loop_server_requests_total", {"route": route, "answered": answered})
+        for route in ("sql", "lookup") for answered in ("at_once", "from_owner", "threads")}
+    assert counted == {("sql", "at_once"): 1, ("sql", "from_owner"): 1, ("sql", "threads"): 1,
+                       ("lookup", "at_once"): None, ("lookup", "from_owner"): 1, ("lookup", "threads"): 1}
+
+
+def test_pipelined_requests_wait_in_order_for_an_answer_read_from_another_node() -> None:
+    node = RoutingNode(delay=0.3)
+    with serving(create_app(node, REGISTRY), LoopAnswers(node)) as s:
+        conn = Conn(s.port)
+        # the read from another node is waited for on the loop; the local read and a thread's
+        # answer come after it all the same
+        conn.send(routed_sql("far") + post("/v1/sql", SQL) + get("/healthz") + routed_sql("gone"))
+        got = [json.loads(conn.answer()[2]) for _ in range(4)]
+    assert [g["rows"][0][0] for g in got[:2]] == ["far", "alice"]
+    assert got[2]["status"] == "up" and got[3]["rows"][0][0] == "gone"
+    assert node.routed == ["far", "gone"] and [r.parameters for r in node.requests] == [["gone"]]
+
+
+def test_a_read_waiting_for_another_node_holds_no_query_slot_and_is_let_go_when_its_client_goes() -> None:
+    node = RoutingNode(delay=30)  # the node has one query slot
+    with serving(create_app(node, REGISTRY), LoopAnswers(node)) as s:
+        gone = Conn(s.port)
+        gone.send(routed_sql("far"))
+        time.sleep(0.3)
+        assert node.routed == ["far"] and node.let_go == []
+        conn = Conn(s.port)  # meanwhile a local read is answered on the loop: the slot is free
+        conn.send(post("/v1/sql", SQL))
+        status, _, body = conn.answer()
+        assert status == 200 and json.loads(body)["rows"][0][0] == "alice" and node.requests == []
+        gone.close()
+        time.sleep(0.3)
+    assert node.let_go == ["far"]
