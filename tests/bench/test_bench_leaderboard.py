@@ -874,6 +874,7 @@ def assert_answers_right(runs: list[ScopeRun], wrong: list[str]) -> None:
     assert not wrong, wrong
 
 
+@pytest.mark.apache_kafka(long=True)  # tansu by default; FEDERATOR_APACHE_KAFKA=only: on Apache Kafka
 @pytest.mark.timeout(3600)
 def test_the_leaderboard_while_games_end(broker, redis_server, report: Report, tmp_path_factory) -> None:
     """The issue's table: top-10 and a player's rank with no writes and while 1,000 new scores a
