@@ -65,7 +65,7 @@ from tests.bench.loadgen import Conn, LoadResult, cpu_seconds, http_request, run
 from tests.bench.test_bench_global_store import SETTLE_SECONDS
 from tests.bench.test_bench_join import status_kb
 from tests.bench.wrk import WrkResult, read_answers, run_wrk, wrk_binary
-from tests.conftest import free_port
+from tests.conftest import TANSU_BOOTSTRAPS, free_port
 from tests.integration.changelog_util import produce, register
 from tests.integration.cluster import Cluster, NodeProcess, wait_for
 
@@ -801,11 +801,12 @@ def redis_games_rows(port: int, pid: int, players: int) -> tuple[list[str], list
     return lines, wrong_answers
 
 
-def report_games(report: Report, runs: list[ScopeRun], redis_lines: list[str], load_before: float) -> None:
+def report_games(report: Report, runs: list[ScopeRun], redis_lines: list[str], load_before: float,
+                 broker: str) -> None:
     players = runs[0].players
     rows = [row for run in runs for row in run.rows]
     report.section(f"The leaderboard while games end ({players:,} players, 8 partitions, 3 nodes on "
-                   f"{SERVER or NodeSettings.server}, {CLIENTS} clients to n0 unless said)", [
+                   f"{SERVER or NodeSettings.server}, {broker}, {CLIENTS} clients to n0 unless said)", [
         f"Each node keeps the `leaderboard` store (the leaderboard plugin's type, player -> total_score) "
         f"{' and, in the partitioned rows, '.join(run.scope for run in runs[:2])}; {players:,} players' totals "
         f"produced first. A producer ends games at the rate named: each raises a random player's total by "
@@ -866,6 +867,10 @@ def report_games(report: Report, runs: list[ScopeRun], redis_lines: list[str], l
                           ryw.shown == len(ryw.latencies) and ryw.pct_ms(0.5) <= T_RYW_P50_MS)
 
 
+def broker_label(broker) -> str:
+    return "tansu" if broker.bootstrap_servers in TANSU_BOOTSTRAPS else "Apache Kafka"
+
+
 def assert_answers_right(runs: list[ScopeRun], wrong: list[str]) -> None:
     wrong = wrong + [f"{r.scope} {r.query} at {r.rate}/s: {len(r.wrong)} wrong: {'; '.join(r.wrong[:3])}"
                      for run in runs for r in run.rows if r.wrong]
@@ -888,7 +893,7 @@ def test_the_leaderboard_while_games_end(broker, redis_server, report: Report, t
     load_before = os.getloadavg()[0]
     runs = [measure_scope(broker, board, scope, root / scope, idle_mb, RYW_WRITES) for scope in SCOPES]
     redis_lines, redis_wrong = redis_games_rows(port, redis_proc.pid, PLAYERS)
-    report_games(report, runs, redis_lines, load_before)
+    report_games(report, runs, redis_lines, load_before, broker_label(broker))
     assert_answers_right(runs, redis_wrong)
 
 
@@ -902,5 +907,5 @@ def test_the_leaderboard_of_a_million_players_while_games_end(broker, report: Re
     board = Board(broker, BIG_PLAYERS)
     load_before = os.getloadavg()[0]
     runs = [measure_scope(broker, board, "global", root / "global", idle_mb, BIG_RYW_WRITES)]
-    report_games(report, runs, [], load_before)
+    report_games(report, runs, [], load_before, broker_label(broker))
     assert_answers_right(runs, [])
