@@ -38,14 +38,14 @@ from federator.partitioner import partition_for
 from federator.plugin.loader import PluginsFailed
 from federator.plugin.registry import Registry
 from federator.query.position import Position, PositionBound
-from federator.query.queries import KeyQuery, RangeQuery
+from federator.query.queries import KeyQuery, Query, RangeQuery
 from federator.errors import FederatorError, SqlError, as_error
 from federator.owner import keyjoin
 from federator.owner.duck import Duck, DuckConfig
 from federator.owner.keyjoin import LEFT, RIGHT
 from federator.owner.work import followed_answer, owners_sql
 from federator.store.layer import LocalKeyQuery, StoredEntry
-from federator.store.together import answer_together, together_refused
+from federator.store.together import answer_together, together_refused, unchanged_since
 from federator.store.types import TogetherHandler
 from federator.store.metered import Meter, count
 from federator.store.shard_answers import DEFAULT_PER_SHARD, ShardAnswers
@@ -545,6 +545,20 @@ class Node:
         """Whether this node's copy of the partition answers a read now, as the current copy
         (``require_active``: a read that may not be stale) or as any caught-up one."""
         return self._copy_for(store, self.stores.get(store), partition, require_active)[0] is not None
+
+    def unchanged_since(self, store: str, query: Query, since: Position) -> bool:
+        """Whether a global store's ``query`` answers now, from this node's current copies,
+        what it answered at the offsets ``since`` names; False when its store type cannot
+        tell, or a copy is not current."""
+        defn = self.stores.get(store)
+        follower = defn.store_type.together_followers.get(type(query)) if defn is not None and defn.is_global else None
+        if follower is None:
+            return False
+        hosted = [self._copy_for(store, defn, p, True)[0] for p in range(defn.partitions)]
+        if any(hs is None for hs in hosted):
+            return False
+        offsets = [-1 if (o := since.get(defn.topic, p)) is None else o for p in range(defn.partitions)]
+        return unchanged_since([hs.shard.base for hs in hosted], query, offsets, follower)  # type: ignore[union-attr]
 
     def _copy_for(self, store: str, defn: StoreDefinition | None, p: int,
                   require_active: bool) -> tuple[HostedShard, None] | tuple[None, QueryResult]:

@@ -12,7 +12,8 @@ from federator.catalog.definition import StoreDefinition
 from federator.cluster.membership import ClusterView
 from federator.metrics import Metrics
 from federator.owner.duck import Duck
-from federator.query.position import PositionBound
+from federator.query.position import Position, PositionBound
+from federator.query.queries import Query
 from federator.query.request import StateQueryRequest
 from federator.query.result import QueryResult
 from federator.store.layer import StoredEntry
@@ -96,6 +97,10 @@ class ServingNode(Protocol):
     def answers_now(self, store: str, partition: int, require_active: bool) -> bool:
         """Whether this node's copy of the partition answers a read now (``require_active``: as
         the current copy)."""
+        ...
+
+    def unchanged_since(self, store: str, query: Query, since: Position) -> bool:
+        """Whether a global store's ``query`` answers now what it answered at ``since``."""
         ...
 
     def wait_applied(self, store: str, offsets: dict[int, int], deadline: float) -> None:

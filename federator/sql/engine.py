@@ -126,6 +126,9 @@ class SqlEngine:
         # Kept with the plan it answers: a store defined again over the same changelog (the
         # same positions) is planned again, and its kept answers are not that plan's.
         self._statement_answers: OrderedDict[tuple, _KeptAnswer] = OrderedDict()
+        # plan key -> the answer last kept at watched positions: what may follow writes that do
+        # not reach it (``_followed``)
+        self._latest_answers: OrderedDict[tuple, _KeptAnswer] = OrderedDict()
         self._statement_answers_lock = threading.Lock()
         # How long an answer is reused while positions stay the same. A position names a state
         # only while its changelog lives: a topic deleted and created again (a broker restarted
@@ -227,10 +230,7 @@ class SqlEngine:
         stats: dict[str, Any] = {"partitions_queried": 0, "nodes": 0, "rows": 0, "elapsed_ms": 0.0}
         options = ReadOptions(PositionBound.unbounded(), False, req.max_lag, time.monotonic() + req.timeout_ms / 1000)
         watch = self._watched(plan, req, options)[1]
-        kept = self._kept_answer(watch.key, plan) if watch is not None else None
-        if kept is None or not kept.small():
-            return None
-        reused = self._reused(plan, watch, Position(), stats) if watch is not None else None
+        reused = self._reused(plan, watch, Position(), stats, small=True) if watch is not None else None
         if reused is None:
             return None
         if isinstance(reused[0], Rows):
@@ -411,12 +411,17 @@ class SqlEngine:
         watch = self._watch(plan, plan_key, options) if plan_key is not None and not options.allow_stale else None
         return plan_key, watch
 
-    def _reused(self, plan: QueryPlan, watch: _Watch, position: Position,
-                stats: dict[str, Any]) -> tuple[tuple[pa.Schema, Iterator[pa.RecordBatch]], Position] | None:
+    def _reused(self, plan: QueryPlan, watch: _Watch, position: Position, stats: dict[str, Any],
+                small: bool = False) -> tuple[Answer, Position] | None:
         """The answer kept for ``plan`` at the watched positions (no owner asked), and its
-        position; None when there is none."""
+        position; None when there is none (``small``: none small enough for the event loop)."""
         kept = self._kept_answer(watch.key, plan)
         if kept is None:
+            kept = self._followed(plan, watch)
+            if kept is None:
+                return None
+            stats["answer_followed_writes"] = True
+        if small and not kept.small():
             return None
         stats.update(answer_reused=True, partitions_queried=0, nodes=0)
         if any(ref.joined is not None for ref in plan.refs):
@@ -528,6 +533,29 @@ class SqlEngine:
             self._statement_answers[key] = kept
             while len(self._statement_answers) > self._statement_answers_max:
                 self._statement_answers.popitem(last=False)
+            if key[1] == "watched" and kept.at is not None:
+                self._latest_answers[key[0]] = kept
+                self._latest_answers.move_to_end(key[0])
+                while len(self._latest_answers) > self._statement_answers_max:
+                    self._latest_answers.popitem(last=False)
+
+    def _followed(self, plan: QueryPlan, watch: _Watch) -> _KeptAnswer | None:
+        """The answer last kept for ``plan`` at earlier positions, when its stores' types say no
+        write since changed it (a top-10 that no new score reached): kept again at the watched
+        positions, whose answer it is, so its token names them."""
+        if not _followable(plan):
+            return None
+        with self._statement_answers_lock:
+            latest = self._latest_answers.get(watch.key[0])
+        if latest is None or latest.at is None or latest.identity is not plan.identity \
+                or time.monotonic() - latest.when > self._reuse_seconds:
+            return None
+        if not all(self.node.unchanged_since(ref.store.name, sq.query, latest.at)
+                   for ref in plan.refs for sq in ref.subqueries):
+            return None
+        moved = latest._replace(at=watch.known.at)
+        self._keep_answer(watch.key, moved)
+        return moved
 
     def _plan(self, stmt: Statement, req: SqlRequest, deadline: float, copartitioned: bool = True) -> QueryPlan:
         plan_key = None if stmt.explain or not copartitioned else _plan_key(req)
@@ -699,6 +727,15 @@ def _small_and_together(plan: QueryPlan) -> bool:
         if ref.combine is None and not few:
             return False
     return True
+
+
+def _followable(plan: QueryPlan) -> bool:
+    """Whether ``plan`` reads only global stores, with queries whose store type can tell that
+    writes left their answer as it was, and nothing besides them (no rule's rows)."""
+    return bool(plan.refs) and not plan.local and all(
+        ref.store.is_global and ref.combine is None and ref.work.sql is None and ref.joined is None
+        and all(type(sq.query) in ref.store.store_type.together_followers for sq in ref.subqueries)
+        for ref in plan.refs)
 
 
 def _finished(table: pa.Table | PointAnswer | Rows, position: Position, stats: dict[str, Any],

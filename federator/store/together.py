@@ -10,7 +10,7 @@ from federator.query.queries import Query
 from federator.query.result import QueryResult
 from federator.store.layer import answer, unmet_bound
 from federator.store.shard import Shard, read_together
-from federator.store.types import TogetherHandler
+from federator.store.types import TogetherFollower, TogetherHandler
 
 
 def answer_together(shards: list[Shard], query: Query, bound: PositionBound,
@@ -41,3 +41,9 @@ def together_refused(partition: int, why: QueryResult) -> QueryResult:
     assert why.failure is not None, "only a failure refuses the others"
     return QueryResult.failed(partition, why.failure,
                               f"read together with partition {why.partition}, which failed: {why.message}", why.code)
+
+
+def unchanged_since(shards: list[Shard], query: Query, since: list[int], follower: TogetherFollower) -> bool:
+    """Whether ``query`` answers now, from every partition read in one state, what it answered
+    when each was at its offset in ``since`` (``follower``: the store type's judge)."""
+    return read_together(shards, lambda views: follower(views, query, since))[0]

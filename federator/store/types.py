@@ -29,7 +29,9 @@ Handler = Callable[["ShardView", Query], pa.RecordBatch]
 # on the node asked: one step where a partition at a time would take rounds. Its answer never
 # leaves the node, so a few rows may stay Python values (Rows) until a format needs Arrow.
 TogetherHandler = Callable[[list["ShardView"], Query], "pa.RecordBatch | Rows"]
-
+# Whether a together query's answer now is the one it gave when each partition was at the
+# offset given: what lets a statement's kept answer follow writes that do not reach it.
+TogetherFollower = Callable[[list["ShardView"], Query, list[int]], bool]
 
 
 def stored_value(record: ChangelogRecord) -> bytes:
@@ -44,6 +46,8 @@ class StoreType:
     handlers: ClassVar[dict[type[Query], Handler]] = {}
     # Queries a global store answers over all its partitions at once (TogetherHandler).
     together_handlers: ClassVar[dict[type[Query], TogetherHandler]] = {}
+    # For some of those, whether their answer stayed the same across writes (TogetherFollower).
+    together_followers: ClassVar[dict[type[Query], TogetherFollower]] = {}
     # How writers lay out changelog records: "kv", "window" or "session" (federator.store.layout).
     changelog_layout: ClassVar[str] = "kv"
     # Extra RocksDB column families in each shard (say, an index), written in the same

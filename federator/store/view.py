@@ -19,13 +19,15 @@ class ShardView:
     """What store types read and write through: point gets and bounded scans of one shard,
     in its default column family or one the store type declared."""
 
-    __slots__ = ("definition", "schema", "partition", "memory", "_db", "_families", "_bounds", "_keep")
+    __slots__ = ("definition", "schema", "partition", "memory", "offset", "_db", "_families", "_bounds", "_keep")
 
     def __init__(self, definition: StoreDefinition, schema: pa.Schema, partition: int, db: Rdict,
                  families: dict[str, tuple[Rdict, Any]] | None = None,
-                 keep: Callable[[str, Callable[[], Any]], Any] | None = None, memory: Any = None) -> None:
+                 keep: Callable[[str, Callable[[], Any]], Any] | None = None, memory: Any = None,
+                 offset: int | None = None) -> None:
         self.definition = definition
         self.memory = memory  # what the store type keeps of the shard in memory (StoreType.memory)
+        self.offset = offset  # the shard's last applied offset when the view was made (None: none yet)
         self.schema = schema
         self.partition = partition
         self._db = db

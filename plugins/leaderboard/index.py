@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import struct
 import threading
+from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
@@ -135,23 +136,54 @@ def around(entries: SortedList, score: int, above: int, below: int, descending: 
     return _down(entries, lo, above), _up(entries, hi, below)
 
 
+LOGGED_BATCHES = 4096  # the batches whose reach an index remembers (``touched_since``)
+
+
 class ScoreIndex:
     """A shard's index, in memory. Readers take ``lock`` for the few bisects they make: a
     write moves entries between SortedList's sublists, and a read in between could see
-    neither place (the shard's sequence lock then discards what it read, but it may raise)."""
+    neither place (the shard's sequence lock then discards what it read, but it may raise).
 
-    def __init__(self, entries: Iterable[bytes] = ()) -> None:
+    It also remembers, for its last LOGGED_BATCHES batches, the lowest and highest entry each
+    removed or added: so a top-k kept from an earlier offset is known to be the top-k now when
+    no write since reached it (``touched_since``)."""
+
+    def __init__(self, entries: Iterable[bytes] = (), offset: int | None = None) -> None:
         self.entries = SortedList(entries)
         self.lock = threading.Lock()
+        self._floor = -1 if offset is None else offset  # the log holds every change after this offset
+        self._log: deque[tuple[int, bytes, bytes]] = deque()  # (the batch's last offset, lowest, highest)
 
     def __len__(self) -> int:
         return len(self.entries)
 
-    def change(self, removed: list[bytes], added: list[bytes]) -> Callable[[], None]:
-        """The change a batch makes, to run once the batch is written (StoreType.apply)."""
+    def change(self, removed: list[bytes], added: list[bytes], through: int) -> Callable[[], None]:
+        """The change a batch through offset ``through`` makes, to run once the batch is
+        written (StoreType.apply)."""
+        touched = removed + added
+
         def run() -> None:
             with self.lock:
                 for e in removed:
                     self.entries.remove(e)
                 self.entries.update(added)
+                if touched:
+                    self._log.append((through, min(touched), max(touched)))
+                    if len(self._log) > LOGGED_BATCHES:
+                        self._floor = self._log.popleft()[0]
         return run
+
+    def touched_since(self, offset: int) -> tuple[bytes, bytes] | tuple[None, None] | None:
+        """The lowest and highest entry removed or added by the batches after ``offset``
+        ((None, None): none); None when the index does not remember that far back (it was
+        built after it, or forgot)."""
+        with self.lock:
+            if offset < self._floor:
+                return None
+            lo = hi = None
+            for through, low, high in reversed(self._log):
+                if through <= offset:
+                    break
+                lo = low if lo is None else min(lo, low)
+                hi = high if hi is None else max(hi, high)
+            return (lo, hi) if lo is not None else (None, None)

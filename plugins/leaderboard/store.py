@@ -89,13 +89,37 @@ def top_k(view: ShardView, q: TopKQuery) -> pa.RecordBatch:
 def top_k_together(views: list[ShardView], q: TopKQuery) -> Rows:
     """A global leaderboard's k best rows (with the ties at the cut) over every partition:
     each partition's best, merged and cut as one index would be."""
+    merged, lo, hi = _merged_top(views, q)
+    return Rows(views[0].schema, _python_rows(views, list(merged.islice(lo, hi, reverse=q.descending))))
+
+
+def _merged_top(views: list[ShardView], q: TopKQuery) -> tuple[SortedList, int, int]:
+    """Each partition's best entries merged, and the positions [lo, hi) of the k best of all
+    of them, cut as one index would be."""
     picked: list[bytes] = []
     for view in views:
         picked += _entries(view, lambda entries: top(entries, q.k, q.descending, q.distinct), q.descending)[0]
     merged = SortedList(picked)
-    lo, hi = top(merged, q.k, q.descending, q.distinct)
-    picked = list(merged.islice(lo, hi, reverse=q.descending))
-    return Rows(views[0].schema, _python_rows(views, picked))
+    return (merged, *top(merged, q.k, q.descending, q.distinct))
+
+
+def top_k_unchanged(views: list[ShardView], q: TopKQuery, since: list[int]) -> bool:
+    """Whether ``top_k_together`` answers now what it answered when each partition was at its
+    offset in ``since``: no write since reached the k-th best score now (the rows tied with it
+    included), and the k best are k (with fewer, any write may join them)."""
+    merged, lo, hi = _merged_top(views, q)
+    held = len({score_of(e) for e in merged.islice(lo, hi)}) if q.distinct else hi - lo
+    cut = score_of(merged[lo] if q.descending else merged[hi - 1]) if held else None  # the worst score held
+    for view, offset in zip(views, since):
+        touched = _index(view).touched_since(offset)
+        if touched is None:
+            return False
+        low, high = touched
+        if low is None:
+            continue
+        if cut is None or held < q.k or (score_of(high) >= cut if q.descending else score_of(low) <= cut):
+            return False
+    return True
 
 
 def _python_rows(views: list[ShardView], entries: list[bytes]) -> list[tuple]:
@@ -285,6 +309,7 @@ class LeaderboardStoreType(KeyValueStoreType):
     column_families = (INDEX,)
     handlers = {**KeyValueStoreType.handlers, TopKQuery: top_k, RankQuery: rank, AroundQuery: around_rows}
     together_handlers = {PlayerRanksQuery: player_ranks, TopKQuery: top_k_together, RanksAroundQuery: ranks_around}
+    together_followers = {TopKQuery: top_k_unchanged}
 
     def validate(self, defn: StoreDefinition) -> None:
         if defn.value_format not in SCORE_FORMATS:
@@ -296,18 +321,20 @@ class LeaderboardStoreType(KeyValueStoreType):
     def memory(self, shard: ShardView) -> ScoreIndex:
         """The order-statistics index, read from the by_score column family."""
         order = key_order(shard.definition.key_format)
-        return ScoreIndex(e[:8] + order(e[8:]) for e, _ in shard.scan(family=INDEX, fill_cache=False))
+        return ScoreIndex((e[:8] + order(e[8:]) for e, _ in shard.scan(family=INDEX, fill_cache=False)), shard.offset)
 
     def apply(self, wb: WriteBatch, records: Iterable[ChangelogRecord], shard: ShardView) -> Callable[[], None]:
         defn = shard.definition
         fmt, value_fmt, index = defn.value_format, defn.value, shard.handle(INDEX)
         before_batch: dict[bytes, bytes | None] = {}  # key -> stored before this batch
         latest: dict[bytes, bytes | None] = {}  # what this batch has written so far, key -> stored
+        through = -1
 
         def score_of_stored(stored: bytes) -> bytes:
             return sortable(fmt, value_fmt.deserialize(stored[8:]))
 
         for r in records:
+            through = r.offset
             if r.key in latest:
                 old = latest[r.key]
             else:
@@ -325,4 +352,4 @@ class LeaderboardStoreType(KeyValueStoreType):
         order = key_order(defn.key_format)
         removed = [score_of_stored(v) + order(k) for k, v in before_batch.items() if v is not None]
         added = [score_of_stored(v) + order(k) for k, v in latest.items() if v is not None]
-        return shard.memory.change(removed, added)
+        return shard.memory.change(removed, added, through)

@@ -7,6 +7,7 @@ the rest answers as a node that hosts nothing and has read its catalog.
 from __future__ import annotations
 
 from functools import cached_property
+from typing import Any
 
 from federator.catalog.definition import StoreDefinition
 from federator.cluster.membership import ClusterView
@@ -53,6 +54,9 @@ class FakeNode:
         return None
 
     def answers_now(self, store: str, partition: int, require_active: bool) -> bool:
+        return False
+
+    def unchanged_since(self, store: str, query: Any, since: Any) -> bool:
         return False
 
     def wait_applied(self, store: str, offsets: dict[int, int], deadline: float) -> None:

@@ -19,6 +19,7 @@ import pytest
 from federator.catalog import StoreDefinition
 from federator.owner.duck import Duck, DuckConfig
 from federator.partitioner import partition_for
+from federator.query.position import Position
 from federator.sql.result import SqlRequest, SqlResult
 from federator.store import ChangelogRecord, Shard
 from federator.store.metered import Meter
@@ -40,9 +41,12 @@ def _board(name: str, is_global: bool) -> StoreDefinition:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory) -> Iterator[MemoryCluster]:
+    yield from _cluster(tmp_path_factory.mktemp("at-once"))
+
+
+def _cluster(root) -> Iterator[MemoryCluster]:
     """One node: the global ``board`` (scores with ties) in RocksDB shards, and ``local``, the
     same type partitioned."""
-    root = tmp_path_factory.mktemp("at-once")
     board, local = _board("board", True), _board("local", False)
     c = MemoryCluster([board, local], Duck(DuckConfig(memory_limit="256MB", spill_dir=root)), ("me",))
     c.nodes["me"].meter = Meter()
@@ -142,3 +146,44 @@ def test_a_global_leaderboards_few_rows_stay_python_values_and_equal_duckdbs(clu
     want = db.execute(sql, params).fetchall()
     assert got.rows is None or got.rows == want
     assert [tuple(r.values()) for r in rows(got)] == want  # and the same when a format asks for Arrow
+
+
+def test_a_kept_top_follows_the_writes_that_do_not_reach_it(tmp_path) -> None:
+    """A new score below the top-5's worst leaves the kept top-5 the answer, now at the new
+    positions (its token says so); one that reaches it does not."""
+    gen = _cluster(tmp_path)
+    cluster = next(gen)
+    engine = cluster.engine()
+    board = cluster.nodes["me"].stores["board"]
+
+    def write(player: str, score: int) -> tuple[int, int]:
+        """(the partition written, its offset now)"""
+        kb = player.encode()
+        p = partition_for(kb, P)
+        shard = cluster.shards[("board", p)]
+        shard.apply([ChangelogRecord(kb, board.value.serialize(score), shard.offset + 1, 1_700_000_000_000)])
+        return p, shard.offset
+
+    top = TOP.replace("DESC", "DESC, player")  # ties broken: one answer
+
+    def truth() -> list[dict]:
+        whole = pa.Table.from_batches(list(engine.execute(SqlRequest("SELECT player, score FROM board")).batches))
+        db = duckdb.connect()
+        db.register("board", whole)
+        return db.sql(top).to_arrow_table().to_pylist()
+
+    try:
+        engine.execute(SqlRequest(top))
+        p, offset = write("p050", -1)  # below every score
+        followed = engine.local_kept(SqlRequest(top))
+        assert followed is not None and followed.stats.get("answer_followed_writes"), followed
+        assert rows(followed) == truth()
+        assert Position.from_token(followed.consistency_token).get(board.topic, p) == offset
+        write("p051", 1_000)  # the new best
+        assert engine.local_kept(SqlRequest(top)) is None
+        fresh = engine.execute(SqlRequest(top))
+        got = rows(fresh)
+        assert not fresh.stats.get("answer_reused") and got[0] == {"player": "p051", "score": 1_000}
+        assert got == truth()
+    finally:
+        gen.close()
