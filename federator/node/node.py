@@ -555,9 +555,10 @@ class Node:
         if follower is None:
             return False
         hosted = [self._copy_for(store, defn, p, True)[0] for p in range(defn.partitions)]
-        if any(hs is None for hs in hosted):
-            return False
         offsets = [-1 if (o := since.get(defn.topic, p)) is None else o for p in range(defn.partitions)]
+        # a copy behind ``since`` is not the one that answered then (a changelog created again)
+        if any(hs is None or _offset(hs) < o for hs, o in zip(hosted, offsets)):
+            return False
         return unchanged_since([hs.shard.base for hs in hosted], query, offsets, follower)  # type: ignore[union-attr]
 
     def _copy_for(self, store: str, defn: StoreDefinition | None, p: int,

@@ -126,9 +126,9 @@ class SqlEngine:
         # Kept with the plan it answers: a store defined again over the same changelog (the
         # same positions) is planned again, and its kept answers are not that plan's.
         self._statement_answers: OrderedDict[tuple, _KeptAnswer] = OrderedDict()
-        # plan key -> the answer last kept at watched positions: what may follow writes that do
-        # not reach it (``_followed``)
-        self._latest_answers: OrderedDict[tuple, _KeptAnswer] = OrderedDict()
+        # plan key -> the answer last kept at watched positions, with the partitions' states it
+        # was kept at: what may follow writes that do not reach it (``_followed``)
+        self._latest_answers: OrderedDict[tuple, tuple[tuple, _KeptAnswer]] = OrderedDict()
         self._statement_answers_lock = threading.Lock()
         # How long an answer is reused while positions stay the same. A position names a state
         # only while its changelog lives: a topic deleted and created again (a broker restarted
@@ -534,7 +534,7 @@ class SqlEngine:
             while len(self._statement_answers) > self._statement_answers_max:
                 self._statement_answers.popitem(last=False)
             if key[1] == "watched" and kept.at is not None:
-                self._latest_answers[key[0]] = kept
+                self._latest_answers[key[0]] = (key[2], kept)
                 self._latest_answers.move_to_end(key[0])
                 while len(self._latest_answers) > self._statement_answers_max:
                     self._latest_answers.popitem(last=False)
@@ -546,9 +546,9 @@ class SqlEngine:
         if not _followable(plan):
             return None
         with self._statement_answers_lock:
-            latest = self._latest_answers.get(watch.key[0])
+            states, latest = self._latest_answers.get(watch.key[0], ((), None))
         if latest is None or latest.at is None or latest.identity is not plan.identity \
-                or time.monotonic() - latest.when > self._reuse_seconds:
+                or time.monotonic() - latest.when > self._reuse_seconds or not _same_epochs(states, watch.known.key):
             return None
         if not all(self.node.unchanged_since(ref.store.name, sq.query, latest.at)
                    for ref in plan.refs for sq in ref.subqueries):
@@ -727,6 +727,13 @@ def _small_and_together(plan: QueryPlan) -> bool:
         if ref.combine is None and not few:
             return False
     return True
+
+
+def _same_epochs(then: tuple, now: tuple) -> bool:
+    """Whether each partition's state (Dispatcher.known_positions: store, partition, whose,
+    (epoch, offset)) is of the same epoch in both: an offset names a state only within one
+    (a copy rebuilt from a changelog created again starts its offsets over)."""
+    return len(then) == len(now) and all(a[:3] == b[:3] and a[3][0] == b[3][0] for a, b in zip(then, now))
 
 
 def _followable(plan: QueryPlan) -> bool:

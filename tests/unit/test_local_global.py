@@ -179,6 +179,13 @@ def test_a_kept_top_follows_the_writes_that_do_not_reach_it(tmp_path) -> None:
         assert followed is not None and followed.stats.get("answer_followed_writes"), followed
         assert rows(followed) == truth()
         assert Position.from_token(followed.consistency_token).get(board.topic, p) == offset
+        materializer = cluster.nodes["me"].materializer
+        materializer.epoch += 1  # a copy reset or handed over: offsets name other states
+        write("p052", -2)
+        assert engine.local_kept(SqlRequest(top)) is None
+        assert rows(engine.execute(SqlRequest(top))) == truth()
+        write("p053", -3)
+        assert engine.local_kept(SqlRequest(top)).stats.get("answer_followed_writes")  # from the new epoch on
         write("p051", 1_000)  # the new best
         assert engine.local_kept(SqlRequest(top)) is None
         fresh = engine.execute(SqlRequest(top))
