@@ -328,3 +328,36 @@ def test_a_global_leaderboard_ranks_on_the_node_asked_in_one_read_as_duckdb_does
         for sql in (RANKS[0], RANKS[3], *AROUND):
             status, body = node.sql(sql, consistency_token=token)
             assert status == 200 and [tuple(r) for r in body["rows"]] == board_duck(board["scores"], sql), body
+
+
+def test_a_global_leaderboards_kept_top_follows_the_scores_below_it_on_every_node(g, board, broker) -> None:
+    """A new score below the top-10 leaves each node's kept top-10 the answer, given again at the
+    positions that hold the write (its token says so) with no read; a score that reaches it
+    makes every node compute the top-10 again. Each answer as DuckDB's over the scores then."""
+    top = RANKS[3]
+
+    def asked_twice(token: str) -> list[dict]:
+        """The top-10 from each node: once with ``token``, once without; both answers' stats."""
+        out = []
+        for node in g.nodes:
+            first = wait_for(lambda: (r := node.sql(top, consistency_token=token))[0] == 200 and r, 60,
+                             f"{node.node_id} to apply the write")
+            second = node.sql(top)
+            for status, body in (first, second):
+                assert status == 200 and [tuple(r) for r in body["rows"]] == board_duck(board["scores"], top), body
+                assert Position.from_token(body["consistency_token"]).get(board["defn"].topic, written[0]) >= written[1]
+            out.append({**first[1]["stats"], **second[1]["stats"]})
+        return out
+
+    for node in g.nodes:  # planned, and its answer kept
+        node.sql(top, consistency_token=board["token"].to_token())
+        node.sql(top)
+    worst = min(board["scores"].values())
+    board["scores"]["b98"] = worst - 1
+    position = write_with_token(broker.bootstrap_servers, board["defn"], {"b98": worst - 1})
+    written = next(iter(position.partitions(board["defn"].topic).items()))
+    assert all(stats.get("answer_followed_writes") for stats in asked_twice(position.to_token()))
+    board["scores"]["b99"] = max(board["scores"].values()) + 1
+    position = write_with_token(broker.bootstrap_servers, board["defn"], {"b99": board["scores"]["b99"]})
+    written = next(iter(position.partitions(board["defn"].topic).items()))
+    assert not any(stats.get("answer_followed_writes") for stats in asked_twice(position.to_token()))
