@@ -339,8 +339,8 @@ def top_rows(select: exp.Expression, relation: str) -> TopRows | None:
         if name is None:
             return None
         columns.append((name, item.alias_or_name))
-    outputs = {n for _, n in columns}
-    if len(outputs) != len(columns):
+    source_of = {n: c for c, n in columns}
+    if len(source_of) != len(columns):
         return None
     order: list[tuple[str, bool, bool]] = []
     ordered = select.args.get("order")
@@ -348,9 +348,8 @@ def top_rows(select: exp.Expression, relation: str) -> TopRows | None:
         name = column(o.this)
         if name is None:
             return None
-        # an output alias that is not the same column would sort by something else
-        if name in outputs and (name, name) not in columns:
-            return None
+        if not o.this.table:  # DuckDB binds a bare name to the select list's names first
+            name = source_of.get(name, name)
         desc = bool(o.args.get("desc"))
         nulls_first = o.args.get("nulls_first")
         order.append((name, desc, bool(nulls_first)))

@@ -336,7 +336,7 @@ def _around_plan(select: exp.Select, node: exp.Expression, ranked: Ranking, stor
         player = store.key.coerce(literal(named))
     except (ValueError, TypeError):
         return None
-    remaining = _around_remaining(select, ranked)
+    remaining = _around_remaining(select, ranked, store.is_global)
     if store.is_global:
         return _around_together_plan(player, named, above, below, ranked, store, remaining)
     owner = (partition_for(store.key.serialize(player), store.partitions),)
@@ -386,16 +386,19 @@ def _around_together_plan(player: Any, named: exp.Expression, above: int, below:
                     combine=combine, remaining=remaining, rebind=rebind)
 
 
-def _around_remaining(select: exp.Select, ranked: Ranking) -> exp.Select:
+def _around_remaining(select: exp.Select, ranked: Ranking, in_range: bool) -> exp.Select:
     """``select`` over the rule's rows: the range read from their rank and the player's
-    (``ANCHOR_COLUMN``) as a WHERE, without the CTE that ranked the player."""
+    (``ANCHOR_COLUMN``) as a WHERE, without the CTE that ranked the player. ``in_range``: the
+    rows hold only those in the range already (a global store's one read keeps no other), so
+    no WHERE, and what is left is a cut the receiver makes without DuckDB."""
     remaining = _with_rank_column(select, ranked, drop_qualify=False)
     condition = remaining.args["qualify"]
     for subquery in list(condition.find_all(exp.Subquery)):
         subquery.replace(exp.column(ANCHOR_COLUMN))  # the player's rank as this read ranked it
     for column in [c for c in condition.find_all(exp.Column) if ranked.is_rank(c)]:
         column.replace(exp.column(RANK_COLUMN))
-    remaining.set("where", exp.Where(this=remaining.args["qualify"].this))
+    if not in_range:
+        remaining.set("where", exp.Where(this=remaining.args["qualify"].this))
     remaining.set("qualify", None)
     eliminate_ctes(remaining)  # in place: the CTE that ranked the player, whose rank the rule's column holds
     return remaining
