@@ -265,6 +265,13 @@ class StoreDefinition:
             schema = self.__dict__["_arrow_schema"] = self.store_type.schema(self)
         return schema
 
+    def row_decoder(self) -> Any:
+        """The store type's decoder of a stored entry into every column (``StoreKind.row_decoder``),
+        made once: a global leaderboard decodes its few rows with it on every rank."""
+        if "_row_decoder" not in self.__dict__:
+            self.__dict__["_row_decoder"] = self.store_type.row_decoder(self)
+        return self.__dict__["_row_decoder"]
+
 
 def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}

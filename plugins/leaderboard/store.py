@@ -126,25 +126,9 @@ def _python_rows(views: list[ShardView], entries: list[bytes]) -> list[tuple]:
     """``_rows`` as Python values, for a together handler's few rows: entries of any
     partition, each read from its own view (``views``: all of them)."""
     defn = views[0].definition
-    order, decode = key_order(defn.key_format), _decoder(defn)
+    order, decode = key_order(defn.key_format), defn.row_decoder()
     keys = [order(e[8:]) for e in entries]
     return [decode(k, views[partition_for(k, defn.partitions)].get(k)) for k in keys]
-
-
-_DECODERS: dict[int, tuple[StoreDefinition, Callable[[bytes, bytes], tuple]]] = {}
-
-
-def _decoder(defn: StoreDefinition) -> Callable[[bytes, bytes], tuple]:
-    """A stored entry as the row of the store's columns, made once per definition (which holds
-    dicts, so it is known by identity, not hashed)."""
-    held = _DECODERS.get(id(defn))
-    if held is None or held[0] is not defn:
-        decode = defn.store_type.row_decoder(defn)
-        assert decode is not None, "a leaderboard decodes entries one at a time, as a kv store does"
-        if len(_DECODERS) >= 64:
-            _DECODERS.clear()
-        held = _DECODERS[id(defn)] = (defn, decode)
-    return held[1]
 
 
 @functools.lru_cache(maxsize=64)
@@ -212,7 +196,7 @@ def player_ranks(views: list[ShardView], q: PlayerRanksQuery) -> Rows:
     else:
         ranked = _ranks(indexes, places, order)
         ranks = [ranked[p] for p in places]
-    decode = _decoder(defn)
+    decode = defn.row_decoder()
     return Rows(_with_columns(views[0].schema, RANK), [(*decode(k, v), r) for k, v, r in zip(keys, stored, ranks)])
 
 
