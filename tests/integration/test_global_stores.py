@@ -330,6 +330,20 @@ def test_a_global_leaderboard_ranks_on_the_node_asked_in_one_read_as_duckdb_does
             assert status == 200 and [tuple(r) for r in body["rows"]] == board_duck(board["scores"], sql), body
 
 
+@pytest.mark.parametrize("door", ["postgres", "flight_sql", "dbapi"])
+def test_a_global_leaderboards_ranks_come_through_every_front_door_as_duckdb_gives_them(g, board, door) -> None:
+    """The ranks a node builds in Python values from one read of its own copy, turned into
+    each door's wire format: the same rows and types as DuckDB's, with no call to another node."""
+    sqls = [RANKS[0], RANKS[3], AROUND[0]]
+    node = g.nodes[1]
+    for sql in sqls:  # the node holds every score the fixture has written
+        wait_for(lambda: via_http_node(node, sql) == board_duck(board["scores"], sql), 60, f"{node.node_id}: {sql}")
+    before = internal_calls(node)
+    for sql in sqls:
+        assert DOORS[door](g, 1, sql) == board_duck(board["scores"], sql), (door, sql)
+    assert internal_calls(node) == before, f"{node.node_id} called another node for a global leaderboard via {door}"
+
+
 def test_a_global_leaderboards_kept_top_follows_the_scores_below_it_on_every_node(g, board, broker) -> None:
     """A new score below the top-10 leaves each node's kept top-10 the answer, given again at the
     positions that hold the write (its token says so) with no read; a score that reaches it
