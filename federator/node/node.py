@@ -37,7 +37,7 @@ from federator.node.topic_tail import TopicTail
 from federator.partitioner import partition_for
 from federator.plugin.loader import PluginsFailed
 from federator.plugin.registry import Registry
-from federator.query.position import Position, PositionBound
+from federator.query.position import MergedPositions, Position, PositionBound
 from federator.query.queries import KeyQuery, Query, RangeQuery
 from federator.errors import FederatorError, SqlError, as_error
 from federator.owner import keyjoin
@@ -211,6 +211,7 @@ class Node:
         self.scan_cache = ScanCache(config.scan_cache_mb << 20, config.scan_cache_follow)
         self.shard_answers = ShardAnswers(config.shard_answers)
         self.meter = Meter()
+        self.together_positions: dict[str, MergedPositions] = {}  # store -> its together reads' positions
         # this node's Prometheus registry: its state read at each scrape, and the counters the
         # SQL front and the dispatcher keep as they answer (GET /metrics)
         self.metrics = Metrics()
@@ -650,7 +651,8 @@ class Node:
         if refused:
             return refused + [together_refused(hs.shard.partition, refused[0]) for hs, r in hosted if r is None]
         started = time.perf_counter_ns()
-        results = answer_together([hs.shard.base for hs, _ in hosted], request.query, request.bound, handler)
+        merged = self.together_positions.get(defn.name) or self.together_positions.setdefault(defn.name, MergedPositions())
+        results = answer_together([hs.shard.base for hs, _ in hosted], request.query, request.bound, handler, merged)
         count(self.meter.table(defn.name, partitions[0]), request.query, results[0], time.perf_counter_ns() - started)
         if request.work is not None:  # only columns to keep (_together_handler)
             results = [_project(list(request.work.columns), r) if r.ok else r for r in results]

@@ -107,6 +107,25 @@ class Position:
             ) from e
 
 
+class MergedPositions:
+    """The merge of the Positions last given, given again for the very same ones (a Position
+    never changes, so identity is enough): a statement read again at the same states merges
+    them and writes their token once."""
+
+    __slots__ = ("_memo",)
+
+    def __init__(self) -> None:
+        self._memo: tuple[tuple[Position, ...], Position] = ((), Position())
+
+    def of(self, positions: list[Position]) -> Position:
+        last, merged = self._memo  # one tuple, swapped whole: threads see a pair that belongs together
+        if len(last) == len(positions) and all(a is b for a, b in zip(last, positions)):
+            return merged
+        merged = Position().merge_all(positions)
+        self._memo = (tuple(positions), merged)
+        return merged
+
+
 @dataclass(frozen=True)
 class PositionBound:
     """Unbounded, or 'at least at this Position'."""

@@ -5,7 +5,7 @@ a time. All or nothing: one partition refused refuses them all, as a part alone 
 
 from __future__ import annotations
 
-from federator.query.position import Position, PositionBound
+from federator.query.position import MergedPositions, Position, PositionBound
 from federator.query.queries import Query
 from federator.query.result import QueryResult
 from federator.store.layer import answer, unmet_bound
@@ -13,16 +13,16 @@ from federator.store.shard import Shard, read_together
 from federator.store.types import TogetherFollower, TogetherHandler
 
 
-def answer_together(shards: list[Shard], query: Query, bound: PositionBound,
-                    handler: TogetherHandler) -> list[QueryResult]:
-    """One result a partition: the first carries the answer, the others none (their Positions
-    say what the answer read of them)."""
+def answer_together(shards: list[Shard], query: Query, bound: PositionBound, handler: TogetherHandler,
+                    merged: MergedPositions) -> list[QueryResult]:
+    """One result a partition: the first carries the answer and the Position it read of every
+    partition (``merged`` merges them once for the same states), the others neither."""
     read_at: list[Position] = []
 
     def read():
         batch, positions = read_together(shards, lambda views: handler(views, query))
         read_at.extend(positions)
-        return batch, positions[0]
+        return batch, merged.of(positions)
 
     first = answer(shards[0], query, bound, False, read)
     if not first.ok:
@@ -33,7 +33,10 @@ def answer_together(shards: list[Shard], query: Query, bound: PositionBound,
         return unmet + [together_refused(s.partition, unmet[0]) for s in shards if s.partition not in refused]
     assert first.batch is not None, "an answer carries its rows"
     none = first.batch.slice(0, 0)
-    return [first, *(QueryResult.success(s.partition, none, at) for s, at in zip(shards[1:], read_at[1:]))]
+    return [first, *(QueryResult.success(s.partition, none, _READ_IN_FIRST) for s in shards[1:])]
+
+
+_READ_IN_FIRST = Position()  # the partitions' part of the first result's Position (never changed)
 
 
 def together_refused(partition: int, why: QueryResult) -> QueryResult:

@@ -28,6 +28,7 @@ from federator.query.position import Position, PositionBound
 from federator.query.queries import Query
 from federator.query.request import StateQueryRequest
 from federator.query.result import QueryResult
+from federator.store.metered import Meter
 from federator.sql.engine import SqlEngine
 from federator.store.layer import UNBOUNDED, LocalKeyQuery, StoredEntry, StoreLayer, UnsupportedQuery, answer
 from federator.store.record import ChangelogRecord
@@ -133,6 +134,7 @@ class MemoryNode(Node):
         self.duck = duck
         self.scan_cache = None
         self.materializer = Materializer(shards)
+        self.meter, self.together_positions = Meter(), {}
         self.requests: list[StateQueryRequest] = []
         self.rows_sent: list[int] = []
         self.point_reads: list[tuple[str, int]] = []

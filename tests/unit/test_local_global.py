@@ -22,7 +22,6 @@ from federator.partitioner import partition_for
 from federator.query.position import Position
 from federator.sql.result import SqlRequest, SqlResult
 from federator.store import ChangelogRecord, Shard
-from federator.store.metered import Meter
 from tests.registry import REGISTRY
 from tests.unit.memory_cluster import MemoryCluster
 
@@ -49,7 +48,6 @@ def _cluster(root) -> Iterator[MemoryCluster]:
     same type partitioned."""
     board, local = _board("board", True), _board("local", False)
     c = MemoryCluster([board, local], Duck(DuckConfig(memory_limit="256MB", spill_dir=root)), ("me",))
-    c.nodes["me"].meter = Meter()
     shards = [Shard(root / f"s{p}", board, p) for p in range(P)]
     rnd = random.Random(3)
     records: dict[int, list[ChangelogRecord]] = {}

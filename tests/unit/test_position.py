@@ -180,3 +180,17 @@ def test_bound_dict_round_trip() -> None:
     again = PositionBound.from_dict(json.loads(json.dumps(bound.to_dict())))
     assert again == bound
     assert again.position.get("t", 7) == 9
+
+
+def test_merged_positions_are_merged_once_for_the_same_states() -> None:
+    from federator.query.position import MergedPositions
+
+    a, b = Position.of("t", 0, 4), Position.of("t", 1, 7)
+    merged = MergedPositions()
+    first = merged.of([a, b])
+    assert first.to_dict() == {"t": {"0": 4, "1": 7}}
+    assert merged.of([a, b]) is first  # the same states: the merge (and its token) made once
+    moved = merged.of([a, Position.of("t", 1, 8)])
+    assert moved is not first and moved.to_dict() == {"t": {"0": 4, "1": 8}}
+    assert merged.of([Position.of("t", 0, 4), Position.of("t", 1, 8)]) is not moved  # equal is not the same
+    assert merged.of([]).is_empty()
