@@ -1,13 +1,19 @@
 """Hunting the lost record: write the sink's round-trip store again and again while two nodes
 take each new store's partitions in a rebalance, and read each write back with its token.
 
-    python -m tests.spark.lost_record tansu|kafka [ROUNDS] [cold]
+    python -m tests.spark.lost_record tansu|kafka [ROUNDS] [cold|changelogs]
 
 ``cold``: as the Spark tests' world does, each round writes a store of a new application first,
 then starts its two nodes and reads once they have settled.
 
 Prints each round's outcome and, for an answer that lacks a written row, the changelog's
 records, the answering node's positions and its log lines about that partition.
+
+``changelogs``: no nodes; each round writes every store the Spark tests' world writes (its
+DataFrames, the word_counts job running beside as the world runs it) for a new application,
+then reads each changelog partition as a new shard would from the log's beginning
+(OFFSET_BEGINNING) and from offset 0, and says where they differ, with the broker's
+ListOffsets answers. Set RUST_LOG (e.g. tansu_storage=debug) for tansu's log.
 """
 
 from __future__ import annotations
@@ -41,17 +47,22 @@ def ask(node, sql: str, token: str, deadline: float) -> tuple[int, dict]:
         return resp.status, body
 
 
+def start_broker(kind: str, root: Path):
+    if kind == "kafka":
+        from tests.apache_kafka import KafkaCluster
+
+        return KafkaCluster(root / "kafka").start()
+    broker = RunningBroker(free_port())
+    print("tansu's log:", broker.log, flush=True)
+    return broker
+
+
 def main(kind: str, rounds: int, cold: bool) -> int:
     from federator_spark.jobs.common import spark_session
     from federator_spark.sink import write_store
 
     root = Path(tempfile.mkdtemp(prefix="lost-"))
-    if kind == "kafka":
-        from tests.apache_kafka import KafkaCluster
-
-        broker = KafkaCluster(root / "kafka").start()
-    else:
-        broker = RunningBroker(free_port())
+    broker = start_broker(kind, root)
     spark = spark_session("local[2]", "lost-record", **{"spark.sql.shuffle.partitions": "2"})
     app = f"lr{uuid.uuid4().hex[:6]}"
     cluster = None if cold else Cluster(broker.bootstrap_servers, app, root / "nodes", size=2, standby_replicas=0).start()
@@ -98,5 +109,58 @@ def report(broker, app, store, token, body, want, got, node) -> None:
             print("  log:", line[:300])
 
 
+def changelog_rounds(kind: str, rounds: int) -> int:
+    from federator_spark.jobs.common import spark_session
+    from federator_spark.sink import write_store
+    from tests.spark.conftest import frames, run_word_counts
+
+    spark = spark_session("local[2]", "lost-record", **{"spark.sql.shuffle.partitions": "2",
+                                                          "spark.default.parallelism": "2"})
+    stores = frames(spark)
+    root = Path(tempfile.mkdtemp(prefix="lost-"))
+    broker = start_broker(kind, root)
+    text = root / "text.txt"
+    text.write_text("the quick brown fox\nthe lazy dog\n" * 20)
+    wrong = 0
+    try:
+        for i in range(rounds):
+            app = f"lr{uuid.uuid4().hex[:6]}"
+            cli = run_word_counts(broker.bootstrap_servers, app, text)
+            for name, (df, kw) in stores.items():
+                write_store(df, name, bootstrap_servers=broker.bootstrap_servers, application_id=app, partitions=4, **kw)
+            out, _ = cli.communicate(timeout=240)
+            assert cli.returncode == 0, out[-2000:]
+            bad = [line for name in [*stores, "word_counts"] for line in beginning_differs(broker, f"{app}-{name}-changelog", 4)]
+            wrong += bool(bad)
+            print(f"round {i} ({app}): {len(bad)} partitions read from the beginning lack records", flush=True)
+            for line in bad:
+                print("  " + line, flush=True)
+    finally:
+        spark.stop()
+        broker.stop()
+    print(f"{wrong} of {rounds} rounds had a changelog partition whose beginning lacks records")
+    return 1 if wrong else 0
+
+
+def beginning_differs(broker, topic: str, partitions: int) -> list[str]:
+    """The partitions of ``topic`` whose records read from OFFSET_BEGINNING are not all those read
+    from offset 0, or whose offsets have holes: each with the broker's ListOffsets answers."""
+    from confluent_kafka import OFFSET_BEGINNING
+
+    from tests.integration.changelog_util import describe_changelog
+    from tests.spark.tansu_log_start import offsets_read
+
+    out = []
+    for p in range(partitions):
+        offsets = offsets_read(broker.bootstrap_servers, topic, p, 0)
+        seen = offsets_read(broker.bootstrap_servers, topic, p, OFFSET_BEGINNING)
+        if seen != offsets or offsets != list(range(len(offsets))):
+            out.append(f"{topic}[{p}] from offset 0: {offsets}, from the beginning: {seen}")
+    if out:
+        out.append(describe_changelog(broker, topic, partitions))
+    return out
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 30, sys.argv[3:] == ["cold"]))
+    kind_, rounds_, mode = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 30, sys.argv[3:]
+    sys.exit(changelog_rounds(kind_, rounds_) if mode == ["changelogs"] else main(kind_, rounds_, mode == ["cold"]))
