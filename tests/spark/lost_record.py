@@ -1,7 +1,7 @@
 """Hunting the lost record: write the sink's round-trip store again and again while two nodes
 take each new store's partitions in a rebalance, and read each write back with its token.
 
-    python -m tests.spark.lost_record tansu|kafka [ROUNDS] [cold|changelogs]
+    python -m tests.spark.lost_record tansu|kafka [ROUNDS] [cold|changelogs|race]
 
 ``cold``: as the Spark tests' world does, each round writes a store of a new application first,
 then starts its two nodes and reads once they have settled.
@@ -14,6 +14,12 @@ DataFrames, the word_counts job running beside as the world runs it) for a new a
 then reads each changelog partition as a new shard would from the log's beginning
 (OFFSET_BEGINNING) and from offset 0, and says where they differ, with the broker's
 ListOffsets answers. Set RUST_LOG (e.g. tansu_storage=debug) for tansu's log.
+
+``race``: tansu only; each round two producers write one record to each partition of a new
+store's changelog at once (tests/spark/tansu_log_start.py), until a partition's ListOffsets
+EARLIEST is past its first record; then a new node reads the store with the writes' token and
+must count every record. (Run the nodes of older code by putting its checkout first on
+PYTHONPATH.) CPU load beside it and RUST_LOG=tansu_storage::dynostore=debug make the race likelier.
 """
 
 from __future__ import annotations
@@ -161,6 +167,48 @@ def beginning_differs(broker, topic: str, partitions: int) -> list[str]:
     return out
 
 
+def race_rounds(rounds: int, partitions: int = 128) -> int:
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import OffsetSpec
+
+    from federator import kafka
+    from tests.integration.changelog_util import register
+    from tests.integration.cluster import NodeProcess, wait_for
+    from tests.spark.tansu_log_start import WRITERS, race
+
+    broker = start_broker("tansu", Path(tempfile.mkdtemp(prefix="lost-")))
+    adm = kafka.admin(broker.bootstrap_servers)
+    try:
+        for i in range(rounds):
+            app = f"lr{uuid.uuid4().hex[:6]}"
+            defn = register(broker, app, {"name": "race", "type": "kv", "partitions": partitions,
+                                          "key": {"format": "string"}, "value": {"format": "string"}})
+            race(broker.bootstrap_servers, defn.topic, partitions)
+            tps = [TopicPartition(defn.topic, p) for p in range(partitions)]
+            earliest = adm.list_offsets({tp: OffsetSpec.earliest() for tp in tps})
+            wrong = [tp.partition for tp in tps if earliest[tp].result(10).offset != 0]
+            print(f"round {i} ({app}): partitions whose EARLIEST is past their first record: {wrong}", flush=True)
+            if wrong:
+                break
+        else:
+            return 0
+        token = Position({defn.topic: {p: WRITERS - 1 for p in range(partitions)}}).to_token()
+        node = NodeProcess(broker.bootstrap_servers, app, "n0", Path(tempfile.mkdtemp(prefix="lost-node-")),
+                           standby_replicas=0).start()
+        try:
+            status, body = wait_for(lambda: (a := node.sql("SELECT COUNT(*) FROM race", consistency_token=token,
+                                                           timeout_ms=30_000))[0] != 503 and a, 120, "an answer")
+        finally:
+            node.stop()
+        print(f"a new node counts {body.get('rows')} records with the token ({status}); written: "
+              f"{WRITERS * partitions}", flush=True)
+        return 0 if body.get("rows") == [[WRITERS * partitions]] else 1
+    finally:
+        broker.stop()
+
+
 if __name__ == "__main__":
     kind_, rounds_, mode = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 30, sys.argv[3:]
+    if mode == ["race"]:
+        sys.exit(race_rounds(rounds_))
     sys.exit(changelog_rounds(kind_, rounds_) if mode == ["changelogs"] else main(kind_, rounds_, mode == ["cold"]))

@@ -64,6 +64,18 @@ def write(bootstrap: str, topic: str, partitions: int, writer: int, go) -> None:
     assert p.flush(30) == 0
 
 
+def race(bootstrap: str, topic: str, partitions: int) -> None:
+    """WRITERS producers, each in its own process, write one record to every partition at once."""
+    go = mp.Event()
+    procs = [mp.Process(target=write, args=(bootstrap, topic, partitions, i, go)) for i in range(WRITERS)]
+    for p in procs:
+        p.start()
+    time.sleep(1.5)  # each has its producer id
+    go.set()
+    for p in procs:
+        p.join(60)
+
+
 def offsets_read(bootstrap: str, topic: str, partition: int, start: int) -> list[int]:
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": "repro", "enable.auto.commit": False,
                   "enable.partition.eof": True, "auto.offset.reset": "earliest"})
@@ -104,14 +116,7 @@ def main(rounds: int, partitions: int, binary: str) -> int:
         for r in range(rounds):
             topic = f"repro{uuid.uuid4().hex[:8]}"
             adm.create_topics([NewTopic(topic, partitions, 1)])[topic].result(10)
-            go = mp.Event()
-            procs = [mp.Process(target=write, args=(bootstrap, topic, partitions, i, go)) for i in range(WRITERS)]
-            for p in procs:
-                p.start()
-            time.sleep(1.5)  # each has its producer id
-            go.set()
-            for p in procs:
-                p.join(60)
+            race(bootstrap, topic, partitions)
             tps = [TopicPartition(topic, p) for p in range(partitions)]
             earliest = adm.list_offsets({tp: OffsetSpec.earliest() for tp in tps})
             latest = adm.list_offsets({tp: OffsetSpec.latest() for tp in tps})
