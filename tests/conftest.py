@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -98,6 +99,18 @@ def dies_with_tests(sig: int = signal.SIGKILL) -> Callable[[], None] | None:
 
 # The tansu brokers this run started: nodes on them get the short group timings tansu allows.
 TANSU_BOOTSTRAPS: set[str] = set()
+# Where each of them writes its log (tansu's warnings and errors, unless $RUST_LOG says more).
+TANSU_LOGS: dict[str, Path] = {}
+
+
+def broker_log_tail(bootstrap_servers: str, lines: int = 30) -> str:
+    """The path and last lines of the log of the tansu broker at ``bootstrap_servers``, for a
+    failure's message; "" for another broker."""
+    log = TANSU_LOGS.get(bootstrap_servers)
+    if log is None:
+        return ""
+    tail = log.read_text(errors="replace").splitlines()[-lines:] if log.exists() else []
+    return "\n".join([f"tansu's log: {log}", *tail])
 
 
 def group_flags(bootstrap_servers: str) -> list[str]:
@@ -107,15 +120,20 @@ def group_flags(bootstrap_servers: str) -> list[str]:
 
 
 class RunningBroker:
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, log: Path | None = None) -> None:
+        """``log``: the file for the broker's output (default: a new one under the temp dir)."""
         self.port = port
         self.bootstrap_servers = f"127.0.0.1:{port}"
+        self.log = log or Path(tempfile.mkdtemp(prefix="tansu-")) / "broker.log"
         TANSU_BOOTSTRAPS.add(self.bootstrap_servers)
-        self.proc = subprocess.Popen(
-            federator_cmd("broker", "--port", str(port)),
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            preexec_fn=dies_with_tests(signal.SIGTERM),  # it stops its tansu child on SIGTERM
-        )
+        TANSU_LOGS[self.bootstrap_servers] = self.log
+        with self.log.open("w") as out:  # a file, not a pipe nobody reads: a full pipe stops tansu
+            self.proc = subprocess.Popen(
+                federator_cmd("broker", "--port", str(port)),
+                stdout=subprocess.PIPE, stderr=out, text=True,
+                env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")},
+                preexec_fn=dies_with_tests(signal.SIGTERM),  # it stops its tansu child on SIGTERM
+            )
         assert self.proc.stdout is not None
         self.ready_line = self.proc.stdout.readline()  # our stdout carries only this line
         if "ready" not in self.ready_line:
@@ -127,9 +145,9 @@ class RunningBroker:
 
 
 @pytest.fixture(scope="session")
-def tansu_broker() -> Iterator[RunningBroker]:
+def tansu_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningBroker]:
     """A tansu broker on a free port, started by `federator broker`, for the whole session."""
-    b = RunningBroker(free_port())
+    b = RunningBroker(free_port(), tmp_path_factory.mktemp("tansu") / "broker.log")
     yield b
     b.stop()
 

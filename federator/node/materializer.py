@@ -39,6 +39,9 @@ class HostedShard:
     end_offset: int | None = None  # next offset the log will write, as last seen
     gone: bool = False  # its changelog topic no longer exists
     applied: int = 0  # records applied since this process opened it
+    # The broker said offset 0 is out of its log's range (its start moved on): an empty copy
+    # reads from where the broker says the log starts, not from offset 0.
+    log_start_moved: bool = False
 
     @property
     def lag(self) -> int | None:
@@ -240,10 +243,8 @@ class Materializer:
     def _assign(self, consumer) -> None:
         tps = []
         for hs in self._hosted.values():
-            if hs.gone:
-                continue
-            off = hs.shard.offset
-            tps.append(TopicPartition(hs.shard.topic, hs.shard.partition, OFFSET_BEGINNING if off is None else off + 1))
+            if not hs.gone:
+                tps.append(TopicPartition(hs.shard.topic, hs.shard.partition, _start(hs)))
         consumer.assign(tps)
 
     def _consume(self, consumer) -> None:
@@ -326,8 +327,20 @@ class Materializer:
                 log.warning("%s[%d]: offset out of range; rebuilding the shard", hs.shard.topic, hs.shard.partition)
                 hs.shard.reset()
                 hs.restored, hs.caught_up, hs.end_offset = False, False, None
+                hs.log_start_moved = True
         self._changed()
         self._assign(consumer)
+
+
+def _start(hs: HostedShard) -> int:
+    """Where a copy reads its changelog from: past what it holds; an empty one from offset 0.
+    Not from the broker's answer for the log's start (OFFSET_BEGINNING) unless offset 0 is out
+    of range: tansu answers it with the offset of the batch it stored first, and two producers'
+    batches can be stored in the other order than their offsets, so that answer can lie past
+    the log's first records."""
+    if hs.shard.offset is not None:
+        return hs.shard.offset + 1
+    return OFFSET_BEGINNING if hs.log_start_moved else 0
 
 
 def _past(messages: list, offset: int | None) -> list:

@@ -41,3 +41,24 @@ def read_partition(broker, topic: str, partition: int) -> list[tuple[int, bytes,
                 out.append((m.offset(), m.key(), m.value(), m.timestamp()[1]))
     finally:
         c.close()
+
+
+def describe_changelog(broker, topic: str, partitions: int) -> str:
+    """For a failure's message: per partition, the broker's answers for where its log starts and
+    ends (ListOffsets earliest, latest) and every record read from offset 0 (offset, key, value)."""
+    from confluent_kafka.admin import OffsetSpec
+
+    adm = kafka.admin(broker.bootstrap_servers)
+    tps = [TopicPartition(topic, p) for p in range(partitions)]
+    answers = {name: adm.list_offsets({tp: spec for tp in tps})
+               for name, spec in (("earliest", OffsetSpec.earliest()), ("latest", OffsetSpec.latest()))}
+    lines = []
+    for tp in tps:
+        ends = " ".join(f"{name} {futures[tp].result(10).offset}" for name, futures in answers.items())
+        records = [(o, _cut(k), _cut(v)) for o, k, v, _ in read_partition(broker, topic, tp.partition)]
+        lines.append(f"{topic}[{tp.partition}] ({ends}): {records}")
+    return "\n".join(lines)
+
+
+def _cut(b: bytes | None, n: int = 40) -> bytes | None:
+    return b if b is None or len(b) <= n else b[:n] + b"..."

@@ -555,9 +555,10 @@ def main() -> int:
 
     count = int(os.environ.get("FEDERATOR_FUZZ_STATEMENTS", "3000"))
     seed = int(os.environ.get("FEDERATOR_FUZZ_SEED", "14"))
-    broker = RunningBroker(free_port())
+    root = Path(tempfile.mkdtemp(prefix="federator-fuzz-"))
+    broker = RunningBroker(free_port(), root / "broker.log")
     try:
-        bi = start(broker, Path(tempfile.mkdtemp(prefix="federator-fuzz-")))
+        bi = start(broker, root)
         try:
             summary, report = fuzz(bi, load(broker, bi), count, seed)
         finally:

@@ -7,7 +7,7 @@ import pytest
 
 from federator.node_command import REFUSED
 from tests.integration.changelog_util import register
-from tests.integration.cluster import NodeProcess
+from tests.integration.cluster import NodeProcess, wait_for
 
 pytestmark = pytest.mark.apache_kafka
 
@@ -22,3 +22,35 @@ def test_a_session_timeout_the_broker_refuses_stops_the_node_and_says_which_flag
     text = node.log.read_text()
     assert "refused the group session timeout of 3000 ms (INVALID_SESSION_TIMEOUT)" in text, text[-2000:]
     assert "set --session-timeout-ms within them" in text
+
+
+def test_a_new_node_reads_a_changelog_whose_first_records_were_deleted_from_where_it_starts(apache_kafka, app_id,
+                                                                                            tmp_path) -> None:
+    """Records before offset 3 deleted (retention, DeleteRecords): a new shard, which asks for
+    offset 0 first, is told it is out of range and reads the log from where it starts now."""
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
+
+    from federator import kafka
+    from tests.integration.cluster import write_with_token
+
+    defn = register(apache_kafka, app_id, {"name": "cut", "type": "kv", "partitions": 1,
+                                           "key": {"format": "string"}, "value": {"format": "long"}})
+    for i in range(5):  # one at a time: offsets 0..4
+        token = write_with_token(apache_kafka.bootstrap_servers, defn, {f"k{i}": i})
+    adm = kafka.admin(apache_kafka.bootstrap_servers)
+    # records can be deleted from a topic that is compacted and also deleted, as windowed
+    # stores' changelogs are; from a compacted one only, the broker refuses
+    policy = ConfigResource("topic", defn.topic, incremental_configs=[
+        ConfigEntry("cleanup.policy", "compact,delete", incremental_operation=AlterConfigOpType.SET)])
+    next(iter(adm.incremental_alter_configs([policy]).values())).result(30)
+    deleted = adm.delete_records([TopicPartition(defn.topic, 0, 3)])
+    assert next(iter(deleted.values())).result(30).low_watermark == 3  # the log's new start
+    node = NodeProcess(apache_kafka.bootstrap_servers, app_id, "n0", tmp_path / "n0", standby_replicas=0).start()
+    try:
+        status, body = wait_for(lambda: (answer := node.sql(
+            "SELECT key, value FROM cut ORDER BY key", consistency_token=token.to_token(), timeout_ms=30_000)
+        )[0] != 503 and answer, 60, "an answer other than 503 (catalog not read, shard not there yet)")
+        assert (status, body.get("rows")) == (200, [["k3", 3], ["k4", 4]]), (body, node.log.read_text()[-2000:])
+    finally:
+        node.stop()

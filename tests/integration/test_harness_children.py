@@ -50,7 +50,7 @@ def test_a_killed_test_run_leaves_no_broker_or_node_running(tmp_path) -> None:
         sys.path.insert(0, {str(ROOT)!r})
         from tests.conftest import RunningBroker, free_port
         from tests.integration.cluster import Cluster
-        broker = RunningBroker(free_port())
+        broker = RunningBroker(free_port(), Path({str(tmp_path / 'broker.log')!r}))
         cluster = Cluster(broker.bootstrap_servers, "h" + uuid.uuid4().hex[:8], Path({str(tmp_path / 'nodes')!r}), size=1)
         cluster.start()
         print("started", flush=True)

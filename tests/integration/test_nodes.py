@@ -209,7 +209,7 @@ def test_the_broker_restarted_empty_never_serves_old_data_and_rebuilds(app_id, t
     """The nodes' shards outlive the broker's data: after it restarts empty and the store is
     registered again, the nodes must serve the store (empty at first, then the new data) and
     never the old rows as current. Old rows have value 1; new ones value 2, on a third of the keys."""
-    b = RunningBroker(free_port())
+    b = RunningBroker(free_port(), tmp_path / "broker.log")
     nodes: list[NodeProcess] = []
     try:
         defn = make_store(b, app_id)
@@ -225,7 +225,7 @@ def test_the_broker_restarted_empty_never_serves_old_data_and_rebuilds(app_id, t
         from federator.broker import port_open
 
         wait_for(lambda: not port_open("127.0.0.1", b.port), 10, "the killed broker to let go of its port")
-        b = RunningBroker(b.port)  # the same address, nothing in it
+        b = RunningBroker(b.port, tmp_path / "broker-again.log")  # the same address, nothing in it
         # the pipeline registers its store again: a new, empty changelog under the old name
         defn = make_store(b, app_id)
         seen: Counter = Counter()

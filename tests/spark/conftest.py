@@ -60,6 +60,28 @@ def sql_with_token(node, query: str, token: str | None = None, timeout_ms: int =
     return pa.ipc.open_stream(resp.data).read_all(), resp.headers["X-Federator-Consistency-Token"]
 
 
+def explain(world: "World", store: str, token: str | None) -> str:
+    """For a read of ``store`` that did not answer what was written: the token's offsets, the
+    changelog as the broker serves it, each node's view of the store's partitions, tansu's log."""
+    from federator.catalog import changelog_topic
+    from federator.query.position import Position
+    from tests.conftest import broker_log_tail
+    from tests.integration.changelog_util import describe_changelog
+
+    topic = changelog_topic(world.app, store)
+    lines = [f"token: {Position.from_token(token).partitions(topic) if token else None}"]
+    try:  # what can be told: the failure's own message must not give way to this one's
+        lines.append(describe_changelog(world, topic, P))
+        for n in world.cluster.running():
+            for v in n.metadata()["nodes"]:
+                lines.append(f"{n.node_id} sees {v['node_id']}: " + ", ".join(
+                    f"{k} {v[k].get(store)}" for k in ("active", "standby", "positions", "lags")))
+    except Exception as e:  # noqa: BLE001
+        lines.append(f"(could not tell more: {e!r})")
+    lines.append(broker_log_tail(world.bootstrap))
+    return "\n".join(lines)
+
+
 def norm(v: Any) -> Any:
     if isinstance(v, dt.datetime):
         return int(v.replace(tzinfo=v.tzinfo or UTC).timestamp() * 1000)
@@ -186,6 +208,16 @@ def frames(spark) -> dict[str, Any]:
 TEXT = "The quick brown fox; the LAZY dog.\nÉtude über alles -- the end_of it, 42 times!\n"
 
 
+def run_word_counts(bootstrap: str, app: str, text: Path) -> subprocess.Popen:
+    """The word_counts job as a user runs it, in its own process (its output: stdout)."""
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    return subprocess.Popen(
+        [sys.executable, "-m", "federator_spark.jobs.word_counts", "--bootstrap-servers", bootstrap,
+         "--application-id", app, "--input", str(text), "--master", "local[1]", "--partitions", str(P)],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+
+
 @pytest.fixture(scope="session")
 def world(broker, spark, tmp_path_factory) -> Iterator[World]:
     from federator_spark.jobs import game_events
@@ -193,13 +225,7 @@ def world(broker, spark, tmp_path_factory) -> Iterator[World]:
     app = f"sp{uuid.uuid4().hex[:8]}"
     text = root / "text.txt"
     text.write_text(TEXT, encoding="utf-8")
-    # The word_counts job as a user runs it, alongside the in-process writes.
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-    cli = subprocess.Popen(
-        [sys.executable, "-m", "federator_spark.jobs.word_counts", "--bootstrap-servers", broker.bootstrap_servers,
-         "--application-id", app, "--input", str(text), "--master", "local[1]", "--partitions", str(P)],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
+    cli = run_word_counts(broker.bootstrap_servers, app, text)  # alongside the in-process writes
     w = World(app, broker.bootstrap_servers, Cluster(broker.bootstrap_servers, app, root / "nodes", size=2,
                                                       standby_replicas=0), root / "events", text)
     try:

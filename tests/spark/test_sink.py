@@ -14,8 +14,8 @@ from federator.catalog import Catalog
 from federator.query.position import Position
 from tests.integration.changelog_util import read_partition
 from tests.spark.conftest import (BYTES_ROWS, DOUBLE_ROWS, INT_ROWS, JSON_ROWS, LONG_ROWS, P, REPLACE_KV,
-                                  REPLACE_WIN, RYW_ROWS, SESSION_ROWS, STRING_ROWS, T0, WINDOW_ROWS, rows, sql,
-                                  sql_with_token)
+                                  REPLACE_WIN, RYW_ROWS, SESSION_ROWS, STRING_ROWS, T0, WINDOW_ROWS, explain, rows,
+                                  sql, sql_with_token)
 from tests.registry import REGISTRY
 
 pytestmark = [pytest.mark.integration, pytest.mark.apache_kafka]
@@ -44,7 +44,7 @@ def test_round_trip(world, store):
     columns, expected = EXPECTED[store]
     table = sql(world.node, f"SELECT * FROM {store}", world.tokens[store])
     assert table.column_names == columns
-    assert rows(table) == nan_safe(expected)
+    assert rows(table) == nan_safe(expected), explain(world, store, world.tokens[store])
 
 
 def test_definitions_follow_the_spark_types(world):
@@ -98,17 +98,18 @@ def test_rerun_leaves_the_same_store(world):
         before = rows(sql(world.node, f"SELECT * FROM {store}", world.tokens[store]))
         token = world.write(store)
         assert Position.from_token(token) != Position.from_token(world.tokens[store])  # new records were written
-        assert rows(sql(world.node, f"SELECT * FROM {store}", token)) == before
+        assert rows(sql(world.node, f"SELECT * FROM {store}", token)) == before, explain(world, store, token)
 
 
 def test_replace_deletes_missing_keys(world, spark):
     df = spark.createDataFrame([(f"k{i:02d}", i * 100) for i in range(5, 15)], "k string, v long")
     token = world.write("replace_kv", df, mode="replace")
-    assert rows(sql(world.node, "SELECT k, v FROM replace_kv", token)) == [(f"k{i:02d}", i * 100) for i in range(5, 15)]
+    assert rows(sql(world.node, "SELECT k, v FROM replace_kv", token)) == [(f"k{i:02d}", i * 100) for i in range(5, 15)], \
+        explain(world, "replace_kv", token)
     # upsert keeps what the DataFrame does not mention
     token = world.write("replace_kv", spark.createDataFrame([("k00", 0)], "k string, v long"))
     got = rows(sql(world.node, "SELECT k FROM replace_kv", token))
-    assert got == [("k00",)] + [(f"k{i:02d}",) for i in range(5, 15)]
+    assert got == [("k00",)] + [(f"k{i:02d}",) for i in range(5, 15)], explain(world, "replace_kv", token)
     assert not {k for k, _ in REPLACE_KV[1:5]} & {k for (k,) in got}
 
 
@@ -116,13 +117,13 @@ def test_replace_deletes_missing_windows(world, spark):
     keep = [r for r in REPLACE_WIN if r[0] == "a" or r[1] == T0]  # all of a, only b's first window
     token = world.write("replace_win", spark.createDataFrame(keep, "k string, ws long, v long"), mode="replace")
     got = rows(sql(world.node, "SELECT k, window_start, v FROM replace_win", token))
-    assert got == sorted(keep)
+    assert got == sorted(keep), explain(world, "replace_win", token)
 
 
 def test_replace_with_an_empty_frame_empties_the_store(world, spark):
     world.write("replace_kv", spark.createDataFrame([("z", 1)], "k string, v long"))
     token = world.write("replace_kv", spark.createDataFrame([], "k string, v long"), mode="replace")
-    assert rows(sql(world.node, "SELECT * FROM replace_kv", token)) == []
+    assert rows(sql(world.node, "SELECT * FROM replace_kv", token)) == [], explain(world, "replace_kv", token)
 
 
 def test_token_gives_read_your_writes(world, spark):
@@ -134,7 +135,7 @@ def test_token_gives_read_your_writes(world, spark):
         assert {t for t, _, _ in written} == {f"{world.app}-ryw-changelog"}
         assert all(o >= 0 and 0 <= p < P for _, p, o in written)
         got, answer_token = sql_with_token(world.node, f"SELECT k, v FROM ryw WHERE v = {version}", token)
-        assert got.num_rows == len(RYW_ROWS) + 1
+        assert got.num_rows == len(RYW_ROWS) + 1, explain(world, "ryw", token)
         # the answer's token covers the write's: every partition written, at or past its offset
         answered = Position.from_token(answer_token)
         short = {(t, p): (o, answered.get(t, p)) for t, p, o in written if (answered.get(t, p) or -1) < o}

@@ -1,7 +1,7 @@
 """What the materializer applies from one fetched batch: records the consumer hands over that do
 not follow the shard's position (fetched before it moved, or from a log the broker has since
-said is out of range) never reach the shard. Real shards on RocksDB; the consumer is a fake
-that hands over the batches a librdkafka consumer can."""
+said is out of range) never reach the shard; and where a new shard starts reading. Real shards
+on RocksDB; the consumer is a fake that hands over the batches a librdkafka consumer can."""
 
 from __future__ import annotations
 
@@ -137,3 +137,61 @@ def test_a_copy_at_the_log_end_the_fetch_saw_is_current_without_an_end_of_partit
     assert not m.hosted("s", 0).restored  # behind the end: restoring
     m._consume(Consumer([[record(2, "c"), record(3, "d"), record(4, "e")]], high=5))
     assert m.hosted("s", 0).restored and m.hosted("s", 0).caught_up
+
+
+@dataclass
+class LogConsumer:
+    """A consumer of one partition's log as a broker serves it: ``first`` is the log's first
+    offset (the records before it deleted), ``answered_start`` what the broker answers when
+    asked where the log starts (OFFSET_BEGINNING). Each assignment queues what a fetch from
+    there gives: the records and the end of the partition, or the out-of-range answer."""
+
+    records: list[Message]
+    first: int = 0
+    answered_start: int = 0
+    assigned: list[list[tuple[int, int]]] = field(default_factory=list)
+    queued: list[Message] = field(default_factory=list)
+
+    def assign(self, tps: list[TopicPartition]) -> None:
+        self.assigned.append([(tp.partition, tp.offset) for tp in tps])
+        (tp,) = tps
+        start = self.answered_start if tp.offset == OFFSET_BEGINNING else tp.offset
+        end = self.records[-1].offset_ + 1
+        self.queued = ([Message(0, start, code=KafkaError._AUTO_OFFSET_RESET)] if start < self.first else
+                       [m for m in self.records if m.offset_ >= start] + [Message(0, end, code=KafkaError._PARTITION_EOF)])
+
+    def poll(self, timeout: float) -> Message | None:
+        return self.queued.pop(0) if self.queued else None
+
+    def consume(self, n: int, timeout: float) -> list[Message]:
+        out, self.queued = self.queued, []
+        return out
+
+    def get_watermark_offsets(self, tp: TopicPartition, cached: bool = False) -> tuple[int, int]:
+        return self.first, self.records[-1].offset_ + 1
+
+
+def test_a_new_shard_gets_every_record_when_the_brokers_log_start_answer_is_past_the_first(tmp_path) -> None:
+    """tansu answers where a log starts with the offset of the batch it stored first, and two
+    producers' batches can be stored in the other order than their offsets: here the batch at
+    offset 1 was stored before the one at 0. A new shard still holds all of the log."""
+    m, shard = materializer(tmp_path)
+    consumer = LogConsumer([record(0, "alpha", "A"), record(1, "b"), record(2, "c")], answered_start=1)
+    m._assign(consumer)
+    m._consume(consumer)
+    assert (shard.offset, contents(shard)) == (2, {"alpha": "A", "b": "v", "c": "v"})
+    assert m.hosted("s", 0).restored
+
+
+def test_a_new_shard_reads_a_log_whose_start_moved_on_from_where_it_starts(tmp_path) -> None:
+    """Records 0 and 1 were deleted (retention, DeleteRecords): offset 0 is out of range, and the
+    shard then reads from the log's start, once."""
+    m, shard = materializer(tmp_path)
+    consumer = LogConsumer([record(2, "c"), record(3, "d")], first=2, answered_start=2)
+    m._assign(consumer)
+    m._consume(consumer)  # the out-of-range answer
+    m._consume(consumer)
+    assert (shard.offset, contents(shard)) == (3, {"c": "v", "d": "v"})
+    assert consumer.assigned == [[(0, 0)], [(0, OFFSET_BEGINNING)]]
+    m._assign(consumer)  # a later reassignment (a rebalance) goes on past what it holds
+    assert consumer.assigned[-1] == [(0, 4)]
