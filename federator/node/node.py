@@ -8,6 +8,7 @@ import logging
 import threading
 import time
 import uuid
+from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -211,7 +212,8 @@ class Node:
         self.scan_cache = ScanCache(config.scan_cache_mb << 20, config.scan_cache_follow)
         self.shard_answers = ShardAnswers(config.shard_answers)
         self.meter = Meter()
-        self.together_positions: dict[str, MergedPositions] = {}  # store -> its together reads' positions
+        # store -> the positions its together reads merged (a rank read again at the same states merges none)
+        self.together_positions: defaultdict[str, MergedPositions] = defaultdict(MergedPositions)
         # this node's Prometheus registry: its state read at each scrape, and the counters the
         # SQL front and the dispatcher keep as they answer (GET /metrics)
         self.metrics = Metrics()
@@ -651,8 +653,8 @@ class Node:
         if refused:
             return refused + [together_refused(hs.shard.partition, refused[0]) for hs, r in hosted if r is None]
         started = time.perf_counter_ns()
-        merged = self.together_positions.get(defn.name) or self.together_positions.setdefault(defn.name, MergedPositions())
-        results = answer_together([hs.shard.base for hs, _ in hosted], request.query, request.bound, handler, merged)
+        results = answer_together([hs.shard.base for hs, _ in hosted], request.query, request.bound, handler,
+                                  self.together_positions[defn.name])
         count(self.meter.table(defn.name, partitions[0]), request.query, results[0], time.perf_counter_ns() - started)
         if request.work is not None:  # only columns to keep (_together_handler)
             results = [_project(list(request.work.columns), r) if r.ok else r for r in results]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -24,7 +25,7 @@ from federator.node.materializer import ACTIVE
 from federator.node.node import Node, NodeConfig
 from federator.owner.duck import Duck
 from federator.partitioner import partition_for
-from federator.query.position import Position, PositionBound
+from federator.query.position import MergedPositions, Position, PositionBound
 from federator.query.queries import Query
 from federator.query.request import StateQueryRequest
 from federator.query.result import QueryResult
@@ -134,7 +135,7 @@ class MemoryNode(Node):
         self.duck = duck
         self.scan_cache = None
         self.materializer = Materializer(shards)
-        self.meter, self.together_positions = Meter(), {}
+        self.meter, self.together_positions = Meter(), defaultdict(MergedPositions)
         self.requests: list[StateQueryRequest] = []
         self.rows_sent: list[int] = []
         self.point_reads: list[tuple[str, int]] = []
