@@ -10,7 +10,8 @@ Everything else goes to the Flask app on a thread.
 
 from __future__ import annotations
 
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable
+from typing import Any, Callable
 
 from federator.auth import Users
 from federator.metrics import Metrics

@@ -138,11 +138,11 @@ class HttpProtocol(asyncio.Protocol):
             return
         front = self.served.front
         req.cap = front.body_cap(req.path) if front is not None else None
-        length = _header(req, b"content-length")
+        length, expect = _length_and_expect(req)
         if front is not None and req.cap is not None and length is not None and length.isdigit() \
                 and int(length) > req.cap:
             req.refuse(front.too_large(f"{int(length):,}"))
-        if (_header(req, b"expect") or b"").lower() == b"100-continue":
+        if expect == b"100-continue":
             if req.answer is not None:  # refused before its body: answer now, and end the connection
                 req.keep_alive = False
                 self._queue(req)
@@ -306,6 +306,14 @@ def _whole(app: WsgiApp, env: dict[str, Any]) -> tuple[str, list[tuple[str, str]
         return run_whole(error_response(e), env)
 
 
-def _header(req: Request, name: bytes) -> bytes | None:
-    return next((v for n, v in req.headers if n.lower() == name), None)
+def _length_and_expect(req: Request) -> tuple[bytes | None, bytes | None]:
+    """The request's Content-Length and its Expect (lower case), read in one pass over its headers."""
+    length = expect = None
+    for name, value in req.headers:
+        low = name.lower()
+        if low == b"content-length":
+            length = value
+        elif low == b"expect":
+            expect = value.lower()
+    return length, expect
 

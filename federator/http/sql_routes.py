@@ -10,7 +10,6 @@ import itertools
 import json
 import logging
 import reprlib
-from contextlib import contextmanager
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Callable, Coroutine, Iterator, Protocol
 
@@ -36,6 +35,7 @@ _log = logging.getLogger("federator.http")
 # Body fields and their defaults; anything else is refused so a misspelt option
 # ("paramters") fails instead of being silently ignored.
 _FIELDS = ("sql", "parameters", "consistency_token", "allow_stale", "max_lag", "timeout_ms", "format", "dialect")
+_FIELD_SET = frozenset(_FIELDS)
 # Bounds on a request, by default; a node's own come from its flags (federator.sql.limits). The
 # SQL text has its own (--max-sql-chars, 1 MiB); the body also carries the parameters and JSON
 # escapes, hence the larger cap.
@@ -87,8 +87,8 @@ def sql_request_from_body(body: Any, limits: Limits = DEFAULT_LIMITS) -> tuple[S
     if not isinstance(body, dict):
         raise SqlError("INVALID_PARAMETER",
                        f'the request body must be a JSON object like {{"sql": "SELECT ..."}}, not {type(body).__name__}')
-    unknown = sorted(set(body) - set(_FIELDS))
-    if unknown:
+    if not body.keys() <= _FIELD_SET:
+        unknown = sorted(set(body) - _FIELD_SET)
         raise SqlError("INVALID_PARAMETER", f"unknown field(s) {_shown(unknown)[1:-1]}; the fields are {', '.join(_FIELDS)}")
     sql = body.get("sql")
     if not isinstance(sql, str) or not sql.strip():
@@ -314,17 +314,26 @@ async def _from_owner(routed: RoutedPoint, answer: Callable[[SqlResult], Respons
     return None if result is None else answer(result)
 
 
-@contextmanager
-def _slot_now(node: SqlNode) -> Iterator[Slot | None | bool]:
-    """A query slot of the node's admission free now (None: the node has no admission; False:
-    none free, the query would wait), given back after the block."""
-    admission = getattr(node, "admission", None)
-    slot = admission.try_enter() if admission is not None else None
-    try:
-        yield False if admission is not None and slot is None else slot
-    finally:
-        if slot is not None:
-            slot.release()
+class _slot_now:
+    """A query slot of the node's admission free now, given back after the block; the block
+    sees the Slot, None (the node has no admission) or False (none free: the query would wait).
+    A class, not a generator: it is entered on every request the loop answers."""
+
+    __slots__ = ("admission", "slot")
+
+    def __init__(self, node: SqlNode) -> None:
+        self.admission = getattr(node, "admission", None)
+        self.slot: Slot | None = None
+
+    def __enter__(self) -> Slot | None | bool:
+        if self.admission is None:
+            return None
+        self.slot = self.admission.try_enter()
+        return False if self.slot is None else self.slot
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.slot is not None:
+            self.slot.release()
 
 
 def _sql_request(environ: dict[str, Any], limits: Limits) -> tuple[SqlRequest, str, int | None]:

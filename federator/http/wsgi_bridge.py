@@ -55,11 +55,24 @@ def environ(req: Request, server: tuple[str, int], peer: tuple[str, int], scheme
         "wsgi.input_terminated": True,
     }
     for raw_name, raw_value in req.headers:
-        name, value = raw_name.decode("latin-1").upper().replace("-", "_"), raw_value.decode("latin-1")
-        if name not in ("CONTENT_TYPE", "CONTENT_LENGTH"):
-            name = "HTTP_" + name
+        name, value = _env_name(raw_name), raw_value.decode("latin-1")
         env[name] = f"{env[name]},{value}" if name in env else value
     return env
+
+
+_ENV_NAMES: dict[bytes, str] = {}  # a header's name as sent -> its environ key: clients send the same few
+_ENV_NAMES_MAX = 512
+
+
+def _env_name(raw: bytes) -> str:
+    name = _ENV_NAMES.get(raw)
+    if name is None:
+        name = raw.decode("latin-1").upper().replace("-", "_")
+        if name not in ("CONTENT_TYPE", "CONTENT_LENGTH"):
+            name = "HTTP_" + name
+        if len(_ENV_NAMES) < _ENV_NAMES_MAX:
+            _ENV_NAMES[raw] = name
+    return name
 
 
 def split_url(url: bytes) -> tuple[str, str]:
