@@ -33,7 +33,19 @@ def entry_of(answer: tuple[int, int | None, bytes | None], topic: str, partition
     status, offset, stored = answer
     if status not in (KEY_FOUND, KEY_ABSENT):
         return None
-    return StoredEntry(stored, Position() if offset is None else Position.of(topic, partition, offset))
+    return StoredEntry(stored, Position() if offset is None else _position(topic, partition, offset))
+
+
+# the partition's Position last read from its owner, given again while its offset stays: its
+# token is then made once, not for every routed read of a partition nobody writes
+_LAST: dict[tuple[str, int], Position] = {}
+
+
+def _position(topic: str, partition: int, offset: int) -> Position:
+    last = _LAST.get((topic, partition))
+    if last is None or last.get(topic, partition) != offset:
+        last = _LAST[(topic, partition)] = Position.of(topic, partition, offset)
+    return last
 
 
 class _PortClient:
