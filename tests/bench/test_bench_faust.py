@@ -44,7 +44,7 @@ from federator.partitioner import partition_for
 from federator.settings import NodeSettings
 from tests.bench.conftest import SERVER, Report, progress
 from tests.bench.test_bench_sql import PARTITIONS, POINT_ROWS, POINT_SQL, REPO, SECONDS, key_of, post_sql, produce_kv
-from tests.bench.wrk import WrkResult, run_wrk, wrk_binary, wrk_version
+from tests.bench.wrk import WrkResult, loop_requests, run_wrk, wrk_binary, wrk_version
 from tests.conftest import free_port, stop_process
 from tests.integration.changelog_util import register
 from tests.integration.cluster import Cluster, wait_for
@@ -298,15 +298,6 @@ def measure_routed(cluster: Cluster, root: Path) -> tuple[dict[tuple[str, int], 
                     answered += after.get("from_owner", 0) - before.get("from_owner", 0)
                     asked += sum(after.values()) - sum(before.values())
     return out, answered / asked if asked else 0.0
-
-
-def loop_requests(node) -> dict[str, float]:
-    """n0's federator_loop_server_requests_total for POST /v1/sql, by how it answered."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    text = HTTP.request("GET", f"http://{node.endpoint}/metrics").data.decode()
-    return {s.labels["answered"]: s.value for f in text_string_to_metric_families(text) for s in f.samples
-            if s.name == "federator_loop_server_requests_total" and s.labels.get("route") == "sql"}
 
 
 def report_routed(report: Report, results: dict[tuple[str, int], list[WrkResult]], from_owner: float,

@@ -64,7 +64,7 @@ from tests.bench.leaderboard_replay import Replay, check_all, rank_wrong, top_wr
 from tests.bench.loadgen import Conn, LoadResult, cpu_seconds, http_request, run_load
 from tests.bench.test_bench_global_store import SETTLE_SECONDS
 from tests.bench.test_bench_join import status_kb
-from tests.bench.wrk import WrkResult, read_answers, run_wrk, wrk_binary
+from tests.bench.wrk import WrkResult, loop_requests, read_answers, run_wrk, wrk_binary
 from tests.conftest import TANSU_BOOTSTRAPS, free_port
 from tests.integration.changelog_util import produce, register
 from tests.integration.cluster import Cluster, NodeProcess, wait_for
@@ -615,10 +615,11 @@ def games_rows(board: Board, scope: str, nodes: list, pids: list[int], folder) -
                 out = folder / f"answers-{scope}-{rate}-{len(lines)}-{len(spread)}"
                 run_wrk("warm-up", url, "body", path, CLIENTS, WARMUP, answers=out.with_suffix(".warm"), spread=spread)
                 drained(*nodes)
+                before = [loop_requests(n) for n in nodes]
                 w = run_wrk(f"{query} [{what}, {rate}/s]", url, "body", path, CLIENTS, SECONDS, pids, answers=out,
                             spread=spread)
                 drained(*nodes)
-                progress(w.line())
+                progress(f"{w.line()}; {on_loop(before, [loop_requests(n) for n in nodes])}")
                 rows.append(GamesRow(what, rate, query, w))
                 answers[(what, query)] = read_answers(out.with_suffix(".warm")) + read_answers(out)
         progress(f"{games.sent:,} games ended during the rows at {rate}/s")
@@ -626,6 +627,16 @@ def games_rows(board: Board, scope: str, nodes: list, pids: list[int], folder) -
         for row in rows[-len(answers):]:
             check_answers(board, row, answers[(row.scope, row.query)])
     return rows, cores
+
+
+def on_loop(before: list[dict[str, float]], after: list[dict[str, float]]) -> str:
+    """How the nodes' event loops answered a load's statements, from their counters before and after."""
+    got: dict[str, float] = {}
+    for b, a in zip(before, after):
+        for how, n in a.items():
+            got[how] = got.get(how, 0) + n - b.get(how, 0)
+    total = sum(got.values()) or 1
+    return "answered " + ", ".join(f"{how} {n / total:.0%}" for how, n in sorted(got.items()) if n)
 
 
 def check_answers(board: Board, row: GamesRow, answers: list[tuple[int, bytes]]) -> None:

@@ -13,7 +13,9 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
+
+import urllib3
 
 from tests.bench.loadgen import cpu_seconds
 
@@ -88,3 +90,13 @@ def read_answers(answers: Path) -> list[tuple[int, bytes]]:
             out.append((status, data[head_end + 1:head_end + 1 + length]))
             i = head_end + 2 + length
     return out
+
+
+def loop_requests(node: Any) -> dict[str, float]:
+    """A node's federator_loop_server_requests_total for POST /v1/sql, by how its event loop
+    answered (at_once, from_owner, threads)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urllib3.request("GET", f"http://{node.endpoint}/metrics", timeout=10).data.decode()
+    return {s.labels["answered"]: s.value for f in text_string_to_metric_families(text) for s in f.samples
+            if s.name == "federator_loop_server_requests_total" and s.labels.get("route") == "sql"}
