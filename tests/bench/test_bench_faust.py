@@ -14,7 +14,8 @@ connections, in ROUNDS interleaved rounds:
 
 and every Federator figure is reported as a ratio to Faust's at the same concurrency. Then, with
 Faust stopped, a second node joins and the SQL point query is measured at 1 and 10 connections
-for keys the first node holds and for keys it must read from the second (routed), as a ratio.
+for keys the first node holds and for keys it must read from the second (routed), as a ratio,
+beside a bare round trip between two processes (tests/bench/round_trip.py), the least a routed read adds.
 Nothing is asserted on timings. About two minutes of load, three minutes in all.
 FEDERATOR_BENCH_SECONDS (per load, default 4), FEDERATOR_BENCH_FAUST_ROUNDS (default 2) and
 FEDERATOR_BENCH_FAUST_ROWS (default POINT_ROWS) shrink it for a quick look;
@@ -43,6 +44,7 @@ from federator.broker import die_with_parent
 from federator.partitioner import partition_for
 from federator.settings import NodeSettings
 from tests.bench.conftest import SERVER, Report, progress
+from tests.bench.round_trip import bare_round_trip
 from tests.bench.test_bench_sql import PARTITIONS, POINT_ROWS, POINT_SQL, REPO, SECONDS, key_of, post_sql, produce_kv
 from tests.bench.wrk import WrkResult, loop_requests, run_wrk, wrk_binary, wrk_version
 from tests.conftest import free_port, stop_process
@@ -215,6 +217,7 @@ def test_point_lookups_vs_faust(broker, report: Report, tmp_path_factory) -> Non
         faust_version, wrk_v = faust.version(), wrk_version()
         faust.stop()
         routed, from_owner = measure_routed(cluster, root)
+        bare = bare_round_trip()
     finally:
         faust.stop()
         cluster.stop()
@@ -247,7 +250,7 @@ def test_point_lookups_vs_faust(broker, report: Report, tmp_path_factory) -> Non
         "brackets). Ratios: Federator's figure over Faust's at the same concurrency (req/s: higher is better; "
         "latency: lower is better). Server CPU: the Faust process or the node process; wrk, the broker and "
         "the other server share the machine.", "", *rows])
-    report_routed(report, routed, from_owner, wrk_v)
+    report_routed(report, routed, from_owner, wrk_v, bare)
     sql_x = med("sql", 10, "rate") / med("faust", 10, "rate")
     p99_x = med("sql", 10, "p99_ms") / med("faust", 10, "p99_ms")
     report.target(f"SQL point at c=10: req/s >= {T_SQL_VS_FAUST_RPS:g}x Faust's, p99 <= {T_SQL_VS_FAUST_P99:g}x Faust's "
@@ -301,7 +304,7 @@ def measure_routed(cluster: Cluster, root: Path) -> tuple[dict[tuple[str, int], 
 
 
 def report_routed(report: Report, results: dict[tuple[str, int], list[WrkResult]], from_owner: float,
-                  wrk_v: str) -> None:
+                  wrk_v: str, bare: tuple[float, float]) -> None:
     def med(kind: str, c: int, attr: str) -> float:
         return statistics.median(getattr(r, attr) for r in results[(kind, c)])
 
@@ -322,7 +325,11 @@ def report_routed(report: Report, results: dict[tuple[str, int], list[WrkResult]
         f"{SECONDS:g}s after a {WARMUP_S:g}s warm-up, {ROUNDS} rounds, medians. Server CPU sums both nodes. "
         f"n0 answered {from_owner:.0%} of the routed queries on its event loop after reading "
         "the key from its owner (its federator_loop_server_requests_total, answered=\"from_owner\"); the local "
-        "ones are answered at once.", "", *rows])
+        "ones are answered at once. The baseline of what a routed read adds: a bare round trip between two "
+        "processes (tests/bench/round_trip.py: 16 bytes echoed on a blocking socket, one at a time, no Federator "
+        f"code), measured after the loads: p50 {bare[0]:.3f} ms, p99 {bare[1]:.3f} ms; the routed p50 less the local "
+        "one at 1 client: "
+        f"{med('routed', 1, 'p50_ms') - med('local', 1, 'p50_ms'):.3f} ms.", "", *rows])
     worst = max(max(med("routed", c, "p50_ms") / med("local", c, "p50_ms"),
                     med("local", c, "rate") / med("routed", c, "rate")) for c in ROUTED_CLIENTS)
     report.target(f"routed SQL point <= {T_ROUTED_VS_LOCAL:g}x local (p50 and 1/rate, c=1 and c=10; issue 45)",
