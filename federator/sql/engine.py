@@ -618,8 +618,10 @@ class SqlEngine:
         global store's type gave on this node, ``Rows``)."""
         defn = ref.store
 
-        def gather(subqueries: list[SubQuery], work: OwnerWork | None = None, keep: bool = False) -> Gathered:
-            gathered = self.dispatcher.gather(defn.name, defn.partitions, subqueries, work, options,
+        def gather(subqueries: list[SubQuery], work: OwnerWork | None = None, keep: bool = False,
+                   after: Position | None = None) -> Gathered:
+            asked = options if after is None or after.is_empty() else replace(options, bound=_at_least(options.bound, after))
+            gathered = self.dispatcher.gather(defn.name, defn.partitions, subqueries, work, asked,
                                               keep_for=self._reuse_seconds if keep else 0.0, known=seen.known)
             seen.add(defn.name, gathered)
             return gathered
@@ -868,16 +870,26 @@ class _Seen:
 
 
 class _RuleFetch:
-    """A rule's ``fetch`` (federator.plugin.rules.Fetch)."""
+    """A rule's ``fetch`` (federator.plugin.rules.Fetch). Each round reads no partition at a
+    state older than an earlier round read it at: the answer's position is the newest each
+    partition was read at, so a later round answered by a copy behind (another owner after a
+    rebalance) would give counts older than that position says."""
 
     def __init__(self, gather: Callable[..., Gathered], keeps: bool) -> None:
         self._gather, self.keeps = gather, keeps
         self.refreshed_rows = 0
+        self._read = Position()  # where the earlier rounds read
 
     def __call__(self, subqueries: list[SubQuery], keep: bool = False) -> list[pa.RecordBatch]:
-        gathered = self._gather(subqueries, keep=keep and self.keeps)
+        gathered = self._gather(subqueries, keep=keep and self.keeps, after=self._read)
+        self._read = self._read.merge(gathered.position)
         self.refreshed_rows = gathered.refreshed_rows
         return gathered.batches
+
+
+def _at_least(bound: PositionBound, position: Position) -> PositionBound:
+    """``bound`` raised to ``position`` wherever that is further on."""
+    return PositionBound.at(position if bound.position is None else bound.position.merge(position))
 
 
 def _read_at_known(seen: _Seen, known: Position, plan: QueryPlan, stores: list[StoreDefinition]) -> bool:
