@@ -12,6 +12,7 @@ answers: every partition answers, or the query fails naming the ones that did no
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import threading
 import time
@@ -302,11 +303,10 @@ class Dispatcher:
         """Route every pending partition; grouped into one request per (node, subquery, whether
         it must be the active copy: not for a standby that a token sent us to)."""
         groups: dict[_Group, list[int]] = defaultdict(list)
-        lag_bound = options.allow_stale and options.max_lag is not None  # else a copy's lag refuses nothing
         for item in sorted(pending):
             i, p = item
             if here:
-                refused = local_refusal(options, self.node.local_lag(store, p)) if lag_bound else None
+                refused = local_refusal(options, functools.partial(self.node.local_lag, store, p))
                 if refused is not None:
                     tries.reasons[item] = refused
                 else:

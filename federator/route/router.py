@@ -5,6 +5,7 @@ to no other node: the node asked answers them from its own copies (``local_refus
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from federator.cluster.membership import ClusterView
 from federator.route.read_options import ReadOptions
@@ -64,13 +65,17 @@ def targets_for(view: ClusterView, store: str, partition: int, options: ReadOpti
     return out
 
 
-def local_refusal(options: ReadOptions, lag: int | None) -> str | None:
-    """Why this node's own copy of a global store's partition, ``lag`` records behind its
+def local_refusal(options: ReadOptions, lag: Callable[[], int | None]) -> str | None:
+    """Why this node's own copy of a global store's partition, ``lag()`` records behind its
     changelog (None: not known yet), may not answer a read with ``options``; None when it may.
     A copy is every node's, as a standby is: ``max_lag`` bounds it when stale reads are
     allowed. Otherwise the copy must be current, which the copy itself checks (as an active
-    owner does), and a consistency token's offsets are checked by the copy too."""
-    if options.allow_stale and options.max_lag is not None and (lag is None or lag > options.max_lag):
-        behind = "has not seen its changelog's end yet" if lag is None else f"is {lag} records behind"
-        return f"this node's copy {behind}, more than max_lag {options.max_lag}"
+    owner does), and a consistency token's offsets are checked by the copy too. ``lag`` is
+    asked only then: a read of every partition would otherwise ask it of each for nothing."""
+    if not (options.allow_stale and options.max_lag is not None):
+        return None
+    behind = lag()
+    if behind is None or behind > options.max_lag:
+        said = "has not seen its changelog's end yet" if behind is None else f"is {behind} records behind"
+        return f"this node's copy {said}, more than max_lag {options.max_lag}"
     return None

@@ -259,10 +259,9 @@ class SqlEngine:
         if plan is None or not _small_and_together(plan):
             return None
         options = ReadOptions(PositionBound.unbounded(), req.allow_stale, req.max_lag, math.inf)
-        lag_bound = req.allow_stale and req.max_lag is not None  # else a copy's lag refuses nothing
         for ref in plan.refs:  # else the dispatcher would wait for a copy to catch up
             if any(not self.node.answers_now(ref.store.name, p, not req.allow_stale)
-                   or (lag_bound and local_refusal(options, self.node.local_lag(ref.store.name, p)) is not None)
+                   or local_refusal(options, functools.partial(self.node.local_lag, ref.store.name, p)) is not None
                    for p in range(ref.store.partitions)):
                 return None
         return self.execute(req, plan)
