@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import KW_ONLY, InitVar, dataclass, field
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence, TypeVar
 
 import pyarrow as pa
 
@@ -22,6 +22,7 @@ from federator.errors import FederatorError
 NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,199}$")
 # Columns every windowed/session store adds, and the record timestamp every store adds.
 RESERVED_COLUMNS = ("window_start", "window_end", "rowtime")
+T = TypeVar("T")
 
 
 class DefinitionError(FederatorError, ValueError):
@@ -260,17 +261,22 @@ class StoreDefinition:
         return [f"{k}: {a.get(k)!r} vs {b.get(k)!r}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
 
     def arrow_schema(self) -> pa.Schema:
-        schema = self.__dict__.get("_arrow_schema")  # built once: read on every query
-        if schema is None:
-            schema = self.__dict__["_arrow_schema"] = self.store_type.schema(self)
-        return schema
+        return self.derived("arrow_schema", self.store_type.schema)
 
     def row_decoder(self) -> Any:
-        """The store type's decoder of a stored entry into every column (``StoreKind.row_decoder``),
-        made once: a global leaderboard decodes its few rows with it on every rank."""
-        if "_row_decoder" not in self.__dict__:
-            self.__dict__["_row_decoder"] = self.store_type.row_decoder(self)
-        return self.__dict__["_row_decoder"]
+        """The store type's decoder of a stored entry into every column (``StoreKind.row_decoder``):
+        a global leaderboard decodes its few rows with it on every rank."""
+        return self.derived("row_decoder", self.store_type.row_decoder)
+
+    def derived(self, name: str, build: Callable[[StoreDefinition], T]) -> T:
+        """``build(self)``, made once per definition and kept under ``name``: what queries read
+        again and again (a schema costs more to build, and to hash, than a few rows to read)."""
+        kept = self.__dict__.get("_derived")
+        if kept is None:
+            kept = self.__dict__["_derived"] = {}
+        if name not in kept:
+            kept[name] = build(self)
+        return kept[name]
 
 
 def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

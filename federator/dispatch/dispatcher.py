@@ -41,7 +41,7 @@ from federator.query.result import FailureReason, QueryResult
 from federator.query.wire import NOT_COLOCATED
 from federator.route.read_options import ReadOptions
 from federator.store.layer import StoredEntry
-from federator.route.router import local_refusal, targets_for
+from federator.route.router import local_refusals, targets_for
 
 
 RETRYABLE = {FailureReason.NOT_PRESENT, FailureReason.NOT_ACTIVE, FailureReason.NOT_UP_TO_BOUND, FailureReason.DOES_NOT_EXIST}
@@ -58,11 +58,9 @@ class Gathered:
     calls: list[dict[str, Any]] = field(default_factory=list)
     reused: int = 0  # partitions answered from kept answers, without a call
     refreshed_rows: int = 0  # rows of answers asked again because their partition moved since kept
-
-    @property
-    def position(self) -> Position:
-        """What the answers read: per partition, the largest offset any of them names."""
-        return Position().merge_all(self.positions)
+    # what the answers read: per partition, the largest offset any of them names (set once
+    # every answer is in, and read by each who takes the answers)
+    position: Position = field(default_factory=Position)
 
 
 class _Asked(NamedTuple):
@@ -268,6 +266,7 @@ class Dispatcher:
                     self._reused(out, defn, item, shared)
             if again:
                 self._gather(out, store, subqueries, work, options, again, defn, token, states)
+            out.position = Position().merge_all(out.positions)
             return out
         finally:  # what this gather was asking for on others' behalf: handed on, or nothing
             for (i, p), (_, _, asking) in states.items():
@@ -303,15 +302,11 @@ class Dispatcher:
         """Route every pending partition; grouped into one request per (node, subquery, whether
         it must be the active copy: not for a standby that a token sent us to)."""
         groups: dict[_Group, list[int]] = defaultdict(list)
+        if here:
+            self._route_here(store, options, pending, tries, groups)
+            return groups
         for item in sorted(pending):
             i, p = item
-            if here:
-                refused = local_refusal(options, functools.partial(self.node.local_lag, store, p))
-                if refused is not None:
-                    tries.reasons[item] = refused
-                else:
-                    groups[_Group(self.node.node_id, (self.node.endpoint, None), i, not options.allow_stale)].append(p)
-                continue
             avoid = tries.avoid[item]
             targets = targets_for(self.node.view, store, p, options, frozenset(avoid), token.get(p))
             if not targets and avoid:
@@ -325,6 +320,19 @@ class Dispatcher:
             t = targets[0]
             groups[_Group(t.node_id, (t.endpoint, t.key_endpoint), i, t.active and not options.allow_stale)].append(p)
         return groups
+
+    def _route_here(self, store: str, options: ReadOptions, pending: set[tuple[int, int]], tries: _Tries,
+                    groups: dict[_Group, list[int]]) -> None:
+        """A global store's pending partitions, to this node's own copies (``_route``)."""
+        refused = local_refusals(options, (p for _, p in pending), functools.partial(self.node.local_lag, store))
+        here = (self.node.endpoint, None)
+        group = {i: _Group(self.node.node_id, here, i, not options.allow_stale) for i in {i for i, _ in pending}}
+        for item in sorted(pending):
+            i, p = item
+            if p in refused:
+                tries.reasons[item] = refused[p]
+            else:
+                groups[group[i]].append(p)
 
     def _calls(self, store: str, subqueries: list[SubQuery], work: OwnerWork | None, options: ReadOptions,
                groups: dict[_Group, list[int]]) -> tuple[list[_Call], list[_Call]]:
@@ -410,14 +418,15 @@ class Dispatcher:
         gathers waiting for them); a failure is raised, or left in ``tries`` to retry."""
         nid, i = answer.node_id, answer.subquery
         out.calls.append({"node": nid, "subquery": i, "partitions": [r.partition for r in answer.results]})
+        took = False
         for r in answer.results:
             item = (i, r.partition)
-            if not r.ok:
+            if r.failure is not None:
                 self._failure(r, nid, subqueries[i], item, token, options, tries)
             elif item in pending:
                 pending.discard(item)
                 out.partitions.add(item)
-                out.nodes.add(nid)
+                took = True
                 if r.batch is not None:
                     out.batches.append(r.batch)
                 if r.position is not None:
@@ -429,6 +438,8 @@ class Dispatcher:
                         out.refreshed_rows += r.batch.num_rows
                     if asked.asking is not None:
                         asked.asking.set_result(kept)
+        if took:
+            out.nodes.add(nid)
 
     @staticmethod
     def _failure(r: QueryResult, nid: str, sq: SubQuery, item: tuple[int, int], token: dict[int, int],

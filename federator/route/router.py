@@ -1,11 +1,11 @@
 """Partition → node, from the membership view; standbys when stale reads are allowed, or when a
 consistency token asks for no more than a standby already has. A global store's partitions go
-to no other node: the node asked answers them from its own copies (``local_refusal``)."""
+to no other node: the node asked answers them from its own copies (``local_refusals``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable
 
 from federator.cluster.membership import ClusterView
 from federator.route.read_options import ReadOptions
@@ -65,17 +65,20 @@ def targets_for(view: ClusterView, store: str, partition: int, options: ReadOpti
     return out
 
 
-def local_refusal(options: ReadOptions, lag: Callable[[], int | None]) -> str | None:
-    """Why this node's own copy of a global store's partition, ``lag()`` records behind its
-    changelog (None: not known yet), may not answer a read with ``options``; None when it may.
-    A copy is every node's, as a standby is: ``max_lag`` bounds it when stale reads are
-    allowed. Otherwise the copy must be current, which the copy itself checks (as an active
-    owner does), and a consistency token's offsets are checked by the copy too. ``lag`` is
-    asked only then: a read of every partition would otherwise ask it of each for nothing."""
+def local_refusals(options: ReadOptions, partitions: Iterable[int], lag: Callable[[int], int | None]) -> dict[int, str]:
+    """Why this node's own copy of each of a global store's ``partitions``, ``lag(p)`` records
+    behind its changelog (None: not known yet), may not answer a read with ``options``: the
+    partitions that may not, each with its reason. A copy is every node's, as a standby is:
+    ``max_lag`` bounds it when stale reads are allowed. Otherwise the copy must be current,
+    which the copy itself checks (as an active owner does), and a consistency token's offsets
+    are checked by the copy too. ``lag`` is asked only then: a read of every partition would
+    otherwise ask it of each for nothing."""
     if not (options.allow_stale and options.max_lag is not None):
-        return None
-    behind = lag()
-    if behind is None or behind > options.max_lag:
-        said = "has not seen its changelog's end yet" if behind is None else f"is {behind} records behind"
-        return f"this node's copy {said}, more than max_lag {options.max_lag}"
-    return None
+        return {}
+    refused: dict[int, str] = {}
+    for p in partitions:
+        behind = lag(p)
+        if behind is None or behind > options.max_lag:
+            said = "has not seen its changelog's end yet" if behind is None else f"is {behind} records behind"
+            refused[p] = f"this node's copy {said}, more than max_lag {options.max_lag}"
+    return refused

@@ -20,7 +20,7 @@ from federator.node.protocol import ServingNode
 from federator.query.owner_work import OwnerWork
 from federator.query.position import Position, PositionBound
 from federator.route.read_options import ReadOptions
-from federator.route.router import local_refusal
+from federator.route.router import local_refusals
 from federator.sql.catalog_tables import describe, information_schema, show_tables
 from federator.errors import SqlError
 from federator.sql import writeback
@@ -260,9 +260,9 @@ class SqlEngine:
             return None
         options = ReadOptions(PositionBound.unbounded(), req.allow_stale, req.max_lag, math.inf)
         for ref in plan.refs:  # else the dispatcher would wait for a copy to catch up
-            if any(not self.node.answers_now(ref.store.name, p, not req.allow_stale)
-                   or local_refusal(options, functools.partial(self.node.local_lag, ref.store.name, p)) is not None
-                   for p in range(ref.store.partitions)):
+            name, partitions = ref.store.name, range(ref.store.partitions)
+            if local_refusals(options, partitions, functools.partial(self.node.local_lag, name)) \
+                    or not all(self.node.answers_now(name, p, not req.allow_stale) for p in partitions):
                 return None
         return self.execute(req, plan)
 

@@ -54,7 +54,7 @@ class Shard(StoreLayer):
         self.partition = partition
         self.topic = definition.topic
         self.store_type: StoreType = definition.store_type  # type: ignore[assignment]  # resolved by the registry
-        self.schema = self.store_type.schema(definition)
+        self.schema = definition.arrow_schema()
         self._lock = threading.Lock()  # serializes writers
         # A sequence lock lets readers run without blocking writers: odd while a write is in
         # flight; a read that saw the same even number before and after saw one consistent

@@ -27,7 +27,9 @@ def answer_together(shards: list[Shard], query: Query, bound: PositionBound, han
     first = answer(shards[0], query, bound, False, read)
     if not first.ok:
         return [first, *(together_refused(s.partition, first) for s in shards[1:])]
-    unmet = [u for s, at in zip(shards, read_at) if (u := unmet_bound(s, bound, at)) is not None]
+    # each partition's state, read with the first's, checked against the bound too (none: nothing to check)
+    unmet = [] if bound.is_unbounded else \
+        [u for s, at in zip(shards, read_at) if (u := unmet_bound(s, bound, at)) is not None]
     if unmet:
         refused = {u.partition for u in unmet}
         return unmet + [together_refused(s.partition, unmet[0]) for s in shards if s.partition not in refused]

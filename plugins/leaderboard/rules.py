@@ -48,7 +48,8 @@ from federator.query.rows import Rows, as_batch, concat_rows
 from federator_plugins.leaderboard.index import Order, before, key_order, score_of
 from federator_plugins.leaderboard.queries import (AroundQuery, PlayerRanksQuery, RankQuery, RanksAroundQuery,
                                                    TopKQuery)
-from federator_plugins.leaderboard.store import ANCHOR, AFTER, BEFORE, COUNT, ENTRY, PLACE, RANK, SCORE, sortable_score
+from federator_plugins.leaderboard.store import (ANCHOR, AFTER, BEFORE, COUNT, ENTRY, PLACE, RANK, SCORE, ranked_schema,
+                                                  sortable_score)
 
 RANK_COLUMN = RANK  # the rank the rule computed, as PlayerRanksQuery and RanksAroundQuery name it too
 ANCHOR_COLUMN = ANCHOR  # the player's rank the rows around it are chosen by, as RanksAroundQuery names it
@@ -230,7 +231,7 @@ def _together_plan(players: tuple, named: list[exp.Expression], ranked: Ranking,
     ranks = [SubQuery(PlayerRanksQuery(players, ranked.order.descending, ranked.order.tie_key, ranked.dense), None)]
 
     def combine(fetch: Fetch) -> pa.Table | Rows:
-        return _together_rows(fetch(ranks), pa.schema([*store.arrow_schema(), pa.field(RANK_COLUMN, pa.int64())]))
+        return _together_rows(fetch(ranks), ranked_schema(store, RANK_COLUMN))
 
     def rebind(parameters: list[exp.Expression]) -> RulePlan | None:
         return _players_plan([_rebound(node, parameters) for node in named], ranked, store, None)
@@ -368,7 +369,7 @@ def _around_together_plan(player: Any, named: exp.Expression, above: int, below:
     """The rows around a player of a global leaderboard, ranked in one read of every partition
     on the node asked: the player's score and the rows near it are of one state."""
     rows = [SubQuery(RanksAroundQuery(player, above, below, ranked.order.descending, ranked.order.tie_key), None)]
-    schema = pa.schema([*store.arrow_schema(), pa.field(RANK_COLUMN, pa.int64()), pa.field(ANCHOR_COLUMN, pa.int64())])
+    schema = ranked_schema(store, RANK_COLUMN, ANCHOR_COLUMN)
 
     def combine(fetch: Fetch) -> pa.Table | Rows:
         return _together_rows(fetch(rows), schema)

@@ -131,10 +131,11 @@ def _python_rows(views: list[ShardView], entries: list[bytes]) -> list[tuple]:
     return [decode(k, views[partition_for(k, defn.partitions)].get(k)) for k in keys]
 
 
-@functools.lru_cache(maxsize=64)
-def _with_columns(schema: pa.Schema, *names: str) -> pa.Schema:
-    """The store's schema with int64 columns ``names`` after it (a rank, its anchor)."""
-    return pa.schema([*schema, *(pa.field(n, pa.int64()) for n in names)])
+def ranked_schema(defn: StoreDefinition, *names: str) -> pa.Schema:
+    """The store's schema with int64 columns ``names`` after it (a rank, its anchor): one
+    object per definition, as answers of every rank are checked against it."""
+    return defn.derived(f"leaderboard:{','.join(names)}",
+                        lambda d: pa.schema([*d.arrow_schema(), *(pa.field(n, pa.int64()) for n in names)]))
 
 
 def sortable_score(defn: StoreDefinition, score: Any) -> int:
@@ -197,7 +198,7 @@ def player_ranks(views: list[ShardView], q: PlayerRanksQuery) -> Rows:
         ranked = _ranks(indexes, places, order)
         ranks = [ranked[p] for p in places]
     decode = defn.row_decoder()
-    return Rows(_with_columns(views[0].schema, RANK), [(*decode(k, v), r) for k, v, r in zip(keys, stored, ranks)])
+    return Rows(ranked_schema(defn, RANK), [(*decode(k, v), r) for k, v, r in zip(keys, stored, ranks)])
 
 
 def _ranks(indexes: list[ScoreIndex], places: Iterable[tuple[int, bytes]],
@@ -285,7 +286,7 @@ def _near(entries: SortedList, me: tuple[int, bytes], above: int, below: int, or
 
 def _ranked_rows(views: list[ShardView], entries: list[bytes], ranks: list[int], anchor: int) -> Rows:
     rows = _python_rows(views, entries)
-    return Rows(_with_columns(views[0].schema, RANK, ANCHOR), [(*row, r, anchor) for row, r in zip(rows, ranks)])
+    return Rows(ranked_schema(views[0].definition, RANK, ANCHOR), [(*row, r, anchor) for row, r in zip(rows, ranks)])
 
 
 class LeaderboardStoreType(KeyValueStoreType):
