@@ -479,8 +479,16 @@ class Dispatcher:
         key: list[tuple] = []
         offsets: dict[str, dict[int, int]] = {}
         for defn in stores:
-            owners = self._owners(live, defn)
             parts = offsets.setdefault(defn.topic, {})
+            if defn.is_global:  # this node's own copies, every partition at once
+                here = self.node.answerable_offsets_of(defn.name, range(defn.partitions))
+                if here is None:
+                    return None
+                epoch, at = here
+                key.extend((defn.name, p, None, (epoch, o)) for p, o in enumerate(at))
+                parts.update((p, o) for p, o in enumerate(at) if o >= 0)
+                continue
+            owners = _active_owners(live, defn.name)
             for p in range(defn.partitions):
                 state = self._state(defn.name, p, owners.get(p))
                 if state is None:
@@ -504,8 +512,8 @@ class Dispatcher:
         if owner is None:
             return None
         if owner.node_id == self.node.node_id:
-            known = self.node.answerable_offset(store, partition)
-            return None if known is None else (None, known)
+            known = self.node.answerable_offsets_of(store, (partition,))
+            return None if known is None else (None, (known[0], known[1][0]))
         if owner.key_endpoint is None:
             return None
         watch = self._watch(owner.key_endpoint)

@@ -12,7 +12,7 @@ from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import pyarrow as pa
 from confluent_kafka import KafkaException, Message
@@ -466,16 +466,18 @@ class Node:
             if m.epoch == epoch:
                 return epoch, out
 
-    def answerable_offset(self, store: str, partition: int) -> tuple[int, int] | None:
-        """(epoch, offset) of one partition, as ``answerable_offsets`` gives it; None when this
-        node would not answer it as the current active copy."""
+    def answerable_offsets_of(self, store: str, partitions: Iterable[int]) -> tuple[int, list[int]] | None:
+        """(epoch, the offset of each of ``partitions``), as ``answerable_offsets`` gives them;
+        None when this node would not answer one of them as the current active copy."""
         m = self.materializer
         epoch = m.epoch
-        hs = m.hosted(store, partition)
-        if hs is None or not _answerable(hs):
-            return None
-        offset = _offset(hs)
-        return (epoch, offset) if m.epoch == epoch else None
+        offsets = []
+        for p in partitions:
+            hs = m.hosted(store, p)
+            if hs is None or not _answerable(hs):
+                return None
+            offsets.append(_offset(hs))
+        return (epoch, offsets) if m.epoch == epoch else None
 
     def local_lag(self, store: str, partition: int) -> int | None:
         """Records this node's copy of the partition is behind its changelog's end; None when

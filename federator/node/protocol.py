@@ -6,7 +6,7 @@ so that dispatch and SQL type against it and never probe the node for what it ma
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Iterable, Protocol
 
 from federator.catalog.definition import StoreDefinition
 from federator.cluster.membership import ClusterView
@@ -86,8 +86,9 @@ class ServingNode(Protocol):
         """A key's stored entry from this node's active, current copy; None when it cannot serve it so."""
         ...
 
-    def answerable_offset(self, store: str, partition: int) -> tuple[int, int] | None:
-        """(epoch, offset) of a partition this node would answer as its current active copy."""
+    def answerable_offsets_of(self, store: str, partitions: Iterable[int]) -> tuple[int, list[int]] | None:
+        """(epoch, the offset of each of ``partitions``) this node would answer as their current
+        active copy; None when it would not answer one of them so."""
         ...
 
     def local_lag(self, store: str, partition: int) -> int | None:

@@ -7,7 +7,7 @@ the rest answers as a node that hosts nothing and has read its catalog.
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Any
+from typing import Any, Iterable
 
 from federator.catalog.definition import StoreDefinition
 from federator.cluster.membership import ClusterView
@@ -47,7 +47,7 @@ class FakeNode:
     def read_local(self, store: str, partition: int, key: bytes, bound: PositionBound) -> StoredEntry | None:
         return None
 
-    def answerable_offset(self, store: str, partition: int) -> tuple[int, int] | None:
+    def answerable_offsets_of(self, store: str, partitions: Iterable[int]) -> tuple[int, list[int]] | None:
         return None
 
     def local_lag(self, store: str, partition: int) -> int | None:
