@@ -43,9 +43,8 @@ import logging
 import math
 import threading
 from collections import OrderedDict
-from functools import lru_cache
 from decimal import Decimal
-from typing import Any, Callable, Iterable, Iterator, Mapping, TypeVar
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -53,30 +52,12 @@ import pyarrow.csv as pa_csv
 import pyarrow.ipc as pa_ipc
 
 from federator.errors import SqlError, as_error
+from federator.memo import by_identity
 from federator.settings import JSON_ROWS, JSON_ROWS_MAX_CHARS
 from federator.sql.types import _is, sql_type_name
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
-
-def per_schema(build: Callable[[pa.Schema], T]) -> Callable[[pa.Schema], T]:
-    """``build(schema)`` made once per schema: found by the schema object first (the same
-    object answers every query of a plan), then by its value (hashing a schema walks its fields,
-    a few µs, as much as the rest of a one-row answer's JSON)."""
-    by_value = lru_cache(maxsize=256)(build)
-    by_object: dict[int, tuple[pa.Schema, T]] = {}  # holding the schema keeps its id its own
-
-    def made(schema: pa.Schema) -> T:
-        held = by_object.get(id(schema))
-        if held is not None and held[0] is schema:
-            return held[1]
-        value = by_value(schema)
-        if len(by_object) >= 256:
-            by_object.clear()
-        by_object[id(schema)] = (schema, value)
-        return value
-    return made
 
 # Format name -> media type. Names are what the "format" field takes.
 MEDIA_TYPES: dict[str, str] = {
@@ -311,7 +292,7 @@ def value_converter_for(t: pa.DataType) -> Callable[[Any], Any] | None:
     return None
 
 
-@per_schema
+@by_identity
 def _row_layout(schema: pa.Schema) -> list[Callable[[Any], Any]] | None:
     converters = [value_converter_for(f.type) for f in schema]
     return None if any(c is None for c in converters) else converters  # type: ignore[return-value]
@@ -344,7 +325,7 @@ def json_object_from_arrow(batch: pa.RecordBatch) -> bytes:
     return _encode({f.name: conv(col)[0] for f, conv, col in zip(batch.schema, converters, first.columns)}).encode()
 
 
-@per_schema
+@by_identity
 def _layout(schema: pa.Schema) -> tuple[list[Converter], str]:
     """Converters and the JSON "columns" text per schema; made once, because building them
     costs as much as the rest of a one-row answer."""

@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from sqlglot import exp
 
+from federator.memo import by_identity
 from federator.query.rows import Rows
 
 # Types compared and added alike in Python/Arrow and DuckDB, with the Arrow type DuckDB
@@ -104,7 +105,7 @@ class TopRows:
         """``apply`` over Python values, the same answer: a stable sort per key (the last key
         first), each key's nulls first or last; None when the rows' types are not the answer's
         (a cast is Arrow's) or a column is missing."""
-        layout = _layout_of(self, rows.schema, schema)
+        layout = _rows_layout(self, rows.schema, schema)
         if layout is None:
             return None
         sort_keys, pick, out = layout
@@ -115,23 +116,7 @@ class TopRows:
         return Rows(out, [pick(r) for r in kept[self.offset:stop]])
 
 
-_LAYOUTS: dict[tuple[int, int, int], tuple[Any, ...]] = {}
-
-
-def _layout_of(top: TopRows, source: pa.Schema, schema: pa.Schema | None
-               ) -> tuple[list[tuple[int, bool, bool]], Callable[[tuple], tuple], pa.Schema] | None:
-    """``_rows_layout``'s answer, kept by its arguments' identity (hashing a schema costs more
-    than cutting a few rows; a store's schemas are one object each). The arguments are kept
-    with it, so no other object takes their ids while it is kept."""
-    key = (id(top), id(source), id(schema))
-    kept = _LAYOUTS.get(key)
-    if kept is None:
-        if len(_LAYOUTS) >= 256:
-            _LAYOUTS.clear()
-        kept = _LAYOUTS[key] = (top, source, schema, _rows_layout(top, source, schema))
-    return kept[3]
-
-
+@by_identity
 def _rows_layout(top: TopRows, source: pa.Schema, schema: pa.Schema | None
                  ) -> tuple[list[tuple[int, bool, bool]], Callable[[tuple], tuple], pa.Schema] | None:
     """For ``TopRows._apply_rows``, made once per statement and schema (a schema costs more to

@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 LAYERS: list[tuple[str, list[str]]] = [
     ("foundation", ["federator", "federator.settings", "federator.partitioner", "federator.kafka", "federator.kafka_properties", "federator.broker",
                     "federator.formats", "federator.errors", "federator.metrics", "federator.auth", "federator.tls",
-                    "federator.cancel", "federator.extras"]),
+                    "federator.cancel", "federator.extras", "federator.memo"]),
     ("query model (IQv2)", ["federator.query"]),
     ("catalog", ["federator.catalog"]),
     ("stores", ["federator.store"]),
