@@ -31,7 +31,7 @@ from federator.dispatch.key_client_async import AsyncKeyClient
 from federator.dispatch.partition_answers import PartitionAnswers
 from federator.dispatch.position_watch import PositionWatch
 from federator.node.protocol import ServingNode
-from federator.dispatch.errors import NotColocated, NotUpToBound, OwnerFailed, Timeout, Unavailable
+from federator.dispatch.errors import NotColocated, NotNow, NotUpToBound, OwnerFailed, Timeout, Unavailable
 from federator.plan.keys import SubQuery
 from federator.query.owner_work import OwnerWork
 from federator.query.queries import UnknownQueryType
@@ -286,6 +286,8 @@ class Dispatcher:
         tries = _Tries()
         here = defn is not None and defn.is_global  # a global store: this node's copies answer it all
         if here and token:
+            if options.at_once:
+                raise NotNow("a consistency token may need a wait", sorted(token))
             self.node.wait_applied(store, token, options.deadline)  # each record applied wakes it: no backoff
         while pending:
             groups = self._route(store, options, pending, here, token, tries)
@@ -295,6 +297,8 @@ class Dispatcher:
                 self._take(out, answer, subqueries, work, pending, defn, token, options, states, tries)
             if not pending:
                 break
+            if options.at_once:
+                raise NotNow("a copy cannot answer now", sorted(p for _, p in pending))
             self._back_off(pending, options.deadline, tries)
 
     def _route(self, store: str, options: ReadOptions, pending: set[tuple[int, int]], here: bool,

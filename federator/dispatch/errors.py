@@ -40,6 +40,11 @@ class NotUpToBound(DispatchError):
     code = "NOT_UP_TO_BOUND"
 
 
+class NotNow(DispatchError):
+    """An ``at_once`` read (ReadOptions) that a copy could not answer as it is now: the caller
+    reads again where it may wait (control flow, never an answer)."""
+
+
 class NotColocated(DispatchError):
     """A co-partitioned join cannot run on the owners: the caller joins at the receiver instead
     (control flow; should one escape, its partitions were unavailable)."""

@@ -546,11 +546,6 @@ class Node:
                 run.results.append(self._run_partition(request, hs, run))
         return self._finish(request, run)
 
-    def answers_now(self, store: str, partition: int, require_active: bool) -> bool:
-        """Whether this node's copy of the partition answers a read now, as the current copy
-        (``require_active``: a read that may not be stale) or as any caught-up one."""
-        return self._copy_for(store, self.stores.get(store), partition, require_active)[0] is not None
-
     def unchanged_since(self, store: str, query: Query, since: Position) -> bool:
         """Whether a global store's ``query`` answers now, from this node's current copies,
         what it answered at the offsets ``since`` names; False when its store type cannot

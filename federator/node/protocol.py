@@ -95,11 +95,6 @@ class ServingNode(Protocol):
         """Records this node's copy of the partition is behind its changelog's end."""
         ...
 
-    def answers_now(self, store: str, partition: int, require_active: bool) -> bool:
-        """Whether this node's copy of the partition answers a read now (``require_active``: as
-        the current copy)."""
-        ...
-
     def unchanged_since(self, store: str, query: Query, since: Position) -> bool:
         """Whether a global store's ``query`` answers now what it answered at ``since``."""
         ...

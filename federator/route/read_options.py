@@ -17,3 +17,6 @@ class ReadOptions:
     allow_stale: bool = False  # a standby may answer
     max_lag: int | None = None  # ... if it is no more than this many records behind
     deadline: float = math.inf  # time.monotonic() by which every partition must have answered
+    # answered by the copies as they are now, or not at all (NotNow): for the event loop, which
+    # must not wait for a copy to catch up
+    at_once: bool = False

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import math
 import threading
 import time
 from collections import OrderedDict
@@ -15,12 +14,11 @@ import pyarrow as pa
 
 from federator.catalog.definition import StoreDefinition
 from federator.dispatch.dispatcher import Dispatcher, Gathered
-from federator.dispatch.errors import DispatchError, NotColocated
+from federator.dispatch.errors import DispatchError, NotColocated, NotNow
 from federator.node.protocol import ServingNode
 from federator.query.owner_work import OwnerWork
 from federator.query.position import Position, PositionBound
 from federator.route.read_options import ReadOptions
-from federator.route.router import local_refusals
 from federator.sql.catalog_tables import describe, information_schema, show_tables
 from federator.errors import SqlError
 from federator.sql import writeback
@@ -157,14 +155,17 @@ class SqlEngine:
             raise SqlError("UNKNOWN_STORE", f"unknown store {name!r}; stores are: {known} (SHOW TABLES lists them)")
         return defn
 
-    def execute(self, req: SqlRequest, plan: QueryPlan | None = None) -> SqlResult:
+    def execute(self, req: SqlRequest, plan: QueryPlan | None = None, at_once: bool = False) -> SqlResult:
         """``req``'s answer; ``plan``: the statement's plan for these parameters when the caller
-        holds it already (``local_global``), not looked up again."""
+        holds it already (``local_global``), not looked up again. ``at_once``: from the copies
+        as they are now, or NotNow (uncounted: the caller asks again where it may wait)."""
         started = time.perf_counter()
         # [the statement's kind once known, whether its answer streams out (then counted at its end)]
         track: list[Any] = ["unknown", False]
         try:
-            result = self._execute(req, started, track, plan)
+            result = self._execute(req, started, track, plan, at_once)
+        except NotNow:
+            raise
         except SqlError as e:
             self._count(track[0], e.code, started)
             raise
@@ -183,7 +184,8 @@ class SqlEngine:
         if self.metrics is not None:
             self.metrics.query(kind, outcome, time.perf_counter() - started)
 
-    def _execute(self, req: SqlRequest, started: float, track: list[Any], plan: QueryPlan | None) -> SqlResult:
+    def _execute(self, req: SqlRequest, started: float, track: list[Any], plan: QueryPlan | None,
+                 at_once: bool) -> SqlResult:
         deadline = time.monotonic() + req.timeout_ms / 1000
         try:
             position = Position.from_token(req.consistency_token) if req.consistency_token else Position()
@@ -192,7 +194,7 @@ class SqlEngine:
         stmt = parse(req.sql, dialect_of(req.dialect))
         stats: dict[str, Any] = {"partitions_queried": 0, "nodes": 0, "rows": 0, "elapsed_ms": 0.0}
         options = ReadOptions(PositionBound.at(position) if not position.is_empty() else PositionBound.unbounded(),
-                              req.allow_stale, req.max_lag, deadline)
+                              req.allow_stale, req.max_lag, deadline, at_once)
         if stmt.kind == "show_tables":
             track[0] = "other"
             table = show_tables(self._stores())
@@ -258,13 +260,10 @@ class SqlEngine:
         plan = self._kept_plan(req, plan_key)
         if plan is None or not _small_and_together(plan):
             return None
-        options = ReadOptions(PositionBound.unbounded(), req.allow_stale, req.max_lag, math.inf)
-        for ref in plan.refs:  # else the dispatcher would wait for a copy to catch up
-            name, partitions = ref.store.name, range(ref.store.partitions)
-            if local_refusals(options, partitions, functools.partial(self.node.local_lag, name)) \
-                    or not all(self.node.answers_now(name, p, not req.allow_stale) for p in partitions):
-                return None
-        return self.execute(req, plan)
+        try:
+            return self.execute(req, plan, at_once=True)
+        except NotNow:  # a copy must catch up first: asked again where that may be waited for
+            return None
 
     def local_point(self, req: SqlRequest) -> SqlResult | None:
         """A point query's answer read from this node's own current copy, at once: None when it

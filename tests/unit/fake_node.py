@@ -53,9 +53,6 @@ class FakeNode:
     def local_lag(self, store: str, partition: int) -> int | None:
         return None
 
-    def answers_now(self, store: str, partition: int, require_active: bool) -> bool:
-        return False
-
     def unchanged_since(self, store: str, query: Any, since: Any) -> bool:
         return False
 
