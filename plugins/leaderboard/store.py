@@ -82,8 +82,14 @@ def _entries(view: ShardView, span: Callable[[Any], tuple[int, int]], descending
 
 
 def top_k(view: ShardView, q: TopKQuery) -> pa.RecordBatch:
-    picked, _, _ = _entries(view, lambda entries: top(entries, q.k, q.descending, q.distinct), q.descending)
-    return _rows(view, picked)
+    return _rows(view, _best(view, q))
+
+
+def _best(view: ShardView, q: TopKQuery) -> list[bytes]:
+    """The partition's entries of its ``q.k`` best (with the ties at the cut), best first:
+    kept until its next write, as a top-k is asked again and again between two writes."""
+    return view.kept(f"top {q.k} {q.descending} {q.distinct}", lambda: _entries(
+        view, lambda entries: top(entries, q.k, q.descending, q.distinct), q.descending)[0])
 
 
 def top_k_together(views: list[ShardView], q: TopKQuery) -> Rows:
@@ -98,7 +104,7 @@ def _merged_top(views: list[ShardView], q: TopKQuery) -> tuple[SortedList, int, 
     of them, cut as one index would be."""
     picked: list[bytes] = []
     for view in views:
-        picked += _entries(view, lambda entries: top(entries, q.k, q.descending, q.distinct), q.descending)[0]
+        picked += _best(view, q)
     merged = SortedList(picked)
     return (merged, *top(merged, q.k, q.descending, q.distinct))
 
