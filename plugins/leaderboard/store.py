@@ -14,7 +14,7 @@ from __future__ import annotations
 import bisect
 import functools
 import struct
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 import pyarrow as pa
 from rocksdict import WriteBatch
@@ -96,7 +96,10 @@ def top_k_together(views: list[ShardView], q: TopKQuery) -> Rows:
     """A global leaderboard's k best rows (with the ties at the cut) over every partition:
     each partition's best, merged and cut as one index would be."""
     merged, lo, hi = _merged_top(views, q)
-    return Rows(views[0].schema, _python_rows(views, list(merged.islice(lo, hi, reverse=q.descending))))
+    home: dict[bytes, ShardView] = {}
+    for view in views:
+        home.update(dict.fromkeys(_best(view, q), view))
+    return Rows(views[0].schema, _python_rows(list(merged.islice(lo, hi, reverse=q.descending)), home))
 
 
 def _merged_top(views: list[ShardView], q: TopKQuery) -> tuple[SortedList, int, int]:
@@ -128,13 +131,19 @@ def top_k_unchanged(views: list[ShardView], q: TopKQuery, since: list[int]) -> b
     return True
 
 
-def _python_rows(views: list[ShardView], entries: list[bytes]) -> list[tuple]:
+def _python_rows(entries: list[bytes], home: Mapping[bytes, ShardView]) -> list[tuple]:
     """``_rows`` as Python values, for a together handler's few rows: entries of any
-    partition, each read from its own view (``views``: all of them)."""
-    defn = views[0].definition
+    partition, each read from the view it came from (``home``: the handler knows it, so no
+    key is hashed again to find its partition)."""
+    if not entries:
+        return []
+    defn = home[entries[0]].definition
     order, decode = key_order(defn.key_format), defn.row_decoder()
-    keys = [order(e[8:]) for e in entries]
-    return [decode(k, views[partition_for(k, defn.partitions)].get(k)) for k in keys]
+    rows = []
+    for e in entries:
+        k = order(e[8:])
+        rows.append(decode(k, home[e].get(k)))
+    return rows
 
 
 def ranked_schema(defn: StoreDefinition, *names: str) -> pa.Schema:
@@ -260,7 +269,7 @@ def ranks_around(views: list[ShardView], q: RanksAroundQuery) -> Rows:
     kb = defn.key.serialize(q.player)
     stored = views[partition_for(kb, defn.partitions)].get(kb)
     if stored is None:
-        return _ranked_rows(views, [], [], 0)
+        return _ranked_rows(views, [], [], 0, {})
     indexes = [_index(v) for v in views]
 
     def place(e: bytes) -> tuple[int, bytes]:  # what ranks an entry: its score, and its key where that breaks ties
@@ -268,13 +277,16 @@ def ranks_around(views: list[ShardView], q: RanksAroundQuery) -> Rows:
 
     me = place(entry(_stored_score(defn, stored), key_bytes(kb)))
     near: list[bytes] = []
-    for index in indexes:
+    home: dict[bytes, ShardView] = {}
+    for view, index in zip(views, indexes):
         with index.lock:
-            near += _near(index.entries, me, max(q.above, 0), max(q.below, 0), order)
+            found = _near(index.entries, me, max(q.above, 0), max(q.below, 0), order)
+        near += found
+        home.update(dict.fromkeys(found, view))
     ranks = _ranks(indexes, [me, *map(place, near)], order)
     anchor = ranks[me]
     kept = sorted((ranks[place(e)], e) for e in near if anchor - q.above <= ranks[place(e)] <= anchor + q.below)
-    return _ranked_rows(views, [e for _, e in kept], [r for r, _ in kept], anchor)
+    return _ranked_rows(views, [e for _, e in kept], [r for r, _ in kept], anchor, home)
 
 
 def _near(entries: SortedList, me: tuple[int, bytes], above: int, below: int, order: Order) -> list[bytes]:
@@ -290,8 +302,9 @@ def _near(entries: SortedList, me: tuple[int, bytes], above: int, below: int, or
     return [entries[nth(entries, k, order)] for k in range(max(at - above, 0), min(at + below + 1, len(entries)))]
 
 
-def _ranked_rows(views: list[ShardView], entries: list[bytes], ranks: list[int], anchor: int) -> Rows:
-    rows = _python_rows(views, entries)
+def _ranked_rows(views: list[ShardView], entries: list[bytes], ranks: list[int], anchor: int,
+                 home: Mapping[bytes, ShardView]) -> Rows:
+    rows = _python_rows(entries, home)
     return Rows(ranked_schema(views[0].definition, RANK, ANCHOR), [(*row, r, anchor) for row, r in zip(rows, ranks)])
 
 
