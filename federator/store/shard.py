@@ -98,7 +98,7 @@ class Shard(StoreLayer):
 
     def _view(self) -> ShardView:
         return ShardView(self.definition, self.schema, self.partition, self.db, self._families, self.kept,
-                         self._memory, self.offset)
+                         self._memory, self._position)
 
     def kept(self, name: str, build: Callable[[], T]) -> T:
         """``build()``, a handler's derivation of this shard's data (the leaderboard's sorted

@@ -11,6 +11,7 @@ import pyarrow as pa
 from rocksdict import Rdict, ReadOptions
 
 from federator.catalog.definition import StoreDefinition
+from federator.query.position import Position
 
 T = TypeVar("T")
 
@@ -19,15 +20,15 @@ class ShardView:
     """What store types read and write through: point gets and bounded scans of one shard,
     in its default column family or one the store type declared."""
 
-    __slots__ = ("definition", "schema", "partition", "memory", "offset", "_db", "_families", "_bounds", "_keep")
+    __slots__ = ("definition", "schema", "partition", "memory", "_position", "_db", "_families", "_bounds", "_keep")
 
     def __init__(self, definition: StoreDefinition, schema: pa.Schema, partition: int, db: Rdict,
                  families: dict[str, tuple[Rdict, Any]] | None = None,
                  keep: Callable[[str, Callable[[], Any]], Any] | None = None, memory: Any = None,
-                 offset: int | None = None) -> None:
+                 position: Position | None = None) -> None:
         self.definition = definition
         self.memory = memory  # what the store type keeps of the shard in memory (StoreType.memory)
-        self.offset = offset  # the shard's last applied offset when the view was made (None: none yet)
+        self._position = position  # the shard's when the view was made (its offset read only if asked)
         self.schema = schema
         self.partition = partition
         self._db = db
@@ -37,6 +38,11 @@ class ShardView:
         # options) must outlive the scan, or a caller's temporary bound turns into garbage
         # mid-scan. A view lives for one query, so it keeps them for that long.
         self._bounds: list[Any] = []
+
+    @property
+    def offset(self) -> int | None:
+        """The shard's last applied offset when the view was made (None: none yet)."""
+        return None if self._position is None else self._position.get(self.definition.topic, self.partition)
 
     def _declared(self, family: str) -> tuple[Rdict, Any]:
         try:
