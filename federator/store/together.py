@@ -34,11 +34,7 @@ def answer_together(shards: list[Shard], query: Query, bound: PositionBound, han
         refused = {u.partition for u in unmet}
         return unmet + [together_refused(s.partition, unmet[0]) for s in shards if s.partition not in refused]
     assert first.batch is not None, "an answer carries its rows"
-    none = first.batch.slice(0, 0)
-    return [first, *(QueryResult.success(s.partition, none, _READ_IN_FIRST) for s in shards[1:])]
-
-
-_READ_IN_FIRST = Position()  # the partitions' part of the first result's Position (never changed)
+    return [first, *(QueryResult(s.partition) for s in shards[1:])]  # answered: their rows and position in the first
 
 
 def together_refused(partition: int, why: QueryResult) -> QueryResult:

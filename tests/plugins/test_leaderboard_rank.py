@@ -61,7 +61,7 @@ class Fetch:
             if together is not None and self.shards[0].definition.is_global:  # as the node asked answers it
                 results = answer_together(self.shards, sq.query, UNBOUNDED, self.racing(together), MergedPositions())
                 assert all(r.ok for r in results), results
-                out.extend(r.batch for r in results)
+                out.extend(r.batch for r in results if r.batch is not None)  # as the dispatcher takes them
                 continue
             for p in sq.partitions if sq.partitions is not None else range(P):
                 out.append(self.shards[p].query(sq.query)[0])
