@@ -5,6 +5,7 @@ handed to the loop as it comes, the producer held back while the connection cann
 
 from __future__ import annotations
 
+import functools
 import io
 import logging
 import sys
@@ -60,19 +61,11 @@ def environ(req: Request, server: tuple[str, int], peer: tuple[str, int], scheme
     return env
 
 
-_ENV_NAMES: dict[bytes, str] = {}  # a header's name as sent -> its environ key: clients send the same few
-_ENV_NAMES_MAX = 512
-
-
+@functools.lru_cache(maxsize=512)  # clients send the same few header names again and again
 def _env_name(raw: bytes) -> str:
-    name = _ENV_NAMES.get(raw)
-    if name is None:
-        name = raw.decode("latin-1").upper().replace("-", "_")
-        if name not in ("CONTENT_TYPE", "CONTENT_LENGTH"):
-            name = "HTTP_" + name
-        if len(_ENV_NAMES) < _ENV_NAMES_MAX:
-            _ENV_NAMES[raw] = name
-    return name
+    """A header's name as sent, as its environ key."""
+    name = raw.decode("latin-1").upper().replace("-", "_")
+    return name if name in ("CONTENT_TYPE", "CONTENT_LENGTH") else "HTTP_" + name
 
 
 def split_url(url: bytes) -> tuple[str, str]:

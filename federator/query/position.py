@@ -48,7 +48,7 @@ class Position:
         """Per partition, the largest offset of this one and ``others``, in one copy (a
         statement's answer merges one position a partition read); one of them as it is when
         the others add nothing, so its token is made once."""
-        others = [o for o in others if any(o._offsets.values())]  # not is_empty(): one call a partition read
+        others = [o for o in others if not o.is_empty()]
         if not others:
             return self
         if len(others) == 1 and self.is_empty():

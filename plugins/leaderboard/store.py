@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import itertools
 import struct
 from typing import Any, Callable, Iterable, Mapping
 
@@ -95,20 +96,18 @@ def _best(view: ShardView, q: TopKQuery) -> list[bytes]:
 def top_k_together(views: list[ShardView], q: TopKQuery) -> Rows:
     """A global leaderboard's k best rows (with the ties at the cut) over every partition:
     each partition's best, merged and cut as one index would be."""
-    merged, lo, hi = _merged_top(views, q)
+    bests = [_best(view, q) for view in views]
+    merged, lo, hi = _merged_top(bests, q)
     home: dict[bytes, ShardView] = {}
-    for view in views:
-        home.update(dict.fromkeys(_best(view, q), view))
+    for view, best in zip(views, bests):
+        home.update(dict.fromkeys(best, view))
     return Rows(views[0].schema, _python_rows(list(merged.islice(lo, hi, reverse=q.descending)), home))
 
 
-def _merged_top(views: list[ShardView], q: TopKQuery) -> tuple[SortedList, int, int]:
-    """Each partition's best entries merged, and the positions [lo, hi) of the k best of all
-    of them, cut as one index would be."""
-    picked: list[bytes] = []
-    for view in views:
-        picked += _best(view, q)
-    merged = SortedList(picked)
+def _merged_top(bests: list[list[bytes]], q: TopKQuery) -> tuple[SortedList, int, int]:
+    """Each partition's best entries (``_best``) merged, and the positions [lo, hi) of the k
+    best of all of them, cut as one index would be."""
+    merged = SortedList(itertools.chain.from_iterable(bests))
     return (merged, *top(merged, q.k, q.descending, q.distinct))
 
 
@@ -116,7 +115,7 @@ def top_k_unchanged(views: list[ShardView], q: TopKQuery, since: list[int]) -> b
     """Whether ``top_k_together`` answers now what it answered when each partition was at its
     offset in ``since``: no write since reached the k-th best score now (the rows tied with it
     included), and the k best are k (with fewer, any write may join them)."""
-    merged, lo, hi = _merged_top(views, q)
+    merged, lo, hi = _merged_top([_best(view, q) for view in views], q)
     held = len({score_of(e) for e in merged.islice(lo, hi)}) if q.distinct else hi - lo
     cut = score_of(merged[lo] if q.descending else merged[hi - 1]) if held else None  # the worst score held
     for view, offset in zip(views, since):
