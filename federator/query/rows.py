@@ -17,6 +17,8 @@ from typing import Iterator
 
 import pyarrow as pa
 
+from federator.memo import by_identity
+
 
 @dataclass(frozen=True)
 class Rows:
@@ -66,3 +68,8 @@ def concat_rows(parts: list[Rows], schema: pa.Schema) -> Rows | None:
 def as_batch(batch: pa.RecordBatch | Rows) -> pa.RecordBatch:
     """Arrow for what a partition answered, whichever it holds."""
     return batch.to_batch() if isinstance(batch, Rows) else batch
+
+
+# No rows in a schema: made once per schema object (batches are immutable; a shard's schema is
+# one object), as point reads of absent keys and the failed partitions of a call each need one
+empty_batch = by_identity(lambda schema: pa.RecordBatch.from_pylist([], schema=schema), 1024)

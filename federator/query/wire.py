@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from federator.query.position import Position
 from federator.query.result import FailureReason, QueryResult
-from federator.query.rows import as_batch
+from federator.query.rows import as_batch, empty_batch
 from federator.errors import FederatorError
 
 MEDIA_TYPE = "application/vnd.apache.arrow.stream"
@@ -195,10 +195,10 @@ def _header(r: QueryResult) -> bytes:
     ).encode()
 
 
-def _batch_for(r: QueryResult, schema: pa.Schema, empty: pa.RecordBatch) -> pa.RecordBatch:
+def _batch_for(r: QueryResult, schema: pa.Schema) -> pa.RecordBatch:
     if r.failure is not None or r.batch is None:
         # A failure carries no rows; a success without a batch is sent as a 0-row success.
-        return empty
+        return empty_batch(schema)
     if not r.batch.schema.equals(schema):
         # Arrow would refuse the batch anyway; this says which partition and what differs.
         raise ValueError(
@@ -210,10 +210,9 @@ def _batch_for(r: QueryResult, schema: pa.Schema, empty: pa.RecordBatch) -> pa.R
 
 def write_results(sink: Any, results: Iterable[QueryResult], schema: pa.Schema) -> None:
     """Write ``results`` as one Arrow IPC stream to ``sink`` (a file-like object or pyarrow NativeFile)."""
-    empty = pa.RecordBatch.from_pylist([], schema=schema)
     with pa.ipc.new_stream(sink, schema) as writer:
         for r in results:
-            writer.write_batch(_batch_for(r, schema, empty), custom_metadata={_HEADER_KEY: _header(r)})
+            writer.write_batch(_batch_for(r, schema), custom_metadata={_HEADER_KEY: _header(r)})
 
 
 def encode_results(results: Iterable[QueryResult], schema: pa.Schema) -> bytes:

@@ -151,20 +151,6 @@ def join_chunks(chunks: list[pa.RecordBatch]) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(joined, schema=schema)
 
 
-def empty_batch(schema: pa.Schema) -> pa.RecordBatch:
-    """No rows in ``schema``: made once per schema object (batches are immutable; a shard's
-    schema is one object), as point reads of absent keys make one per partition asked."""
-    kept = _EMPTY.get(id(schema))
-    if kept is None or kept[0] is not schema:
-        kept = _EMPTY[id(schema)] = (schema, pa.RecordBatch.from_pylist([], schema=schema))
-        while len(_EMPTY) > 1024:
-            del _EMPTY[next(iter(_EMPTY))]
-    return kept[1]
-
-
-_EMPTY: dict[int, tuple[pa.Schema, pa.RecordBatch]] = {}  # id(schema) -> (it, held alive; its empty batch)
-
-
 class _Values:
     """An Arrow array's values as Python values, read only where bisect compares."""
 

@@ -14,7 +14,8 @@ from federator.catalog.definition import StoreDefinition
 from federator.partitioner import partition_for
 from federator.query.queries import KeyQuery, KeysQuery, RangeQuery
 from federator.store.layout import ROWTIME
-from federator.store.arrow import build_batch, empty_batch, scan_batch, search_sorted
+from federator.store.arrow import build_batch, scan_batch, search_sorted
+from federator.query.rows import empty_batch
 from federator.store.view import ShardView
 from federator.store.record import ChangelogRecord
 from federator.store.types import StoreType, rowtime_field, stored_value

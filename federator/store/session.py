@@ -9,7 +9,8 @@ import pyarrow as pa
 
 from federator.catalog.definition import StoreDefinition
 from federator.query.queries import Query, SessionQuery, WindowRangeQuery
-from federator.store.arrow import build_batch, chunked, empty_batch, join_chunks
+from federator.store.arrow import build_batch, chunked, join_chunks
+from federator.query.rows import empty_batch
 from federator.store.layout import MAX_TIME, SESSION_SUFFIX_LEN, split_session_key, time_bytes
 from federator.store.view import ShardView
 from federator.store.types import StoreType

@@ -11,7 +11,8 @@ import pyarrow as pa
 from federator.catalog.definition import StoreDefinition
 from federator.formats import TIMESTAMP
 from federator.query.queries import Query, WindowKeyQuery, WindowRangeQuery
-from federator.store.arrow import build_batch, chunked, empty_batch, join_chunks
+from federator.store.arrow import build_batch, chunked, join_chunks
+from federator.query.rows import empty_batch
 from federator.store.layout import MAX_TIME, WINDOW_SUFFIX_LEN, split_window_key, time_bytes
 from federator.store.view import ShardView
 from federator.store.types import StoreType, rowtime_field

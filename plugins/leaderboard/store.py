@@ -23,9 +23,9 @@ from sortedcontainers import SortedList
 
 from federator.catalog.definition import DefinitionError, StoreDefinition
 from federator.partitioner import partition_for
-from federator.store.arrow import build_batch, empty_batch
+from federator.store.arrow import build_batch
 from federator.query.queries import KeysQuery
-from federator.query.rows import Rows
+from federator.query.rows import Rows, empty_batch
 from federator.store.kv import KeyValueStoreType, keys_query
 from federator.store.record import ChangelogRecord
 from federator.store.view import ShardView

@@ -16,7 +16,8 @@ from federator.plan.keys import SubQuery, conjuncts, like_prefix
 from federator.plugin import RulePlan, SqlRule, hookimpl
 from federator.plugin.rules import is_plain_column, literal
 from federator.query.queries import Query
-from federator.store.arrow import build_batch, empty_batch
+from federator.store.arrow import build_batch
+from federator.query.rows import empty_batch
 from federator.store.view import ShardView
 
 
