@@ -46,7 +46,7 @@ class PartitionAnswers:
             return kept[2], kept[3]
 
     def put(self, key: Hashable, state: Any, offset: int | None, batch: pa.RecordBatch | None) -> None:
-        size = batch.nbytes if batch is not None else 0
+        size = batch.get_total_buffer_size() if batch is not None else 0
         if size > self.max_entry_bytes or self.max_bytes == 0:
             return
         with self._lock:
@@ -59,7 +59,7 @@ class PartitionAnswers:
     def _drop(self, key: Hashable) -> None:
         kept = self._answers.pop(key, None)
         if kept is not None and kept[3] is not None:
-            self._bytes -= kept[3].nbytes
+            self._bytes -= kept[3].get_total_buffer_size()
 
     def state_of(self, key: Hashable) -> Any:
         """The partition's state ``key``'s answer was kept at (None: none kept), however old."""

@@ -226,7 +226,7 @@ class ScanCache:
         rows of its stored entries), or (``followed``) the kept scan with the pending writes
         folded in. Results kept over a scan read afresh go; over a followed one they stay, to
         follow the writes it folded in (kept in its history)."""
-        size = batch.nbytes
+        size = batch.get_total_buffer_size()
         with self._lock:
             old = self._entries.get(owner)
             if not followed or old is None or old.pending_seq != seq:
@@ -296,7 +296,7 @@ class ScanCache:
         dkey = (key, *owners)
         self._drop_derived(dkey)
         self._derived[dkey] = (seqs, result)
-        self._bytes += result.nbytes
+        self._bytes += result.get_total_buffer_size()
         if maintained:
             self.maintained += 1
         while len(self._derived) > MAX_DERIVED:
@@ -313,7 +313,7 @@ class ScanCache:
     def _drop_derived(self, dkey: tuple[Any, ...]) -> None:
         kept = self._derived.pop(dkey, None)
         if kept is not None:
-            self._bytes -= kept[1].nbytes
+            self._bytes -= kept[1].get_total_buffer_size()
 
     def _evict(self) -> None:
         while self._bytes > self.max_bytes and self._derived:  # cheaper to make again than a scan

@@ -79,7 +79,7 @@ class ShardAnswersLayer(WrappedLayer):
         result = self.inner.run(query, bound, False)
         # not kept when a write began meanwhile: the sequence moved on, so it would never be given
         if result.ok and result.batch is not None and not seq & 1 and shard.seq == seq \
-                and result.batch.nbytes <= self.kept.max_bytes:
+                and result.batch.get_total_buffer_size() <= self.kept.max_bytes:
             with self._lock:
                 self._answers[query] = (seq, result.batch, result.position)
                 self._answers.move_to_end(query)
