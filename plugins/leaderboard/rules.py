@@ -28,7 +28,7 @@ beside the counts, and is asked again if a write moved a player in between.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -206,7 +206,7 @@ def _players_plan(named: list[exp.Expression], ranked: Ranking, store: StoreDefi
             query = _rank_query(rows, players, ranked, store)
             if not query.scores:
                 return rows.append_column(RANK_COLUMN, pa.array([], pa.int64()))
-            now, said = _split(fetch(_counting(query, by_partition, store)), store)
+            now, said = _split(fetch([SubQuery(query, None)]), store)
             if _places(now, store) == _places(rows, store):
                 keys = rows.column(store.key_name).to_pylist()  # the players in the order of query's places
                 return now.append_column(RANK_COLUMN, _ranks(now, said, keys, query, ranked, store))
@@ -240,13 +240,6 @@ def _together_plan(players: tuple, named: list[exp.Expression], ranked: Ranking,
     return RulePlan(ranks, f"read the players' scores and count the {what} in every partition's score index, "
                            "all in one read on the node asked (a global store)",
                     combine=combine, remaining=remaining, rebind=rebind)
-
-
-def _counting(query: RankQuery, owners: tuple[int, ...], store: StoreDefinition) -> list[SubQuery]:
-    """``query`` to the players' partitions, which read them again beside their counts; the
-    counts alone from the others."""
-    others = tuple(p for p in range(store.partitions) if p not in owners)
-    return [SubQuery(query, owners), *([SubQuery(replace(query, players=()), others)] if others else [])]
 
 
 def _rank_query(rows: pa.Table, players: tuple, ranked: Ranking, store: StoreDefinition) -> RankQuery:
