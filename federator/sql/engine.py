@@ -257,8 +257,8 @@ class SqlEngine:
         if req.consistency_token or plan_key is None:
             return None
         # kept only for a SELECT that planned (not for EXPLAIN): no parse, so no error, here
-        plan = self._kept_plan(req, plan_key)
-        if plan is None or not _small_and_together(plan):
+        plan = self._kept_plan(req, plan_key, _small_and_together)
+        if plan is None:
             return None
         try:
             return self.execute(req, plan, at_once=True)
@@ -579,18 +579,20 @@ class SqlEngine:
                 _put_bounded(self._templates, text_key, plan, PLAN_TEMPLATES)
         return plan
 
-    def _kept_plan(self, req: SqlRequest, plan_key: tuple) -> QueryPlan | None:
+    def _kept_plan(self, req: SqlRequest, plan_key: tuple,
+                   shaped: Callable[[QueryPlan], bool] | None = None) -> QueryPlan | None:
         """The plan kept for the statement and its parameters, or its text's plan rebound to
-        them; None when it must be planned."""
+        them; None when it must be planned, or (``shaped``) when the plan is not of the shape
+        asked for: judged on the text's plan before rebinding it, which changes only values."""
         stores = self._stores()
         kept = self._plans.get(plan_key)
         if kept is not None and all(stores.get(r.store.name) is r.store for r in kept.refs):
-            return kept
+            return kept if shaped is None or shaped(kept) else None
         if not req.parameters:
             return None
         # the same text with other values: its plan rebound, where only a rule's calls read them
         template = self._templates.get((req.sql, req.dialect, tuple(map(type, req.parameters))))
-        if template is None or template.rebind is None \
+        if template is None or template.rebind is None or (shaped is not None and not shaped(template)) \
                 or not all(stores.get(r.store.name) is r.store for r in template.refs):
             return None
         # not kept per value: a rank of random players kept ~500 plans alive, each garbage
