@@ -117,6 +117,7 @@ class _Tries:
 
     reasons: dict[tuple[int, int], str] = field(default_factory=dict)
     avoid: defaultdict[tuple[int, int], set[str]] = field(default_factory=lambda: defaultdict(set))
+    behind: dict[tuple[int, int], str] = field(default_factory=dict)  # -> the node whose copy was behind the token
     delay: float = 0.02
 
 
@@ -299,7 +300,7 @@ class Dispatcher:
                 break
             if options.at_once:
                 raise NotNow("a copy cannot answer now", sorted(p for _, p in pending))
-            self._back_off(pending, options.deadline, tries)
+            self._back_off(store, pending, token, options.deadline, tries)
 
     def _route(self, store: str, options: ReadOptions, pending: set[tuple[int, int]], here: bool,
                token: dict[int, int], tries: _Tries) -> dict[_Group, list[int]]:
@@ -458,19 +459,49 @@ class Dispatcher:
             # the caller tells the request's own errors (its SQL, its data) by the code
             raise OwnerFailed(r.partition, nid, r.failure, r.message, r.code)
         tries.reasons[item] = f"{r.failure.value} on node {nid}: {r.message}"
-        if r.failure is not FailureReason.NOT_UP_TO_BOUND and (options.allow_stale or r.partition in token):
+        if r.failure is FailureReason.NOT_UP_TO_BOUND:
+            tries.behind[item] = nid
+            return
+        tries.behind.pop(item, None)
+        if options.allow_stale or r.partition in token:
             tries.avoid[item].add(nid)  # another copy may answer: try it next
 
-    def _back_off(self, pending: set[tuple[int, int]], deadline: float, tries: _Tries) -> None:
+    def _back_off(self, store: str, pending: set[tuple[int, int]], token: dict[int, int], deadline: float,
+                  tries: _Tries) -> None:
         """Wait before the next round (failing when the deadline comes first), then let every
-        partition try the nodes it avoided too often again: every one may have moved on."""
+        partition try the nodes it avoided too often again: every one may have moved on. When
+        every partition waits only for its copy to reach the consistency token, the round comes
+        as soon as the copies say they have (``_reached``)."""
         if time.monotonic() + tries.delay >= deadline:
             self._fail(pending, tries.reasons)
-        time.sleep(tries.delay)
+        until = time.monotonic() + tries.delay
+        if not self._reached(store, pending, token, tries, until):
+            time.sleep(max(0.0, until - time.monotonic()))
         tries.delay = min(tries.delay * 2, 0.4)
         for item in pending:
             if len(tries.avoid[item]) > 2:
                 tries.avoid[item].clear()
+
+    def _reached(self, store: str, pending: set[tuple[int, int]], token: dict[int, int], tries: _Tries,
+                 until: float) -> bool:
+        """Whether the copies that were behind the token for every pending partition have
+        reached it, waiting until ``until`` at most: this node's own as it applies records,
+        another node's as its positions watch says."""
+        behind = {p: tries.behind.get((i, p)) for i, p in pending}
+        if not behind or None in behind.values() or any(p not in token for p in behind):
+            return False
+        for p, nid in behind.items():
+            if nid == self.node.node_id:
+                self.node.wait_applied(store, {p: token[p]}, until)
+                known = self.node.answerable_offsets_of(store, (p,))
+                if known is None or known[1][0] < token[p]:
+                    return False
+                continue
+            info = self.node.view.get(nid)  # type: ignore[arg-type]
+            if info is None or info.key_endpoint is None \
+                    or not self._watch(info.key_endpoint).wait_reached(store, p, token[p], until):
+                return False
+        return True
 
     def known_positions(self, stores: list[Any]) -> tuple[tuple, Position] | None:
         """Where every partition of ``stores`` (definitions) is now, as far as this node knows

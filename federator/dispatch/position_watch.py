@@ -41,6 +41,7 @@ class PositionWatch:
         self._asked = time.monotonic()
         self._connections = 0
         self._closed = threading.Event()
+        self._moved = threading.Condition()  # notified at each frame heard
         self._sock: socket.socket | None = None
         self._thread = threading.Thread(target=self._run, name=f"watch-{endpoint}", daemon=True)
         self._thread.start()
@@ -54,6 +55,20 @@ class PositionWatch:
             return None
         offset = state[1].get((store, partition))
         return None if offset is None else (state[0], offset)
+
+    def wait_reached(self, store: str, partition: int, offset: int, until: float) -> bool:
+        """Whether the node says the partition has applied ``offset``, waiting for its frames
+        until ``until`` (time.monotonic()) at most: a consistency token's read asked again the
+        moment its owner caught up, not after a blind back-off."""
+        with self._moved:
+            while True:
+                said = self.offset(store, partition)
+                if said is not None and said[1] >= offset:
+                    return True
+                left = until - time.monotonic()
+                if left <= 0 or self._closed.is_set():
+                    return False
+                self._moved.wait(left)
 
     @property
     def closed(self) -> bool:
@@ -107,6 +122,8 @@ class PositionWatch:
                         offsets[(store, partition)] = offset
                 self._heard = time.monotonic()
                 self._state = ((self._connections, epoch), dict(offsets))
+                with self._moved:
+                    self._moved.notify_all()
         finally:
             self._sock = None
             sock.close()

@@ -499,3 +499,50 @@ def test_a_global_stores_key_is_never_read_from_another_node(clock, make) -> Non
     d = make(world)
     global_store(d)
     assert d.read_key("s", 0, b"k", ReadOptions(deadline=clock.now + 1)) is None
+
+
+# ---- a consistency token's copy behind it: asked again once it says it caught up -------------
+class Watch:
+    """A positions watch whose node says it reached the offset once ``reached`` is set."""
+
+    def __init__(self, reached: bool) -> None:
+        self.reached, self.waits = reached, []
+
+    def wait_reached(self, store: str, partition: int, offset: int, until: float) -> bool:
+        self.waits.append((store, partition, offset))
+        return self.reached
+
+
+@pytest.mark.parametrize("reached", [True, False], ids=["caught up", "still behind"])
+def test_a_token_read_behind_at_its_owner_is_asked_again_when_the_owner_says_it_caught_up(
+        clock, make, monkeypatch, reached) -> None:
+    world = World(info("me"), info("n1", active=[0]))
+    world.script["n1"] = [FailureReason.NOT_UP_TO_BOUND, FailureReason.NOT_UP_TO_BOUND, "ok"]
+    d = make(world)
+    watch = Watch(reached)
+    monkeypatch.setattr(d, "_watch", lambda endpoint: endpoint == "n1:2" and watch)
+    out = gather(d, clock, (0,), bound=PositionBound.at(Position({TOPIC: {0: 7}})))
+    assert served(out) == {0: "n1"} and [c[0] for c in world.calls] == ["n1"] * 3
+    assert watch.waits == [("s", 0, 7)] * 2  # the owner's word waited for before each next round
+    if reached:
+        assert clock.sleeps == []  # no back-off slept out
+    else:
+        assert doubling(clock.sleeps) and len(clock.sleeps) == 2  # the back-off as before
+
+
+def test_a_token_read_behind_here_waits_for_this_nodes_copy_before_asking_again(clock, make, monkeypatch) -> None:
+    world = World(info("me", active=[0]))
+    world.script["me"] = [FailureReason.NOT_UP_TO_BOUND, "ok"]
+    d = make(world)
+    monkeypatch.setattr(d.node, "answerable_offsets_of", lambda store, parts: (0, [7 for _ in parts]))
+    out = gather(d, clock, (0,), bound=PositionBound.at(Position({TOPIC: {0: 7}})))
+    assert served(out) == {0: "me"} and d.node.waits == [("s", {0: 7})] and clock.sleeps == []
+
+
+def test_a_partition_that_failed_otherwise_is_backed_off_as_before(clock, make, monkeypatch) -> None:
+    world = World(info("n1", active=[0, 1]))
+    world.script["n1"] = [FailureReason.NOT_PRESENT, "ok"]  # not behind the token: moved
+    d = make(world)
+    monkeypatch.setattr(d, "_watch", lambda endpoint: pytest.fail("no copy was behind the token"))
+    gather(d, clock, (0, 1), bound=PositionBound.at(Position({TOPIC: {0: 7, 1: 3}})))
+    assert clock.sleeps == pytest.approx([0.02])

@@ -150,3 +150,21 @@ def test_a_watch_speaks_tls_to_a_node_that_does(tmp_path) -> None:
         secure.close()
         plain.close()
         server.stop()
+
+
+def test_a_wait_for_an_offset_ends_when_the_node_says_it_reached_it_and_not_before(served) -> None:
+    positions, server = served
+    watch = PositionWatch(f"127.0.0.1:{server.port}", "s3cret")
+    try:
+        until(lambda: watch.offset("scores", 0))
+        assert watch.wait_reached("scores", 0, 41, time.monotonic() + 5)  # there already
+        started = time.monotonic()
+        assert not watch.wait_reached("scores", 0, 45, started + 0.2)  # nobody moves it: waits it out
+        assert time.monotonic() - started >= 0.2
+        threading.Timer(0.1, lambda: positions.move(lambda p: p.offsets.update({("scores", 0): 45}))).start()
+        started = time.monotonic()
+        assert watch.wait_reached("scores", 0, 45, started + 5)
+        assert time.monotonic() - started < 2  # woken by the frame, not at the end of the wait
+        assert not watch.wait_reached("scores", 3, 0, time.monotonic() + 0.05)  # a partition it does not answer
+    finally:
+        watch.close()
