@@ -17,12 +17,13 @@ from typing import Any, Callable
 from federator.query.position import Position, PositionBound
 from federator.query.wire import (CALL_HELLO, KEY_ABSENT, KEY_CANNOT, KEY_FOUND, KEY_WELCOME, WATCH_BEAT_SECONDS,
                                   WATCH_HELLO, call_answer, exact_reader, key_answer, read_call_request, read_hello,
-                                  read_key_request, watch_frame)
+                                  split_key_request, watch_frame)
 from federator.store.layer import StoredEntry
 from federator.tls import Tls
 
 log = logging.getLogger(__name__)
 _UNBOUNDED = PositionBound.unbounded()
+_READ_BYTES = 16384  # a request is tens of bytes: a larger read buys nothing but its allocation
 
 ReadLocal = Callable[[str, int, bytes, PositionBound], "StoredEntry | None"]
 # a StateQueryRequest's JSON -> (status, payload): the result stream, or the error body (Node.answer_call)
@@ -114,8 +115,7 @@ class KeyServer:
                 while True:
                     conn.sendall(call_answer(*self._answer_call(read_call_request(read))))
             conn.sendall(KEY_WELCOME)
-            while True:
-                conn.sendall(self._answer(*read_key_request(read)))
+            self._answer_keys(conn, stream)
         except (OSError, EOFError, ValueError):
             pass  # the caller went away (or spoke nonsense): its next call opens a new connection
         finally:
@@ -123,6 +123,20 @@ class KeyServer:
             with self._lock:
                 self._connections.discard(conn)
             _close(conn)
+
+    def _answer_keys(self, conn: socket.socket, stream: Any) -> None:
+        """Key requests answered in their order, those that arrived together in one send (an
+        event loop's concurrent reads come on one connection), until the caller goes away."""
+        buf = bytearray()
+        while data := stream.read1(_READ_BYTES):
+            buf += data
+            answers = []
+            while (got := split_key_request(buf)) is not None:
+                request, size = got
+                del buf[:size]
+                answers.append(self._answer(*request))
+            if answers:
+                conn.sendall(b"".join(answers))
 
     def _send_positions(self, conn: socket.socket, current: Callable[[], tuple[int, dict[tuple[str, int], int]]],
                         wait_moved: Callable[[int, float], int]) -> None:

@@ -31,7 +31,9 @@ NOT_COLOCATED = "NOT_COLOCATED"
 # The point lookup's own node-to-node call, on the node's key port (NodeInfo.key_endpoint):
 # a TCP connection kept open, no HTTP, no JSON, no Arrow. The caller opens with KEY_HELLO and
 # the cluster secret (a length-prefixed UTF-8 string; empty for none); the node answers one
-# byte, KEY_WELCOME, or closes. Then requests and answers alternate (see below). The answer
+# byte, KEY_WELCOME, or closes. Then come requests, and their answers in the same order (see
+# below; a caller may send more before the answers to the first: the node answers those that
+# arrived together in one send, and an event loop's concurrent reads share a connection). The answer
 # is the key's stored bytes from the node's active, current copy, or that it has no such key,
 # or KEY_CANNOT: it cannot answer it so (not the active copy, still restoring, behind the
 # offset the caller's token asks for) and the caller takes the general path, whose errors say why.
@@ -126,10 +128,17 @@ def key_request(store: str, partition: int, key: bytes, at: int | None) -> bytes
     return _KEY_REQUEST.pack(len(name), partition, -1 if at is None else at, len(key)) + name + key
 
 
-def read_key_request(read: Callable[[int], bytes]) -> tuple[str, int, bytes, int | None]:
-    n, partition, at, k = _KEY_REQUEST.unpack(read(_KEY_REQUEST.size))
-    store = read(n).decode("utf-8", "replace")
-    return store, partition, read(k), None if at < 0 else at
+def split_key_request(buf: bytes | bytearray) -> tuple[tuple[str, int, bytes, int | None], int] | None:
+    """The request at the start of ``buf`` (store, partition, key, offset asked or None) and its length
+    in bytes; None while not all of it is there."""
+    if len(buf) < _KEY_REQUEST.size:
+        return None
+    n, partition, at, k = _KEY_REQUEST.unpack_from(buf)
+    end = _KEY_REQUEST.size + n + k
+    if len(buf) < end:
+        return None
+    store = bytes(buf[_KEY_REQUEST.size:_KEY_REQUEST.size + n]).decode("utf-8", "replace")
+    return (store, partition, bytes(buf[_KEY_REQUEST.size + n:end]), None if at < 0 else at), end
 
 
 def key_answer(status: int, offset: int | None, stored: bytes | None) -> bytes:

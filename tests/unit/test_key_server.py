@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import socket
 import threading
 import time
 from typing import Any, Awaitable, Callable, Iterator
@@ -76,8 +77,9 @@ def endpoint(server: KeyServer) -> str:
 
 @pytest.mark.parametrize("key, at", [(b"k\x00\xff", None), (b"", 0), (bytes(70_000), 2**40)])
 def test_a_request_and_an_answer_read_back_as_sent(key: bytes, at: int | None) -> None:
-    read = wire.exact_reader(io.BytesIO(wire.key_request("s", 3, key, at)))
-    assert wire.read_key_request(read) == ("s", 3, key, at)
+    request = wire.key_request("s", 3, key, at)
+    assert wire.split_key_request(request + b"next") == (("s", 3, key, at), len(request))
+    assert wire.split_key_request(request[:-1]) is None  # not all of it there yet
     for answer in ((wire.KEY_FOUND, 41, key), (wire.KEY_ABSENT, 41, None), (wire.KEY_CANNOT, None, None)):
         assert wire.read_key_answer(wire.exact_reader(io.BytesIO(wire.key_answer(*answer)))) == answer
     with pytest.raises(EOFError):
@@ -251,20 +253,21 @@ def test_the_loops_client_answers_as_the_threads_client(server: KeyServer, owner
     assert len(server._connections) <= 1
 
 
-def test_the_loops_requests_share_kept_connections_up_to_a_cap(owner: Owner) -> None:
+def test_the_loops_concurrent_requests_share_one_connection_each_answered_its_own(owner: Owner) -> None:
     slow = threading.Event()
     read = owner.read_local
+    keys = [b"k\x00\xff", b"", b"big", b"nope"] * 2
 
     def held(*args: Any) -> StoredEntry | None:
-        slow.wait(5)  # every read waits until all have been sent
+        slow.wait(5)  # the first read waits until all have been sent
         return read(*args)
 
     owner.read_local = held  # type: ignore[method-assign]
     server = serving(owner)
 
     async def many() -> tuple[list, int, int]:
-        client = AsyncKeyClient(endpoint(server), most=3)
-        tasks = [asyncio.ensure_future(client.read_key("s", TOPIC, 3, b"", None, 5)) for _ in range(8)]
+        client = AsyncKeyClient(endpoint(server))
+        tasks = [asyncio.ensure_future(client.read_key("s", TOPIC, 3, key, None, 5)) for key in keys]
         await asyncio.sleep(0.3)
         opened = len(server._connections)
         slow.set()
@@ -276,8 +279,22 @@ def test_the_loops_requests_share_kept_connections_up_to_a_cap(owner: Owner) -> 
         got, opened, after = on_loop(many)
     finally:
         server.stop()
-    assert got == [StoredEntry(b"empty key", AT)] * 8
-    assert opened == 3 and after == 3  # three at once, kept, and the next request takes one of them
+    by_key = {b"k\x00\xff": StoredEntry(b"stored-bytes", AT), b"": StoredEntry(b"empty key", AT),
+              b"big": StoredEntry(owner.data[b"big"], AT), b"nope": StoredEntry(None, AT)}
+    assert got == [by_key[k] for k in keys]  # in the order asked, each its own key's
+    assert opened == 1 and after == 1  # all eight sent on one connection, kept for the next
+
+
+def test_the_node_answers_requests_sent_before_any_answer_in_their_order(server: KeyServer) -> None:
+    keys = [b"k\x00\xff", b"", b"big", b"nope"]
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        sock.sendall(wire.key_hello(None))
+        assert sock.recv(1) == wire.KEY_WELCOME
+        sock.sendall(b"".join(wire.key_request("s", 3, k, None) for k in keys))  # before any answer
+        read = wire.exact_reader(sock.makefile("rb"))
+        answers = [wire.read_key_answer(read) for _ in keys]
+    assert [a[0] for a in answers] == [wire.KEY_FOUND, wire.KEY_FOUND, wire.KEY_FOUND, wire.KEY_ABSENT]
+    assert answers[0][2] == b"stored-bytes" and answers[1][2] == b"empty key"
 
 
 def test_the_loops_client_opens_a_connection_the_node_dropped_again(owner: Owner) -> None:
