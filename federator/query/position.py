@@ -8,6 +8,9 @@ from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Mapping
 
 
+_COMPACT = json.JSONEncoder(separators=(",", ":"))  # made once: json.dumps makes one a call
+
+
 class Position:
     """topic -> partition -> offset of the last changelog record applied."""
 
@@ -92,7 +95,7 @@ class Position:
     def to_token(self) -> str:
         """The consistency token clients pass around: url-safe base64 of compact JSON."""
         if self._token is None:  # a shard's position answers many queries before it moves
-            raw = json.dumps(self.to_dict(), separators=(",", ":")).encode()
+            raw = _COMPACT.encode(self.to_dict()).encode()
             self._token = base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
         return self._token
 
@@ -110,20 +113,40 @@ class Position:
 class MergedPositions:
     """The merge of the Positions last given, given again for the very same ones (a Position
     never changes, so identity is enough): a statement read again at the same states merges
-    them and writes their token once."""
+    them and writes their token once. When each names one partition of its own (a global
+    store's partitions read together) and one of them moved, the last merge is copied with
+    that partition's offset, not made again from them all."""
 
     __slots__ = ("_memo",)
 
     def __init__(self) -> None:
-        self._memo: tuple[tuple[Position, ...], Position] = ((), Position())
+        # (the positions, their merge, whether each names one partition no other names); one
+        # tuple, swapped whole: threads see parts that belong together
+        self._memo: tuple[tuple[Position, ...], Position, bool] = ((), Position(), False)
 
     def of(self, positions: list[Position]) -> Position:
-        last, merged = self._memo  # one tuple, swapped whole: threads see a pair that belongs together
-        if len(last) == len(positions) and all(a is b for a, b in zip(last, positions)):
-            return merged
+        last, merged, apart = self._memo
+        if len(last) == len(positions):
+            moved = [(was, now) for was, now in zip(last, positions) if was is not now]
+            if not moved:
+                return merged
+            if apart and len(moved) == 1:
+                was, now = _only_entry(moved[0][0]), _only_entry(moved[0][1])
+                if was is not None and now is not None and was[:2] == now[:2]:  # the same partition, moved
+                    merged = merged.with_offset(*now)
+                    self._memo = (tuple(positions), merged, apart)
+                    return merged
         merged = Position().merge_all(positions)
-        self._memo = (tuple(positions), merged)
+        entries = [_only_entry(p) for p in positions]
+        apart = None not in entries and len({e[:2] for e in entries}) == len(entries)  # type: ignore[index]
+        self._memo = (tuple(positions), merged, apart)
         return merged
+
+
+def _only_entry(position: Position) -> tuple[str, int, int] | None:
+    """(topic, partition, offset) of a position that names one partition, else None."""
+    entries = list(position)
+    return entries[0] if len(entries) == 1 else None
 
 
 @dataclass(frozen=True)

@@ -194,3 +194,19 @@ def test_merged_positions_are_merged_once_for_the_same_states() -> None:
     assert moved is not first and moved.to_dict() == {"t": {"0": 4, "1": 8}}
     assert merged.of([Position.of("t", 0, 4), Position.of("t", 1, 8)]) is not moved  # equal is not the same
     assert merged.of([]).is_empty()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["t", "u"]), st.integers(0, 3), st.integers(-1, 50)), min_size=1, max_size=6),
+       st.lists(st.tuples(st.integers(0, 5), st.integers(-1, 50)), max_size=8))
+def test_merged_positions_moved_one_at_a_time_equal_a_fresh_merge(start, moves) -> None:
+    from federator.query.position import MergedPositions
+
+    positions = [Position.of(t, p, o) for t, p, o in start]
+    merged = MergedPositions()
+    assert merged.of(positions) == Position().merge_all(positions)
+    for i, offset in moves:  # one position replaced by its partition's at another offset
+        i %= len(positions)
+        (t, p, _), = list(positions[i])
+        positions = positions[:i] + [Position.of(t, p, offset)] + positions[i + 1:]
+        assert merged.of(positions) == Position().merge_all(positions)
