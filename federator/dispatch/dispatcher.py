@@ -497,7 +497,7 @@ class Dispatcher:
                 if known is None or known[1][0] < token[p]:
                     return False
                 continue
-            info = self.node.view.get(nid)  # type: ignore[arg-type]
+            info = self.node.view.get(nid)
             if info is None or info.key_endpoint is None \
                     or not self._watch(info.key_endpoint).wait_reached(store, p, token[p], until):
                 return False
