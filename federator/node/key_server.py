@@ -4,7 +4,8 @@ A routed point lookup needs one key's stored bytes from the partition's owner, w
 asking node decodes as it decodes its own (federator.sql.point). Over HTTP that call cost
 the owner a request of its HTTP server (about 250 us of CPU on this machine, more than the
 read); here it is a few struct packs on a connection the caller keeps open, served by one
-thread per connection (a caller keeps one connection per thread of its own)."""
+thread per connection (a caller's thread keeps one of its own; an event loop sends all its
+reads on one, without waiting for the answers before them)."""
 
 from __future__ import annotations
 
