@@ -3,10 +3,11 @@ and the statement the receiver runs in DuckDB over what they return."""
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
 import decimal
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import pyarrow as pa
@@ -298,7 +299,13 @@ def _rebinder(plan: QueryPlan) -> Callable[[list[Any]], QueryPlan | None]:
         ruled = rebind([literal(p, i) for i, p in enumerate(params)])
         if ruled is None or ruled.combine is None:
             return None
-        return replace(plan, refs=[replace(ref, subqueries=ruled.subqueries, combine=ruled.combine)], origin=plan)
+        # shallow copies with the changed fields set: dataclasses.replace runs __init__ over
+        # every field, which was the largest single step of a global leaderboard's rank
+        rebound_ref = copy.copy(ref)
+        rebound_ref.subqueries, rebound_ref.combine = ruled.subqueries, ruled.combine
+        rebound_plan = copy.copy(plan)
+        rebound_plan.refs, rebound_plan.origin = [rebound_ref], plan
+        return rebound_plan
     return rebound
 
 
