@@ -813,3 +813,36 @@ def test_the_loop_server_answers_as_the_flask_routes(sql_cluster) -> None:
     assert headers.get("X-Federator-Consistency-Token")
     nd = post(n1, {"sql": sql, "format": "ndjson"})
     assert [json.loads(x)["player"] for x in nd.data.decode().splitlines()] == [r["player"] for r in got.to_pylist()]
+
+
+def test_the_loops_concurrent_routed_reads_each_get_their_own_keys_row(sql_cluster) -> None:
+    """Many point queries at once to n1 (`--server loop`) for keys n2 owns: n1's loop sends them
+    to n2's key port on one connection without waiting for the answers before them, and n2
+    answers those that came together in one send; each answer is its own key's row, as the
+    owner itself gives it, and every one was read from the owner on the loop."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    cluster, _ = sql_cluster
+    n1, n2 = cluster.nodes[1], cluster.nodes[2]
+    info = json.loads(HTTP.request("GET", f"http://{n1.endpoint}/v1/stores/players").data)
+    owner = {o["partition"]: o["active"]["node_id"] for o in info["partition_owners"]}
+    keys = [f"p{i:04d}" for i in range(600) if owner[partition_for(f"p{i:04d}".encode(), P)] == "n2"][:60]
+    point = "SELECT * FROM players WHERE player = ?"
+    want = {k: sql_json(n2, point, [k])["rows"] for k in keys}  # the owner's own answers
+    assert all(len(rows) == 1 and rows[0][0] == k for k, rows in want.items())
+    sql_json(n1, point, [keys[0]])  # the text planned, on a thread: from now on read on the loop
+    pool = urllib3.PoolManager(maxsize=16)
+    before = scrape(n1)
+
+    def ask(key: str) -> tuple[str, list]:
+        resp = pool.request("POST", f"http://{n1.endpoint}/v1/sql", json={"sql": point, "parameters": [key]})
+        assert resp.status == 200, resp.data
+        return key, json.loads(resp.data)["rows"]
+
+    with ThreadPoolExecutor(16) as threads:
+        got = list(threads.map(ask, keys * 3))
+    after = scrape(n1)
+    assert [rows for _, rows in got] == [want[k] for k, _ in got]
+    asked = total(after, "federator_loop_server_requests_total", route="sql", answered="from_owner") \
+        - total(before, "federator_loop_server_requests_total", route="sql", answered="from_owner")
+    assert asked == len(keys) * 3
