@@ -19,9 +19,6 @@ from federator.query.wire import KEY_WELCOME, key_hello, key_request, split_key_
 from federator.store.layer import StoredEntry
 from federator.tls import Tls
 
-_Answer = tuple[int, "int | None", "bytes | None"]
-
-
 class AsyncKeyClient:
     """A kept connection to one node's key port, for the event loop it is made on."""
 
@@ -39,37 +36,34 @@ class AsyncKeyClient:
         """``KeyClient.read_key``: ``key``'s stored entry from the node's active, current copy
         (at least at offset ``at``); None when the node cannot answer it so, does not answer, or
         not within ``timeout`` seconds."""
-        try:
-            async with asyncio.timeout(timeout):
-                answer = await self._ask(key_request(store, partition, key, at))
-        except TimeoutError:
-            return None
-        return None if answer is None else entry_of(answer, topic, partition)
-
-    async def _ask(self, request: bytes) -> _Answer | None:
+        deadline = self.loop.time() + timeout
         for _ in (0, 1):  # a kept connection the node closed fails once: open another
             try:
-                conn = self._conn if self._conn is not None and self._conn.usable else await self._connected()
-                return await conn.ask(request)
+                conn = self._conn if self._conn is not None and self._conn.usable else await self._connected(deadline)
+                answer = await conn.exchange(key_request(store, partition, key, at), split_key_answer, deadline)
+            except TimeoutError:  # (an OSError too) no connection in time: the caller does without
+                return None
             except (OSError, EOFError, ValueError):  # ssl.SSLError is an OSError
                 continue
+            return None if answer is None else entry_of(answer, topic, partition)  # type: ignore[arg-type]
         return None
 
-    async def _connected(self) -> _KeyConnection:
+    async def _connected(self, deadline: float) -> _KeyConnection:
         """The kept connection, opened again if the node closed it: once for all the requests
-        that find none."""
-        async with self._opening:
-            if self._conn is None or not self._conn.usable:
-                self._conn = await self._open()
-            return self._conn
+        that find none. By ``deadline`` (the loop's time), or TimeoutError."""
+        async with asyncio.timeout_at(deadline):
+            async with self._opening:
+                if self._conn is None or not self._conn.usable:
+                    self._conn = await self._open(deadline)
+                return self._conn
 
-    async def _open(self) -> _KeyConnection:
+    async def _open(self, deadline: float) -> _KeyConnection:
         host, port = self._address
         context = self._tls.client if self._tls is not None else None
         _, conn = await self.loop.create_connection(_KeyConnection, host, port, ssl=context,
                                                     server_hostname=host if context is not None else None)
         try:
-            if await conn.exchange(self._hello, _welcome) != KEY_WELCOME:
+            if await conn.exchange(self._hello, _welcome, deadline) != KEY_WELCOME:
                 raise EOFError("the node refused the key call")
         except BaseException:
             conn.close()
@@ -83,16 +77,19 @@ def _welcome(buf: bytearray) -> tuple[bytes, int] | None:
 
 class _KeyConnection(asyncio.Protocol):
     """One connection to a key port: requests written as they come (those of one turn of the
-    loop in one write), their answers read in order as they come."""
+    loop in one write), their answers read in order as they come. A request not answered by its
+    deadline gets None; one timer per connection finds them (a timer per request cost more than
+    the rest of the read)."""
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.usable = True
         self._buf = bytearray()
-        # (how an answer is read, who waits for it), oldest first; a waiter that gave up (its
-        # request's timeout) stays until its answer comes, which is then dropped
-        self._waiting: deque[tuple[Callable[[bytearray], tuple[object, int] | None], asyncio.Future]] = deque()
+        # (how an answer is read, who waits for it, by when), oldest first; a waiter that gave up
+        # (its deadline) stays until its answer comes, which is then dropped
+        self._waiting: deque[tuple[Callable[[bytearray], tuple[object, int] | None], asyncio.Future, float]] = deque()
         self._unsent: list[bytes] = []
+        self._timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -103,7 +100,7 @@ class _KeyConnection(asyncio.Protocol):
             return
         self._buf += data
         while self._waiting:
-            split, waiter = self._waiting[0]
+            split, waiter, _ = self._waiting[0]
             got = split(self._buf)
             if got is None:
                 return
@@ -114,25 +111,47 @@ class _KeyConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.usable = False
-        for _, waiter in self._waiting:
+        for _, waiter, _ in self._waiting:
             if not waiter.done():
                 waiter.set_exception(EOFError("the node closed the connection"))
         self._waiting.clear()
+        if self._timer is not None:
+            self._timer.cancel()
 
-    async def ask(self, request: bytes) -> _Answer:
-        return await self.exchange(request, split_key_answer)  # type: ignore[return-value]
-
-    async def exchange(self, data: bytes, split: Callable[[bytearray], tuple[object, int] | None]) -> object:
-        """``data`` sent, and what ``split`` reads of its answer."""
+    async def exchange(self, data: bytes, split: Callable[[bytearray], tuple[object, int] | None],
+                       deadline: float) -> object:
+        """``data`` sent, and what ``split`` reads of its answer; None when it has not come by
+        ``deadline`` (the loop's time)."""
         if not self.usable or self.transport is None:
             raise EOFError("the connection is closed")
         loop = asyncio.get_running_loop()
         waiter = loop.create_future()
-        self._waiting.append((split, waiter))
+        self._waiting.append((split, waiter, deadline))
+        if self._timer is None or deadline < self._timer.when():
+            self._watch(loop, deadline)
         if not self._unsent:
             loop.call_soon(self._send)
         self._unsent.append(data)
         return await waiter
+
+    def _watch(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = loop.call_at(when, self._expire, loop)
+
+    def _expire(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Each waiter past its deadline answered None; the timer set for the next deadline."""
+        self._timer = None
+        now, next_at = loop.time(), None
+        for _, waiter, deadline in self._waiting:
+            if waiter.done():
+                continue
+            if deadline <= now:
+                waiter.set_result(None)
+            elif next_at is None or deadline < next_at:
+                next_at = deadline
+        if next_at is not None:
+            self._watch(loop, next_at)
 
     def _send(self) -> None:
         data, self._unsent = b"".join(self._unsent), []

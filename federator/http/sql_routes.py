@@ -268,11 +268,11 @@ def sql_at_once(node: SqlNode, environ: dict[str, Any]) -> Response | _JsonBody 
     for a JSON query without a consistency token that this node answers at once
     (``answer_now``: a point query it reads from its own copy, a kept answer still current, a
     leaderboard's rank on a global store) while a query slot is free; or what gives it on the
-    loop, for a point query whose key another node owns (``routed_now``, see ``_from_owner``).
+    loop, for a point query whose key another node owns (a RoutedPoint, see ``_from_owner``).
     None for any other request, which ``sql_response`` answers (the same way: the same
     functions make both answers)."""
-    local = getattr(node, "answer_now", None)
-    if local is None:
+    now = getattr(node, "answer_now", None)
+    if now is None:
         return None
     limits = limits_of(node)
     try:
@@ -285,14 +285,12 @@ def sql_at_once(node: SqlNode, environ: dict[str, Any]) -> Response | _JsonBody 
         if slot is False:
             return None
         try:
-            result = local(req)
+            got = now(req)
         except SqlError as e:  # as sql_response answers it (the engine counted it)
             return error_response(e)
-        if result is not None:
-            return _sql_json_now(result, limits, slot or None)
-        routed = getattr(node, "routed_now", None)
-        pending = routed(req) if routed is not None else None
-    return None if pending is None else _from_owner(pending, lambda result: _sql_json_now(result, limits, None))
+        if got is None or isinstance(got, SqlResult):
+            return None if got is None else _sql_json_now(got, limits, slot or None)
+    return _from_owner(got, lambda result: _sql_json_now(result, limits, None))
 
 
 def _sql_json_now(result: SqlResult, limits: Limits, slot: Slot | None) -> Response | _JsonBody:
@@ -308,8 +306,7 @@ async def _from_owner(routed: RoutedPoint, answer: Callable[[SqlResult], Respons
     owner could not answer so (the route answers on a thread). Admitted as the answers given at
     once are (a query slot was free when it came), it holds no slot while it waits: it runs no
     Python meanwhile (a slot held across the wait would send the next queries to the threads,
-    and there wait in the queue), and one owner's calls are capped by its client's connections
-    (federator.dispatch.key_client_async)."""
+    and there wait in the queue)."""
     result = await routed.answer()
     return None if result is None else answer(result)
 
@@ -411,22 +408,20 @@ def lookup_at_once(node: SqlNode, environ: dict[str, Any]) -> Response | _JsonBo
     """``lookup_response``'s answer given on the calling thread's event loop (see
     ``sql_at_once``): when this node reads the key from its own copy while a query slot is free,
     or reads it from the key's owner elsewhere on the loop; None otherwise."""
-    local = getattr(node, "lookup_now", None)
-    if local is None:
+    now = getattr(node, "lookup_now", None)
+    if now is None:
         return None
     name, key = _lookup_names(environ)
     with _slot_now(node) as slot:
         if slot is False:
             return None
         try:
-            result = local(name, key)
+            got = now(name, key)
         except FederatorError:
             return None  # lookup_response meets it again, and answers it
-        if result is not None:
-            return _lookup_answer(result, name, key)
-        routed = getattr(node, "lookup_routed", None)
-        pending = routed(name, key) if routed is not None else None
-    return None if pending is None else _from_owner(pending, lambda result: _lookup_answer(result, name, key))
+        if got is None or isinstance(got, SqlResult):
+            return None if got is None else _lookup_answer(got, name, key)
+    return _from_owner(got, lambda result: _lookup_answer(result, name, key))
 
 
 def _lookup_answer(result: SqlResult, name: str, key: str) -> Response | _JsonBody:

@@ -36,7 +36,7 @@ from federator.plugin.registry import Registry
 from federator.sql.dispatch_errors import from_dispatch
 from federator.sql.point import PointAnswer, PointPlan, point_plan
 from federator.sql.result import SqlRequest, SqlResult
-from federator.store.layer import StoredEntry
+from federator.store.layer import UNBOUNDED, StoredEntry
 from federator.settings import PLAN_TEMPLATES, POINT_PLANS, STATEMENT_ANSWER_MAX_BYTES, STATEMENT_PLANS
 
 Relation = pa.Table | Rows  # a store reference's rows as read
@@ -218,7 +218,7 @@ class SqlEngine:
     def local_kept(self, req: SqlRequest) -> SqlResult | None:
         """A repeated statement's small answer kept at this node, when every partition it reads
         is known to be where it was then: at once, without planning, reading or waiting; None
-        otherwise, and then ``execute`` answers it, the same (see ``local_point``)."""
+        otherwise, and then ``execute`` answers it, the same (see ``point_now``)."""
         if req.consistency_token or req.allow_stale or self._reuse_seconds <= 0:
             return None
         started = time.perf_counter()
@@ -240,19 +240,19 @@ class SqlEngine:
             self._count(plan_kind(plan), "ok", started)
             return result
         return self._streamed(reused[0], plan_kind(plan), reused[1], stats, started)
-    def answer_now(self, req: SqlRequest) -> SqlResult | None:
+    def answer_now(self, req: SqlRequest) -> SqlResult | RoutedPoint | None:
         """``execute``'s answer, given when nothing in it can wait: a point query this node
-        reads from its own copy (``local_point``), a statement's kept answer still current
-        (``local_kept``), or a statement over this node's global stores that their store type
-        answers in one read (``local_global``). None otherwise (planning a new text, a
-        consistency token to wait for, a copy too far behind, another node), and ``execute``
-        answers it. For the HTTP server's event loop."""
-        return self.local_point(req) or self.local_kept(req) or self.local_global(req)
+        reads from its own copy, or what reads it from the key's owner elsewhere on the event
+        loop (``point_now``), a statement's kept answer still current (``local_kept``), or a
+        statement over this node's global stores that their store type answers in one read
+        (``local_global``). None otherwise (planning a new text, a consistency token to wait
+        for, a copy too far behind), and ``execute`` answers it. For the HTTP server's event loop."""
+        return self.point_now(req) or self.local_kept(req) or self.local_global(req)
 
     def local_global(self, req: SqlRequest) -> SqlResult | None:
         """A statement over this node's global stores whose small answer their store type
         builds from every partition in one read (a leaderboard's ranks and top-k), with nothing
-        for DuckDB to do, when every copy answers now; None otherwise (see ``local_point``)."""
+        for DuckDB to do, when every copy answers now; None otherwise (see ``point_now``)."""
         plan_key = _plan_key(req)
         if req.consistency_token or plan_key is None:
             return None
@@ -265,31 +265,22 @@ class SqlEngine:
         except NotNow:  # a copy must catch up first: asked again where that may be waited for
             return None
 
-    def local_point(self, req: SqlRequest) -> SqlResult | None:
-        """A point query's answer read from this node's own current copy, at once: None when it
-        needs anything that could wait (planning a new text, a consistency token, another node,
-        the general path), and then ``execute`` answers it, the same. For the HTTP server's event
-        loop, which answers what it can without handing the request to a thread."""
+    def point_now(self, req: SqlRequest) -> SqlResult | RoutedPoint | None:
+        """A point query's answer read from this node's own current copy, at once; or, when
+        another node owns the key's partition, what reads the key's entry from that node on
+        the event loop (``RoutedPoint.answer``, as the dispatcher's ``key_call`` makes it).
+        None when it needs anything that could wait (planning a new text, a consistency token,
+        the general path), and then ``execute`` answers it, the same. For the HTTP server's
+        event loop, which answers what it can without handing the request to a thread."""
         started = time.perf_counter()
         found = self._planned_point(req)
         if found is None:
             return None
         plan, kb, partition = found
-        entry = self.node.read_local(plan.store.name, partition, kb, PositionBound.unbounded())
-        return None if entry is None else self._point_result(plan, kb, entry, started)
-
-    def routed_point(self, req: SqlRequest) -> RoutedPoint | None:
-        """A point query whose key's partition another node owns, as an event loop reads it
-        (``RoutedPoint.answer``: the owner's entry over the key port, then the answer ``execute``
-        gives); None as ``local_point`` says, or when the dispatcher makes no such call
-        (``Dispatcher.key_call``), and then ``execute`` answers it."""
-        started = time.perf_counter()
-        found = self._planned_point(req)
-        if found is None:
-            return None
-        plan, kb, partition = found
-        options = ReadOptions(PositionBound.unbounded(), req.allow_stale, req.max_lag,
-                              time.monotonic() + req.timeout_ms / 1000)
+        entry = self.node.read_local(plan.store.name, partition, kb, UNBOUNDED)
+        if entry is not None:
+            return self._point_result(plan, kb, entry, started)
+        options = ReadOptions(UNBOUNDED, req.allow_stale, req.max_lag, time.monotonic() + req.timeout_ms / 1000)
         call = self.dispatcher.key_call(plan.store.name, partition, options)
         if call is None:
             return None
@@ -678,7 +669,7 @@ class SqlEngine:
 @dataclass(frozen=True)
 class RoutedPoint:
     """A point query answered from the entry its key's owner elsewhere gives
-    (``SqlEngine.routed_point``)."""
+    (``SqlEngine.point_now``)."""
 
     read: Callable[[], Awaitable[StoredEntry | None]]  # the owner's entry, on the running event loop
     finish: Callable[[StoredEntry], SqlResult | None]  # the answer from it, as ``execute`` gives it

@@ -71,27 +71,21 @@ class SqlService:
         info["partition_owners"] = parts
         return info
 
-    def answer_now(self, request: SqlRequest) -> SqlResult | None:
-        """``sql``'s answer when this node has it at once (SqlEngine.answer_now); None when not."""
+    def answer_now(self, request: SqlRequest) -> SqlResult | RoutedPoint | None:
+        """``sql``'s answer when this node has it at once, or what reads a point query's key
+        from its owner elsewhere on the event loop (SqlEngine.answer_now); None when neither."""
         return self.engine.answer_now(request)
-
-    def routed_now(self, request: SqlRequest) -> RoutedPoint | None:
-        """``sql``'s answer to a point query as the event loop reads it from the key's owner
-        elsewhere (SqlEngine.routed_point); None when it cannot be read so."""
-        return self.engine.routed_point(request)
 
     def lookup(self, store: str, key: str) -> SqlResult:
         """A routed point lookup of ``key`` (given as its string form): the answer of the SQL
         point query, so the REST lookup takes the SQL point path (no row: no such key)."""
         return self.sql(self._lookup_request(store, key))
 
-    def lookup_now(self, store: str, key: str) -> SqlResult | None:
-        """``lookup``'s answer when this node reads the key from its own copy at once; None when not."""
-        return self.engine.local_point(self._lookup_request(store, key))
-
-    def lookup_routed(self, store: str, key: str) -> RoutedPoint | None:
-        """``lookup``'s answer as the event loop reads it from the key's owner elsewhere; None when not."""
-        return self.engine.routed_point(self._lookup_request(store, key))
+    def lookup_now(self, store: str, key: str) -> SqlResult | RoutedPoint | None:
+        """``lookup``'s answer when this node reads the key from its own copy at once, or what
+        reads it from the key's owner elsewhere on the event loop (SqlEngine.point_now); None
+        when neither."""
+        return self.engine.point_now(self._lookup_request(store, key))
 
     def _lookup_request(self, store: str, key: str) -> SqlRequest:
         defn = self.engine.resolve_store(store)

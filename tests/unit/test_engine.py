@@ -33,7 +33,7 @@ from federator.owner.duck import Duck, DuckConfig
 from federator.partitioner import partition_for
 from federator.query.position import Position
 from federator.query.queries import KeyQuery, KeysQuery, RangeQuery
-from federator.sql.engine import SqlEngine
+from federator.sql.engine import RoutedPoint, SqlEngine
 from federator.sql.result import SqlRequest, SqlResult
 from tests.registry import REGISTRY
 from tests.unit.memory_cluster import MemoryCluster
@@ -366,46 +366,47 @@ def assert_as_executed(now: SqlResult | None, full: SqlResult) -> None:
 
 
 def test_a_point_answer_given_at_once_is_the_one_execute_gives(fresh) -> None:
-    """local_point (the loop server's) answers only what execute has planned and this node reads
-    itself, and then as execute does: rows, schema, token, stats (but the time), metrics."""
+    """point_now (the loop server's) answers only what execute has planned and asks for no
+    token, and then as execute does: rows, schema, token, stats (but the time), metrics."""
     world = fresh(("me", "n2"))
     engine = world.cluster.engine("me")
     sql = "SELECT player, best AS b FROM players WHERE player = ?"
     local, far = key_in(0), key_in(1)
-    assert engine.local_point(SqlRequest(sql, [local])) is None  # not planned yet: execute plans it
+    assert engine.point_now(SqlRequest(sql, [local])) is None  # not planned yet: execute plans it
     for key in (local, key_in(0, "none")):
         _, full = run(engine, sql, [key])
-        assert_as_executed(engine.local_point(SqlRequest(sql, [key])), full)
-    assert engine.local_point(SqlRequest(sql, [far])) is None  # n2's partition
-    assert engine.local_point(SqlRequest(sql, [local], consistency_token=full.consistency_token)) is None
-    assert engine.local_point(SqlRequest(sql, [local, 1])) is None  # not its parameters
-    assert engine.local_point(SqlRequest("SELECT COUNT(*) FROM players", [])) is None
+        now = engine.point_now(SqlRequest(sql, [key]))
+        assert isinstance(now, SqlResult)
+        assert_as_executed(now, full)
+        assert_as_executed(engine.answer_now(SqlRequest(sql, [key])), full)  # type: ignore[arg-type]
+    assert isinstance(engine.point_now(SqlRequest(sql, [far])), RoutedPoint)  # n2's partition: read from n2
+    assert engine.point_now(SqlRequest(sql, [local], consistency_token=full.consistency_token)) is None
+    assert engine.point_now(SqlRequest(sql, [local, 1])) is None  # not its parameters
+    assert engine.point_now(SqlRequest("SELECT COUNT(*) FROM players", [])) is None
 
 
 def test_a_routed_point_read_on_an_event_loop_answers_as_execute(fresh) -> None:
-    """routed_point (the loop server's, for a key another node owns) reads the owner's entry on
-    an event loop and answers as execute does: rows, schema, token, stats (but the time); only
-    for what execute has planned, another node owns, and asks for no token; None when the owner
-    cannot answer so (then execute takes its general path)."""
+    """point_now (the loop server's), for a key another node owns, gives what reads the owner's
+    entry on an event loop and answers as execute does: rows, schema, token, stats (but the
+    time); only for what execute has planned and asks for no token; None when the owner cannot
+    answer so (then execute takes its general path)."""
     world = fresh(("me", "n2"))
     engine = world.cluster.engine("me")
     n2 = world.cluster.nodes["n2"]
     sql = "SELECT player, best AS b FROM players WHERE player = ?"
-    local, far = key_in(0), key_in(1)
-    assert engine.routed_point(SqlRequest(sql, [far])) is None  # not planned yet: execute plans it
+    far = key_in(1)
+    assert engine.point_now(SqlRequest(sql, [far])) is None  # not planned yet: execute plans it
     for key in (far, key_in(1, "none")):
         _, full = run(engine, sql, [key])
         world.cluster.forget()
-        routed = engine.routed_point(SqlRequest(sql, [key]))
-        assert routed is not None and n2.point_reads == []  # read when awaited, not before
+        routed = engine.answer_now(SqlRequest(sql, [key]))
+        assert isinstance(routed, RoutedPoint) and n2.point_reads == []  # read when awaited, not before
         assert_as_executed(asyncio.run(routed.answer()), full)
         assert n2.point_reads == [("players", 1)] and world.cluster.requests() == []
-    assert engine.routed_point(SqlRequest(sql, [local])) is None  # this node's own partition
-    assert engine.routed_point(SqlRequest(sql, [far], consistency_token=full.consistency_token)) is None
-    assert engine.routed_point(SqlRequest("SELECT COUNT(*) FROM players", [])) is None
+    assert engine.point_now(SqlRequest(sql, [far], consistency_token=full.consistency_token)) is None
     n2.materializer.shards.pop(("players", 1))  # n2 no longer holds it, though the view says so
-    routed = engine.routed_point(SqlRequest(sql, [far]))
-    assert routed is not None and asyncio.run(routed.answer()) is None
+    routed = engine.point_now(SqlRequest(sql, [far]))
+    assert isinstance(routed, RoutedPoint) and asyncio.run(routed.answer()) is None
 
 
 def test_a_point_lookup_this_node_cannot_read_in_process_goes_to_the_owner(fresh) -> None:

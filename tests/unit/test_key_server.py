@@ -350,6 +350,33 @@ def test_the_loops_client_gives_up_at_its_timeout_and_reads_no_late_answer_as_th
     assert next_one == StoredEntry(b"stored-bytes", AT)  # its own answer, not the late one's
 
 
+def test_a_read_with_a_sooner_deadline_behind_a_slow_one_gives_up_at_its_own(owner: Owner) -> None:
+    """Answers come in order: a read queued behind a slow one still gives up at its own,
+    sooner, deadline, and the slow one gets its answer."""
+    read = owner.read_local
+
+    def slow(store: str, partition: int, key: bytes, bound: PositionBound) -> StoredEntry | None:
+        time.sleep(0.6 if key == b"slow" else 0)
+        return read(store, partition, key, bound)
+
+    owner.read_local = slow  # type: ignore[method-assign]
+    server = serving(owner)
+
+    async def reads() -> tuple[StoredEntry | None, StoredEntry | None, float]:
+        client = AsyncKeyClient(endpoint(server))
+        started = time.monotonic()
+        first = asyncio.ensure_future(client.read_key("s", TOPIC, 3, b"slow", None, 5))
+        await asyncio.sleep(0)  # the slow read asked first
+        second = await client.read_key("s", TOPIC, 3, b"k\x00\xff", None, 0.2)
+        return await first, second, time.monotonic() - started
+
+    try:
+        first, second, took = on_loop(reads)
+    finally:
+        server.stop()
+    assert first == StoredEntry(None, AT) and second is None and took >= 0.5  # (no such key: absent)
+
+
 def test_the_loops_client_needs_the_secret_and_a_node_that_is_there(owner: Owner, tmp_path) -> None:
     server = serving(owner, "s3cret")
 

@@ -76,23 +76,18 @@ class RoutingNode(PointNode):
         self.let_go: list[str] = []
         self.metrics = Metrics()
 
-    def answer_now(self, request: SqlRequest) -> SqlResult | None:  # ``requests``: only what threads were asked
+    def answer_now(self, request: SqlRequest) -> SqlResult | Routed | None:  # ``requests``: only what threads were asked
         self.asked_at_once.append(request)
-        return None if request.parameters in (["far"], ["gone"]) else self.point(request)
-
-    def lookup_now(self, store: str, key: str) -> SqlResult | None:
-        return None if key == "gone" else super().lookup_now(store, key)
-
-    def routed_now(self, request: SqlRequest) -> Routed | None:
         key = request.parameters[0] if request.parameters else None
-        return Routed(self, key, lambda: self.point(request)) if key in ("far", "gone") else None
+        return Routed(self, key, lambda: self.point(request)) if key in ("far", "gone") else self.point(request)
 
-    def lookup_routed(self, store: str, key: str) -> Routed | None:
-        return Routed(self, key, lambda: self.lookup(store, key)) if key in ("far", "gone") else None
+    def lookup_now(self, store: str, key: str) -> SqlResult | Routed | None:
+        self.asked_at_once.append(key)
+        return Routed(self, key, lambda: self.lookup(store, key)) if key in ("far", "gone") else self.lookup(store, key)
 
 
 class Routed:
-    """SqlEngine.routed_point's answer, as RoutingNode plays it."""
+    """The RoutedPoint SqlEngine.point_now gives for a key another node owns, as RoutingNode plays it."""
 
     def __init__(self, node: RoutingNode, key: str, result: Any) -> None:
         self.node, self.key, self.result = node, key, result
