@@ -73,6 +73,7 @@ class Materializer:
         self.state_dir = state_dir
         self.on_change = on_change
         self._hosted: dict[Key, HostedShard] = {}
+        self._by_topic: dict[tuple[str, int], HostedShard] | None = None  # _hosted by (topic, partition), made when needed
         self._desired: Desired | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -100,6 +101,7 @@ class Materializer:
             for hs in self._hosted.values():
                 hs.shard.close()
             self._hosted.clear()
+            self._by_topic = None
 
     def set_desired(self, definitions: dict[str, StoreDefinition], roles: dict[Key, str]) -> None:
         with self._lock:
@@ -186,6 +188,7 @@ class Materializer:
                 # Closed, not deleted: if the partition comes back here, it restores from this checkpoint.
                 with self._lock:
                     del self._hosted[key]
+                    self._by_topic = None
                 hs.shard.close()
                 changed = True
         for key, role in desired.roles.items():
@@ -210,6 +213,7 @@ class Materializer:
                 log.warning("%s[%d]: changelog was created anew; rebuilding the shard", defn.topic, partition)
             with self._lock:
                 self._hosted[key] = hs
+                self._by_topic = None
             changed = True
         if changed:
             self._changed()
@@ -266,7 +270,9 @@ class Materializer:
                 self._on_client_error(err)
             else:
                 log.warning("reading %s[%s]: %s", m.topic(), m.partition(), err.str())
-        index = {(hs.shard.topic, hs.shard.partition): hs for hs in self._hosted.values()}
+        index = self._by_topic
+        if index is None:
+            index = self._by_topic = {(hs.shard.topic, hs.shard.partition): hs for hs in self._hosted.values()}
         changed = moved = False
         for tp, msgs in by_tp.items():
             hs = index.get(tp)
@@ -293,7 +299,8 @@ class Materializer:
                 continue
             # read to the end: offsets below it that held no data (transaction markers) are
             # applied too, so a token at the log's end is reached
-            if not hs.gone:
+            applied = hs.shard.offset
+            if not hs.gone and offset - 1 > (-1 if applied is None else applied):  # (usually: its last record applied)
                 before, after = hs.shard.apply([], through=offset - 1)
                 moved = moved or after != before
             hs.end_offset = offset

@@ -127,6 +127,8 @@ class WrappedLayer(StoreLayer):
         self.inner = inner
         self.definition = inner.definition
         self.partition = inner.partition
+        self.topic = inner.topic
+        self._base = inner.base  # what a shard keeps is read from it in one step, not down every layer
         below = inner.key_layer
         self._key_layer = self if type(self).answers_local_keys else below
         self._run_key = below.run  # where this layer sends a LocalKeyQuery (see key_layer)
@@ -137,7 +139,7 @@ class WrappedLayer(StoreLayer):
 
     @property
     def base(self) -> StoreLayer:
-        return self.inner.base
+        return self._base
 
     def run(self, query: Query, bound: PositionBound = UNBOUNDED, collect_execution_info: bool = False) -> Any:
         return self.inner.run(query, bound, collect_execution_info)
@@ -160,24 +162,20 @@ class WrappedLayer(StoreLayer):
     # What a shard is read for besides queries, asked of the shard at the bottom. Spelled out,
     # not a __getattr__: a class with one pays for it on every attribute, the point path's too.
     @property
-    def topic(self) -> str:
-        return self.base.topic
-
-    @property
     def position(self) -> Position:
-        return self.base.position
+        return self._base.position
 
     @property
     def offset(self) -> int | None:
-        return self.base.offset
+        return self._base.offset
 
     @property
     def source(self) -> str | None:
-        return self.base.source
+        return self._base.source
 
     @property
     def closed(self) -> bool:
-        return self.base.closed
+        return self._base.closed
 
 
 def answer(shard: StoreLayer, query: Query, bound: PositionBound, collect_execution_info: bool,

@@ -329,30 +329,28 @@ class LeaderboardStoreType(KeyValueStoreType):
     def apply(self, wb: WriteBatch, records: Iterable[ChangelogRecord], shard: ShardView) -> Callable[[], None]:
         defn = shard.definition
         fmt, value_fmt, index = defn.value_format, defn.value, shard.handle(INDEX)
-        before_batch: dict[bytes, bytes | None] = {}  # key -> stored before this batch
-        latest: dict[bytes, bytes | None] = {}  # what this batch has written so far, key -> stored
+        # each key's sortable score (None: no such key) before this batch, and as the batch has
+        # written it so far: each score decoded once
+        before_batch: dict[bytes, bytes | None] = {}
+        latest: dict[bytes, bytes | None] = {}
         through = -1
-
-        def score_of_stored(stored: bytes) -> bytes:
-            return sortable(fmt, value_fmt.deserialize(stored[8:]))
-
         for r in records:
             through = r.offset
             if r.key in latest:
                 old = latest[r.key]
             else:
-                old = before_batch[r.key] = shard.get(r.key)
+                stored = shard.get(r.key)
+                old = before_batch[r.key] = None if stored is None else sortable(fmt, value_fmt.deserialize(stored[8:]))
             if old is not None:
-                wb.delete(score_of_stored(old) + r.key, index)
+                wb.delete(old + r.key, index)
             if r.value is None:
                 wb.delete(r.key)
                 latest[r.key] = None
             else:
-                stored = stored_value(r)
-                wb.put(r.key, stored)
-                wb.put(score_of_stored(stored) + r.key, b"", index)
-                latest[r.key] = stored
+                wb.put(r.key, stored_value(r))
+                new = latest[r.key] = sortable(fmt, value_fmt.deserialize(r.value))
+                wb.put(new + r.key, b"", index)
         order = key_order(defn.key_format)
-        removed = [score_of_stored(v) + order(k) for k, v in before_batch.items() if v is not None]
-        added = [score_of_stored(v) + order(k) for k, v in latest.items() if v is not None]
+        removed = [score + order(k) for k, score in before_batch.items() if score is not None]
+        added = [score + order(k) for k, score in latest.items() if score is not None]
         return shard.memory.change(removed, added, through)

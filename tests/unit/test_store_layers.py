@@ -39,6 +39,7 @@ class FakeBottom(StoreLayer):
     def __init__(self) -> None:
         self.definition = _definition()
         self.partition = 0
+        self.topic = "t"
         self.seen: list[Any] = []
         self.applied: list[Any] = []
 
