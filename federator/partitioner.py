@@ -6,6 +6,8 @@ librdkafka's ``murmur2_random`` partitioner computes the same for non-null keys.
 
 from __future__ import annotations
 
+import functools
+
 _M = 0x5BD1E995
 _MASK = 0xFFFFFFFF
 
@@ -37,6 +39,16 @@ def murmur2(data: bytes) -> int:
 
 def partition_for(key: bytes, partitions: int) -> int:
     """The partition Kafka's default partitioner picks for ``key`` among ``partitions``."""
+    try:
+        return _partition_of(key, partitions)
+    except TypeError:  # a buffer that cannot be a cache key (a plugin format's bytearray)
+        return _partition_of(bytes(key), partitions)
+
+
+# Kept for the keys asked most (a point query's, a player's rank): the hash is a loop of
+# Python, about 200 opcodes a key, and the same keys are asked again and again.
+@functools.lru_cache(maxsize=16384)
+def _partition_of(key: bytes, partitions: int) -> int:
     if partitions < 1:
         raise ValueError(f"partitions must be at least 1, got {partitions}")
     return (murmur2(key) & 0x7FFFFFFF) % partitions
