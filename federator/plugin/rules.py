@@ -50,6 +50,11 @@ class RulePlan:
     # (ties at the cut included): owners send them as they are, without a top-k of their own,
     # and the receiver cuts once (an owner's DuckDB statement costs more than the rows it saves)
     rows_are_top_k: bool = False
+    # each subquery's answer depends on nothing but its partition's state (a partition's top k):
+    # kept, and given again while the partition stays where it was, as a combine's
+    # ``fetch(..., keep=True)`` is; so a statement asked again after a write reads only the
+    # partitions the write moved. (A global store's partitions are read together: not kept.)
+    keep_answers: bool = False
     # the plan for the same statement with other values of its parameters, given as the literals
     # they bind to (index: ``parameter_of``); None when more than subqueries and combine would
     # change. The receiver then plans a statement's text once, not once per value.

@@ -617,11 +617,12 @@ class SqlEngine:
             seen.add(defn.name, gathered)
             return gathered
 
+        keeps = self._reuse_seconds > 0 and self.dispatcher.partition_answers.max_bytes > 0 and not options.allow_stale
         if ref.combine is not None:
-            keeps = self._reuse_seconds > 0 and self.dispatcher.partition_answers.max_bytes > 0 and not options.allow_stale
             return ref.combine(_RuleFetch(gather, keeps=keeps))
         # with a key join, a node that does not know it runs work's join in DuckDB
-        batches = gather(ref.subqueries, replace(ref.work, join=ref.joined, key_join=ref.key_join)).batches
+        batches = gather(ref.subqueries, replace(ref.work, join=ref.joined, key_join=ref.key_join),
+                         keep=keeps and ref.keep_answers).batches
         schema = wire_schema(ref.rows_schema) if ref.rows_schema is not None else defn.arrow_schema()
         if batches and all(isinstance(b, Rows) for b in batches):  # a global store's rows read here at once
             rows = concat_rows([b for b in batches if b.num_rows], schema)

@@ -94,6 +94,7 @@ class TopKRule(SqlRule):
             f"top {k} by {_score_column(store)} {'DESC' if descending else 'ASC'} from each partition's score index"
             + _together(store),
             rows_are_top_k=True,  # each partition's top k with the ties at the cut: the receiver's cut is exact
+            keep_answers=True,  # a partition's top k is its state's: after a write only the moved partition is read
         )
 
 
