@@ -90,8 +90,9 @@ $(FAUST_VENV)/.installed: setup.cfg
 	$(FAUST_VENV)/bin/python -m pip install --quiet --progress-bar off $$($(PYTHON) tests/bench/bench_requirements.py)
 	@touch $@
 
-# Debian packages the benchmarks drive: wrk (HTTP load) and redis-server (the leaderboard's peer).
-BENCH_DEBS := wrk redis-server
+# Debian packages the benchmarks drive: wrk (HTTP load), redis-server (the leaderboard's peer) and
+# redis-tools (redis-benchmark, its C load generator).
+BENCH_DEBS := wrk redis-server redis-tools
 
 bench-debs:
 	@missing=$$(for p in $(BENCH_DEBS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \

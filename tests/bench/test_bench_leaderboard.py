@@ -800,6 +800,8 @@ def redis_games_rows(port: int, pid: int, players: int) -> tuple[list[str], list
                 results[query] = r = redis_load(f"{query}, {rate}/s", CLIENTS, port, pid, call,
                                                 lambda answer, _rnd, into=answers[query]: into.append(answer))
                 progress(r.line())
+            native = [redis_benchmark_row(port, pid, rate, command)
+                      for command in (["ZREVRANGE", key, "0", "9", "WITHSCORES"], ["ZREVRANK", key, names[players // 2]])]
         replay.settle()
         for query, r in results.items():
             wrong = check_all(replay, answers[query])
@@ -808,8 +810,30 @@ def redis_games_rows(port: int, pid: int, players: int) -> tuple[list[str], list
             lines.append(f"| Redis sorted set, MULTI | {rate:,} | {query} | {r.rate:,.0f} | {r.p50_ms:.2f} | "
                          f"{r.p99_ms:.2f} | {r.errors} | {len(answers[query]):,} | {seqs:,} | {len(wrong)} | "
                          f"{r.server_us_per_req:,.0f} |" + (f" ({wrong[0]})" if wrong else ""))
+        lines += native
     client.close()
     return lines, wrong_answers
+
+
+REDIS_BENCHMARK_REQUESTS = 200_000
+
+
+def redis_benchmark_row(port: int, pid: int, rate: int, command: list[str]) -> str:
+    """What redis-server answers of ``command`` to Debian's redis-benchmark (a C client, CLIENTS
+    connections, one command at a time each, answers not checked): the rate redis-py's readers
+    hide behind their own Python. A table line."""
+    exe = shutil.which("redis-benchmark")
+    assert exe, "Debian's redis-benchmark is missing: `make bench` installs it (apt-get install redis-tools)"
+    cpu0, t0 = cpu_seconds(pid), time.perf_counter()
+    out = subprocess.run([exe, "-p", str(port), "-c", str(CLIENTS), "-n", str(REDIS_BENCHMARK_REQUESTS), "--csv",
+                          *command], capture_output=True, text=True, timeout=120, check=True).stdout
+    cpu = cpu_seconds(pid) - cpu0
+    progress(f"redis-benchmark {' '.join(command[:1])} at {rate}/s: {time.perf_counter() - t0:.1f} s")
+    fields = dict(zip(*[[f.strip('"') for f in line.split('","')] for line in out.strip().splitlines()[-2:]]))
+    what = "ZREVRANGE 0 9 WITHSCORES" if command[0] == "ZREVRANGE" else "ZREVRANK"
+    return (f"| Redis sorted set, redis-benchmark (C client, answers not checked) | {rate:,} | {what} | "
+            f"{float(fields['rps']):,.0f} | {float(fields['p50_latency_ms']):.2f} | {float(fields['p99_latency_ms']):.2f} "
+            f"| 0 | | | | {cpu / REDIS_BENCHMARK_REQUESTS * 1e6:,.0f} |")
 
 
 def report_games(report: Report, runs: list[ScopeRun], redis_lines: list[str], load_before: float,
@@ -835,7 +859,10 @@ def report_games(report: Report, runs: list[ScopeRun], redis_lines: list[str], l
         "at the same rate from one client, each tick's ZADDs in a MULTI with an INCR of a sequence; its readers "
         "(redis-py, closed-loop threads) read the sequence in the same MULTI as ZREVRANGE or ZREVRANK + ZSCORE, "
         "and every answer in the window is checked as of that sequence (ZREVRANK orders ties by member, so a "
-        "rank must fall among the tied). Server CPU: all three nodes (applying the writes included), or redis-server.",
+        "rank must fall among the tied). Under the same writes, redis-benchmark (Debian's, a C client, "
+        f"{CLIENTS} connections, {REDIS_BENCHMARK_REQUESTS:,} commands, answers not checked) asks ZREVRANGE 0 9 "
+        "WITHSCORES and ZREVRANK of one player: what redis-server answers when its client is not Python. "
+        "Server CPU: all three nodes (applying the writes included), or redis-server.",
         "",
         f"| what | new scores/s | query | q/s (target >= {T_GAMES_RATE:,}) | p50 ms | p99 ms (target <= "
         f"{T_GAMES_P99_MS:g}) | non-2xx (target 0) | answers checked | at positions | wrong | server CPU us/req |",
