@@ -316,6 +316,25 @@ def redis_load(label: str, clients: int, port: int, pid: int, call: Callable[[An
     return out
 
 
+REDIS_BENCHMARK_REQUESTS = 200_000  # commands a redis-benchmark run sends
+
+
+def redis_benchmark(port: int, pid: int, command: list[str]) -> tuple[float, float, float, float]:
+    """What redis-server answers of ``command`` to Debian's redis-benchmark (a C client, CLIENTS
+    connections, one command at a time each, answers not checked): the rate redis-py's readers
+    hide behind their own Python. (commands a second, p50 ms, p99 ms, server CPU us a command)."""
+    exe = shutil.which("redis-benchmark")
+    assert exe, "Debian's redis-benchmark is missing: `make bench` installs it (apt-get install redis-tools)"
+    cpu0, t0 = cpu_seconds(pid), time.perf_counter()
+    out = subprocess.run([exe, "-p", str(port), "-c", str(CLIENTS), "-n", str(REDIS_BENCHMARK_REQUESTS), "--csv",
+                          *command], capture_output=True, text=True, timeout=120, check=True).stdout
+    cpu = cpu_seconds(pid) - cpu0
+    progress(f"redis-benchmark {command[0]}: {time.perf_counter() - t0:.1f} s")
+    fields = dict(zip(*[[f.strip('"') for f in line.split('","')] for line in out.strip().splitlines()[-2:]]))
+    return (float(fields["rps"]), float(fields["p50_latency_ms"]), float(fields["p99_latency_ms"]),
+            cpu / REDIS_BENCHMARK_REQUESTS * 1e6)
+
+
 def wrk_row(r: WrkResult, what: str) -> str:
     err = f" ({r.errors} errors)" if r.errors else ""
     return (f"| {what} | {r.clients} | {r.rate:,.0f} | {r.p50_ms:.2f} | {r.p99_ms:.2f} | "
@@ -389,6 +408,11 @@ def test_leaderboard_beside_redis(broker, topics, redis_server, data: Data, repo
             progress(r.line())
             results[("redis", label, clients)] = r
             lines.append(row(r, f"Redis sorted set: {label}"))
+    for label, command in (("ZREVRANGE 0 9 WITHSCORES (top-10)", ["ZREVRANGE", "leaderboard", "0", "9", "WITHSCORES"]),
+                           ("ZREVRANK (rank of a player)", ["ZREVRANK", "leaderboard", data.players[len(data.players) // 2]])):
+        rps, p50, p99, cpu = redis_benchmark(port, redis_proc.pid, command)
+        lines.append(f"| Redis sorted set, redis-benchmark (C client, answers not checked): {label} | {CLIENTS} | "
+                     f"{rps:,.0f} | {p50:.2f} | {p99:.2f} | {cpu:,.0f} | |")
 
     report.notes.append(f"Load average (1 min) around the leaderboard runs: {load_before:.2f} before, "
                         f"{os.getloadavg()[0]:.2f} after; anything above what this run's own processes add is other "
@@ -398,7 +422,9 @@ def test_leaderboard_beside_redis(broker, topics, redis_server, data: Data, repo
         f"no standbys; closed-loop clients (raw HTTP/1.1 keep-alive for SQL, redis-py for Redis) for {SECONDS:.0f} s "
         f"after {WARMUP:.0f} s of warm-up per row; then the same load from wrk -t1 (rows marked wrk: C, one "
         "thread, so the latencies are the nodes' without a Python client's own GIL in them; the targets are "
-        "judged on these). Every Redis answer in the window is checked against the data; "
+        "judged on these). Every Redis answer in the window is checked against the data (and redis-benchmark, "
+        f"Debian's C client, {CLIENTS} connections, asks the same commands unchecked: what redis-server answers "
+        "when its client is not Python); "
         "each SQL row is followed by 50 answers made the same way, each checked. Server CPU: all three nodes "
         "(Federator) or redis-server. Queries: "
         f"top-10 `{TOP10}`; rank `{RANK}` with a random player; `{COUNT}`; `{GROUP}`.",
@@ -815,25 +841,12 @@ def redis_games_rows(port: int, pid: int, players: int) -> tuple[list[str], list
     return lines, wrong_answers
 
 
-REDIS_BENCHMARK_REQUESTS = 200_000
-
-
 def redis_benchmark_row(port: int, pid: int, rate: int, command: list[str]) -> str:
-    """What redis-server answers of ``command`` to Debian's redis-benchmark (a C client, CLIENTS
-    connections, one command at a time each, answers not checked): the rate redis-py's readers
-    hide behind their own Python. A table line."""
-    exe = shutil.which("redis-benchmark")
-    assert exe, "Debian's redis-benchmark is missing: `make bench` installs it (apt-get install redis-tools)"
-    cpu0, t0 = cpu_seconds(pid), time.perf_counter()
-    out = subprocess.run([exe, "-p", str(port), "-c", str(CLIENTS), "-n", str(REDIS_BENCHMARK_REQUESTS), "--csv",
-                          *command], capture_output=True, text=True, timeout=120, check=True).stdout
-    cpu = cpu_seconds(pid) - cpu0
-    progress(f"redis-benchmark {' '.join(command[:1])} at {rate}/s: {time.perf_counter() - t0:.1f} s")
-    fields = dict(zip(*[[f.strip('"') for f in line.split('","')] for line in out.strip().splitlines()[-2:]]))
+    """``redis_benchmark`` of ``command`` while the games write ``rate`` a second, as a table line."""
+    rps, p50, p99, cpu = redis_benchmark(port, pid, command)
     what = "ZREVRANGE 0 9 WITHSCORES" if command[0] == "ZREVRANGE" else "ZREVRANK"
     return (f"| Redis sorted set, redis-benchmark (C client, answers not checked) | {rate:,} | {what} | "
-            f"{float(fields['rps']):,.0f} | {float(fields['p50_latency_ms']):.2f} | {float(fields['p99_latency_ms']):.2f} "
-            f"| 0 | | | | {cpu / REDIS_BENCHMARK_REQUESTS * 1e6:,.0f} |")
+            f"{rps:,.0f} | {p50:.2f} | {p99:.2f} | 0 | | | | {cpu:,.0f} |")
 
 
 def report_games(report: Report, runs: list[ScopeRun], redis_lines: list[str], load_before: float,
