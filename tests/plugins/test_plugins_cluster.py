@@ -176,10 +176,15 @@ def test_every_rank_shape_equals_duckdb_and_reads_no_whole_partition(plugin_clus
     assert queries <= {"KeysQuery", "RankQuery", "TopKQuery", "AroundQuery"}, queries
 
 
-def test_ranks_follow_writes_as_of_their_token(plugin_cluster) -> None:
-    """A producer writes scores while ranks are asked, each with the token of the last write
-    acknowledged: every answer shows that write, and equals DuckDB's over the rows as of the
-    positions its own token names (read back from the changelog afterwards)."""
+# asked between the ranks while scores are written: a top-k's partitions' answers are kept,
+# and only the partitions a write moved are read again
+FOLLOWED_TOPS = ["SELECT player, score FROM lb ORDER BY score DESC, player LIMIT 10"]
+
+
+def test_ranks_and_top_k_follow_writes_as_of_their_token(plugin_cluster) -> None:
+    """A producer writes scores while ranks and a top-k are asked, each with the token of the
+    last write acknowledged: every answer shows that write, and equals DuckDB's over the rows
+    as of the positions its own token names (read back from the changelog afterwards)."""
     c, db, scores, broker, lb, _ = plugin_cluster
     asked = ["player_002", "player_150", "player_299"]
     rnd = random.Random(4)
@@ -201,8 +206,9 @@ def test_ranks_follow_writes_as_of_their_token(plugin_cluster) -> None:
     answers: list[tuple[str, dict, Position]] = []
     try:
         wait_for(lambda: acked, 10, "a first write acknowledged")
-        for i in range(40):
-            text, wrote = RANKS[i % len(RANKS)], acked[-1]
+        texts = RANKS + FOLLOWED_TOPS
+        for i in range(48):
+            text, wrote = texts[i % len(texts)], acked[-1]
             got = sql(c.nodes[i % 3], text, asked[:text.count("?")], consistency_token=wrote.to_token())
             read = Position.from_token(got["consistency_token"])
             assert read.merge(wrote) == read, "the answer is older than the write it was asked after"
