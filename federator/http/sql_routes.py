@@ -288,8 +288,10 @@ def sql_at_once(node: SqlNode, environ: dict[str, Any]) -> Response | _JsonBody 
             got = now(req)
         except SqlError as e:  # as sql_response answers it (the engine counted it)
             return error_response(e)
-        if got is None or isinstance(got, SqlResult):
-            return None if got is None else _sql_json_now(got, limits, slot or None)
+        if got is None:
+            return None
+        if isinstance(got, SqlResult):
+            return _sql_json_now(got, limits, slot or None)
     return _from_owner(got, lambda result: _sql_json_now(result, limits, None))
 
 
@@ -419,8 +421,10 @@ def lookup_at_once(node: SqlNode, environ: dict[str, Any]) -> Response | _JsonBo
             got = now(name, key)
         except FederatorError:
             return None  # lookup_response meets it again, and answers it
-        if got is None or isinstance(got, SqlResult):
-            return None if got is None else _lookup_answer(got, name, key)
+        if got is None:
+            return None
+        if isinstance(got, SqlResult):
+            return _lookup_answer(got, name, key)
     return _from_owner(got, lambda result: _lookup_answer(result, name, key))
 
 
