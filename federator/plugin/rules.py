@@ -53,7 +53,7 @@ class RulePlan:
     # each subquery's answer depends on nothing but its partition's state (a partition's top k):
     # kept, and given again while the partition stays where it was, as a combine's
     # ``fetch(..., keep=True)`` is; so a statement asked again after a write reads only the
-    # partitions the write moved. (A global store's partitions are read together: not kept.)
+    # partitions the write moved. (Nothing is kept for a global store: Dispatcher.gather.)
     keep_answers: bool = False
     # the plan for the same statement with other values of its parameters, given as the literals
     # they bind to (index: ``parameter_of``); None when more than subqueries and combine would

@@ -51,7 +51,7 @@ class StoreRef:
     key_join: KeyJoin | None = None  # with joined: the join as a lookup in Arrow, in place of work's join
     source_schema: pa.Schema | None = None  # the rows the owner's SQL reads (None: the store's)
     rebind: Callable[[list[exp.Expression]], RulePlan | None] | None = None  # with combine: RulePlan.rebind
-    keep_answers: bool = False  # RulePlan.keep_answers, for a store whose partitions are read one by one
+    keep_answers: bool = False  # RulePlan.keep_answers: the subqueries' answers kept per partition
 
     @property
     def source(self) -> pa.Schema:
@@ -522,5 +522,5 @@ def _plan_ref(defn: StoreDefinition, table: exp.Table, query: exp.Expression, me
         sql_parts.append(q.sql(dialect="duckdb", copy=False))  # q is ours alone: no copy of a long IN list
     work = OwnerWork(keep, sql_parts[0] if sql_parts else None, kind)
     rows_schema = pa.schema([schema.field(c) for c in keep])
-    keep_answers = rule is not None and rule.keep_answers and not defn.is_global
-    return StoreRef(defn, relation, subqueries, work, notes, rows_schema, keep_answers=keep_answers)
+    return StoreRef(defn, relation, subqueries, work, notes, rows_schema,
+                    keep_answers=rule is not None and rule.keep_answers)

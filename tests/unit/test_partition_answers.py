@@ -10,13 +10,16 @@ import time
 
 import pyarrow as pa
 
+from federator.catalog import StoreDefinition
 from federator.dispatch.partition_answers import PartitionAnswers
 from federator.partitioner import partition_for
 from federator.plan.keys import SubQuery
 from federator.query.position import PositionBound
 from federator.query.queries import RangeQuery
 from federator.route.read_options import ReadOptions
-from tests.unit.test_engine import P, World, duck  # noqa: F401 - the fixture
+from tests.registry import REGISTRY
+from tests.unit.memory_cluster import MemoryCluster
+from tests.unit.test_engine import SCORES, P, World, duck  # noqa: F401 - the fixture
 
 ALL = [SubQuery(RangeQuery(), None)]
 
@@ -145,3 +148,20 @@ def test_gathers_at_once_share_one_call_per_partition(duck) -> None:
         assert not dispatcher._asking  # nothing left waiting
     finally:
         world.cluster.close()
+
+
+def test_a_global_stores_answers_are_not_kept_per_partition(duck) -> None:
+    """A global store's partitions are this node's own copies, and a query its store type reads
+    together is answered whole by one partition's result: nothing is kept per partition."""
+    defn = StoreDefinition.from_dict({**SCORES, "name": "dims", "global": True}, REGISTRY)
+    cluster = MemoryCluster([defn], duck, ("me", "n2"))
+    try:
+        for k in range(-30, 30, 3):
+            cluster.write("dims", k, k * 2.0)
+        dispatcher = cluster.engine().dispatcher
+        for _ in range(2):
+            gathered = dispatcher.gather("dims", defn.partitions, ALL, None, ReadOptions(), keep_for=5)
+            assert gathered.reused == 0 and keys(gathered) == list(range(-30, 30, 3))
+        assert len(dispatcher.partition_answers) == 0
+    finally:
+        cluster.close()
