@@ -23,7 +23,7 @@ from pathlib import Path
 
 import urllib3
 
-from federator.broker import TANSU_GROUP_FLAGS, BrokerError, BrokerProcess, die_with_parent
+from federator.broker import TANSU_NODE_FLAGS, BrokerError, BrokerProcess, die_with_parent
 from federator.client.sql_cli import format_table
 
 APP = "federator-demo"
@@ -51,7 +51,7 @@ def run_demo(args: argparse.Namespace) -> int:
         return 1
     step(f"broker ready (pid {broker.proc.pid})")  # type: ignore[union-attr]
     try:
-        return _pipeline(broker.bootstrap_servers, state, args, [], TANSU_GROUP_FLAGS)
+        return _pipeline(broker.bootstrap_servers, state, args, [], TANSU_NODE_FLAGS)
     finally:
         broker.stop()
         log.close()
@@ -71,8 +71,9 @@ def _on_a_cluster(args: argparse.Namespace, state: Path) -> int:
 
 
 def _pipeline(bootstrap: str, state: Path, args: argparse.Namespace, kafka_flags: list[str],
-              group_flags: list[str]) -> int:
-    """The jobs, then the nodes; ``kafka_flags`` (--kafka-config) for both, ``group_flags`` for the nodes."""
+              broker_flags: list[str]) -> int:
+    """The jobs, then the nodes; ``kafka_flags`` (--kafka-config) for both, ``broker_flags`` (what
+    suits the broker) for the nodes."""
     step("running the Spark jobs word_counts and game_events (local[2], one Spark session; their progress follows)")
     cmd = [sys.executable, "-m", "federator_spark.jobs.pipeline", "--bootstrap-servers", bootstrap, "--application-id", APP,
            "--master", "local[2]", "--events", str(args.events), "--game-input", str(state / "game_events"),
@@ -90,7 +91,7 @@ def _pipeline(bootstrap: str, state: Path, args: argparse.Namespace, kafka_flags
         print(f"error: {foreign}", file=sys.stderr)
         return 1
     pg_port, flight_port = _port_or_free(5432), _port_or_free(32010)
-    nodes = _start_nodes(bootstrap, state, pg_port, flight_port, [*kafka_flags, *group_flags])
+    nodes = _start_nodes(bootstrap, state, pg_port, flight_port, [*kafka_flags, *broker_flags])
     try:
         step("asking the nodes in SQL over HTTP (POST /v1/sql)")
         url = f"http://{nodes[0][1]}"

@@ -102,8 +102,14 @@ def producer(bootstrap_servers: str, **overrides: Any) -> Producer:
     return Producer(conf)
 
 
-def reader(bootstrap_servers: str, **overrides: Any) -> Consumer:
-    """A consumer for reading assigned partitions by offset; it never joins a group or commits."""
+# A read to the end once: the end shows as an empty fetch, which the broker need not hold.
+READ_TO_END_WAIT_MS = 5
+
+
+def reader(bootstrap_servers: str, fetch_wait_ms: int = READ_TO_END_WAIT_MS, **overrides: Any) -> Consumer:
+    """A consumer for reading assigned partitions by offset; it never joins a group or commits.
+    ``fetch_wait_ms``: how long the broker may hold a fetch with nothing new (a tail that runs
+    for good passes the node's --fetch-wait-ms)."""
     conf: dict[str, Any] = {
         **base_config(bootstrap_servers),
         "group.id": "federator-reader",  # required by librdkafka even when only assign() is used
@@ -111,9 +117,7 @@ def reader(bootstrap_servers: str, **overrides: Any) -> Consumer:
         "enable.auto.offset.store": False,
         "auto.offset.reset": "earliest",
         "enable.partition.eof": True,
-        # tailing a changelog: Apache Kafka answers a waiting fetch as a record arrives, but a
-        # broker that holds it for the whole wait (tansu) adds up to this to read-your-writes
-        "fetch.wait.max.ms": 10,
+        "fetch.wait.max.ms": fetch_wait_ms,
     }
     conf.update(overrides)
     return Consumer(conf)

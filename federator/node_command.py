@@ -137,6 +137,7 @@ def _node_config(st: NodeSettings, listen: str, cluster_secret: str | None, limi
         max_queued_queries=limits.max_queued,
         key_port=st.key_port,
         group_timings=GroupTimings(st.session_timeout_ms, st.heartbeat_interval_ms),
+        fetch_wait_ms=st.fetch_wait_ms,
         tls=tls,
     )
 

@@ -81,6 +81,13 @@ class NodeSettings:
         None, "Kafka client properties for every client this makes, one NAME=VALUE a line, as Kafka's tools take "
               "--command-config, in librdkafka's names: security.protocol, sasl.mechanism, sasl.username, "
               "sasl.password, ssl.ca.location, ...", "kafka", env="FEDERATOR_KAFKA_CONFIG", metavar="FILE")
+    fetch_wait_ms: int = _s(
+        500, "how long the broker may hold the node's fetch of the topics it follows (changelogs, catalog, "
+             "membership) when nothing new has come: "
+             "Apache Kafka answers a held fetch the moment a record arrives, so waiting longer costs no "
+             "latency and spares the broker empty fetches (Kafka's consumers wait 500 ms too). A broker "
+             "that holds every fetch for the whole wait (the development broker, tansu) adds up to this "
+             "to every read-your-writes: 10 there", "kafka", metavar="MS")
     application_id: str | None = _s(
         None, "application id: names the catalog topic <APP>-catalog", "kafka",
         env="FEDERATOR_APPLICATION_ID", metavar="APP", required=True)

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import settings as hypothesis_settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 
-from federator.broker import TANSU_GROUP_FLAGS, die_with_parent
+from federator.broker import TANSU_NODE_FLAGS, die_with_parent
 from tests import shards
 
 if TYPE_CHECKING:
@@ -97,7 +97,7 @@ def dies_with_tests(sig: int = signal.SIGKILL) -> Callable[[], None] | None:
     return die_with_parent(sig)
 
 
-# The tansu brokers this run started: nodes on them get the short group timings tansu allows.
+# The tansu brokers this run started: nodes on them get the flags that suit tansu (broker_flags).
 TANSU_BOOTSTRAPS: set[str] = set()
 # Where each of them writes its log (tansu's warnings and errors, unless $RUST_LOG says more).
 TANSU_LOGS: dict[str, Path] = {}
@@ -113,10 +113,10 @@ def broker_log_tail(bootstrap_servers: str, lines: int = 30) -> str:
     return "\n".join([f"tansu's log: {log}", *tail])
 
 
-def group_flags(bootstrap_servers: str) -> list[str]:
-    """The group timing flags for a node on ``bootstrap_servers``: tansu's short ones, or the
-    node's defaults (which Apache Kafka's default settings accept)."""
-    return list(TANSU_GROUP_FLAGS) if bootstrap_servers in TANSU_BOOTSTRAPS else []
+def broker_flags(bootstrap_servers: str) -> list[str]:
+    """The flags for a node on ``bootstrap_servers`` that suit its broker: tansu's, or the
+    node's defaults (which suit Apache Kafka)."""
+    return list(TANSU_NODE_FLAGS) if bootstrap_servers in TANSU_BOOTSTRAPS else []
 
 
 class RunningBroker:

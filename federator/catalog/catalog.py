@@ -95,8 +95,7 @@ class Catalog:
         """Every store definition, read from the start of the catalog topic to its end."""
         if not self._topic_ready:
             self.ensure_topic()
-        # read to the end once: the broker need not hold an empty fetch (the end shows as one)
-        consumer = kafka.reader(self.bootstrap_servers, **{"fetch.wait.max.ms": 5})
+        consumer = kafka.reader(self.bootstrap_servers)
         stores: dict[str, StoreDefinition] = {}
         try:
             consumer.assign([TopicPartition(self.topic, 0, 0)])

@@ -61,14 +61,17 @@ class Desired:
 
 
 class Materializer:
-    def __init__(self, bootstrap_servers: str, state_dir: Path, on_change: Callable[[], None] = lambda: None,
+    def __init__(self, bootstrap_servers: str, state_dir: Path, *, fetch_wait_ms: int,
+                 on_change: Callable[[], None] = lambda: None,
                  open_store: Callable[[Path, StoreDefinition, int], StoreLayer] = Shard,
                  batch_size: int = 5000) -> None:
         """``open_store(path, definition, partition)``: a store's stack of layers (the node's has
         its scan cache and metering; the default is the bare shard). ``batch_size``: the most
-        records fetched at once (the records of one partition in it are applied in one write)."""
+        records fetched at once (the records of one partition in it are applied in one write).
+        ``fetch_wait_ms``: the node's --fetch-wait-ms."""
         self.bootstrap_servers = bootstrap_servers
         self.batch_size = batch_size
+        self.fetch_wait_ms = fetch_wait_ms
         self.open_store = open_store
         self.state_dir = state_dir
         self.on_change = on_change
@@ -136,7 +139,7 @@ class Materializer:
     def _run(self) -> None:
         admin = kafka.admin(self.bootstrap_servers)
         consumer = kafka.reader(
-            self.bootstrap_servers,
+            self.bootstrap_servers, self.fetch_wait_ms,
             **{"auto.offset.reset": "error", "fetch.max.bytes": 52428800, "error_cb": self._on_client_error},
         )
         next_check = 0.0

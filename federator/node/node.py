@@ -112,6 +112,7 @@ class NodeConfig:
     # peers read this node's keys on the general path.
     key_port: int | None = 0
     group_timings: GroupTimings = GroupTimings()  # session timeout and heartbeat in the group
+    fetch_wait_ms: int = NodeSettings.fetch_wait_ms  # how long the broker may hold a changelog fetch
 
 
 def _node_id(state_dir: Path) -> str:
@@ -219,14 +220,14 @@ class Node:
         self.metrics = Metrics()
         self.metrics.watch(self)
         self.materializer = Materializer(
-            bootstrap, self.state_dir, on_change=self._wake.set,
+            bootstrap, self.state_dir, on_change=self._wake.set, fetch_wait_ms=config.fetch_wait_ms,
             open_store=functools.partial(open_store, cache=self.scan_cache, meter=self.meter,
                                          kept=self.shard_answers if config.shard_answers > 0 else None))
         # Both topics are created again if they vanish (a broker restarted empty).
-        self.catalog_tail = TopicTail(
-            bootstrap, catalog_topic(app), self._on_catalog, self._on_catalog_reset, "catalog", COMPACTED
-        )
-        self.members_tail = TopicTail(bootstrap, nodes_topic(app), self._on_member, self.view.clear, "membership", COMPACTED)
+        self.catalog_tail = TopicTail(bootstrap, catalog_topic(app), self._on_catalog, self._on_catalog_reset,
+                                      "catalog", COMPACTED, config.fetch_wait_ms)
+        self.members_tail = TopicTail(bootstrap, nodes_topic(app), self._on_member, self.view.clear, "membership",
+                                      COMPACTED, config.fetch_wait_ms)
         self.group = GroupMember(bootstrap, app, self._on_assignment, self._on_rebalancing, client_id=self.node_id,
                                  timings=config.group_timings, on_refused=self._refuse_because)
         # Not idempotent: an idempotent producer never recovers from a broker restarted empty.

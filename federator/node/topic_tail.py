@@ -31,7 +31,8 @@ class TopicTail:
         on_message: Callable[[Message], None],
         on_reset: Callable[[], None],
         name: str,
-        create_config: dict[str, str] | None = None,
+        create_config: dict[str, str] | None,
+        fetch_wait_ms: int,
     ) -> None:
         self.bootstrap_servers = bootstrap_servers
         self.topic = topic
@@ -42,6 +43,7 @@ class TopicTail:
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._topic_id: str | None = None
         self.create_config = create_config  # when set, a missing topic is created (system topics)
+        self.fetch_wait_ms = fetch_wait_ms
 
     def start(self) -> None:
         self._thread.start()
@@ -52,7 +54,7 @@ class TopicTail:
 
     def _run(self) -> None:
         admin = kafka.admin(self.bootstrap_servers)
-        consumer = kafka.reader(self.bootstrap_servers)
+        consumer = kafka.reader(self.bootstrap_servers, self.fetch_wait_ms)
         next_check = 0.0
         try:
             while not self._stop.is_set():

@@ -53,6 +53,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pytest
@@ -609,19 +610,30 @@ def drained(*nodes) -> None:
                  interval=0.1)
 
 
-def quiet_cores(pids: list[int]) -> float:
-    """The cores the nodes use with no reads (applying what is written, beating, polling)."""
-    cpu0 = sum(cpu_seconds(p) for p in pids)
+def quiet_cores(groups: dict[str, list[int]]) -> dict[str, float]:
+    """The cores each group of processes uses with no reads: the nodes (applying what is
+    written, beating, following their topics) and the broker (taking the writes, answering the
+    nodes' fetches)."""
+    cpu0 = {name: sum(cpu_seconds(p) for p in pids) for name, pids in groups.items()}
     time.sleep(QUIET_SECONDS)
-    return (sum(cpu_seconds(p) for p in pids) - cpu0) / QUIET_SECONDS
+    return {name: (sum(cpu_seconds(p) for p in pids) - cpu0[name]) / QUIET_SECONDS for name, pids in groups.items()}
 
 
-def games_rows(board: Board, scope: str, nodes: list, pids: list[int], folder) -> tuple[list[GamesRow], dict[int, float]]:
+def broker_pids(broker) -> list[int]:
+    """The broker's processes: Apache Kafka's JVMs, or `federator broker` and its tansu."""
+    if hasattr(broker, "nodes"):
+        return [n.proc.pid for n in broker.nodes]
+    pid = broker.proc.pid
+    return [pid, *map(int, Path(f"/proc/{pid}/task/{pid}/children").read_text().split())]
+
+
+def games_rows(board: Board, scope: str, nodes: list, pids: list[int], broker: list[int],
+               folder) -> tuple[list[GamesRow], dict[int, dict[str, float]]]:
     """Top-10 and a random player's rank from wrk at CLIENTS clients to n0, with no games and
     while games end at RATE a second; on a global leaderboard, which every node answers alone,
     also with the clients spread over the three nodes (as behind a load balancer) while games
-    end. Every answer of each wrk run (warm-up too) checked afterwards. Also the nodes' cores at
-    each rate with no reads."""
+    end. Every answer of each wrk run (warm-up too) checked afterwards. Also the cores of the
+    nodes (``pids``) and of the broker (``broker``: its processes) at each rate with no reads."""
     rnd = random.Random(11)
     bodies = {"top-10": [json.dumps({"sql": TOP10})],
               "rank of a player": [json.dumps({"sql": RANK, "parameters": [rnd.choice(board.replay.players)]})
@@ -629,12 +641,12 @@ def games_rows(board: Board, scope: str, nodes: list, pids: list[int], folder) -
     url = f"http://127.0.0.1:{nodes[0].port}"
     everywhere = [f"127.0.0.1:{n.port}" for n in nodes]
     rows: list[GamesRow] = []
-    cores: dict[int, float] = {}
+    cores: dict[int, dict[str, float]] = {}
     for rate in GAME_RATES:
         answers: dict[tuple[str, str], list[tuple[int, bytes]]] = {}
         loads = [(scope, ())] + ([(SPREAD % scope, everywhere)] if scope == "global" and rate else [])
         with board.games().paced(rate) as games:
-            cores[rate] = quiet_cores(pids)
+            cores[rate] = quiet_cores({"nodes": pids, "broker": broker})
             for (what, spread), (query, lines) in itertools.product(loads, bodies.items()):
                 path = folder / f"bodies-{scope}-{rate}-{len(lines)}.txt"
                 path.write_text("\n".join(lines) + "\n")
@@ -749,7 +761,7 @@ class ScopeRun:
     players: int
     memory_mb: list[float]  # each node's RSS less an idle node's, once the store is restored
     rows: list[GamesRow]
-    quiet_cores: dict[int, float]  # write rate -> the three nodes' cores with no reads
+    quiet_cores: dict[int, dict[str, float]]  # write rate -> the nodes' and the broker's cores with no reads
     ryw: list[ReadYourWrites]
 
 
@@ -766,7 +778,7 @@ def measure_scope(broker, board: Board, scope: str, root, idle_mb: float, ryw_wr
             wait_for(lambda: board.position(node.sql(TOP10)[1]) == want, 120, f"{node.node_id} to show the scores")
         pids = [n.proc.pid for n in nodes]  # type: ignore[union-attr]
         memory = [mb - idle_mb for mb in node_rss_mb(pids)]
-        rows, cores = games_rows(board, scope, nodes, pids, root)
+        rows, cores = games_rows(board, scope, nodes, pids, broker_pids(broker), root)
         ryw = [read_your_writes(board, scope, nodes, rate, ryw_writes) for rate in GAME_RATES]
     finally:
         cluster.stop()
@@ -898,7 +910,8 @@ def report_games(report: Report, runs: list[ScopeRun], redis_lines: list[str], l
           f"{sum(run.memory_mb) / len(run.memory_mb) * 2**20 / run.players:,.0f} bytes a player on average)"
           for run in runs),
         *(f"- The three nodes' CPU with no reads, leaderboard {run.scope}: "
-          + ", ".join(f"{cores:.2f} cores at {rate:,} new scores/s" for rate, cores in run.quiet_cores.items())
+          + ", ".join(f"{cores['nodes']:.2f} cores at {rate:,} new scores/s (the broker {cores['broker']:.2f})"
+                      for rate, cores in run.quiet_cores.items())
           + f" (over {QUIET_SECONDS:g} s before each rate's loads: what applying the writes costs)" for run in runs),
         f"- Load average (1 min): {load_before:.2f} before these rows, {os.getloadavg()[0]:.2f} after; above what "
         "this run's own processes add is other work on the machine.",

@@ -41,7 +41,7 @@ from federator.owner.duck import Duck
 from federator.store.shard import Shard
 from tests.bench.conftest import Report, progress
 from tests.bench.loadgen import Addr, LoadResult, RequestMaker, cpu_seconds, http_request, run_load
-from tests.conftest import free_port, stop_process
+from tests.conftest import broker_flags, free_port, stop_process
 from tests.integration.changelog_util import register
 from tests.integration.cluster import Cluster, NodeProcess, wait_for
 
@@ -129,7 +129,7 @@ class ProfiledNode(NodeProcess):
     def start(self) -> ProfiledNode:
         args = ["node", "--bootstrap-servers", self.bootstrap, "--application-id", self.app_id,
                 "--listen", self.endpoint, "--state-dir", str(self.state_dir), "--node-id", self.node_id,
-                "--standby-replicas", str(self.standby_replicas)]
+                "--standby-replicas", str(self.standby_replicas), *broker_flags(self.bootstrap)]
         env = {**os.environ, "FEDERATOR_BENCH_PROFILE": str(self.profile_out)}
         self.proc = subprocess.Popen([sys.executable, "-m", "tests.bench.profiled_node", *args], cwd=REPO, env=env,
                                      stdout=open(self.log, "a"), stderr=subprocess.STDOUT)

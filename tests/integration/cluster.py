@@ -15,7 +15,7 @@ import urllib3
 
 from federator.dispatch import NodeCallError, NodeClient
 from federator.query.position import Position
-from tests.conftest import dies_with_tests, federator_cmd, free_port, group_flags
+from tests.conftest import dies_with_tests, federator_cmd, free_port, broker_flags
 
 T = TypeVar("T")
 _HTTP = urllib3.PoolManager(maxsize=32, retries=False)
@@ -66,7 +66,7 @@ class NodeProcess:
             args += ["--server", self.server]
         if self.pg_port:
             args += ["--pg-port", str(self.pg_port)]
-        args += group_flags(self.bootstrap) + self.extra_args
+        args += broker_flags(self.bootstrap) + self.extra_args
         self.state_dir.parent.mkdir(parents=True, exist_ok=True)
         # faulthandler: a node that will not stop is sent SIGABRT (see finish), which writes every
         # thread's stack into its log

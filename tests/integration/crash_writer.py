@@ -34,7 +34,7 @@ def main() -> None:
     shard = Shard(Path(state_dir) / defn.name / "0", defn, 0)
     print(f"start {shard.offset}", flush=True)
     shard.close()
-    m = Materializer(bootstrap, Path(state_dir), open_store=lambda p, d, n: Paced(Shard(p, d, n)), batch_size=25)
+    m = Materializer(bootstrap, Path(state_dir), fetch_wait_ms=10, open_store=lambda p, d, n: Paced(Shard(p, d, n)), batch_size=25)
     m.set_desired({defn.name: defn}, {(defn.name, 0): ACTIVE})
     m.start()
     moves = -1

@@ -28,7 +28,7 @@ def state(m: Materializer, store: str) -> dict | None:
 def main() -> None:
     bootstrap, defn_json, state_dir = sys.argv[1:4]
     defn = StoreDefinition.from_json(defn_json, load_plugins())
-    m = Materializer(bootstrap, Path(state_dir))
+    m = Materializer(bootstrap, Path(state_dir), fetch_wait_ms=10)
     m.set_desired({defn.name: defn}, {(defn.name, 0): ACTIVE})
     m.start()
     done = threading.Event()

@@ -54,3 +54,39 @@ def test_a_new_node_reads_a_changelog_whose_first_records_were_deleted_from_wher
         assert (status, body.get("rows")) == (200, [["k3", 3], ["k4", 4]]), (body, node.log.read_text()[-2000:])
     finally:
         node.stop()
+
+
+def test_a_long_fetch_wait_costs_a_new_record_nothing_on_apache_kafka(apache_kafka, app_id, tmp_path) -> None:
+    """Apache Kafka answers a held fetch the moment a record arrives, so the node's long wait
+    (--fetch-wait-ms, which spares an idle broker its empty fetches) does not delay reads of new
+    writes. Were the fetch held for the whole wait (as tansu holds it), half the reads below would
+    take more than half of it."""
+    import statistics
+    import time
+
+    from federator import kafka
+    from tests.integration.cluster import write_with_token
+
+    wait_ms = 5000
+    defn = register(apache_kafka, app_id, {"name": "fresh", "type": "kv", "partitions": 2,
+                                           "key": {"format": "string"}, "value": {"format": "long"}})
+    node = NodeProcess(apache_kafka.bootstrap_servers, app_id, "n0", tmp_path / "n0", standby_replicas=0)
+    node.extra_args = ["--fetch-wait-ms", str(wait_ms)]
+    node.start()
+    producer = kafka.producer(apache_kafka.bootstrap_servers, **{"linger.ms": 0})
+    try:
+        token = write_with_token(apache_kafka.bootstrap_servers, defn, {"k": -1}, producer)
+        wait_for(lambda: node.sql("SELECT value FROM fresh WHERE key = 'k'", consistency_token=token.to_token(),
+                                  timeout_ms=30_000)[0] == 200, 60, "the first write read back")
+        took = []
+        for i in range(10):
+            time.sleep(0.3)  # the node's fetches are held again, with nothing new
+            token = write_with_token(apache_kafka.bootstrap_servers, defn, {"k": i}, producer)
+            started = time.monotonic()
+            status, body = node.sql("SELECT value FROM fresh WHERE key = 'k'", consistency_token=token.to_token(),
+                                    timeout_ms=30_000)
+            took.append(time.monotonic() - started)
+            assert (status, body.get("rows")) == (200, [[i]]), body
+        assert statistics.median(took) < wait_ms / 1000 / 4, took
+    finally:
+        node.stop()

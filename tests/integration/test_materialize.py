@@ -33,7 +33,7 @@ def shards(defn, tmp_path) -> list[Shard]:
 
 def materializer(bootstrap: str, tmp_path, *defns) -> Materializer:
     """A materializer hosting every partition of ``defns`` under ``tmp_path``, started."""
-    m = Materializer(bootstrap, tmp_path)
+    m = Materializer(bootstrap, tmp_path, fetch_wait_ms=10)
     m.set_desired({d.name: d for d in defns}, {(d.name, p): ACTIVE for d in defns for p in range(d.partitions)})
     m.start()
     return m

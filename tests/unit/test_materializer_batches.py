@@ -80,7 +80,7 @@ def materializer(tmp_path: Path) -> tuple[Materializer, Shard]:
     defn = StoreDefinition.from_dict({"name": "s", "type": "kv", "topic": TOPIC, "partitions": 1,
                                       "key": {"format": "string"}, "value": {"format": "string"}}, REGISTRY)
     shard = Shard(tmp_path / "s" / "0", defn, 0)
-    m = Materializer("unused:9092", tmp_path)
+    m = Materializer("unused:9092", tmp_path, fetch_wait_ms=10)
     m._hosted[("s", 0)] = HostedShard(shard, ACTIVE)
     return m, shard
 

@@ -65,7 +65,7 @@ def test_records_fetched_before_an_offset_reset_are_not_applied_to_the_emptied_s
     defn = StoreDefinition.from_dict({"name": "s", "type": "kv", "topic": TOPIC, "partitions": 1,
                                       "key": {"format": "bytes"}, "value": {"format": "bytes"}}, REGISTRY)
     shard = Shard(tmp_path / "s", defn, 0)
-    m = Materializer("unused:9092", tmp_path)
+    m = Materializer("unused:9092", tmp_path, fetch_wait_ms=10)
     m._hosted[("s", 0)] = hs = HostedShard(shard, ACTIVE, restored=True, caught_up=True)
     m._consume(Consumer([Message(0, b"alpha")]))
     assert shard.offset == 0
