@@ -15,7 +15,8 @@ connections, in ROUNDS interleaved rounds:
 and every Federator figure is reported as a ratio to Faust's at the same concurrency. Then, with
 Faust stopped, a second node joins and the SQL point query is measured at 1 and 10 connections
 for keys the first node holds and for keys it must read from the second (routed), as a ratio,
-beside a bare round trip between two processes (tests/bench/round_trip.py), the least a routed read adds.
+beside two baselines of the least a routed read adds: the same hop with no query engine
+(tests/bench/bare_hop.py) and a bare round trip between two processes (tests/bench/round_trip.py).
 Nothing is asserted on timings. About two minutes of load, three minutes in all.
 FEDERATOR_BENCH_SECONDS (per load, default 4), FEDERATOR_BENCH_FAUST_ROUNDS (default 2) and
 FEDERATOR_BENCH_FAUST_ROWS (default POINT_ROWS) shrink it for a quick look;
@@ -35,6 +36,7 @@ import subprocess
 import time
 import uuid
 from pathlib import Path
+from typing import Callable
 
 import pytest
 import urllib3
@@ -43,8 +45,9 @@ from federator import kafka
 from federator.broker import die_with_parent
 from federator.partitioner import partition_for
 from federator.settings import NodeSettings
+from tests.bench.bare_hop import bare_hops
 from tests.bench.conftest import SERVER, Report, progress
-from tests.bench.round_trip import bare_round_trip
+from tests.bench.round_trip import RoundTrip, bare_round_trips
 from tests.bench.test_bench_sql import PARTITIONS, POINT_ROWS, POINT_SQL, REPO, SECONDS, key_of, post_sql, produce_kv
 from tests.bench.wrk import WrkResult, loop_requests, run_wrk, wrk_binary, wrk_version
 from tests.conftest import free_port, stop_process
@@ -142,6 +145,21 @@ class FaustWorker:
             stop_process(self.proc, 30)
 
 
+def _routed_rows(c: int, server: str, fig: Callable[[str, str], float], errors: dict[str, int]) -> list[str]:
+    """A local and a routed row (``fig(kind, attr)``: a WrkResult figure), the routed one with its
+    ratios to the local one and what it adds to it."""
+    out = []
+    for kind in ("local", "routed"):
+        vs = ["baseline", "", "", ""] if kind == "local" else [
+            ratio(fig(kind, "rate"), fig("local", "rate")), ratio(fig(kind, "p50_ms"), fig("local", "p50_ms")),
+            f"{fig(kind, 'p50_ms') - fig('local', 'p50_ms'):.2f}",
+            f"{fig(kind, 'server_us_per_req') - fig('local', 'server_us_per_req'):,.0f}"]
+        out.append(f"| {c} | {server} | {kind}{f' ({errors[kind]:,} errors)' if errors[kind] else ''} | "
+                   f"{fig(kind, 'rate'):,.0f} | {fig(kind, 'p50_ms'):.2f} | {fig(kind, 'p99_ms'):.2f} | "
+                   f"{fig(kind, 'server_us_per_req'):,.0f} | {' | '.join(vs)} |")
+    return out
+
+
 def ratio(x: float, base: float) -> str:
     return f"{x / base:.2f}x" if base else "-"
 
@@ -217,7 +235,8 @@ def test_point_lookups_vs_faust(broker, report: Report, tmp_path_factory) -> Non
         faust_version, wrk_v = faust.version(), wrk_version()
         faust.stop()
         routed, from_owner = measure_routed(cluster, root)
-        bare = bare_round_trip()
+        bare = bare_round_trips()
+        hops = bare_hops(keys_file, ROUTED_CLIENTS, SECONDS, WARMUP_S)
     finally:
         faust.stop()
         cluster.stop()
@@ -250,7 +269,7 @@ def test_point_lookups_vs_faust(broker, report: Report, tmp_path_factory) -> Non
         "brackets). Ratios: Federator's figure over Faust's at the same concurrency (req/s: higher is better; "
         "latency: lower is better). Server CPU: the Faust process or the node process; wrk, the broker and "
         "the other server share the machine.", "", *rows])
-    report_routed(report, routed, from_owner, wrk_v, bare)
+    report_routed(report, routed, from_owner, wrk_v, bare, hops)
     sql_x = med("sql", 10, "rate") / med("faust", 10, "rate")
     p99_x = med("sql", 10, "p99_ms") / med("faust", 10, "p99_ms")
     report.target(f"SQL point at c=10: req/s >= {T_SQL_VS_FAUST_RPS:g}x Faust's, p99 <= {T_SQL_VS_FAUST_P99:g}x Faust's "
@@ -304,20 +323,17 @@ def measure_routed(cluster: Cluster, root: Path) -> tuple[dict[tuple[str, int], 
 
 
 def report_routed(report: Report, results: dict[tuple[str, int], list[WrkResult]], from_owner: float,
-                  wrk_v: str, bare: tuple[float, float]) -> None:
+                  wrk_v: str, bare: list[RoundTrip], hops: dict[tuple[str, int], WrkResult]) -> None:
     def med(kind: str, c: int, attr: str) -> float:
         return statistics.median(getattr(r, attr) for r in results[(kind, c)])
 
-    rows = ["| concurrency | keys | req/s | p50 ms | p99 ms | server CPU us/req | req/s vs local | p50 vs local |",
-            "|---:|---|---:|---:|---:|---:|---:|---:|"]
+    rows = ["| concurrency | server | keys | req/s | p50 ms | p99 ms | server CPU us/req | req/s vs local "
+            "| p50 vs local | p50 added ms | CPU added us/req |", "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for c in ROUTED_CLIENTS:
-        for kind in ("local", "routed"):
-            errors = sum(r.errors for r in results[(kind, c)])
-            vs = ("baseline", "") if kind == "local" else (ratio(med(kind, c, "rate"), med("local", c, "rate")),
-                                                            ratio(med(kind, c, "p50_ms"), med("local", c, "p50_ms")))
-            rows.append(f"| {c} | {kind}{f' ({errors} errors)' if errors else ''} | {med(kind, c, 'rate'):,.0f} | "
-                        f"{med(kind, c, 'p50_ms'):.2f} | {med(kind, c, 'p99_ms'):.2f} | "
-                        f"{med(kind, c, 'server_us_per_req'):,.0f} | {' | '.join(vs)} |")
+        rows += _routed_rows(c, "Federator", lambda kind, attr: med(kind, c, attr),
+                             {kind: sum(r.errors for r in results[(kind, c)]) for kind in ("local", "routed")})
+        rows += _routed_rows(c, "bare hop (no engine)", lambda kind, attr: getattr(hops[(kind, c)], attr),
+                             {kind: hops[(kind, c)].errors for kind in ("local", "routed")})
     report.section("A routed point query beside a local one (two nodes, same run, after the Faust rows)", [
         f"After the rows beside Faust, a second node (n1, HTTP on {SERVER or NodeSettings.server}) joins and takes "
         f"half the partitions. n0 is asked `{POINT_SQL}` for keys it holds (local) and for keys n1 holds (routed: "
@@ -325,11 +341,14 @@ def report_routed(report: Report, results: dict[tuple[str, int], list[WrkResult]
         f"{SECONDS:g}s after a {WARMUP_S:g}s warm-up, {ROUNDS} rounds, medians. Server CPU sums both nodes. "
         f"n0 answered {from_owner:.0%} of the routed queries on its event loop after reading "
         "the key from its owner (its federator_loop_server_requests_total, answered=\"from_owner\"); the local "
-        "ones are answered at once. The baseline of what a routed read adds: a bare round trip between two "
-        "processes (tests/bench/round_trip.py: 16 bytes echoed on a blocking socket, one at a time, no Federator "
-        f"code), measured after the loads: p50 {bare[0]:.3f} ms, p99 {bare[1]:.3f} ms; the routed p50 less the local "
-        "one at 1 client: "
-        f"{med('routed', 1, 'p50_ms') - med('local', 1, 'p50_ms'):.3f} ms.", "", *rows])
+        "ones are answered at once. Two baselines of what a routed read adds, measured after the loads. The bare "
+        "hop: the same wrk GETs to an HTTP server on a uvloop event loop with no query engine, which answers "
+        "each at once (local) or after reading one key from another process over the key port (routed: "
+        "`AsyncKeyClient` to a `KeyServer` whose read is a constant; tests/bench/bare_hop.py); server CPU sums "
+        "both processes. A bare round trip between two processes (tests/bench/round_trip.py: 16 bytes echoed on "
+        "a blocking socket, one at a time, no Federator code), with both processes pinned to one CPU, then to two "
+        f"different ones (the scheduler puts a routed read's two nodes either way): {'; '.join(t.line() for t in bare)}.",
+        "", *rows])
     worst = max(max(med("routed", c, "p50_ms") / med("local", c, "p50_ms"),
                     med("local", c, "rate") / med("routed", c, "rate")) for c in ROUTED_CLIENTS)
     report.target(f"routed SQL point <= {T_ROUTED_VS_LOCAL:g}x local (p50 and 1/rate, c=1 and c=10; issue 45)",
