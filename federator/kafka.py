@@ -104,6 +104,7 @@ def producer(bootstrap_servers: str, **overrides: Any) -> Producer:
 
 # A read to the end once: the end shows as an empty fetch, which the broker need not hold.
 READ_TO_END_WAIT_MS = 5
+MAX_FETCH_WAIT_MS = 300_000  # the most fetch.wait.max.ms librdkafka takes
 
 
 def reader(bootstrap_servers: str, fetch_wait_ms: int = READ_TO_END_WAIT_MS, **overrides: Any) -> Consumer:

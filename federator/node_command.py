@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from federator.auth import Users
+from federator.kafka import MAX_FETCH_WAIT_MS
 from federator.settings import BY_NAME, ENV, FILE, FLAG, NodeSettings, Resolved
 from federator.tls import Tls, from_flags
 from federator.node.timings import GroupTimings
@@ -70,7 +71,7 @@ def run_node(resolved: Resolved) -> int:
     host, port = _host_port(st.listen, "--listen")
     if st.advertise:
         _host_port(st.advertise, "--advertise")
-    _check_not_negative(st)
+    _check_ranges(st)
     limits = _limits(st)  # checked before the node joins anything
     users = _users(st, host)
     cluster_secret = _cluster_secret(resolved, host, users)
@@ -103,11 +104,14 @@ def run_node(resolved: Resolved) -> int:
     return _exit_code(node)
 
 
-def _check_not_negative(st: NodeSettings) -> None:
+def _check_ranges(st: NodeSettings) -> None:
     for name in ("standby_replicas", "scan_cache_mb", "scan_cache_follow", "shard_answers", "reuse_answers_seconds",
                  "statement_answers", "partition_answers_mb"):
         if getattr(st, name) < 0:
             raise ValueError(f"{BY_NAME[name].flag} must be 0 or more")
+    if not 0 <= st.fetch_wait_ms <= MAX_FETCH_WAIT_MS:
+        raise ValueError(f"{BY_NAME['fetch_wait_ms'].flag} must be 0 to {MAX_FETCH_WAIT_MS} (the Kafka client's "
+                         f"range), got {st.fetch_wait_ms}; 500 suits Apache Kafka, 10 the development broker")
 
 
 def _node_config(st: NodeSettings, listen: str, cluster_secret: str | None, limits: Limits,

@@ -192,3 +192,10 @@ def test_print_config_reads_back_any_string(tmp_path: Path, capsys: pytest.Captu
     assert main(["node", *REQUIRED, "--node-id", odd, "--print-config"]) == 0
     again = _resolve(["--config", _file(tmp_path, capsys.readouterr().out)]).settings
     assert again.node_id == odd
+
+
+@pytest.mark.parametrize("wait", ["-1", "300001"])
+def test_a_fetch_wait_the_kafka_client_refuses_exits_2_naming_the_flag(wait, tmp_path, capsys) -> None:
+    assert main(["node", "--application-id", "a", "--state-dir", str(tmp_path / "n"), "--fetch-wait-ms", wait]) == 2
+    err = capsys.readouterr().err
+    assert "--fetch-wait-ms must be 0 to 300000" in err and f"got {wait}" in err, err
