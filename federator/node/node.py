@@ -555,10 +555,11 @@ class Node:
         follower = defn.store_type.together_followers.get(type(query)) if defn is not None and defn.is_global else None
         if follower is None:
             return False
-        hosted = [self._copy_for(store, defn, p, True)[0] for p in range(defn.partitions)]
+        hosted = [self.materializer.hosted(store, p) for p in range(defn.partitions)]
         offsets = [-1 if (o := since.get(defn.topic, p)) is None else o for p in range(defn.partitions)]
-        # a copy behind ``since`` is not the one that answered then (a changelog created again)
-        if any(hs is None or _offset(hs) < o for hs, o in zip(hosted, offsets)):
+        # a copy behind ``since`` is not the one that answered then (a changelog created again);
+        # one that may not answer (_copy_for's refusals) cannot say either
+        if any(hs is None or not _answerable(hs) or _offset(hs) < o for hs, o in zip(hosted, offsets)):
             return False
         return unchanged_since([hs.shard.base for hs in hosted], query, offsets, follower)  # type: ignore[union-attr]
 

@@ -119,6 +119,8 @@ def top_k_unchanged(views: list[ShardView], q: TopKQuery, since: list[int]) -> b
     held = len({score_of(e) for e in merged.islice(lo, hi)}) if q.distinct else hi - lo
     cut = score_of(merged[lo] if q.descending else merged[hi - 1]) if held else None  # the worst score held
     for view, offset in zip(views, since):
+        if view.offset == offset:
+            continue  # nothing written to it since
         touched = _index(view).touched_since(offset)
         if touched is None:
             return False
