@@ -223,6 +223,14 @@ class Dispatcher:
             c = self._async_key_clients[endpoint] = AsyncKeyClient(endpoint, self.node.cluster_secret, self.node.tls)
         return c
 
+    def keeps(self, defn: Any, options: ReadOptions, keep_for: float) -> bool:
+        """Whether ``gather`` with ``keep_for`` keeps partitions' answers and gives them again.
+        Not for a stale read, nor for a global store: this node reads its own copies, and a
+        query its store type reads together is answered whole by one partition's result, which
+        is no answer of that partition alone."""
+        return keep_for > 0 and self.partition_answers.max_bytes > 0 and not options.allow_stale \
+            and defn is not None and not defn.is_global
+
     def gather(
         self,
         store: str,
@@ -235,11 +243,10 @@ class Dispatcher:
     ) -> Gathered:
         """Every partition's answer to its subquery. ``keep_for`` > 0: answers are kept, and
         given again for up to that many seconds without a call while the partition stays
-        where it was (``PartitionAnswers``); for queries whose answer depends on nothing
-        but the partition's state. Not for a global store: this node reads its own copies,
-        and a query its store type reads together is answered whole by one partition's result,
-        which is no answer of that partition alone. ``known``: the key ``known_positions`` gave the caller for
-        this request, whose partition states are then not read again."""
+        where it was (``PartitionAnswers``), when ``keeps`` says they can be; for queries whose
+        answer depends on nothing but the partition's state. ``known``: the key
+        ``known_positions`` gave the caller for this request, whose partition states are then
+        not read again."""
         out = Gathered()
         pending: set[tuple[int, int]] = {
             (i, p) for i, sq in enumerate(subqueries) for p in (sq.partitions if sq.partitions is not None else range(partitions_total))
@@ -249,7 +256,7 @@ class Dispatcher:
         states: dict[tuple[int, int], _Asked] = {}  # (subquery, partition) -> what this gather asks for
         waiting: list[_Waiting] = []  # others' calls this one shares
         try:
-            if keep_for > 0 and not options.allow_stale and defn is not None and not defn.is_global:
+            if self.keeps(defn, options, keep_for):
                 self._reuse_kept(out, defn, subqueries, work, pending, token, keep_for, states, waiting, known)
             self._gather(out, store, subqueries, work, options, pending, defn, token, states)
             # only now, with this gather's own answers handed on, wait for the others': two

@@ -617,8 +617,7 @@ class SqlEngine:
             seen.add(defn.name, gathered)
             return gathered
 
-        keeps = self._reuse_seconds > 0 and self.dispatcher.partition_answers.max_bytes > 0 \
-            and not options.allow_stale and not defn.is_global  # (as Dispatcher.gather keeps them)
+        keeps = self.dispatcher.keeps(defn, options, self._reuse_seconds)
         if ref.combine is not None:
             return ref.combine(_RuleFetch(gather, keeps=keeps))
         # with a key join, a node that does not know it runs work's join in DuckDB
