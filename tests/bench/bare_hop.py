@@ -1,10 +1,11 @@
-"""The baseline of a routed point read with no query engine: an HTTP server on a uvloop event
-loop that answers each request at once (local), or after reading one key from another process
-(routed) over the key port, as a node's loop does: ``AsyncKeyClient`` to a ``KeyServer`` whose
-read is a constant. What a routed read costs beside a local one before any Federator work.
+"""The baseline of a routed point read with no query engine: front_server's ``protocol`` front
+(httptools on uvloop, nothing of Federator), answering the REST lookup of a key at once (local),
+or after reading the key from another process over the key port (routed), as a node's loop
+does: ``AsyncKeyClient`` to a ``KeyServer`` whose read is a constant. What a routed read costs
+beside a local one before any Federator work.
 
-    python -m tests.bench.bare_hop owner PORT          (the key port's end, a constant read)
-    python -m tests.bench.bare_hop http PORT [KEY_PORT] (the HTTP end; with KEY_PORT, routed)
+    python -m tests.bench.bare_hop owner PORT                (the key port's end)
+    python -m tests.bench.bare_hop http PORT KEYS [KEY_PORT] (the HTTP end; with KEY_PORT, routed)
 """
 
 from __future__ import annotations
@@ -17,10 +18,9 @@ from pathlib import Path
 from typing import Sequence
 
 from federator.broker import die_with_parent
+from tests.bench.front_server import Answer, HttpProtocol, answerer, serve_protocol
 from tests.bench.wrk import WrkResult, run_wrk
 from tests.conftest import free_port, stop_process
-
-ANSWER = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nok"
 
 
 def owner(port: int) -> None:
@@ -34,46 +34,40 @@ def owner(port: int) -> None:
     threading.Event().wait()
 
 
-def http(port: int, key_port: int | None) -> None:
+class _Routed(HttpProtocol):
+    """front_server's protocol, each answer written after one key read from the owner (in the
+    requests' order, as a pipelining client expects)."""
+
+    def __init__(self, answer: Answer, client) -> None:
+        super().__init__(answer)
+        self.client = client
+        self.last: asyncio.Future | None = None
+
+    def on_message_complete(self) -> None:
+        path = self.url.split(b"?", 1)[0].decode("latin-1")
+        status, out = self.answer(self.parser.get_method().decode("latin-1"), path, bytes(self.body))
+        self.last = asyncio.ensure_future(self._after_read(self.last, status, out, self.parser.should_keep_alive()))
+
+    async def _after_read(self, before: asyncio.Future | None, status: int, out: bytes, keep_alive: bool) -> None:
+        entry = await self.client.read_key("kv", "t", 0, b"key", None, 5.0)
+        assert entry is not None, "the key port did not answer"
+        if before is not None:
+            await before
+        self._write(status, out, keep_alive)
+
+
+def serve_routed(answer: Answer, port: int, key_port: int) -> None:
     import uvloop
 
     from federator.dispatch.key_client_async import AsyncKeyClient
 
     async def main() -> None:
-        client = AsyncKeyClient(f"127.0.0.1:{key_port}") if key_port is not None else None
-        server = await asyncio.get_running_loop().create_server(lambda: _Http(client), "127.0.0.1", port)
+        client = AsyncKeyClient(f"127.0.0.1:{key_port}")
+        server = await asyncio.get_running_loop().create_server(lambda: _Routed(answer, client), "127.0.0.1", port)
         print("ready", flush=True)
-        async with server:
-            await server.serve_forever()
+        await server.serve_forever()
 
     uvloop.run(main())
-
-
-class _Http(asyncio.Protocol):
-    """Requests without bodies (wrk's GETs), answered in their order."""
-
-    def __init__(self, client) -> None:
-        self.client, self.buf, self.transport = client, b"", None
-        self.pending: asyncio.Future | None = None  # the last routed answer, which the next waits for
-
-    def connection_made(self, transport) -> None:
-        self.transport = transport
-
-    def data_received(self, data: bytes) -> None:
-        self.buf += data
-        while b"\r\n\r\n" in self.buf:
-            _, _, self.buf = self.buf.partition(b"\r\n\r\n")
-            if self.client is None:
-                self.transport.write(ANSWER)
-            else:
-                self.pending = asyncio.ensure_future(self._routed(self.pending))
-
-    async def _routed(self, before: asyncio.Future | None) -> None:
-        entry = await self.client.read_key("kv", "t", 0, b"key", None, 5.0)
-        assert entry is not None, "the key port did not answer"
-        if before is not None:
-            await before
-        self.transport.write(ANSWER)
 
 
 def _start(*args: str) -> subprocess.Popen:
@@ -85,12 +79,13 @@ def _start(*args: str) -> subprocess.Popen:
 
 def bare_hops(keys_file: Path, clients: Sequence[int], seconds: float,
               warmup: float) -> dict[tuple[str, int], WrkResult]:
-    """wrk (GETs, as the REST lookup's) at each of ``clients`` against the local and the routed
+    """wrk (the REST lookup's GETs) at each of ``clients`` against the local and the routed
     server; server CPU sums the HTTP process and, routed, the key port's."""
     key_port, local_port, routed_port = free_port(), free_port(), free_port()
     procs = [_start("owner", str(key_port))]
     try:
-        procs += [_start("http", str(local_port)), _start("http", str(routed_port), str(key_port))]
+        procs += [_start("http", str(local_port), str(keys_file)),
+                  _start("http", str(routed_port), str(keys_file), str(key_port))]
         pids = {"local": [procs[1].pid], "routed": [procs[2].pid, procs[0].pid]}
         ports = {"local": local_port, "routed": routed_port}
         out = {}
@@ -109,4 +104,9 @@ if __name__ == "__main__":
     if sys.argv[1] == "owner":
         owner(int(sys.argv[2]))
     else:
-        http(int(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else None)
+        keys = Path(sys.argv[3]).read_text().splitlines()
+        answer = answerer({key: i for i, key in enumerate(keys)}, 0.0)
+        if len(sys.argv) > 4:
+            serve_routed(answer, int(sys.argv[2]), int(sys.argv[4]))
+        else:
+            serve_protocol(answer, int(sys.argv[2]))

@@ -342,10 +342,10 @@ def report_routed(report: Report, results: dict[tuple[str, int], list[WrkResult]
         f"n0 answered {from_owner:.0%} of the routed queries on its event loop after reading "
         "the key from its owner (its federator_loop_server_requests_total, answered=\"from_owner\"); the local "
         "ones are answered at once. Two baselines of what a routed read adds, measured after the loads. The bare "
-        "hop: the same wrk GETs to an HTTP server on a uvloop event loop with no query engine, which answers "
-        "each at once (local) or after reading one key from another process over the key port (routed: "
-        "`AsyncKeyClient` to a `KeyServer` whose read is a constant; tests/bench/bare_hop.py); server CPU sums "
-        "both processes. A bare round trip between two processes (tests/bench/round_trip.py: 16 bytes echoed on "
+        "hop: the REST lookup's GETs (wrk, as above) to the front bench's httptools protocol on uvloop, with no "
+        "query engine, which answers each at once (local) or after reading one key from another process over "
+        "the key port (routed: `AsyncKeyClient` to a `KeyServer` whose read is a constant; "
+        "tests/bench/bare_hop.py); server CPU sums both processes. A bare round trip between two processes (tests/bench/round_trip.py: 16 bytes echoed on "
         "a blocking socket, one at a time, no Federator code), with both processes pinned to one CPU, then to two "
         f"different ones (the scheduler puts a routed read's two nodes either way): {'; '.join(t.line() for t in bare)}.",
         "", *rows])
