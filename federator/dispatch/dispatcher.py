@@ -299,6 +299,8 @@ class Dispatcher:
             if options.at_once:
                 raise NotNow("a consistency token may need a wait", sorted(token))
             self.node.wait_applied(store, token, options.deadline)  # each record applied wakes it: no backoff
+        if here and self._answered_here(out, store, subqueries, work, options, pending, defn, token, states):
+            return
         while pending:
             groups = self._route(store, options, pending, here, token, tries)
             local, remote = self._calls(store, subqueries, work, options, groups)
@@ -310,6 +312,26 @@ class Dispatcher:
             if options.at_once:
                 raise NotNow("a copy cannot answer now", sorted(p for _, p in pending))
             self._back_off(store, pending, token, options.deadline, tries)
+
+    def _answered_here(self, out: Gathered, store: str, subqueries: list[SubQuery], work: OwnerWork | None,
+                       options: ReadOptions, pending: set[tuple[int, int]], defn: Any, token: dict[int, int],
+                       states: dict[tuple[int, int], _Asked]) -> bool:
+        """A global store's subqueries answered by this node's copies, one request each, with
+        none of a round's routing: True when every partition answered, into ``out``. False when
+        a copy may not answer (nothing taken: the rounds ask again, and say why or wait)."""
+        if local_refusals(options, (p for _, p in pending), functools.partial(self.node.local_lag, store)):
+            return False
+        answers = []
+        for i, sq in enumerate(subqueries):
+            request = StateQueryRequest(store, sq.query, sq.partitions, options.bound,
+                                        require_active=not options.allow_stale, work=work)
+            results = self.node.execute(request)
+            if not all(r.ok for r in results):
+                return False
+            answers.append(_Answer(self.node.node_id, i, results))
+        for answer in answers:
+            self._take(out, answer, subqueries, work, pending, defn, token, options, states, _Tries())
+        return not pending
 
     def _route(self, store: str, options: ReadOptions, pending: set[tuple[int, int]], here: bool,
                token: dict[int, int], tries: _Tries) -> dict[_Group, list[int]]:

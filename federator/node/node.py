@@ -129,6 +129,12 @@ def _answerable(hs: Any) -> bool:
     return hs.role == ACTIVE and hs.restored and hs.caught_up and not hs.gone
 
 
+def _serves(hs: HostedShard | None, require_active: bool) -> bool:
+    """Whether this copy may answer a read (``require_active``: only as the restored active
+    copy); ``Node._copy_for`` says why one may not."""
+    return hs is not None and not hs.gone and hs.caught_up and (not require_active or _answerable(hs))
+
+
 def _offset(hs: Any) -> int:
     offset = hs.shard.offset
     return -1 if offset is None else offset
@@ -215,6 +221,9 @@ class Node:
         self.meter = Meter()
         # store -> the positions its together reads merged (a rank read again at the same states merges none)
         self.together_positions: defaultdict[str, MergedPositions] = defaultdict(MergedPositions)
+        # (global store, whether copies must be active) -> (the materializer's epoch, the
+        # definition, its shards here when every copy may answer, else None)
+        self._serving: dict[tuple[str, bool], tuple[int, StoreDefinition, list[Any] | None]] = {}
         # this node's Prometheus registry: its state read at each scrape, and the counters the
         # SQL front and the dispatcher keep as they answer (GET /metrics)
         self.metrics = Metrics()
@@ -570,6 +579,8 @@ class Node:
             what = f"store {store!r}" if defn is None else f"partition {p} of store {store!r}"
             return None, QueryResult.failed(p, FailureReason.DOES_NOT_EXIST, f"{what} does not exist")
         hs = self.materializer.hosted(store, p)
+        if _serves(hs, require_active):
+            return hs, None
         if hs is None:
             return None, QueryResult.failed(
                 p, FailureReason.NOT_PRESENT,
@@ -579,17 +590,15 @@ class Node:
             return None, QueryResult.failed(
                 p, FailureReason.DOES_NOT_EXIST,
                 f"the changelog {hs.shard.topic!r} of store {store!r} no longer exists")
-        if not hs.caught_up or (require_active and (hs.role != ACTIVE or not hs.restored)):
-            # A copy that never reached its log end is no answer at all, even a stale one.
-            if not hs.caught_up:
-                why = f"a copy still restoring (lag {hs.lag})"
-            elif hs.role != ACTIVE:
-                why = "a standby copy"
-            else:
-                why = f"an active copy that is catching up (lag {hs.lag})"
-            return None, QueryResult.failed(
-                p, FailureReason.NOT_ACTIVE, f"node {self.node_id} holds partition {p} of store {store!r} as {why}")
-        return hs, None
+        # A copy that never reached its log end is no answer at all, even a stale one.
+        if not hs.caught_up:
+            why = f"a copy still restoring (lag {hs.lag})"
+        elif hs.role != ACTIVE:
+            why = "a standby copy"
+        else:
+            why = f"an active copy that is catching up (lag {hs.lag})"
+        return None, QueryResult.failed(
+            p, FailureReason.NOT_ACTIVE, f"node {self.node_id} holds partition {p} of store {store!r} as {why}")
 
     def _run_partition(self, request: StateQueryRequest, hs: HostedShard, run: _Execution) -> QueryResult:
         """One partition's query on its copy; the owner's work over it noted in ``run`` (the
@@ -647,17 +656,32 @@ class Node:
                                        f"a {request.query.type_name} reads every partition of store {defn.name!r} "
                                        f"at once; it was asked for partitions {sorted(partitions)}")
                     for p in partitions]
-        hosted = [self._copy_for(request.store, defn, p, request.require_active) for p in partitions]
-        refused = [r for _, r in hosted if r is not None]
-        if refused:
-            return refused + [together_refused(hs.shard.partition, refused[0]) for hs, r in hosted if r is None]
+        shards = self._serving_copies(defn, request.require_active)
+        if shards is None:
+            copies = [self._copy_for(request.store, defn, p, request.require_active) for p in partitions]
+            refused = [r for _, r in copies if r is not None]
+            if refused:
+                return refused + [together_refused(hs.shard.partition, refused[0]) for hs, r in copies if r is None]
+            shards = [hs.shard.base for hs, _ in copies]  # each became current since: the next epoch's
         started = time.perf_counter_ns()
-        results = answer_together([hs.shard.base for hs, _ in hosted], request.query, request.bound, handler,
-                                  self.together_positions[defn.name])
+        results = answer_together(shards, request.query, request.bound, handler, self.together_positions[defn.name])
         count(self.meter.table(defn.name, partitions[0]), request.query, results[0], time.perf_counter_ns() - started)
         if request.work is not None:  # only columns to keep (_together_handler)
             results = [_project(list(request.work.columns), r) if r.ok else r for r in results]
         return results
+
+    def _serving_copies(self, defn: StoreDefinition, require_active: bool) -> list[Any] | None:
+        """The shards of every partition of global store ``defn`` here when each copy may answer
+        a read (``_serves``), else None: worked out again only when the materializer's epoch
+        moves, as it does when a copy opens, closes, resets, becomes current or stops being so."""
+        epoch = self.materializer.epoch  # read first: a change while this looks is a new epoch
+        kept = self._serving.get((defn.name, require_active))
+        if kept is not None and kept[0] == epoch and kept[1] is defn:
+            return kept[2]
+        hosted = [self.materializer.hosted(defn.name, p) for p in range(defn.partitions)]
+        shards = [hs.shard.base for hs in hosted] if all(_serves(hs, require_active) for hs in hosted) else None
+        self._serving[(defn.name, require_active)] = (epoch, defn, shards)
+        return shards
 
     def _join_side(self, request: StateQueryRequest, other: str,
                    left: QueryResult) -> tuple[QueryResult, pa.RecordBatch | None, Any]:

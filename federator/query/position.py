@@ -19,8 +19,8 @@ class Position:
     def __init__(self, offsets: Mapping[str, Mapping[int, int]] | None = None):
         self._token: str | None = None
         self._offsets: dict[str, dict[int, int]] = {
-            t: {int(p): int(o) for p, o in parts.items()} for t, parts in (offsets or {}).items()
-        }
+            t: {int(p): int(o) for p, o in parts.items()} for t, parts in offsets.items()
+        } if offsets else {}  # most are made empty, to be merged into
 
     @classmethod
     def of(cls, topic: str, partition: int, offset: int) -> Position:

@@ -395,7 +395,8 @@ class SqlEngine:
         for a plan rebound to the statement's values (``_kept_plan``): a text asked with ever
         other values (a rank of any one of many players) would keep answers that are seldom
         asked again, and watching costs a quarter of such an answer."""
-        plan_key = _plan_key(req) if self._reuse_seconds > 0 and plan.deterministic and not plan.local else None
+        plan_key = _plan_key(req) if self._reuse_seconds > 0 and plan.deterministic and not plan.local \
+            and plan.origin is None else None
         if plan_key is not None and self._plans.get(plan_key) is not plan:
             plan_key = None
         watch = self._watch(plan, plan_key, options) if plan_key is not None and not options.allow_stale else None

@@ -3,12 +3,10 @@ and the statement the receiver runs in DuckDB over what they return."""
 
 from __future__ import annotations
 
-import copy
 import datetime as dt
 import decimal
-
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 import pyarrow as pa
 import sqlglot
@@ -31,6 +29,8 @@ from federator.query.owner_work import KeyJoin, OwnerWork
 
 # Schemas DuckDB answers itself (its catalog views); everything else names a store.
 DUCKDB_SCHEMAS = {"pg_catalog"}
+
+_Plan = TypeVar("_Plan", "StoreRef", "QueryPlan")
 
 
 @dataclass
@@ -300,14 +300,18 @@ def _rebinder(plan: QueryPlan) -> Callable[[list[Any]], QueryPlan | None]:
         ruled = rebind([literal(p, i) for i, p in enumerate(params)])
         if ruled is None or ruled.combine is None:
             return None
-        # shallow copies with the changed fields set: dataclasses.replace runs __init__ over
-        # every field, which was the largest single step of a global leaderboard's rank
-        rebound_ref = copy.copy(ref)
-        rebound_ref.subqueries, rebound_ref.combine = ruled.subqueries, ruled.combine
-        rebound_plan = copy.copy(plan)
-        rebound_plan.refs, rebound_plan.origin = [rebound_ref], plan
-        return rebound_plan
+        rebound_ref = _copied(ref, subqueries=ruled.subqueries, combine=ruled.combine)
+        return _copied(plan, refs=[rebound_ref], origin=plan)
     return rebound
+
+
+def _copied(plan: _Plan, **changed: Any) -> _Plan:
+    """A shallow copy of a plan's dataclass with the ``changed`` fields set: not
+    dataclasses.replace, which runs __init__ over every field, nor copy.copy, which goes by
+    __reduce_ex__; each rebinding (a global leaderboard's rank) makes two."""
+    new = object.__new__(type(plan))
+    new.__dict__.update(plan.__dict__, **changed)
+    return new
 
 
 def _merge_finish(final: str, ref: StoreRef) -> Finish | None:

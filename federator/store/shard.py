@@ -305,7 +305,7 @@ def read_together(shards: Sequence[Shard], read: Callable[[list[ShardView]], T],
             continue
         positions = [s._position for s in shards]
         value = read([s._view() for s in shards])
-        if all(s._seq == q for s, q in zip(shards, seqs)):
+        if [s._seq for s in shards] == seqs:
             return value, positions
     with contextlib.ExitStack() as held:
         for s in shards:

@@ -5,6 +5,8 @@ a time. All or nothing: one partition refused refuses them all, as a part alone 
 
 from __future__ import annotations
 
+import functools
+
 from federator.query.position import MergedPositions, Position, PositionBound
 from federator.query.queries import Query
 from federator.query.result import QueryResult
@@ -34,7 +36,14 @@ def answer_together(shards: list[Shard], query: Query, bound: PositionBound, han
         refused = {u.partition for u in unmet}
         return unmet + [together_refused(s.partition, unmet[0]) for s in shards if s.partition not in refused]
     assert first.batch is not None, "an answer carries its rows"
-    return [first, *(QueryResult(s.partition) for s in shards[1:])]  # answered: their rows and position in the first
+    return [first, *[_in_the_first(s.partition) for s in shards[1:]]]
+
+
+@functools.cache
+def _in_the_first(partition: int) -> QueryResult:
+    """Partition ``partition``'s result when its rows and position are in the first's: one
+    object a partition, shared (nothing sets a field of a result without rows or failure)."""
+    return QueryResult(partition)
 
 
 def together_refused(partition: int, why: QueryResult) -> QueryResult:

@@ -106,10 +106,10 @@ class Hosted:
 
 
 class Materializer:
-    epoch = 0  # no copy here is ever reset or handed over
-
     def __init__(self, shards: dict[tuple[str, int], MemoryShard]) -> None:
         self.shards = shards
+        # no copy here is ever reset or handed over: a test that changes a copy's state moves it
+        self.epoch = 0
 
     def hosted(self, store: str, partition: int) -> Hosted | None:
         shard = self.shards.get((store, partition))
@@ -135,7 +135,7 @@ class MemoryNode(Node):
         self.duck = duck
         self.scan_cache = None
         self.materializer = Materializer(shards)
-        self.meter, self.together_positions = Meter(), defaultdict(MergedPositions)
+        self.meter, self.together_positions, self._serving = Meter(), defaultdict(MergedPositions), {}
         self.requests: list[StateQueryRequest] = []
         self.rows_sent: list[int] = []
         self.point_reads: list[tuple[str, int]] = []
