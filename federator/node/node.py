@@ -136,7 +136,11 @@ def _serves(hs: HostedShard | None, require_active: bool) -> bool:
 
 
 def _offset(hs: Any) -> int:
-    offset = hs.shard.offset
+    return _shard_offset(hs.shard)
+
+
+def _shard_offset(shard: Any) -> int:
+    offset = shard.offset
     return -1 if offset is None else offset
 
 
@@ -481,12 +485,19 @@ class Node:
         None when this node would not answer one of them as the current active copy."""
         m = self.materializer
         epoch = m.epoch
-        offsets = []
-        for p in partitions:
-            hs = m.hosted(store, p)
-            if hs is None or not _answerable(hs):
+        defn = self.stores.get(store)
+        if defn is not None and defn.is_global and partitions == range(defn.partitions):
+            shards = self._serving_copies(defn, require_active=True)
+            if shards is None:
                 return None
-            offsets.append(_offset(hs))
+            offsets = [_shard_offset(s) for s in shards]
+        else:
+            offsets = []
+            for p in partitions:
+                hs = m.hosted(store, p)
+                if hs is None or not _answerable(hs):
+                    return None
+                offsets.append(_offset(hs))
         return (epoch, offsets) if m.epoch == epoch else None
 
     def local_lag(self, store: str, partition: int) -> int | None:
@@ -564,13 +575,15 @@ class Node:
         follower = defn.store_type.together_followers.get(type(query)) if defn is not None and defn.is_global else None
         if follower is None:
             return False
-        hosted = [self.materializer.hosted(store, p) for p in range(defn.partitions)]
-        offsets = [-1 if (o := since.get(defn.topic, p)) is None else o for p in range(defn.partitions)]
-        # a copy behind ``since`` is not the one that answered then (a changelog created again);
-        # one that may not answer (_copy_for's refusals) cannot say either
-        if any(hs is None or not _answerable(hs) or _offset(hs) < o for hs, o in zip(hosted, offsets)):
+        # a copy that may not answer as the current one (_copy_for's refusals) cannot say
+        shards = self._serving_copies(defn, require_active=True)
+        if shards is None:
             return False
-        return unchanged_since([hs.shard.base for hs in hosted], query, offsets, follower)  # type: ignore[union-attr]
+        offsets = [-1 if (o := since.get(defn.topic, p)) is None else o for p in range(defn.partitions)]
+        # nor can a copy behind ``since``: not the one that answered then (a changelog created again)
+        if any(_shard_offset(s) < o for s, o in zip(shards, offsets)):
+            return False
+        return unchanged_since(shards, query, offsets, follower)
 
     def _copy_for(self, store: str, defn: StoreDefinition | None, p: int,
                   require_active: bool) -> tuple[HostedShard, None] | tuple[None, QueryResult]:
