@@ -961,6 +961,7 @@ def test_the_leaderboard_while_games_end(broker, redis_server, report: Report, t
     assert_answers_right(runs, redis_wrong)
 
 
+@pytest.mark.apache_kafka(long=True)  # as the rows above
 @pytest.mark.timeout(3600)
 def test_the_leaderboard_of_a_million_players_while_games_end(broker, report: Report, tmp_path_factory) -> None:
     """The same rows with BIG_PLAYERS players in a global leaderboard: the p99s, and the memory

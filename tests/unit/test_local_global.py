@@ -117,6 +117,22 @@ def test_a_copy_still_restoring_is_left_to_execute(cluster, monkeypatch) -> None
     assert engine.local_global(SqlRequest(TOP, allow_stale=True)) is None
 
 
+def test_copies_current_again_answer_before_the_materializer_counts_the_change(cluster, monkeypatch) -> None:
+    """Whether every copy may answer is kept until the materializer's epoch moves; a copy that
+    became current in the moment before it moves is read, not refused."""
+    engine = cluster.engine()
+    engine.execute(SqlRequest(TOP))
+    materializer = cluster.nodes["me"].materializer
+    hosted = materializer.hosted
+    with monkeypatch.context() as m:
+        m.setattr(materializer, "hosted", lambda store, p: replace(hosted(store, p), caught_up=p != 2))
+        m.setattr(materializer, "epoch", materializer.epoch + 1)
+        assert engine.local_global(SqlRequest(TOP)) is None
+        m.setattr(materializer, "hosted", hosted)  # current again, the epoch not yet moved
+        now = engine.local_global(SqlRequest(TOP))
+        assert now is not None and rows(now) == rows(engine.execute(SqlRequest(TOP)))
+
+
 def test_a_statement_never_planned_is_left_to_execute_even_when_it_is_no_sql(cluster) -> None:
     """execute says what is wrong with it (and counts it); answer_now neither parses nor raises."""
     engine = cluster.engine()
