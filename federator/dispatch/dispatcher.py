@@ -329,8 +329,9 @@ class Dispatcher:
             if not all(r.ok for r in results):
                 return False
             answers.append(_Answer(self.node.node_id, i, results))
+        tries = _Tries()  # where _take would note failures: these answers have none
         for answer in answers:
-            self._take(out, answer, subqueries, work, pending, defn, token, options, states, _Tries())
+            self._take(out, answer, subqueries, work, pending, defn, token, options, states, tries)
         return not pending
 
     def _route(self, store: str, options: ReadOptions, pending: set[tuple[int, int]], here: bool,

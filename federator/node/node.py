@@ -486,11 +486,11 @@ class Node:
         m = self.materializer
         epoch = m.epoch
         defn = self.stores.get(store)
-        if defn is not None and defn.is_global and partitions == range(defn.partitions):
+        if defn is not None and defn.is_global:  # every copy is here: judged together, once an epoch
             shards = self._serving_copies(defn, require_active=True)
             if shards is None:
                 return None
-            offsets = [_shard_offset(s) for s in shards]
+            offsets = [_shard_offset(shards[p]) for p in partitions]
         else:
             offsets = []
             for p in partitions:
