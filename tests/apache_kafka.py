@@ -28,6 +28,11 @@ POM = Path(__file__).resolve().parent / "maven" / "kafka-pom.xml"
 # small machine, several of them beside the test nodes.
 JVM_OPTS = ["-Xms64m", "-Xmx512m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-XX:-UsePerfData",
             "-Xshare:auto", "-Djava.awt.headless=true", "-Djava.net.preferIPv4Stack=true"]
+# As Kafka's kafka-server-start.sh runs a broker (its heap, KAFKA_JVM_PERFORMANCE_OPTS): slower to
+# start, but the server compiler's code once warm, as a production broker takes its load.
+SERVER_START_JVM_OPTS = ["-Xmx1G", "-Xms1G", "-server", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
+                         "-XX:InitiatingHeapOccupancyPercent=35", "-XX:+ExplicitGCInvokesConcurrent",
+                         "-XX:MaxInlineLevel=15", "-Djava.awt.headless=true", "-Djava.net.preferIPv4Stack=true"]
 LOG4J2 = """\
 appender.out.type = Console
 appender.out.name = out
@@ -93,7 +98,7 @@ class KafkaCluster:
     security protocol (the brokers and controllers talk PLAINTEXT among themselves);
     ``properties`` are added to every server.properties; ``format_args`` to the storage format
     (``--add-scram ...``); ``client_properties`` what a client needs besides the bootstrap servers
-    (security settings)."""
+    (security settings); ``jvm`` the brokers' JVM options."""
 
     root: Path
     brokers: int = 1
@@ -101,6 +106,7 @@ class KafkaCluster:
     properties: dict[str, str] = field(default_factory=dict)
     format_args: list[str] = field(default_factory=list)
     client_properties: dict[str, str] = field(default_factory=dict)  # what a client adds to reach it
+    jvm: list[str] = field(default_factory=lambda: JVM_OPTS)
     nodes: list[KafkaNode] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -155,7 +161,7 @@ class KafkaCluster:
         return self
 
     def _launch(self, node: KafkaNode, libs: Path) -> None:
-        jvm = [*JVM_OPTS, f"-Dlog4j2.configurationFile={node.root / 'log4j2.properties'}"]
+        jvm = [*self.jvm, f"-Dlog4j2.configurationFile={node.root / 'log4j2.properties'}"]
         node.proc = subprocess.Popen(java(libs, "kafka.Kafka", str(node.root / "server.properties"), jvm=jvm),
                                      stdout=open(node.log, "a"), stderr=subprocess.STDOUT,
                                      preexec_fn=dies_with_tests())

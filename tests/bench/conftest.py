@@ -13,9 +13,12 @@ import platform
 import subprocess
 import sys
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import pytest
+
+if TYPE_CHECKING:
+    from tests.apache_kafka import KafkaCluster
 
 # FEDERATOR_BENCH_RESULTS: append elsewhere (a quick look at small sizes need not enter the history)
 # the nodes' HTTP server (`federator node --server`) in the benches that start nodes; None: their default
@@ -117,3 +120,15 @@ def report() -> Iterator[Report]:
     append_results(text)
     sys.stdout.write("\n" + text + f"\n(appended to {RESULTS_MD})\n")
     sys.stdout.flush()
+
+
+@pytest.fixture(scope="session")
+def apache_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator["KafkaCluster"]:
+    """The benches' Apache Kafka: one broker run as kafka-server-start.sh runs it, so that the
+    cores it takes beside the nodes are those of a broker in service, not of one started for a
+    quick test."""
+    from tests.apache_kafka import SERVER_START_JVM_OPTS, KafkaCluster
+
+    cluster = KafkaCluster(tmp_path_factory.mktemp("apache-kafka"), brokers=1, jvm=SERVER_START_JVM_OPTS).start()
+    yield cluster
+    cluster.stop()

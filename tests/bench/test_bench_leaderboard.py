@@ -536,7 +536,25 @@ def test_rank_while_the_leaderboard_is_written(broker, topics, data: Data, repor
 # ---- the leaderboard while games end: new scores at 1,000 a second -----------------------------
 
 RATE = 1_000  # new scores a second while games end
-GAME_RATES = (0, RATE)
+
+
+@dataclass(frozen=True)
+class Writes:
+    """Games ending at ``rate`` a second, their new totals held by the producer up to ``linger_ms``
+    to be sent together (its linger.ms)."""
+
+    rate: int
+    linger_ms: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.rate:,}" + (f" ({self.linger_ms} ms batches)" if self.rate else "")
+
+
+# No games; games ending at RATE with their totals batched as a Kafka Streams application
+# batches its changelog's (its producer's linger.ms, 100); and at RATE with librdkafka's own
+# linger.ms (5), whose producer sends a request a partition each time: eight times the requests,
+# and as many more fetches answered, by the broker and by each node.
+GAME_WRITES = (Writes(0), Writes(RATE, 100), Writes(RATE, 5))
 SCOPES = tuple(os.environ.get("FEDERATOR_BENCH_LB_SCOPES", "global,partitioned").split(","))
 RYW_WRITES = int(os.environ.get("FEDERATOR_BENCH_LB_RYW_WRITES", 200))
 BIG_PLAYERS = int(os.environ.get("FEDERATOR_BENCH_LB_BIG_PLAYERS", 1_000_000))
@@ -578,7 +596,7 @@ class Board:
 @dataclass
 class GamesRow:
     scope: str
-    rate: int
+    writes: Writes
     query: str
     wrk: WrkResult
     checked: int = 0
@@ -592,7 +610,7 @@ class GamesRow:
         said = f" (first non-2xx: {self.first_non_2xx})" if self.first_non_2xx else ""
         unanswered = max(0, w.errors - self.non_2xx)  # wrk's timeouts and socket errors: no answer to check
         failed = f"{self.non_2xx}" + (f" (+{unanswered} unanswered)" if unanswered else "")
-        return (f"| Federator, {self.scope} | {self.rate:,} | {self.query} | {w.rate:,.0f} | {w.p50_ms:.2f} | "
+        return (f"| Federator, {self.scope} | {self.writes} | {self.query} | {w.rate:,.0f} | {w.p50_ms:.2f} | "
                 f"{w.p99_ms:.2f} | {failed} | {self.checked:,} | {self.positions:,} | {len(self.wrong)} | "
                 f"{w.server_us_per_req:,.0f} |"
                 + said)
@@ -628,9 +646,9 @@ def broker_pids(broker) -> list[int]:
 
 
 def games_rows(board: Board, scope: str, nodes: list, pids: list[int], broker: list[int],
-               folder) -> tuple[list[GamesRow], dict[int, dict[str, float]]]:
+               folder) -> tuple[list[GamesRow], dict[Writes, dict[str, float]]]:
     """Top-10 and a random player's rank from wrk at CLIENTS clients to n0, with no games and
-    while games end at RATE a second; on a global leaderboard, which every node answers alone,
+    while games end (GAME_WRITES); on a global leaderboard, which every node answers alone,
     also with the clients spread over the three nodes (as behind a load balancer) while games
     end. Every answer of each wrk run (warm-up too) checked afterwards. Also the cores of the
     nodes (``pids``) and of the broker (``broker``: its processes) at each rate with no reads."""
@@ -641,26 +659,27 @@ def games_rows(board: Board, scope: str, nodes: list, pids: list[int], broker: l
     url = f"http://127.0.0.1:{nodes[0].port}"
     everywhere = [f"127.0.0.1:{n.port}" for n in nodes]
     rows: list[GamesRow] = []
-    cores: dict[int, dict[str, float]] = {}
-    for rate in GAME_RATES:
+    cores: dict[Writes, dict[str, float]] = {}
+    for writes in GAME_WRITES:
         answers: dict[tuple[str, str], list[tuple[int, bytes]]] = {}
-        loads = [(scope, ())] + ([(SPREAD % scope, everywhere)] if scope == "global" and rate else [])
-        with board.games().paced(rate) as games:
-            cores[rate] = quiet_cores({"nodes": pids, "broker": broker})
+        loads = [(scope, ())] + ([(SPREAD % scope, everywhere)] if scope == "global" and writes.rate else [])
+        with board.games(writes.linger_ms).paced(writes.rate) as games:
+            cores[writes] = quiet_cores({"nodes": pids, "broker": broker})
             for (what, spread), (query, lines) in itertools.product(loads, bodies.items()):
-                path = folder / f"bodies-{scope}-{rate}-{len(lines)}.txt"
+                name = f"{scope}-{writes.rate}-{writes.linger_ms}-{len(lines)}"
+                path = folder / f"bodies-{name}.txt"
                 path.write_text("\n".join(lines) + "\n")
-                out = folder / f"answers-{scope}-{rate}-{len(lines)}-{len(spread)}"
+                out = folder / f"answers-{name}-{len(spread)}"
                 run_wrk("warm-up", url, "body", path, CLIENTS, WARMUP, answers=out.with_suffix(".warm"), spread=spread)
                 drained(*nodes)
                 before = [loop_requests(n) for n in nodes]
-                w = run_wrk(f"{query} [{what}, {rate}/s]", url, "body", path, CLIENTS, SECONDS, pids, answers=out,
+                w = run_wrk(f"{query} [{what}, {writes}/s]", url, "body", path, CLIENTS, SECONDS, pids, answers=out,
                             spread=spread)
                 drained(*nodes)
                 progress(f"{w.line()}; {on_loop(before, [loop_requests(n) for n in nodes])}")
-                rows.append(GamesRow(what, rate, query, w))
+                rows.append(GamesRow(what, writes, query, w))
                 answers[(what, query)] = read_answers(out.with_suffix(".warm")) + read_answers(out)
-        progress(f"{games.sent:,} games ended during the rows at {rate}/s")
+        progress(f"{games.sent:,} games ended during the rows at {writes}/s")
         board.replay.settle()
         for row in rows[-len(answers):]:
             check_answers(board, row, answers[(row.scope, row.query)])
@@ -693,7 +712,7 @@ def check_answers(board: Board, row: GamesRow, answers: list[tuple[int, bytes]])
 @dataclass
 class ReadYourWrites:
     scope: str
-    rate: int
+    writes: Writes
     latencies: list[float] = field(default_factory=list)  # seconds, acknowledgement to answer, sorted
     shown: int = 0
     wrong: list[str] = field(default_factory=list)
@@ -702,23 +721,23 @@ class ReadYourWrites:
         return self.latencies[min(len(self.latencies) - 1, int(q * len(self.latencies)))] * 1000
 
     def line(self) -> str:
-        return (f"| Federator, {self.scope} | {self.rate:,} | {len(self.latencies)} | {self.shown} | "
+        return (f"| Federator, {self.scope} | {self.writes} | {len(self.latencies)} | {self.shown} | "
                 f"{self.pct_ms(0.5):.1f} | {self.pct_ms(0.99):.1f} | {self.latencies[-1] * 1000:.1f} | {len(self.wrong)} |")
 
 
-def read_your_writes(board: Board, scope: str, nodes: list, rate: int, writes: int) -> ReadYourWrites:
-    """``writes`` new scores, one at a time, each then ranked (on the nodes in turn) with the
+def read_your_writes(board: Board, scope: str, nodes: list, games: Writes, writes: int) -> ReadYourWrites:
+    """``writes`` new scores while ``games`` end, one at a time, each then ranked (on the nodes in turn) with the
     token of its own offset: the time from the broker's acknowledgement to the answer, whether
     the answer shows the write (its position at or past the write's offset), and the answer
     checked as of its position like any other."""
     from federator.query.position import Position
 
-    out = ReadYourWrites(scope, rate)
+    out = ReadYourWrites(scope, games)
     writer = board.games(linger_ms=0)
     conns = {n.port: Conn(("127.0.0.1", n.port)) for n in nodes}
     asked = []
     try:
-        with board.games().paced(rate):
+        with board.games(games.linger_ms).paced(games.rate):
             for k in range(writes):
                 acked: dict[str, Any] = {}
                 player = writer.end(acked=lambda p, o: acked.update(p=p, o=o, at=time.perf_counter()))
@@ -761,8 +780,19 @@ class ScopeRun:
     players: int
     memory_mb: list[float]  # each node's RSS less an idle node's, once the store is restored
     rows: list[GamesRow]
-    quiet_cores: dict[int, dict[str, float]]  # write rate -> the nodes' and the broker's cores with no reads
+    quiet_cores: dict[Writes, dict[str, float]]  # the nodes' and the broker's cores with no reads
     ryw: list[ReadYourWrites]
+
+
+WARMUP_GAMES_SECONDS = 30.0
+
+
+def warm_up(board: Board) -> None:
+    """Games at RATE before the rows: the broker's Java has compiled its hot code by then, as a
+    broker in service has (the first seconds of writes cost it twice the cores)."""
+    progress(f"games at {RATE:,}/s for {WARMUP_GAMES_SECONDS:g} s before the rows: the broker warms up")
+    with board.games().paced(RATE):
+        time.sleep(WARMUP_GAMES_SECONDS)
 
 
 def measure_scope(broker, board: Board, scope: str, root, idle_mb: float, ryw_writes: int) -> ScopeRun:
@@ -778,8 +808,9 @@ def measure_scope(broker, board: Board, scope: str, root, idle_mb: float, ryw_wr
             wait_for(lambda: board.position(node.sql(TOP10)[1]) == want, 120, f"{node.node_id} to show the scores")
         pids = [n.proc.pid for n in nodes]  # type: ignore[union-attr]
         memory = [mb - idle_mb for mb in node_rss_mb(pids)]
+        warm_up(board)
         rows, cores = games_rows(board, scope, nodes, pids, broker_pids(broker), root)
-        ryw = [read_your_writes(board, scope, nodes, rate, ryw_writes) for rate in GAME_RATES]
+        ryw = [read_your_writes(board, scope, nodes, writes, ryw_writes) for writes in GAME_WRITES]
     finally:
         cluster.stop()
     return ScopeRun(scope, len(board.replay.players), memory, rows, cores, ryw)
@@ -829,7 +860,7 @@ def redis_games_rows(port: int, pid: int, players: int) -> tuple[list[str], list
 
     lines: list[str] = []
     wrong_answers: list[str] = []
-    for rate in GAME_RATES:
+    for rate in (0, RATE):
         answers: dict[str, list] = {}
         results = {}
         with writer.paced(rate):
@@ -870,7 +901,11 @@ def report_games(report: Report, runs: list[ScopeRun], redis_lines: list[str], l
         f"Each node keeps the `leaderboard` store (the leaderboard plugin's type, player -> total_score) "
         f"{' and, in the partitioned rows, '.join(run.scope for run in runs[:2])}; {players:,} players' totals "
         f"produced first. A producer ends games at the rate named: each raises a random player's total by "
-        f"1..{GAME_POINTS:,} points and writes the new total (so ranks move). wrk -t1 -c{CLIENTS} for {SECONDS:g} s "
+        f"1..{GAME_POINTS:,} points and writes the new total (so ranks move); each 10 ms's games are handed to "
+        "the producer together, and it holds a partition's records up to the batches named (its linger.ms) "
+        "before it sends them: 100 ms as a Kafka Streams application writes its changelog (some 80 requests "
+        "a second, one a partition each 100 ms), 5 ms as librdkafka's producer does by default (one a "
+        "partition each 10 ms: up to 800 a second). Each request answers every node's fetch. wrk -t1 -c{CLIENTS} for {SECONDS:g} s "
         f"after {WARMUP:g} s of warm-up (its own run); queries: top-10 `{TOP10}`; rank `{RANK}` with a random "
         "player. In the rows 'clients over n0-n2' wrk runs one thread a client, and the clients take the "
         "three nodes in turn (4, 3 and 3), as behind a load balancer: each node answers a global leaderboard "
@@ -910,35 +945,35 @@ def report_games(report: Report, runs: list[ScopeRun], redis_lines: list[str], l
           f"{sum(run.memory_mb) / len(run.memory_mb) * 2**20 / run.players:,.0f} bytes a player on average)"
           for run in runs),
         *(f"- The three nodes' CPU with no reads, leaderboard {run.scope}: "
-          + ", ".join(f"{cores['nodes']:.2f} cores at {rate:,} new scores/s (the broker {cores['broker']:.2f})"
-                      for rate, cores in run.quiet_cores.items())
+          + ", ".join(f"{cores['nodes']:.2f} cores at {writes} new scores/s (the broker {cores['broker']:.2f})"
+                      for writes, cores in run.quiet_cores.items())
           + f" (over {QUIET_SECONDS:g} s before each rate's loads: what applying the writes costs)" for run in runs),
         f"- Load average (1 min): {load_before:.2f} before these rows, {os.getloadavg()[0]:.2f} after; above what "
         "this run's own processes add is other work on the machine.",
     ])
     for run in runs:
         for row in run.rows:
-            if row.rate == RATE:
+            if row.writes.rate:
                 w = row.wrk
-                report.target(f"{row.query}, leaderboard {row.scope}, {players:,} players, {RATE:,} new scores/s: "
+                report.target(f"{row.query}, leaderboard {row.scope}, {players:,} players, {row.writes} new scores/s: "
                               f">= {T_GAMES_RATE:,} q/s, p99 <= {T_GAMES_P99_MS:g} ms, 0 non-2xx at {CLIENTS} clients",
                               f"wrk: {w.rate:,.0f} q/s, p99 {w.p99_ms:.1f} ms, {row.non_2xx} non-2xx",
                               w.rate >= T_GAMES_RATE and w.p99_ms <= T_GAMES_P99_MS and not row.non_2xx)
         for ryw in run.ryw:
-            report.target(f"read-your-writes, leaderboard {run.scope}, {players:,} players, {ryw.rate:,} new scores/s "
+            report.target(f"read-your-writes, leaderboard {run.scope}, {players:,} players, {ryw.writes} new scores/s "
                           f"besides: every write shown, acknowledgement to answer p50 <= {T_RYW_P50_MS:g} ms",
                           f"{ryw.shown}/{len(ryw.latencies)} shown, p50 {ryw.pct_ms(0.5):.1f} ms",
                           ryw.shown == len(ryw.latencies) and ryw.pct_ms(0.5) <= T_RYW_P50_MS)
 
 
 def broker_label(broker) -> str:
-    return "tansu" if broker.bootstrap_servers in TANSU_BOOTSTRAPS else "Apache Kafka"
+    return "tansu" if broker.bootstrap_servers in TANSU_BOOTSTRAPS else "Apache Kafka as kafka-server-start.sh runs it"
 
 
 def assert_answers_right(runs: list[ScopeRun], wrong: list[str]) -> None:
-    wrong = wrong + [f"{r.scope} {r.query} at {r.rate}/s: {len(r.wrong)} wrong: {'; '.join(r.wrong[:3])}"
+    wrong = wrong + [f"{r.scope} {r.query} at {r.writes}/s: {len(r.wrong)} wrong: {'; '.join(r.wrong[:3])}"
                      for run in runs for r in run.rows if r.wrong]
-    wrong += [f"read-your-writes {y.scope} at {y.rate}/s: {len(y.wrong)} wrong: {'; '.join(y.wrong[:3])}"
+    wrong += [f"read-your-writes {y.scope} at {y.writes}/s: {len(y.wrong)} wrong: {'; '.join(y.wrong[:3])}"
               for run in runs for y in run.ryw if y.wrong]
     assert not wrong, wrong
 
