@@ -62,6 +62,7 @@ class Shard(StoreLayer):
         self._seq = 0
         self._kept: dict[str, tuple[int, Any]] = {}  # name -> (seq, what a handler derived then)
         self._memory: Any = None  # what the store type keeps of this shard in memory (StoreType.memory)
+        self._read_view: tuple[int, ShardView | None] = (-1, None)  # (seq, the view reads at it share)
         self._closed = False
         self._open()
 
@@ -99,6 +100,17 @@ class Shard(StoreLayer):
     def _view(self) -> ShardView:
         return ShardView(self.definition, self.schema, self.partition, self.db, self._families, self.kept,
                          self._memory, self._position)
+
+    def _view_to_read(self) -> ShardView:
+        """A view for a read: the one made at this write sequence, shared by the reads at it
+        until a scan uses it (a scan's bounds live as long as its view), else a new one."""
+        seq, view = self._read_view
+        now = self._seq
+        if seq != now or view is None or view.memory is not self._memory or view.scanned:
+            view = self._view()
+            if not now & 1 and self._seq == now:  # made with no write before or during it
+                self._read_view = (now, view)
+        return view
 
     def kept(self, name: str, build: Callable[[], T]) -> T:
         """``build()``, a handler's derivation of this shard's data (the leaderboard's sorted
@@ -264,7 +276,7 @@ class Shard(StoreLayer):
 
     def query(self, query: Query) -> tuple[pa.RecordBatch, Position]:
         """The answer and the Position it reflects exactly (raises for store problems)."""
-        batch, position, _ = self.consistent(functools.partial(self.handler(query), self._view()), query)
+        batch, position, _ = self.consistent(functools.partial(self.handler(query), self._view_to_read()), query)
         return batch, position
 
     def stored(self, key: bytes, bound: PositionBound) -> StoredEntry | None:
@@ -304,7 +316,7 @@ def read_together(shards: Sequence[Shard], read: Callable[[list[ShardView]], T],
             time.sleep(0)  # a write is in flight; let it finish
             continue
         positions = [s._position for s in shards]
-        value = read([s._view() for s in shards])
+        value = read([s._view_to_read() for s in shards])
         if [s._seq for s in shards] == seqs:
             return value, positions
     with contextlib.ExitStack() as held:

@@ -40,6 +40,11 @@ class ShardView:
         self._bounds: list[Any] = []
 
     @property
+    def scanned(self) -> bool:
+        """Whether a scan has used this view (it keeps that scan's bounds)."""
+        return bool(self._bounds)
+
+    @property
     def offset(self) -> int | None:
         """The shard's last applied offset when the view was made (None: none yet)."""
         return None if self._position is None else self._position.get(self.definition.topic, self.partition)
