@@ -21,7 +21,7 @@ from collections import defaultdict
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Iterable, NamedTuple
 
 import pyarrow as pa
 
@@ -316,23 +316,33 @@ class Dispatcher:
     def _answered_here(self, out: Gathered, store: str, subqueries: list[SubQuery], work: OwnerWork | None,
                        options: ReadOptions, pending: set[tuple[int, int]], defn: Any, token: dict[int, int],
                        states: dict[tuple[int, int], _Asked]) -> bool:
-        """A global store's subqueries answered by this node's copies, one request each, with
-        none of a round's routing: True when every partition answered, into ``out``. False when
-        a copy may not answer (nothing taken: the rounds ask again, and say why or wait)."""
-        if local_refusals(options, (p for _, p in pending), functools.partial(self.node.local_lag, store)):
+        """A global store's subqueries answered by this node's copies (``read_here``), with none
+        of a round's routing: True when every partition answered, into ``out``. False when a
+        copy may not answer (nothing taken: the rounds ask again, and say why or wait)."""
+        answers = self.read_here(store, subqueries, work, options, (p for _, p in pending))
+        if answers is None:
             return False
-        answers = []
-        for i, sq in enumerate(subqueries):
-            request = StateQueryRequest(store, sq.query, sq.partitions, options.bound,
-                                        require_active=not options.allow_stale, work=work)
-            results = self.node.execute(request)
-            if not all(r.ok for r in results):
-                return False
-            answers.append(_Answer(self.node.node_id, i, results))
         tries = _Tries()  # where _take would note failures: these answers have none
-        for answer in answers:
-            self._take(out, answer, subqueries, work, pending, defn, token, options, states, tries)
+        for i, results in enumerate(answers):
+            self._take(out, _Answer(self.node.node_id, i, results), subqueries, work, pending, defn, token, options,
+                       states, tries)
         return not pending
+
+    def read_here(self, store: str, subqueries: list[SubQuery], work: OwnerWork | None, options: ReadOptions,
+                  partitions: Iterable[int]) -> list[list[QueryResult]] | None:
+        """A global store's subqueries (over ``partitions``) answered by this node's copies, one
+        request each: each one's results, a partition each. None when a copy may not answer
+        now: too far behind for ``options``, or not current (the copy says so)."""
+        if local_refusals(options, partitions, functools.partial(self.node.local_lag, store)):
+            return None
+        answers = []
+        for sq in subqueries:
+            results = self.node.execute(StateQueryRequest(store, sq.query, sq.partitions, options.bound,
+                                                          require_active=not options.allow_stale, work=work))
+            if not all(r.ok for r in results):
+                return None
+            answers.append(results)
+        return answers
 
     def _route(self, store: str, options: ReadOptions, pending: set[tuple[int, int]], here: bool,
                token: dict[int, int], tries: _Tries) -> dict[_Group, list[int]]:

@@ -159,11 +159,16 @@ class SqlEngine:
         """``req``'s answer; ``plan``: the statement's plan for these parameters when the caller
         holds it already (``local_global``), not looked up again. ``at_once``: from the copies
         as they are now, or NotNow (uncounted: the caller asks again where it may wait)."""
+        return self._counted(lambda started, track: self._execute(req, started, track, plan, at_once))
+
+    def _counted(self, answer: Callable[[float, list[Any]], SqlResult]) -> SqlResult:
+        """``answer(started, track)``'s result, counted in the metrics by the statement's kind and
+        outcome: ``track`` is [the kind once known, whether the answer streams out (then counted
+        at its end)]."""
         started = time.perf_counter()
-        # [the statement's kind once known, whether its answer streams out (then counted at its end)]
         track: list[Any] = ["unknown", False]
         try:
-            result = self._execute(req, started, track, plan, at_once)
+            result = answer(started, track)
         except NotNow:
             raise
         except SqlError as e:
@@ -261,9 +266,49 @@ class SqlEngine:
         if plan is None:
             return None
         try:
+            if plan.origin is not None and len(plan.refs) == 1:  # rebound: its answer is not kept (_watched)
+                return self._counted(functools.partial(self._together_now, req, plan))
             return self.execute(req, plan, at_once=True)
         except NotNow:  # a copy must catch up first: asked again where that may be waited for
             return None
+
+    def _together_now(self, req: SqlRequest, plan: QueryPlan, started: float, track: list[Any]) -> SqlResult:
+        """``execute``'s answer to ``plan``, rebound to the statement's values, over one global
+        store (``_small_and_together``), read straight from this node's copies: none of the
+        general path's routing, watching and keeping, which such a read has no use for (a
+        rank of one of many players is not kept: ``_watched``), and which cost more than the
+        read. NotNow when a copy may not answer now, or the answer needs more (DuckDB, a
+        rule's later round)."""
+        track[0] = plan_kind(plan)
+        (ref,) = plan.refs
+        defn = ref.store
+        options = ReadOptions(PositionBound.unbounded(), req.allow_stale, req.max_lag,
+                              time.monotonic() + req.timeout_ms / 1000, at_once=True)
+        read: list[Position] = []
+
+        def gather(subqueries: list[SubQuery], work: OwnerWork | None = None, keep: bool = False,
+                   after: Position | None = None) -> Gathered:
+            if after is not None and not after.is_empty():  # a later round's bound, which may need a wait
+                raise NotNow("a rule's later round over a global store", [])
+            answers = self.dispatcher.read_here(defn.name, subqueries, work, options, range(defn.partitions))
+            if answers is None:
+                raise NotNow("a copy cannot answer now", [])
+            results = [r for rs in answers for r in rs]
+            read.append(Position().merge_all([r.position for r in results if r.position is not None]))
+            return Gathered(batches=[r.batch for r in results if r.batch is not None], position=read[-1])
+
+        if ref.combine is not None:
+            rows = ref.combine(_RuleFetch(gather, keeps=False))
+        else:
+            rows = _relation_of(ref, gather(ref.subqueries, replace(ref.work, join=ref.joined, key_join=ref.key_join)).batches)
+        _check_deadline(options.deadline, "reading the partitions")
+        if req.cancel is not None and req.cancel.cancelled:
+            raise SqlError("TIMEOUT", "canceling statement due to user request")
+        stats: dict[str, Any] = {"partitions_queried": defn.partitions, "nodes": 1, "rows": 0, "elapsed_ms": 0.0}
+        table = _finished_without_duck(plan, rows, stats)
+        if table is None:
+            raise NotNow("DuckDB finishes the answer", [])
+        return _finished(table, read[0], stats, started)
 
     def point_now(self, req: SqlRequest) -> SqlResult | RoutedPoint | None:
         """A point query's answer read from this node's own current copy, at once; or, when
@@ -451,16 +496,10 @@ class SqlEngine:
         statement over the same rows, or DuckDB's; kept as the answer at the watched positions
         (``watch``) as it streams out."""
         watched, at = (watch.key, watch.known.at) if watch is not None else (None, None)
-        if plan.columns_only is not None:  # nothing left to compute: the rows as the owners sent them
+        if plan.columns_only is not None or plan.finish is not None:
             (rows,) = (relations[r.relation] for r in plan.refs)
-            table = rows.select([c for c, _ in plan.columns_only]).rename_columns([n for _, n in plan.columns_only])
-            return self._keeping(watched, plan, _answer_of(_typed(table, plan.schema)), at)
-        if plan.finish is not None:  # a merge of states or a top-k cut: in Arrow unless the types need DuckDB
-            (rows,) = (relations[r.relation] for r in plan.refs)
-            table = plan.finish.apply(rows, plan.schema) if isinstance(plan.finish, TopRows) \
-                else plan.finish.apply(_arrow(rows), plan.schema)
+            table = _finished_without_duck(plan, rows, stats)
             if table is not None:
-                stats["finished_in_arrow"] = True
                 return self._keeping(watched, plan, _answer_of(table), at)
         key = None
         if plan_key is not None:
@@ -624,15 +663,7 @@ class SqlEngine:
         # with a key join, a node that does not know it runs work's join in DuckDB
         batches = gather(ref.subqueries, replace(ref.work, join=ref.joined, key_join=ref.key_join),
                          keep=keeps and ref.keep_answers).batches
-        schema = wire_schema(ref.rows_schema) if ref.rows_schema is not None else defn.arrow_schema()
-        if batches and all(isinstance(b, Rows) for b in batches):  # a global store's rows read here at once
-            rows = concat_rows([b for b in batches if b.num_rows], schema)
-            if rows is not None:
-                return rows
-        if not batches:
-            return schema.empty_table()
-        return pa.Table.from_batches([b if b.schema.equals(schema) else b.cast(schema) for b in map(as_batch, batches)],
-                                     schema)
+        return _relation_of(ref, batches)
 
     def _explain(self, plan: QueryPlan) -> pa.Table:
         rows: dict[str, list] = {k: [] for k in _EXPLAIN_COLUMNS}
@@ -739,6 +770,36 @@ def _followable(plan: QueryPlan) -> bool:
         ref.store.is_global and ref.combine is None and ref.work.sql is None and ref.joined is None
         and all(type(sq.query) in ref.store.store_type.together_followers for sq in ref.subqueries)
         for ref in plan.refs)
+
+
+def _relation_of(ref: StoreRef, batches: list) -> Relation:
+    """A store reference's rows as the owners answered them, as one table (or the Python
+    values a global store's type gave on this node, ``Rows``)."""
+    schema = wire_schema(ref.rows_schema) if ref.rows_schema is not None else ref.store.arrow_schema()
+    if batches and all(isinstance(b, Rows) for b in batches):  # a global store's rows read here at once
+        rows = concat_rows([b for b in batches if b.num_rows], schema)
+        if rows is not None:
+            return rows
+    if not batches:
+        return schema.empty_table()
+    return pa.Table.from_batches([b if b.schema.equals(schema) else b.cast(schema) for b in map(as_batch, batches)],
+                                 schema)
+
+
+def _finished_without_duck(plan: QueryPlan, rows: Relation, stats: dict[str, Any]) -> Relation | None:
+    """The answer over one store reference's ``rows`` when DuckDB has nothing to do: its
+    columns as the statement names them, or its finish (a merge of states, a top-k cut) in
+    Arrow (or in Python, for rows that came as Python values); None when DuckDB must finish it."""
+    if plan.columns_only is not None:  # nothing left to compute: the rows as the owners sent them
+        table = rows.select([c for c, _ in plan.columns_only]).rename_columns([n for _, n in plan.columns_only])
+        return _typed(table, plan.schema)
+    if plan.finish is not None:  # in Arrow unless the types need DuckDB
+        table = plan.finish.apply(rows, plan.schema) if isinstance(plan.finish, TopRows) \
+            else plan.finish.apply(_arrow(rows), plan.schema)
+        if table is not None:
+            stats["finished_in_arrow"] = True
+        return table
+    return None
 
 
 def _finished(table: pa.Table | PointAnswer | Rows, position: Position, stats: dict[str, Any],

@@ -62,11 +62,12 @@ class Shard(StoreLayer):
         self._seq = 0
         self._kept: dict[str, tuple[int, Any]] = {}  # name -> (seq, what a handler derived then)
         self._memory: Any = None  # what the store type keeps of this shard in memory (StoreType.memory)
-        self._read_view: tuple[int, ShardView | None] = (-1, None)  # (seq, the view reads at it share)
+        self._read_view: tuple[int, ShardView | None]  # (seq, the view the reads at it share)
         self._closed = False
         self._open()
 
     def _open(self) -> None:
+        self._read_view = (-1, None)  # a view of the database before
         self.path.mkdir(parents=True, exist_ok=True)
         extra = self.store_type.column_families
         self.db = Rdict(str(self.path), _options(),
@@ -226,6 +227,7 @@ class Shard(StoreLayer):
             self._meta_handle = None
             self._families = {}
             self._memory = None
+            self._read_view = (-1, None)  # its column families would keep the database open
             self.db.close()
 
     @property

@@ -68,14 +68,23 @@ def rows(result: SqlResult) -> list[dict]:
     return pa.Table.from_batches(list(result.batches), result.schema).to_pylist()
 
 
+def without_time(stats: dict) -> dict:
+    return {k: v for k, v in stats.items() if k != "elapsed_ms"}
+
+
+# a statement kept whole (its answer is kept), and one whose text's plan is rebound to each player
+KEPT_AND_REBOUND = [(TOP, []), (RANK, ["p007"])]
+
+
 def test_a_global_leaderboards_rank_and_top_are_answered_at_once_as_execute_answers_them(cluster) -> None:
     engine = cluster.engine()
     assert engine.local_global(SqlRequest(RANK, ["p001"])) is None  # a new text is planned by execute first
     engine.execute(SqlRequest(RANK, ["p001"]))
-    for player in ("p007", "p150", "nobody"):
+    for player in ("p007", "p150", "nobody"):  # the text's plan rebound to each: read straight from the copies
         now, then = engine.local_global(SqlRequest(RANK, [player])), engine.execute(SqlRequest(RANK, [player]))
-        assert now is not None and rows(now) == rows(then)
+        assert now is not None and rows(now) == rows(then) and now.schema == then.schema
         assert now.consistency_token == then.consistency_token
+        assert without_time(now.stats) == without_time(then.stats)
     engine.execute(SqlRequest(TOP))
     now = engine.local_global(SqlRequest(TOP))
     assert now is not None
@@ -96,25 +105,27 @@ def test_what_could_wait_or_is_large_is_left_to_execute(cluster, sql, params, op
     assert engine.local_global(SqlRequest(sql, params, **options)) is None
 
 
-def test_a_copy_behind_the_lag_a_stale_read_allows_is_left_to_execute(cluster, monkeypatch) -> None:
+@pytest.mark.parametrize("sql, params", KEPT_AND_REBOUND)
+def test_a_copy_behind_the_lag_a_stale_read_allows_is_left_to_execute(cluster, monkeypatch, sql, params) -> None:
     engine = cluster.engine()
-    engine.execute(SqlRequest(TOP))
-    assert engine.local_global(SqlRequest(TOP, allow_stale=True, max_lag=3)) is not None
+    engine.execute(SqlRequest(sql, ["p001"] if params else []))
+    assert engine.local_global(SqlRequest(sql, params, allow_stale=True, max_lag=3)) is not None
     monkeypatch.setattr(cluster.nodes["me"], "local_lag", lambda store, p: 5 if p == 2 else 0)
-    assert engine.local_global(SqlRequest(TOP, allow_stale=True, max_lag=3)) is None
-    assert engine.local_global(SqlRequest(TOP, allow_stale=True, max_lag=5)) is not None
+    assert engine.local_global(SqlRequest(sql, params, allow_stale=True, max_lag=3)) is None
+    assert engine.local_global(SqlRequest(sql, params, allow_stale=True, max_lag=5)) is not None
 
 
-def test_a_copy_still_restoring_is_left_to_execute(cluster, monkeypatch) -> None:
+@pytest.mark.parametrize("sql, params", KEPT_AND_REBOUND)
+def test_a_copy_still_restoring_is_left_to_execute(cluster, monkeypatch, sql, params) -> None:
     """execute waits for it (or says why it cannot answer); the event loop must not."""
     engine = cluster.engine()
-    engine.execute(SqlRequest(TOP))
+    engine.execute(SqlRequest(sql, ["p001"] if params else []))
     materializer = cluster.nodes["me"].materializer
     hosted = materializer.hosted
     monkeypatch.setattr(materializer, "hosted", lambda store, p: replace(hosted(store, p), caught_up=p != 2))
     monkeypatch.setattr(materializer, "epoch", materializer.epoch + 1)  # as a copy no longer current moves it
-    assert engine.local_global(SqlRequest(TOP)) is None
-    assert engine.local_global(SqlRequest(TOP, allow_stale=True)) is None
+    assert engine.local_global(SqlRequest(sql, params)) is None
+    assert engine.local_global(SqlRequest(sql, params, allow_stale=True)) is None
 
 
 def test_copies_current_again_answer_before_the_materializer_counts_the_change(cluster, monkeypatch) -> None:
