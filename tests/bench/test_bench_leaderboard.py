@@ -27,7 +27,9 @@ records/s; the same scores, so every answer can still be checked), with the defa
 The leaderboard while games end (issue 43's table): a leaderboard of its own, global as in the demo
 and, for comparison, partitioned, three nodes each; top-10 and a player's rank from wrk at 10
 clients with no writes and while a producer writes 1,000 new totals a second (games ending: ranks
-move); beside Redis sorted sets under the same ZADD rate; read-your-writes (a new total, then its
+move), sent in 100 ms batches as a Kafka Streams application sends its changelog's and in 5 ms
+batches as librdkafka does by default, after 30 s of games that warm the broker (run as
+kafka-server-start.sh runs it, tests/bench/conftest.py); beside Redis sorted sets under the same ZADD rate; read-your-writes (a new total, then its
 rank with the token of its offset: acknowledgement to answer); each node's memory for the store.
 Every answer is checked as of the position its consistency token names (tests/bench/
 leaderboard_replay.py). A second test does the same with 1,000,000 players in the global store.
