@@ -197,7 +197,7 @@ class SqlEngine:
         except ValueError as e:
             raise SqlError("INVALID_PARAMETER", str(e)) from None
         stmt = parse(req.sql, dialect_of(req.dialect))
-        stats: dict[str, Any] = {"partitions_queried": 0, "nodes": 0, "rows": 0, "elapsed_ms": 0.0}
+        stats = _stats()
         options = ReadOptions(PositionBound.at(position) if not position.is_empty() else PositionBound.unbounded(),
                               req.allow_stale, req.max_lag, deadline, at_once)
         if stmt.kind == "show_tables":
@@ -234,7 +234,7 @@ class SqlEngine:
         if plan is None or self._points.get(_point_text(req), False) is not None \
                 or any(stores.get(r.store.name) is not r.store for r in plan.refs):
             return None
-        stats: dict[str, Any] = {"partitions_queried": 0, "nodes": 0, "rows": 0, "elapsed_ms": 0.0}
+        stats = _stats()
         options = ReadOptions(PositionBound.unbounded(), False, req.max_lag, time.monotonic() + req.timeout_ms / 1000)
         watch = self._watched(plan, req, options)[1]
         reused = self._reused(plan, watch, Position(), stats, small=True) if watch is not None else None
@@ -304,7 +304,7 @@ class SqlEngine:
         _check_deadline(options.deadline, "reading the partitions")
         if req.cancel is not None and req.cancel.cancelled:
             raise SqlError("TIMEOUT", "canceling statement due to user request")
-        stats: dict[str, Any] = {"partitions_queried": defn.partitions, "nodes": 1, "rows": 0, "elapsed_ms": 0.0}
+        stats = _stats(partitions=defn.partitions, nodes=1)
         table = _finished_without_duck(plan, rows, stats)
         if table is None:
             raise NotNow("DuckDB finishes the answer", [])
@@ -349,7 +349,7 @@ class SqlEngine:
         answer = plan.answer(kb, entry.stored)
         if answer is None:
             return None
-        stats: dict[str, Any] = {"partitions_queried": 1, "nodes": 1, "rows": 0, "elapsed_ms": 0.0}
+        stats = _stats(partitions=1, nodes=1)
         result = _finished(answer, entry.position, stats, started)
         self._count("point", "ok", started)
         return result
@@ -770,6 +770,12 @@ def _followable(plan: QueryPlan) -> bool:
         ref.store.is_global and ref.combine is None and ref.work.sql is None and ref.joined is None
         and all(type(sq.query) in ref.store.store_type.together_followers for sq in ref.subqueries)
         for ref in plan.refs)
+
+
+def _stats(partitions: int = 0, nodes: int = 0) -> dict[str, Any]:
+    """The stats an answer starts with: the partitions and nodes it read (its rows and time
+    are set when it is finished, ``_finished``)."""
+    return {"partitions_queried": partitions, "nodes": nodes, "rows": 0, "elapsed_ms": 0.0}
 
 
 def _relation_of(ref: StoreRef, batches: list) -> Relation:

@@ -36,7 +36,8 @@ class ShardView:
         self._keep = keep
         # RocksDB keeps a pointer to an iterator's upper bound, not a copy: the bytes (and the
         # options) must outlive the scan, or a caller's temporary bound turns into garbage
-        # mid-scan. A view lives for one query, so it keeps them for that long.
+        # mid-scan. A view a scan used is not shared again (Shard._view_to_read): it keeps them
+        # for as long as that read holds it.
         self._bounds: list[Any] = []
 
     @property
