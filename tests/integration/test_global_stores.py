@@ -390,14 +390,25 @@ def test_a_global_leaderboards_kept_top_follows_the_scores_below_it_on_every_nod
             out.append({**first[1]["stats"], **second[1]["stats"]})
         return out
 
-    for node in g.nodes:  # planned, and its answer kept
-        node.sql(top, consistency_token=board["token"].to_token())
-        node.sql(top)
-    worst = min(board["scores"].values())
-    board["scores"]["b98"] = worst - 1
-    position = write_with_token(broker.bootstrap_servers, board["defn"], {"b98": worst - 1})
-    written = next(iter(position.partitions(board["defn"].topic).items()))
-    assert all(stats.get("answer_followed_writes") for stats in asked_twice(position.to_token()))
+    def followed_a_score_below(attempt: int) -> bool:
+        """Every node's top-10 kept, then a score below it written: whether every node gave its
+        kept answer again, followed past the write."""
+        nonlocal written
+        for node in g.nodes:  # planned, and its answer kept
+            node.sql(top, consistency_token=board["token"].to_token())
+            node.sql(top)
+        worst, player = min(board["scores"].values()), f"b9{attempt}"
+        board["scores"][player] = worst - 1
+        position = write_with_token(broker.bootstrap_servers, board["defn"], {player: worst - 1})
+        written = next(iter(position.partitions(board["defn"].topic).items()))
+        return all(stats.get("answer_followed_writes") for stats in asked_twice(position.to_token()))
+
+    # A node drops its kept answers when any copy it holds changes state (its materializer's
+    # epoch, one for all its stores: that is what an offset is read against), as when another
+    # test module's store, dropped from the catalog, closes meanwhile on a shared cluster. So
+    # the scenario may take another try; a node that never follows fails it.
+    written: tuple[int, int] = (0, 0)
+    assert any(followed_a_score_below(attempt) for attempt in range(3))
     board["scores"]["b99"] = max(board["scores"].values()) + 1
     position = write_with_token(broker.bootstrap_servers, board["defn"], {"b99": board["scores"]["b99"]})
     written = next(iter(position.partitions(board["defn"].topic).items()))
