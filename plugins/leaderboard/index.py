@@ -11,6 +11,8 @@ got back.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import struct
 import threading
 from collections import deque
@@ -151,6 +153,7 @@ class ScoreIndex:
     def __init__(self, entries: Iterable[bytes] = (), offset: int | None = None) -> None:
         self.entries = SortedList(entries)
         self.lock = threading.Lock()
+        self.together: TogetherIndex | None = None  # a global store's index of every partition, fed by this one
         self._floor = -1 if offset is None else offset  # the log holds every change after this offset
         self._log: deque[tuple[int, bytes, bytes]] = deque()  # (the batch's last offset, lowest, highest)
 
@@ -167,6 +170,8 @@ class ScoreIndex:
                 for e in removed:
                     self.entries.remove(e)
                 self.entries.update(added)
+                if self.together is not None:
+                    self.together.change(removed, added)
                 if touched:
                     self._log.append((through, min(touched), max(touched)))
                     if len(self._log) > LOGGED_BATCHES:
@@ -187,3 +192,43 @@ class ScoreIndex:
                 lo = low if lo is None else min(lo, low)
                 hi = high if hi is None else max(hi, high)
             return (lo, hi) if lo is not None else (None, None)
+
+
+class TogetherIndex:
+    """A global store's partitions' indexes as one (``together``): a rank over every partition
+    is then one bisect, not one a partition. Each part feeds its changes here while it holds its
+    own lock, inside the shard's write, so a read that the shards' write sequences find
+    undisturbed read this in the same states as them. Locks are taken part first, then this;
+    it is made holding every part's."""
+
+    def __init__(self, parts: tuple[ScoreIndex, ...]) -> None:
+        self.parts = parts
+        self.lock = threading.Lock()
+        with contextlib.ExitStack() as held:  # every part at once: one sort of them all, not one a part
+            for part in parts:
+                held.enter_context(part.lock)
+            self.entries = SortedList(itertools.chain.from_iterable(part.entries for part in parts))
+            for part in parts:
+                part.together = self
+
+    def change(self, removed: list[bytes], added: list[bytes]) -> None:
+        with self.lock:
+            for e in removed:
+                self.entries.remove(e)
+            self.entries.update(added)
+
+
+_BUILDING = threading.Lock()  # one TogetherIndex made at a time: each part feeds one
+
+
+def together(parts: list[ScoreIndex]) -> TogetherIndex:
+    """The index of these parts as one: made on first use, and again when a part is new (its
+    shard opened again or was reset), at the cost of merging every part's entries once."""
+    kept = parts[0].together
+    if kept is not None and kept.parts == tuple(parts):
+        return kept
+    with _BUILDING:
+        kept = parts[0].together
+        if kept is not None and kept.parts == tuple(parts):
+            return kept
+        return TogetherIndex(tuple(parts))

@@ -238,8 +238,8 @@ def _together_plan(players: tuple, named: list[exp.Expression], ranked: Ranking,
         return _players_plan([_rebound(node, parameters) for node in named], ranked, store, None)
 
     what = "distinct better scores" if ranked.dense else "rows that rank before them"
-    return RulePlan(ranks, f"read the players' scores and count the {what} in every partition's score index, "
-                           "all in one read on the node asked (a global store)",
+    return RulePlan(ranks, f"read the players' scores and count the {what} in the score index of every "
+                           "partition as one, in one read on the node asked (a global store)",
                     combine=combine, remaining=remaining, rebind=rebind)
 
 
@@ -376,8 +376,8 @@ def _around_together_plan(player: Any, named: exp.Expression, above: int, below:
         except (ValueError, TypeError):
             return None
 
-    return RulePlan(rows, "read the player's score and rank the rows near it in every partition's score index, "
-                          "all in one read on the node asked (a global store)",
+    return RulePlan(rows, "read the player's score and rank the rows near it in the score index of every "
+                          "partition as one, in one read on the node asked (a global store)",
                     combine=combine, remaining=remaining, rebind=rebind)
 
 

@@ -31,8 +31,8 @@ from federator.store.record import ChangelogRecord
 from federator.store.view import ShardView
 from federator.store.types import stored_value
 
-from federator_plugins.leaderboard.index import (Order, ScoreIndex, around, before, distinct_better, entry,
-                                                 key_order, nth, score_of, top)
+from federator_plugins.leaderboard.index import (Order, ScoreIndex, TogetherIndex, around, before, distinct_better,
+                                                 entry, key_order, nth, score_of, top, together)
 from federator_plugins.leaderboard.queries import (AroundQuery, PlayerRanksQuery, RankQuery, RanksAroundQuery,
                                                    TopKQuery)
 
@@ -207,39 +207,30 @@ def player_ranks(views: list[ShardView], q: PlayerRanksQuery) -> Rows:
             keys.append(kb)
             stored.append(value)
             places.append((_stored_score(defn, value), key_bytes(kb)))
-    indexes = [_index(v) for v in views]
+    index = together([_index(v) for v in views])
     if q.dense and q.tie_key is None:
-        ranks = _dense_ranks(indexes, places, q.descending)
+        ranks = _dense_ranks(index, places, q.descending)
     else:
-        ranked = _ranks(indexes, places, order)
+        ranked = _ranks(index, places, order)
         ranks = [ranked[p] for p in places]
     decode = defn.row_decoder()
     return Rows(ranked_schema(defn, RANK), [(*decode(k, v), r) for k, v, r in zip(keys, stored, ranks)])
 
 
-def _ranks(indexes: list[ScoreIndex], places: Iterable[tuple[int, bytes]],
-           order: Order) -> dict[tuple[int, bytes], int]:
-    """Each place's rank over every partition (``indexes``: all of them): 1 + the rows that
-    rank before it in each."""
-    ranks = dict.fromkeys(places, 1)
-    for index in indexes:
-        with index.lock:
-            for place in ranks:
-                ranks[place] += before(index.entries, *place, order)
-    return ranks
+def _ranks(index: TogetherIndex, places: Iterable[tuple[int, bytes]], order: Order) -> dict[tuple[int, bytes], int]:
+    """Each place's rank over every partition: 1 + the rows that rank before it."""
+    with index.lock:
+        return {place: 1 + before(index.entries, *place, order) for place in places}
 
 
-def _dense_ranks(indexes: list[ScoreIndex], places: list[tuple[int, bytes]], descending: bool) -> list[int]:
+def _dense_ranks(index: TogetherIndex, places: list[tuple[int, bytes]], descending: bool) -> list[int]:
     """1 + the distinct scores, over all partitions, better than each place's: those better
     than the worst place, gathered once."""
     if not places:
         return []
     worst = (min if descending else max)(s for s, _ in places)
-    better: set[int] = set()
-    for index in indexes:
-        with index.lock:
-            better.update(distinct_better(index.entries, worst, descending))
-    ordered = sorted(better)
+    with index.lock:
+        ordered = sorted(distinct_better(index.entries, worst, descending))
     if descending:
         return [1 + len(ordered) - bisect.bisect_right(ordered, s) for s, _ in places]
     return [1 + bisect.bisect_left(ordered, s) for s, _ in places]
@@ -264,38 +255,32 @@ def around_rows(view: ShardView, q: AroundQuery) -> pa.RecordBatch:
 
 def ranks_around(views: list[ShardView], q: RanksAroundQuery) -> Rows:
     """The rows ranked around the player over every partition (``views``: all of them), each
-    ranked exactly, from the rows near the player's place in each partition (``_near``)."""
+    ranked exactly, from the rows near the player's place (``_near``)."""
     defn = views[0].definition
     order, key_bytes = Order(q.descending, q.tie_key), key_order(defn.key_format)
     kb = defn.key.serialize(q.player)
     stored = views[partition_for(kb, defn.partitions)].get(kb)
     if stored is None:
         return _ranked_rows(views, [], [], 0, {})
-    indexes = [_index(v) for v in views]
+    index = together([_index(v) for v in views])
 
     def place(e: bytes) -> tuple[int, bytes]:  # what ranks an entry: its score, and its key where that breaks ties
         return score_of(e), e[8:] if q.tie_key else b""
 
     me = place(entry(_stored_score(defn, stored), key_bytes(kb)))
-    near: list[bytes] = []
-    home: dict[bytes, ShardView] = {}
-    for view, index in zip(views, indexes):
-        with index.lock:
-            found = _near(index.entries, me, max(q.above, 0), max(q.below, 0), order)
-        near += found
-        home.update(dict.fromkeys(found, view))
-    ranks = _ranks(indexes, [me, *map(place, near)], order)
+    with index.lock:
+        near = _near(index.entries, me, max(q.above, 0), max(q.below, 0), order)
+    home = {e: views[partition_for(key_bytes(e[8:]), defn.partitions)] for e in near}
+    ranks = _ranks(index, [me, *map(place, near)], order)
     anchor = ranks[me]
     kept = sorted((ranks[place(e)], e) for e in near if anchor - q.above <= ranks[place(e)] <= anchor + q.below)
     return _ranked_rows(views, [e for _, e in kept], [r for r, _ in kept], anchor, home)
 
 
 def _near(entries: SortedList, me: tuple[int, bytes], above: int, below: int, order: Order) -> list[bytes]:
-    """A partition's rows that can rank from ``above`` places before the place ``me`` to
-    ``below`` after it: between a row of the partition and the player lie at least the
-    partition's rows between them. Ties left tied rank a score group as one, so its window is
-    of whole score groups (``around``); rows numbered with the key, the rows at the places
-    around the player's in the partition's order."""
+    """The rows that rank from ``above`` places before the place ``me`` to ``below`` after it.
+    Ties left tied rank a score group as one, so the window is of whole score groups
+    (``around``); rows numbered with the key, the rows at the places around the player's."""
     if order.tie_key is None:
         lo, hi = around(entries, me[0], above, below, order.descending)
         return list(entries.islice(lo, hi))

@@ -1,8 +1,9 @@
 """The leaderboard's in-memory order-statistics index, on real RocksDB shards, against a plain
 sorted list of the rows written: after every batch of writes (updates, deletes, several to one
 key in a batch) each query counts and picks what a sort of every row gives, for both score
-directions and each tie order (and the row at each place, where the key breaks ties); and a shard
-opened again rebuilds the same index."""
+directions and each tie order (and the row at each place, where the key breaks ties); a shard
+opened again rebuilds the same index; and a global store's index of every partition holds what
+its partitions' indexes hold, through writes, a reset and a reopen."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from hypothesis import strategies as st
 
 from federator.catalog import StoreDefinition
 from federator.store import ChangelogRecord, Shard
-from federator_plugins.leaderboard.index import Order, key_order, nth, score_of
+from federator.partitioner import partition_for
+from federator_plugins.leaderboard.index import Order, key_order, nth, score_of, together
 from federator_plugins.leaderboard.queries import AroundQuery, RankQuery, TopKQuery
 from federator_plugins.leaderboard.store import AFTER, BEFORE, COUNT, SCORE, sortable_score
 from tests.registry import REGISTRY
@@ -23,9 +25,9 @@ from tests.registry import REGISTRY
 ORDERS = [(desc, tie) for desc in (True, False) for tie in (None, "asc", "desc")]
 
 
-def board(key_format: str) -> StoreDefinition:
+def board(key_format: str, partitions: int = 1) -> StoreDefinition:
     return StoreDefinition.from_dict({
-        "name": "lb", "type": "leaderboard", "topic": "app-lb-changelog", "partitions": 1,
+        "name": "lb", "type": "leaderboard", "topic": "app-lb-changelog", "partitions": partitions,
         "key": {"name": "player", "format": key_format}, "value": {"name": "score", "format": "long"},
     }, REGISTRY)
 
@@ -149,3 +151,38 @@ def test_key_order_sorts_signed_keys_as_numbers() -> None:
     order = key_order("long")
     assert sorted(keys, key=lambda k: order(defn.key.serialize(k))) == keys
     assert all(order(order(defn.key.serialize(k))) == defn.key.serialize(k) for k in keys)
+
+
+@settings(max_examples=25, deadline=None)
+@given(batches=writes)
+def test_a_global_stores_index_of_every_partition_holds_what_the_partitions_hold(batches) -> None:
+    defn = board("string", partitions=3)
+    with tempfile.TemporaryDirectory() as tmp:
+        shards = [Shard(Path(tmp) / f"s{p}", defn, p) for p in range(3)]
+
+        def write(batch: list, offset: int) -> None:
+            for p, shard in enumerate(shards):
+                records = [ChangelogRecord(k, None if score is None else defn.value.serialize(score), offset + n, 0)
+                           for n, (i, score) in enumerate(batch)
+                           if partition_for(k := defn.key.serialize(f"p{i}"), 3) == p]
+                shard.apply(records, offset + len(batch))
+
+        def holds_the_parts() -> list:
+            index = together([s._memory for s in shards])
+            assert list(index.entries) == sorted(e for s in shards for e in s._memory.entries)
+            return index
+
+        write(batches[0], 0)
+        first = holds_the_parts()
+        for n, batch in enumerate(batches[1:], 1):
+            write(batch, 100 * n)
+            assert holds_the_parts() is first  # fed by the parts' writes, not made again
+        shards[1].reset()
+        after_reset = holds_the_parts()
+        assert after_reset is not first
+        shards[2].close()
+        shards[2] = Shard(Path(tmp) / "s2", defn, 2)
+        write(batches[-1], 1000)
+        assert holds_the_parts() is not after_reset
+        for s in shards:
+            s.close()
