@@ -38,7 +38,7 @@ from federator.node.topic_tail import TopicTail
 from federator.partitioner import partition_for
 from federator.plugin.loader import PluginsFailed
 from federator.plugin.registry import Registry
-from federator.query.position import MergedPositions, Position, PositionBound
+from federator.query.position import Position, PositionBound
 from federator.query.queries import KeyQuery, Query, RangeQuery
 from federator.errors import FederatorError, SqlError, as_error
 from federator.owner import keyjoin
@@ -51,6 +51,7 @@ from federator.store.types import TogetherHandler
 from federator.store.metered import Meter, count
 from federator.store.shard_answers import DEFAULT_PER_SHARD, ShardAnswers
 from federator.store.scan_cache import DEFAULT_FOLLOW, DEFAULT_MB, ScanCache
+from federator.store.shard import TogetherReads
 from federator.store.stack import open_store
 from federator.settings import PLUGIN_ERRORS, NodeSettings
 from federator.tls import Tls
@@ -224,7 +225,7 @@ class Node:
         self.shard_answers = ShardAnswers(config.shard_answers)
         self.meter = Meter()
         # store -> the positions its together reads merged (a rank read again at the same states merges none)
-        self.together_positions: defaultdict[str, MergedPositions] = defaultdict(MergedPositions)
+        self.together_reads: defaultdict[str, TogetherReads] = defaultdict(TogetherReads)
         # (global store, whether copies must be active) -> (the materializer's epoch, the
         # definition, its shards here when every copy may answer, else None)
         self._serving: dict[tuple[str, bool], tuple[int, StoreDefinition, list[Any] | None]] = {}
@@ -677,7 +678,7 @@ class Node:
                 return refused + [together_refused(hs.shard.partition, refused[0]) for hs, r in copies if r is None]
             shards = [hs.shard.base for hs, _ in copies]  # each became current since: the next epoch's
         started = time.perf_counter_ns()
-        results = answer_together(shards, request.query, request.bound, handler, self.together_positions[defn.name])
+        results = answer_together(shards, request.query, request.bound, handler, self.together_reads[defn.name])
         count(self.meter.table(defn.name, partitions[0]), request.query, results[0], time.perf_counter_ns() - started)
         if request.work is not None:  # only columns to keep (_together_handler)
             results = [_project(list(request.work.columns), r) if r.ok else r for r in results]

@@ -45,6 +45,8 @@ class Position:
 
     def merge(self, other: Position) -> Position:
         """Per partition, the larger offset of the two."""
+        if not self._offsets:  # the first a statement merges into its empty start
+            return other
         return self.merge_all([other])
 
     def merge_all(self, others: Iterable[Position]) -> Position:
@@ -117,14 +119,25 @@ class MergedPositions:
     store's partitions read together) and one of them moved, the last merge is copied with
     that partition's offset, not made again from them all."""
 
-    __slots__ = ("_memo",)
+    __slots__ = ("_memo", "_given")
 
     def __init__(self) -> None:
         # (the positions, their merge, whether each names one partition no other names); one
         # tuple, swapped whole: threads see parts that belong together
         self._memo: tuple[tuple[Position, ...], Position, bool] = ((), Position(), False)
+        self._given: tuple[list[Position] | None, Position] = (None, Position())  # the very list last given
 
     def of(self, positions: list[Position]) -> Position:
+        """The merge of ``positions``; given the same list again (a caller that keeps its
+        reads' lists, which nobody changes), the same merge at once."""
+        given, merged = self._given
+        if given is positions:
+            return merged
+        merged = self._merged(positions)
+        self._given = (positions, merged)
+        return merged
+
+    def _merged(self, positions: list[Position]) -> Position:
         last, merged, apart = self._memo
         if len(last) == len(positions):
             moved = [(was, now) for was, now in zip(last, positions) if was is not now]

@@ -17,12 +17,12 @@ import pyarrow as pa
 from rocksdict import Options, Rdict, WriteBatch
 
 from federator.catalog.definition import StoreDefinition
-from federator.query.position import Position, PositionBound
+from federator.query.position import MergedPositions, Position, PositionBound
 from federator.query.queries import Query
 from federator.store.record import ChangelogRecord
 from federator.store.layer import UNBOUNDED, LocalKeyQuery, ShardClosed, StoredEntry, StoreLayer, UnsupportedQuery, answer
 from federator.store.types import StoreType
-from federator.store.view import ShardView
+from federator.store.view import ShardView, any_scanned
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ _POSITION = b"position"
 _DEFINITION = b"definition"
 _SOURCE = b"source"  # the broker's id of the changelog topic the data came from
 
-__all__ = ["Shard", "ShardView", "ShardClosed", "UnsupportedQuery", "read_together"]
+__all__ = ["Shard", "ShardView", "ShardClosed", "TogetherReads", "UnsupportedQuery", "read_together"]
 
 
 def _options() -> Options:
@@ -308,19 +308,49 @@ class Shard(StoreLayer):
         return answer(self, query, bound, collect_execution_info, lambda: self.query(query))
 
 
-def read_together(shards: Sequence[Shard], read: Callable[[list[ShardView]], T], tries: int = 3) -> tuple[T, list[Position]]:
+class TogetherReads:
+    """What a node keeps of its last read of one global store's shards together: the views and
+    Positions read at the shards' write sequences, given again to a read of the same shards at
+    the same ones while no scan has used a view (a rank asked between two writes makes none),
+    and the merge of those Positions (``merged``)."""
+
+    __slots__ = ("merged", "_last")
+
+    def __init__(self) -> None:
+        self.merged = MergedPositions()
+        # (the shards, their write sequences, the views and Positions read at them); one tuple,
+        # swapped whole: threads see parts that belong together
+        self._last: tuple[Sequence[Shard] | None, list[int], list[ShardView], list[Position]] = (None, [], [], [])
+
+    def at(self, shards: Sequence[Shard], seqs: list[int]) -> tuple[list[ShardView], list[Position]] | None:
+        last, seen, views, positions = self._last
+        if last is shards and seen == seqs and not any_scanned(views):
+            return views, positions
+        return None
+
+    def keep(self, shards: Sequence[Shard], seqs: list[int], views: list[ShardView], positions: list[Position]) -> None:
+        self._last = (shards, seqs, views, positions)
+
+
+def read_together(shards: Sequence[Shard], read: Callable[[list[ShardView]], T], tries: int = 3,
+                  kept: TogetherReads | None = None) -> tuple[T, list[Position]]:
     """``read`` over the views of several shards, each read in one state, and the Positions
     those states were: ``Shard.consistent`` for many. After ``tries`` races with writes it reads
-    holding every shard's writers off (taken in the order given, as each writer holds one)."""
+    holding every shard's writers off (taken in the order given, as each writer holds one).
+    ``kept``: the views of the last read of these shards, for a read at the same states."""
     for _ in range(tries):
         seqs = [s._seq for s in shards]
-        if any(q & 1 for q in seqs):
-            time.sleep(0)  # a write is in flight; let it finish
-            continue
-        positions = [s._position for s in shards]
-        value = read([s._view_to_read() for s in shards])
+        at = None if kept is None else kept.at(shards, seqs)
+        if at is None:
+            if any(q & 1 for q in seqs):
+                time.sleep(0)  # a write is in flight; let it finish
+                continue
+            at = [s._view_to_read() for s in shards], [s._position for s in shards]
+        value = read(at[0])
         if [s._seq for s in shards] == seqs:
-            return value, positions
+            if kept is not None:
+                kept.keep(shards, seqs, *at)
+            return value, at[1]
     with contextlib.ExitStack() as held:
         for s in shards:
             held.enter_context(s._lock)

@@ -7,24 +7,25 @@ from __future__ import annotations
 
 import functools
 
-from federator.query.position import MergedPositions, Position, PositionBound
+from federator.query.position import Position, PositionBound
 from federator.query.queries import Query
 from federator.query.result import QueryResult
 from federator.store.layer import answer, unmet_bound
-from federator.store.shard import Shard, read_together
+from federator.store.shard import Shard, TogetherReads, read_together
 from federator.store.types import TogetherFollower, TogetherHandler
 
 
 def answer_together(shards: list[Shard], query: Query, bound: PositionBound, handler: TogetherHandler,
-                    merged: MergedPositions) -> list[QueryResult]:
+                    kept: TogetherReads) -> list[QueryResult]:
     """One result a partition: the first carries the answer and the Position it read of every
-    partition (``merged`` merges them once for the same states), the others neither."""
+    partition (``kept`` holds the last read's views and merges the Positions once for the same
+    states), the others neither."""
     read_at: list[Position] = []
 
     def read():
-        batch, positions = read_together(shards, lambda views: handler(views, query))
+        batch, positions = read_together(shards, lambda views: handler(views, query), kept=kept)
         read_at.extend(positions)
-        return batch, merged.of(positions)
+        return batch, kept.merged.of(positions)
 
     first = answer(shards[0], query, bound, False, read)
     if not first.ok:

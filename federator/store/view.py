@@ -5,7 +5,8 @@ which imports them."""
 from __future__ import annotations
 
 import itertools
-from typing import Any, Callable, Iterator, TypeVar
+import operator
+from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 import pyarrow as pa
 from rocksdict import Rdict, ReadOptions
@@ -95,3 +96,11 @@ class ShardView:
             if start is not None:
                 items = itertools.takewhile(lambda kv: kv[0] >= start, items)
         return iter(items)
+
+
+_bounds_of = operator.attrgetter("_bounds")
+
+
+def any_scanned(views: Iterable[ShardView]) -> bool:
+    """Whether a scan has used any of ``views``: ``scanned`` for many, with no Python call a view."""
+    return any(map(_bounds_of, views))

@@ -15,12 +15,12 @@ import pytest
 
 from federator.catalog import StoreDefinition
 from federator.partitioner import partition_for
-from federator.query.position import MergedPositions
 from federator.query.rows import Rows, as_batch
 from federator.sql.parse import parse
 from federator.sql.planner import bind_parameters, literal, plan_query
 from federator.store import ChangelogRecord, Shard
 from federator.store.layer import UNBOUNDED
+from federator.store.shard import TogetherReads
 from federator.store.together import answer_together
 from federator_plugins.leaderboard.rules import RankRule, TopKRule
 from tests.registry import REGISTRY
@@ -59,7 +59,7 @@ class Fetch:
         for sq in subqueries:
             together = self.shards[0].store_type.together_handlers.get(type(sq.query))
             if together is not None and self.shards[0].definition.is_global:  # as the node asked answers it
-                results = answer_together(self.shards, sq.query, UNBOUNDED, self.racing(together), MergedPositions())
+                results = answer_together(self.shards, sq.query, UNBOUNDED, self.racing(together), TogetherReads())
                 assert all(r.ok for r in results), results
                 out.extend(r.batch for r in results if r.batch is not None)  # as the dispatcher takes them
                 continue

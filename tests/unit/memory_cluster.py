@@ -25,7 +25,7 @@ from federator.node.materializer import ACTIVE
 from federator.node.node import Node, NodeConfig
 from federator.owner.duck import Duck
 from federator.partitioner import partition_for
-from federator.query.position import MergedPositions, Position, PositionBound
+from federator.query.position import Position, PositionBound
 from federator.query.queries import Query
 from federator.query.request import StateQueryRequest
 from federator.query.result import QueryResult
@@ -33,6 +33,7 @@ from federator.store.metered import Meter
 from federator.sql.engine import SqlEngine
 from federator.store.layer import UNBOUNDED, LocalKeyQuery, StoredEntry, StoreLayer, UnsupportedQuery, answer
 from federator.store.record import ChangelogRecord
+from federator.store.shard import TogetherReads
 from federator.store.types import stored_value
 from tests.registry import REGISTRY
 
@@ -135,7 +136,7 @@ class MemoryNode(Node):
         self.duck = duck
         self.scan_cache = None
         self.materializer = Materializer(shards)
-        self.meter, self.together_positions, self._serving = Meter(), defaultdict(MergedPositions), {}
+        self.meter, self.together_reads, self._serving = Meter(), defaultdict(TogetherReads), {}
         self.requests: list[StateQueryRequest] = []
         self.rows_sent: list[int] = []
         self.point_reads: list[tuple[str, int]] = []

@@ -912,3 +912,29 @@ def test_shards_read_together_are_read_again_when_a_write_lands_during_the_read(
     reads.clear()
     counts, positions = read_together(shards, always_racing, tries=3)
     assert len(reads) == 4 and counts == [4, 2] and positions == [s.position for s in shards]
+
+
+def test_shards_read_together_again_at_the_same_states_share_the_last_reads_views(open_shard, rec) -> None:
+    from federator.store.shard import TogetherReads, read_together
+
+    defn = definition()
+    shards = [open_shard(defn, f"s{p}", p) for p in range(2)]
+    shards[0].apply([rec(b"a", b"one")])
+    kept = TogetherReads()
+    seen: list[list] = []
+
+    def look(views) -> int:
+        seen.append(views)
+        return len(views)
+
+    read_together(shards, look, kept=kept)
+    _, positions = read_together(shards, look, kept=kept)
+    assert seen[1] is seen[0] and positions == [s.position for s in shards]  # nothing written between them
+    shards[1].apply([rec(b"b", b"two")])
+    _, positions = read_together(shards, look, kept=kept)
+    assert seen[2] is not seen[1] and positions == [s.position for s in shards]
+    read_together(shards, lambda views: [sum(1 for _ in v.scan(stop=b"z")) for v in views], kept=kept)
+    read_together(shards, look, kept=kept)
+    assert seen[3] is not seen[2]  # a view a bounded scan used keeps its bounds: not shared again
+    read_together(shards[:1], look, kept=kept)
+    assert len(seen[4]) == 1  # other shards: their own views
