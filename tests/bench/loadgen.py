@@ -121,6 +121,13 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _CLK_TCK
 
 
+def stolen_seconds() -> float:
+    """CPU time the hypervisor gave to other guests while this machine's CPUs wanted it
+    (/proc/stat's steal, all CPUs), so far: what a row measured on a shared host lacked."""
+    with open("/proc/stat") as f:
+        return int(f.readline().split()[8]) / _CLK_TCK
+
+
 @dataclass
 class LoadResult:
     label: str
@@ -132,6 +139,11 @@ class LoadResult:
     first_error: str | None = None
     server_cpu_s: float = 0.0
     client_cpu_s: float = 0.0
+    stolen_s: float = 0.0  # the host's steal meanwhile (stolen_seconds)
+
+    @property
+    def stolen_cores(self) -> float:
+        return self.stolen_s / self.seconds
 
     @property
     def ok(self) -> int:

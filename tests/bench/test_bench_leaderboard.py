@@ -64,7 +64,7 @@ from federator.settings import NodeSettings
 from tests.bench.conftest import SERVER, Report, progress
 from tests.bench.leaderboard_games import GAME_POINTS, KafkaGames, Paced, RedisGames, Scores, produce_totals
 from tests.bench.leaderboard_replay import Replay, check_all, rank_wrong, top_wrong, zrevrank_wrong
-from tests.bench.loadgen import Conn, LoadResult, cpu_seconds, http_request, run_load
+from tests.bench.loadgen import Conn, LoadResult, cpu_seconds, http_request, run_load, stolen_seconds
 from tests.bench.test_bench_global_store import SETTLE_SECONDS
 from tests.bench.test_bench_join import status_kb
 from tests.bench.wrk import WrkResult, loop_requests, read_answers, run_wrk, wrk_binary
@@ -305,12 +305,12 @@ def redis_load(label: str, clients: int, port: int, pid: int, call: Callable[[An
     window[:] = [now + WARMUP, now + WARMUP + SECONDS]
     barrier.wait()
     time.sleep(max(0.0, window[0] - time.perf_counter()))
-    cpu0, c0 = cpu_seconds(pid), time.process_time()
+    cpu0, c0, stolen0 = cpu_seconds(pid), time.process_time(), stolen_seconds()
     time.sleep(max(0.0, window[1] - time.perf_counter()))
-    cpu1, c1 = cpu_seconds(pid), time.process_time()
+    cpu1, c1, stolen1 = cpu_seconds(pid), time.process_time(), stolen_seconds()
     for t in threads:
         t.join(60)
-    out = LoadResult(label, clients, SECONDS, server_cpu_s=cpu1 - cpu0, client_cpu_s=c1 - c0)
+    out = LoadResult(label, clients, SECONDS, server_cpu_s=cpu1 - cpu0, client_cpu_s=c1 - c0, stolen_s=stolen1 - stolen0)
     for lat, errors, first in per:
         out.latencies.extend(lat)
         out.errors += errors
@@ -614,7 +614,7 @@ class GamesRow:
         failed = f"{self.non_2xx}" + (f" (+{unanswered} unanswered)" if unanswered else "")
         return (f"| Federator, {self.scope} | {self.writes} | {self.query} | {w.rate:,.0f} | {w.p50_ms:.2f} | "
                 f"{w.p99_ms:.2f} | {failed} | {self.checked:,} | {self.positions:,} | {len(self.wrong)} | "
-                f"{w.server_us_per_req:,.0f} |"
+                f"{w.server_us_per_req:,.0f} | {w.stolen_cores:.2f} |"
                 + said)
 
 
@@ -880,7 +880,7 @@ def redis_games_rows(port: int, pid: int, players: int) -> tuple[list[str], list
             seqs = len({position[0] for position, _ in answers[query]})
             lines.append(f"| Redis sorted set, MULTI | {rate:,} | {query} | {r.rate:,.0f} | {r.p50_ms:.2f} | "
                          f"{r.p99_ms:.2f} | {r.errors} | {len(answers[query]):,} | {seqs:,} | {len(wrong)} | "
-                         f"{r.server_us_per_req:,.0f} |" + (f" ({wrong[0]})" if wrong else ""))
+                         f"{r.server_us_per_req:,.0f} | {r.stolen_cores:.2f} |" + (f" ({wrong[0]})" if wrong else ""))
         lines += native
     client.close()
     return lines, wrong_answers
@@ -891,7 +891,7 @@ def redis_benchmark_row(port: int, pid: int, rate: int, command: list[str]) -> s
     rps, p50, p99, cpu = redis_benchmark(port, pid, command)
     what = "ZREVRANGE 0 9 WITHSCORES" if command[0] == "ZREVRANGE" else "ZREVRANK"
     return (f"| Redis sorted set, redis-benchmark (C client, answers not checked) | {rate:,} | {what} | "
-            f"{rps:,.0f} | {p50:.2f} | {p99:.2f} | 0 | | | | {cpu:,.0f} |")
+            f"{rps:,.0f} | {p50:.2f} | {p99:.2f} | 0 | | | | {cpu:,.0f} | |")
 
 
 def report_games(report: Report, runs: list[ScopeRun], redis_lines: list[str], load_before: float,
@@ -924,11 +924,14 @@ def report_games(report: Report, runs: list[ScopeRun], redis_lines: list[str], l
         "rank must fall among the tied). Under the same writes, redis-benchmark (Debian's, a C client, "
         f"{CLIENTS} connections, {REDIS_BENCHMARK_REQUESTS:,} commands, answers not checked) asks ZREVRANGE 0 9 "
         "WITHSCORES and ZREVRANK of one player: what redis-server answers when its client is not Python. "
-        "Server CPU: all three nodes (applying the writes included), or redis-server.",
+        "Server CPU: all three nodes (applying the writes included), or redis-server. The host's steal: CPU "
+        "the machine's hypervisor gave to other guests while the row ran (/proc/stat's steal), in cores of "
+        f"the machine's {os.cpu_count()}: the row had that much less machine than the others.",
         "",
         f"| what | new scores/s | query | q/s (target >= {T_GAMES_RATE:,}) | p50 ms | p99 ms (target <= "
-        f"{T_GAMES_P99_MS:g}) | non-2xx (target 0) | answers checked | at positions | wrong | server CPU us/req |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"{T_GAMES_P99_MS:g}) | non-2xx (target 0) | answers checked | at positions | wrong | server CPU us/req | "
+        "host's steal, cores |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         *(row.line() for row in rows),
         *redis_lines,
         "",

@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 import urllib3
 
-from tests.bench.loadgen import cpu_seconds
+from tests.bench.loadgen import cpu_seconds, stolen_seconds
 
 LUA = Path(__file__).with_name("wrk_point.lua")
 
@@ -42,6 +42,11 @@ class WrkResult:
     p99_ms: float
     max_ms: float
     server_cpu_s: float
+    stolen_s: float = 0.0  # the host's steal meanwhile (stolen_seconds)
+
+    @property
+    def stolen_cores(self) -> float:
+        return self.stolen_s / self.seconds
 
     @property
     def rate(self) -> float:
@@ -68,15 +73,15 @@ def run_wrk(label: str, url: str, mode: str, keys_file: Path, clients: int, seco
            "--", mode, str(keys_file)]
     env = {**os.environ, **({"WRK_ANSWERS": str(answers)} if answers is not None else {}),
            **({"WRK_HOSTS": ",".join(spread)} if spread else {})}
-    cpu0 = sum(cpu_seconds(p) for p in server_pids)
+    cpu0, stolen0 = sum(cpu_seconds(p) for p in server_pids), stolen_seconds()
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60, env=env)
-    cpu1 = sum(cpu_seconds(p) for p in server_pids)
+    cpu1, stolen1 = sum(cpu_seconds(p) for p in server_pids), stolen_seconds()
     line = next((x for x in out.stdout.splitlines() if x.startswith("WRK_JSON ")), None)
     if out.returncode != 0 or line is None:
         raise RuntimeError(f"wrk failed ({out.returncode}): {' '.join(cmd)}\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
     d = json.loads(line.split(" ", 1)[1])
     return WrkResult(label, clients, d["requests"], d["seconds"], d["errors"], d["p50_us"] / 1000,
-                     d["p99_us"] / 1000, d["max_us"] / 1000, cpu1 - cpu0)
+                     d["p99_us"] / 1000, d["max_us"] / 1000, cpu1 - cpu0, stolen1 - stolen0)
 
 
 def read_answers(answers: Path) -> list[tuple[int, bytes]]:
