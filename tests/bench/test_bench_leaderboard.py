@@ -780,7 +780,7 @@ def node_rss_mb(pids: list[int]) -> list[float]:
 class ScopeRun:
     scope: str
     players: int
-    memory_mb: list[float]  # each node's RSS less an idle node's, once the store is restored
+    memory_mb: list[float]  # each node's RSS less an idle node's, once the store is restored and a rank asked
     rows: list[GamesRow]
     quiet_cores: dict[Writes, dict[str, float]]  # the nodes' and the broker's cores with no reads
     ryw: list[ReadYourWrites]
@@ -808,6 +808,8 @@ def measure_scope(broker, board: Board, scope: str, root, idle_mb: float, ryw_wr
         want = board.replay.last()
         for node in nodes:  # every node answers with every score produced so far
             wait_for(lambda: board.position(node.sql(TOP10)[1]) == want, 120, f"{node.node_id} to show the scores")
+            # and has ranked a player: what a global leaderboard keeps to rank (its index of every partition) counts
+            assert node.sql(RANK, parameters=[board.replay.players[0]])[0] == 200
         pids = [n.proc.pid for n in nodes]  # type: ignore[union-attr]
         memory = [mb - idle_mb for mb in node_rss_mb(pids)]
         warm_up(board)
@@ -945,7 +947,8 @@ def report_games(report: Report, runs: list[ScopeRun], redis_lines: list[str], l
         "|---|---:|---:|---:|---:|---:|---:|---:|",
         *(ryw.line() for run in runs for ryw in run.ryw),
         "",
-        *(f"- Memory, leaderboard {run.scope}: each node's RSS less an idle node's once it is restored: "
+        *(f"- Memory, leaderboard {run.scope}: each node's RSS less an idle node's once it is restored and has "
+          "ranked a player: "
           f"{', '.join(f'{mb:,.0f}' for mb in run.memory_mb)} MB ("
           f"{sum(run.memory_mb) / len(run.memory_mb) * 2**20 / run.players:,.0f} bytes a player on average)"
           for run in runs),
