@@ -965,7 +965,8 @@ def report_games(report: Report, runs: list[ScopeRun], redis_lines: list[str], l
                 w = row.wrk
                 report.target(f"{row.query}, leaderboard {row.scope}, {players:,} players, {row.writes} new scores/s: "
                               f">= {T_GAMES_RATE:,} q/s, p99 <= {T_GAMES_P99_MS:g} ms, 0 non-2xx at {CLIENTS} clients",
-                              f"wrk: {w.rate:,.0f} q/s, p99 {w.p99_ms:.1f} ms, {row.non_2xx} non-2xx",
+                              f"wrk: {w.rate:,.0f} q/s, p99 {w.p99_ms:.1f} ms, {row.non_2xx} non-2xx"
+                              + (f"; the host took {w.stolen_cores:.2f} cores meanwhile" if w.stolen_cores >= 0.05 else ""),
                               w.rate >= T_GAMES_RATE and w.p99_ms <= T_GAMES_P99_MS and not row.non_2xx)
         for ryw in run.ryw:
             report.target(f"read-your-writes, leaderboard {run.scope}, {players:,} players, {ryw.writes} new scores/s "
