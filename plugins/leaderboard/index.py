@@ -148,7 +148,8 @@ class ScoreIndex:
 
     It also remembers, for its last LOGGED_BATCHES batches, the lowest and highest entry each
     removed or added: so a top-k kept from an earlier offset is known to be the top-k now when
-    no write since reached it (``touched_since``)."""
+    no write since reached it (``touched_since``). A global store's shard's index passes each
+    change on to the index of every partition it is part of (``together``)."""
 
     def __init__(self, entries: Iterable[bytes] = (), offset: int | None = None) -> None:
         self.entries = SortedList(entries)
