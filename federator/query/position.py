@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import operator
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Mapping
 
@@ -119,30 +120,19 @@ class MergedPositions:
     store's partitions read together) and one of them moved, the last merge is copied with
     that partition's offset, not made again from them all."""
 
-    __slots__ = ("_memo", "_given")
+    __slots__ = ("_memo",)
 
     def __init__(self) -> None:
         # (the positions, their merge, whether each names one partition no other names); one
         # tuple, swapped whole: threads see parts that belong together
         self._memo: tuple[tuple[Position, ...], Position, bool] = ((), Position(), False)
-        self._given: tuple[list[Position] | None, Position] = (None, Position())  # the very list last given
 
     def of(self, positions: list[Position]) -> Position:
-        """The merge of ``positions``; given the same list again (a caller that keeps its
-        reads' lists, which nobody changes), the same merge at once."""
-        given, merged = self._given
-        if given is positions:
-            return merged
-        merged = self._merged(positions)
-        self._given = (positions, merged)
-        return merged
-
-    def _merged(self, positions: list[Position]) -> Position:
         last, merged, apart = self._memo
         if len(last) == len(positions):
-            moved = [(was, now) for was, now in zip(last, positions) if was is not now]
-            if not moved:
+            if all(map(operator.is_, last, positions)):  # compared in C: most reads find nothing moved
                 return merged
+            moved = [(was, now) for was, now in zip(last, positions) if was is not now]
             if apart and len(moved) == 1:
                 was, now = _only_entry(moved[0][0]), _only_entry(moved[0][1])
                 if was is not None and now is not None and was[:2] == now[:2]:  # the same partition, moved

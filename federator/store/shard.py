@@ -341,14 +341,15 @@ def read_together(shards: Sequence[Shard], read: Callable[[list[ShardView]], T],
     for _ in range(tries):
         seqs = [s._seq for s in shards]
         at = None if kept is None else kept.at(shards, seqs)
-        if at is None:
+        fresh = at is None
+        if fresh:
             if any(q & 1 for q in seqs):
                 time.sleep(0)  # a write is in flight; let it finish
                 continue
             at = [s._view_to_read() for s in shards], [s._position for s in shards]
         value = read(at[0])
         if [s._seq for s in shards] == seqs:
-            if kept is not None:
+            if fresh and kept is not None:
                 kept.keep(shards, seqs, *at)
             return value, at[1]
     with contextlib.ExitStack() as held:

@@ -168,9 +168,7 @@ class ScoreIndex:
 
         def run() -> None:
             with self.lock:
-                for e in removed:
-                    self.entries.remove(e)
-                self.entries.update(added)
+                _change(self.entries, removed, added)
                 if self.together is not None:
                     self.together.change(removed, added)
                 if touched:
@@ -214,9 +212,13 @@ class TogetherIndex:
 
     def change(self, removed: list[bytes], added: list[bytes]) -> None:
         with self.lock:
-            for e in removed:
-                self.entries.remove(e)
-            self.entries.update(added)
+            _change(self.entries, removed, added)
+
+
+def _change(entries: SortedList, removed: list[bytes], added: list[bytes]) -> None:
+    for e in removed:
+        entries.remove(e)
+    entries.update(added)
 
 
 _BUILDING = threading.Lock()  # one TogetherIndex made at a time: each part feeds one
