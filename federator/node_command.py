@@ -106,7 +106,7 @@ def run_node(resolved: Resolved) -> int:
 
 def _check_ranges(st: NodeSettings) -> None:
     for name in ("standby_replicas", "scan_cache_mb", "scan_cache_follow", "shard_answers", "reuse_answers_seconds",
-                 "statement_answers", "partition_answers_mb"):
+                 "statement_answers", "partition_answers_mb", "apply_linger_ms"):
         if getattr(st, name) < 0:
             raise ValueError(f"{BY_NAME[name].flag} must be 0 or more")
     if not 0 <= st.fetch_wait_ms <= MAX_FETCH_WAIT_MS:
@@ -142,6 +142,7 @@ def _node_config(st: NodeSettings, listen: str, cluster_secret: str | None, limi
         key_port=st.key_port,
         group_timings=GroupTimings(st.session_timeout_ms, st.heartbeat_interval_ms),
         fetch_wait_ms=st.fetch_wait_ms,
+        apply_linger_ms=st.apply_linger_ms,
         tls=tls,
     )
 

@@ -64,14 +64,15 @@ class Materializer:
     def __init__(self, bootstrap_servers: str, state_dir: Path, *, fetch_wait_ms: int,
                  on_change: Callable[[], None] = lambda: None,
                  open_store: Callable[[Path, StoreDefinition, int], StoreLayer] = Shard,
-                 batch_size: int = 5000) -> None:
+                 batch_size: int = 5000, apply_linger_ms: int = 0) -> None:
         """``open_store(path, definition, partition)``: a store's stack of layers (the node's has
         its scan cache and metering; the default is the bare shard). ``batch_size``: the most
         records fetched at once (the records of one partition in it are applied in one write).
-        ``fetch_wait_ms``: the node's --fetch-wait-ms."""
+        ``fetch_wait_ms`` and ``apply_linger_ms``: the node's --fetch-wait-ms and --apply-linger-ms."""
         self.bootstrap_servers = bootstrap_servers
         self.batch_size = batch_size
         self.fetch_wait_ms = fetch_wait_ms
+        self.apply_linger_s = apply_linger_ms / 1000
         self.open_store = open_store
         self.state_dir = state_dir
         self.on_change = on_change
@@ -86,6 +87,10 @@ class Materializer:
         # copy current or not): a watcher waits on it (wait_moved) rather than polling.
         self._moved = threading.Condition()
         self._moves = 0
+        # Records fetched soon after others were applied gather for the linger (_linger), unless
+        # someone waits for the shards to move: set by a wait_moved that waits, until the next move.
+        self._waited_for = threading.Event()
+        self._applied_at = float("-inf")  # when the last fetch that did not fill a batch was applied
         # Counts the changes other than records applied: a copy opened, closed, reset, rebuilt,
         # current or not, its role. An offset names a shard's state only within one epoch.
         self.epoch = 0
@@ -122,6 +127,7 @@ class Materializer:
         ``timeout`` seconds; -1 to read it without waiting."""
         with self._moved:
             if seen >= 0 and self._moves == seen:
+                self._waited_for.set()
                 self._moved.wait(timeout)
             return self._moves
 
@@ -133,6 +139,7 @@ class Materializer:
     def _moves_on(self) -> None:
         with self._moved:
             self._moves += 1
+            self._waited_for.clear()  # each waiter wakes to this move, and waits again if it wants more
             self._moved.notify_all()
 
     # ---- the materializer thread -----------------------------------------------------------
@@ -179,8 +186,18 @@ class Materializer:
         if not self._hosted:
             self._stop.wait(0.1)
             return next_check
+        self._linger()
         self._consume(consumer)
         return next_check
+
+    def _linger(self) -> None:
+        """Let records fetched soon after the last were applied gather until the linger since
+        then has passed: a stream of small fetches then costs a write a partition per linger,
+        not per fetch. Cut short the moment anyone waits for the shards to move (a consistency
+        token, another node's positions watch)."""
+        left = self._applied_at + self.apply_linger_s - time.monotonic()
+        if left > 0:
+            self._waited_for.wait(left)
 
     def _reconcile(self, desired: Desired, admin) -> bool:
         changed = False
@@ -310,6 +327,8 @@ class Materializer:
             if not hs.restored:
                 hs.restored = hs.caught_up = True
                 changed = True
+        if moved:  # a full batch leaves more to read at once (restoring, catching up): no linger after it
+            self._applied_at = time.monotonic() if len(messages) < self.batch_size else float("-inf")
         if out_of_range:
             # after the other partitions' records are applied: the assignment starts each of
             # them past what it holds, not where this batch was fetched from

@@ -114,6 +114,7 @@ class NodeConfig:
     key_port: int | None = 0
     group_timings: GroupTimings = GroupTimings()  # session timeout and heartbeat in the group
     fetch_wait_ms: int = NodeSettings.fetch_wait_ms  # how long the broker may hold a changelog fetch
+    apply_linger_ms: int = NodeSettings.apply_linger_ms  # how long fetched records may gather before they are applied
 
 
 def _node_id(state_dir: Path) -> str:
@@ -235,7 +236,7 @@ class Node:
         self.metrics.watch(self)
         self.materializer = Materializer(
             bootstrap, self.state_dir, on_change=self._wake.set, fetch_wait_ms=config.fetch_wait_ms,
-            open_store=functools.partial(open_store, cache=self.scan_cache, meter=self.meter,
+            apply_linger_ms=config.apply_linger_ms, open_store=functools.partial(open_store, cache=self.scan_cache, meter=self.meter,
                                          kept=self.shard_answers if config.shard_answers > 0 else None))
         # Both topics are created again if they vanish (a broker restarted empty).
         self.catalog_tail = TopicTail(bootstrap, catalog_topic(app), self._on_catalog, self._on_catalog_reset,

@@ -64,20 +64,11 @@ def test_a_long_fetch_wait_costs_a_new_record_nothing_on_apache_kafka(apache_kaf
     import statistics
     import time
 
-    from federator import kafka
     from tests.integration.cluster import write_with_token
 
     wait_ms = 5000
-    defn = register(apache_kafka, app_id, {"name": "fresh", "type": "kv", "partitions": 2,
-                                           "key": {"format": "string"}, "value": {"format": "long"}})
-    node = NodeProcess(apache_kafka.bootstrap_servers, app_id, "n0", tmp_path / "n0", standby_replicas=0)
-    node.extra_args = ["--fetch-wait-ms", str(wait_ms)]
-    node.start()
-    producer = kafka.producer(apache_kafka.bootstrap_servers, **{"linger.ms": 0})
+    defn, node, producer = _node_read_back(apache_kafka, app_id, tmp_path, "fresh", 2, "--fetch-wait-ms", wait_ms)
     try:
-        token = write_with_token(apache_kafka.bootstrap_servers, defn, {"k": -1}, producer)
-        wait_for(lambda: node.sql("SELECT value FROM fresh WHERE key = 'k'", consistency_token=token.to_token(),
-                                  timeout_ms=30_000)[0] == 200, 60, "the first write read back")
         took = []
         for i in range(10):
             time.sleep(0.3)  # the node's fetches are held again, with nothing new
@@ -90,3 +81,53 @@ def test_a_long_fetch_wait_costs_a_new_record_nothing_on_apache_kafka(apache_kaf
         assert statistics.median(took) < wait_ms / 1000 / 4, took
     finally:
         node.stop()
+
+
+def test_a_read_with_a_token_does_not_wait_out_the_apply_linger(apache_kafka, app_id, tmp_path) -> None:
+    """A write fetched soon after the node last applied records gathers for --apply-linger-ms:
+    a read without a token does not see it yet, while a read with its token has it applied at
+    once. Were the token's read to wait out the linger, it would take seconds."""
+    import time
+
+    from tests.integration.cluster import write_with_token
+
+    linger_ms = 4000
+    defn, node, producer = _node_read_back(apache_kafka, app_id, tmp_path, "gather", 1, "--apply-linger-ms", linger_ms)
+    sql = "SELECT value FROM gather WHERE key = 'k'"
+    try:
+        for i in range(3):
+            applied = time.monotonic()  # at most: the last write was read back with its token
+            token = write_with_token(apache_kafka.bootstrap_servers, defn, {"k": i}, producer)
+            time.sleep(0.3)  # fetched by now, and gathering
+            status, body = node.sql(sql)
+            if time.monotonic() - applied < linger_ms / 1000 / 2:
+                assert (status, body.get("rows")) == (200, [[i - 1]]), body
+            started = time.monotonic()
+            status, body = node.sql(sql, consistency_token=token.to_token(), timeout_ms=30_000)
+            assert (status, body.get("rows")) == (200, [[i]]), body
+            assert time.monotonic() - started < linger_ms / 1000 / 4
+    finally:
+        node.stop()
+
+
+def _node_read_back(apache_kafka, app_id, tmp_path, store: str, partitions: int, flag: str, value: int):
+    """A node started with ``flag value`` over a new kv store (string -> long), its key 'k'
+    written with -1 and read back with the write's token; (the store, the node, a producer
+    that sends each write at once)."""
+    from federator import kafka
+    from tests.integration.cluster import write_with_token
+
+    defn = register(apache_kafka, app_id, {"name": store, "type": "kv", "partitions": partitions,
+                                           "key": {"format": "string"}, "value": {"format": "long"}})
+    node = NodeProcess(apache_kafka.bootstrap_servers, app_id, "n0", tmp_path / "n0", standby_replicas=0)
+    node.extra_args = [flag, str(value)]
+    node.start()
+    producer = kafka.producer(apache_kafka.bootstrap_servers, **{"linger.ms": 0})
+    try:
+        token = write_with_token(apache_kafka.bootstrap_servers, defn, {"k": -1}, producer)
+        wait_for(lambda: node.sql(f"SELECT value FROM {store} WHERE key = 'k'", consistency_token=token.to_token(),
+                                  timeout_ms=30_000)[0] == 200, 60, "the first write read back")
+    except BaseException:
+        node.stop()
+        raise
+    return defn, node, producer
