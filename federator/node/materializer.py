@@ -20,6 +20,7 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 from federator import kafka
 from federator.catalog.definition import StoreDefinition
 from federator.node.changelog import to_records
+from federator.settings import NodeSettings
 from federator.store.layer import StoreLayer
 from federator.store.shard import Shard
 
@@ -64,7 +65,7 @@ class Materializer:
     def __init__(self, bootstrap_servers: str, state_dir: Path, *, fetch_wait_ms: int,
                  on_change: Callable[[], None] = lambda: None,
                  open_store: Callable[[Path, StoreDefinition, int], StoreLayer] = Shard,
-                 batch_size: int = 5000, apply_linger_ms: int = 0) -> None:
+                 batch_size: int = 5000, apply_linger_ms: int = NodeSettings.apply_linger_ms) -> None:
         """``open_store(path, definition, partition)``: a store's stack of layers (the node's has
         its scan cache and metering; the default is the bare shard). ``batch_size``: the most
         records fetched at once (the records of one partition in it are applied in one write).
@@ -104,6 +105,7 @@ class Materializer:
 
     def stop(self) -> None:
         self._stop.set()
+        self._waited_for.set()  # out of a linger at once
         self._thread.join(15)
         with self._lock:
             for hs in self._hosted.values():

@@ -236,7 +236,8 @@ class Node:
         self.metrics.watch(self)
         self.materializer = Materializer(
             bootstrap, self.state_dir, on_change=self._wake.set, fetch_wait_ms=config.fetch_wait_ms,
-            apply_linger_ms=config.apply_linger_ms, open_store=functools.partial(open_store, cache=self.scan_cache, meter=self.meter,
+            apply_linger_ms=config.apply_linger_ms,
+            open_store=functools.partial(open_store, cache=self.scan_cache, meter=self.meter,
                                          kept=self.shard_answers if config.shard_answers > 0 else None))
         # Both topics are created again if they vanish (a broker restarted empty).
         self.catalog_tail = TopicTail(bootstrap, catalog_topic(app), self._on_catalog, self._on_catalog_reset,

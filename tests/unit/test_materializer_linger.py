@@ -53,10 +53,3 @@ def test_no_linger_after_a_full_batch(tmp_path) -> None:
     assert stepped(m, consumer) < 5
     assert shard.offset == 2
 
-
-def test_without_a_linger_each_fetch_is_applied_as_it_comes(tmp_path) -> None:
-    m, shard = materializer(tmp_path)
-    consumer = Consumer([[record(0, "a")], [record(1, "b")]])
-    assert m.apply_linger_s == 0
-    stepped(m, consumer)
-    assert stepped(m, consumer) < 5 and shard.offset == 1
