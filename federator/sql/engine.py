@@ -5,42 +5,42 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Any, Awaitable, Callable, Iterator, NamedTuple
+from typing import Any, Awaitable, Callable, Iterator
 
 import pyarrow as pa
 
 from federator.catalog.definition import StoreDefinition
 from federator.dispatch.dispatcher import Dispatcher, Gathered
 from federator.dispatch.errors import DispatchError, NotColocated, NotNow
-from federator.node.protocol import ServingNode
-from federator.query.owner_work import OwnerWork
-from federator.query.position import Position, PositionBound
-from federator.route.read_options import ReadOptions
-from federator.sql.catalog_tables import describe, information_schema, show_tables
 from federator.errors import SqlError
-from federator.sql import writeback
-from federator.sql.parse import DIALECT, Statement, dialect_of, parse
+from federator.node.protocol import ServingNode
+from federator.owner.duck import Duck
+from federator.owner.duck_types import as_typed
 from federator.partitioner import partition_for
 from federator.plan.keys import SubQuery
-from federator.query.queries import KeyQuery, UnknownQueryType
-from federator.query.rows import Rows, as_batch, concat_rows
-from federator.owner.duck import Duck
-from federator.owner.duck_types import as_typed, wire_schema
-from federator.sql.finish import TopRows
-from federator.sql.planner import QueryPlan, StoreRef, bind_parameters, literal, plan_query
-from federator.sql.pushdown import is_volatile
 from federator.plugin.registry import Registry
+from federator.query.owner_work import OwnerWork
+from federator.query.position import Position, PositionBound
+from federator.query.queries import KeyQuery, UnknownQueryType
+from federator.query.rows import Rows
+from federator.route.read_options import ReadOptions
+from federator.settings import PLAN_TEMPLATES, POINT_PLANS, STATEMENT_PLANS
+from federator.sql import writeback
+from federator.sql.answers import (AT_ONCE_ROWS, Answer, Relation, answer_of, answer_stats, as_arrow, check_deadline,
+                                   counted_batches, finished, finished_without_duck, relation_of)
+from federator.sql.catalog_tables import describe, information_schema, show_tables
 from federator.sql.dispatch_errors import from_dispatch
-from federator.sql.point import PointAnswer, PointPlan, point_plan
+from federator.sql.explain import explain
+from federator.sql.finish import TopRows
+from federator.sql.kept_answers import KeptAnswers, Known, Watch, reaches, stores_read
+from federator.sql.parse import DIALECT, Statement, dialect_of, parse
+from federator.sql.planner import QueryPlan, StoreRef, bind_parameters, literal, plan_query
+from federator.sql.point import PointPlan, point_plan
+from federator.sql.pushdown import is_volatile
 from federator.sql.result import SqlRequest, SqlResult
 from federator.store.layer import UNBOUNDED, StoredEntry
-from federator.settings import PLAN_TEMPLATES, POINT_PLANS, STATEMENT_ANSWER_MAX_BYTES, STATEMENT_PLANS
-
-Relation = pa.Table | Rows  # a store reference's rows as read
-Answer = tuple[pa.Schema, Iterator[pa.RecordBatch]] | Rows  # a statement's answer: streamed, or Python values
 
 
 def _plan_key(req: SqlRequest) -> tuple | None:
@@ -53,34 +53,6 @@ def _plan_key(req: SqlRequest) -> tuple | None:
     except TypeError:
         return None
     return key
-
-
-def _check_deadline(deadline: float, during: str) -> None:
-    if time.monotonic() >= deadline:
-        raise SqlError("TIMEOUT", f"the query ran past timeout_ms while {during}; raise timeout_ms or narrow the query")
-
-
-def _counted(batches: Iterator[pa.RecordBatch], stats: dict[str, Any], started: float,
-             ended: Callable[[str], None]) -> Iterator[pa.RecordBatch]:
-    """The batches as they come, with the answer's row count and time kept in ``stats``;
-    ``ended`` hears how the answer ended: "ok", the SqlError's code, or CANCELLED when the
-    reader stopped before the end."""
-    outcome = "CANCELLED"
-    try:
-        for batch in batches:
-            stats["rows"] += batch.num_rows
-            stats["elapsed_ms"] = round((time.perf_counter() - started) * 1000, 3)
-            yield batch
-        outcome = "ok"
-    except SqlError as e:
-        outcome = e.code
-        raise
-    except Exception:
-        outcome = "INTERNAL"
-        raise
-    finally:
-        stats["elapsed_ms"] = round((time.perf_counter() - started) * 1000, 3)
-        ended(outcome)
 
 
 def plan_kind(plan: QueryPlan) -> str:
@@ -118,23 +90,15 @@ class SqlEngine:
         # store references of one statement are fetched side by side (the dispatcher's own pool
         # makes the node calls; a separate pool cannot wait on itself)
         self._refs_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="sql-refs")
-        # (plan, the positions its rows reflect) -> the answer: a deterministic statement over
-        # partitions at the same positions reads the same rows, so a repeated query over
-        # unchanged stores (a dashboard's refresh) skips DuckDB's fixed cost at the receiver.
-        # Kept with the plan it answers: a store defined again over the same changelog (the
-        # same positions) is planned again, and its kept answers are not that plan's.
-        self._statement_answers: OrderedDict[tuple, _KeptAnswer] = OrderedDict()
-        # plan key -> the answer last kept at watched positions, with the partitions' states it
-        # was kept at: what may follow writes that do not reach it (``_followed``)
-        self._latest_answers: OrderedDict[tuple, tuple[tuple, _KeptAnswer]] = OrderedDict()
-        self._statement_answers_lock = threading.Lock()
         # How long an answer is reused while positions stay the same. A position names a state
         # only while its changelog lives: a topic deleted and created again (a broker restarted
         # empty) starts its offsets over, and could come back to the same offsets with other
         # rows. Such a reset takes longer than this to be noticed and refilled, so within it a
         # position is a name.
         self._reuse_seconds: float = node.config.reuse_answers_seconds
-        self._statement_answers_max: int = node.config.statement_answers
+        # Kept with the plan they answer: a store defined again over the same changelog (the
+        # same positions) is planned again, and its kept answers are not that plan's.
+        self._answers = KeptAnswers(self._reuse_seconds, node.config.statement_answers, node.unchanged_since)
 
     def _stores(self) -> dict[str, StoreDefinition]:
         return self.node.stores
@@ -197,7 +161,7 @@ class SqlEngine:
         except ValueError as e:
             raise SqlError("INVALID_PARAMETER", str(e)) from None
         stmt = parse(req.sql, dialect_of(req.dialect))
-        stats = _stats()
+        stats = answer_stats()
         options = ReadOptions(PositionBound.at(position) if not position.is_empty() else PositionBound.unbounded(),
                               req.allow_stale, req.max_lag, deadline, at_once)
         if stmt.kind == "show_tables":
@@ -211,13 +175,13 @@ class SqlEngine:
         if isinstance(table, tuple):  # DuckDB's answer, counted as it streams out
             track[1] = True
             return self._streamed(table, track[0], position, stats, started)
-        return _finished(table, position, stats, started)
+        return finished(table, position, stats, started)
 
     def _streamed(self, answer: tuple[pa.Schema, Iterator[pa.RecordBatch]], kind: str, position: Position,
                   stats: dict[str, Any], started: float) -> SqlResult:
         """A statement's streamed answer, counted (as ``kind``) when it ends."""
         schema, batches = answer
-        return SqlResult(schema, _counted(batches, stats, started, lambda outcome: self._count(kind, outcome, started)),
+        return SqlResult(schema, counted_batches(batches, stats, started, lambda outcome: self._count(kind, outcome, started)),
                          position.to_token(), stats)
 
     def local_kept(self, req: SqlRequest) -> SqlResult | None:
@@ -234,14 +198,14 @@ class SqlEngine:
         if plan is None or self._points.get(_point_text(req), False) is not None \
                 or any(stores.get(r.store.name) is not r.store for r in plan.refs):
             return None
-        stats = _stats()
+        stats = answer_stats()
         options = ReadOptions(PositionBound.unbounded(), False, req.max_lag, time.monotonic() + req.timeout_ms / 1000)
         watch = self._watched(plan, req, options)[1]
         reused = self._reused(plan, watch, Position(), stats, small=True) if watch is not None else None
         if reused is None:
             return None
         if isinstance(reused[0], Rows):
-            result = _finished(reused[0], reused[1], stats, started)
+            result = finished(reused[0], reused[1], stats, started)
             self._count(plan_kind(plan), "ok", started)
             return result
         return self._streamed(reused[0], plan_kind(plan), reused[1], stats, started)
@@ -300,15 +264,15 @@ class SqlEngine:
         if ref.combine is not None:
             rows = ref.combine(_RuleFetch(gather, keeps=False))
         else:
-            rows = _relation_of(ref, gather(ref.subqueries, replace(ref.work, join=ref.joined, key_join=ref.key_join)).batches)
-        _check_deadline(options.deadline, "reading the partitions")
+            rows = relation_of(ref, gather(ref.subqueries, replace(ref.work, join=ref.joined, key_join=ref.key_join)).batches)
+        check_deadline(options.deadline, "reading the partitions")
         if req.cancel is not None and req.cancel.cancelled:
             raise SqlError("TIMEOUT", "canceling statement due to user request")
-        stats = _stats(partitions=defn.partitions, nodes=1)
-        table = _finished_without_duck(plan, rows, stats)
+        stats = answer_stats(partitions=defn.partitions, nodes=1)
+        table = finished_without_duck(plan, rows, stats)
         if table is None:
             raise NotNow("DuckDB finishes the answer", [])
-        return _finished(table, read[0], stats, started)
+        return finished(table, read[0], stats, started)
 
     def point_now(self, req: SqlRequest) -> SqlResult | RoutedPoint | None:
         """A point query's answer read from this node's own current copy, at once; or, when
@@ -349,8 +313,8 @@ class SqlEngine:
         answer = plan.answer(kb, entry.stored)
         if answer is None:
             return None
-        stats = _stats(partitions=1, nodes=1)
-        result = _finished(answer, entry.position, stats, started)
+        stats = answer_stats(partitions=1, nodes=1)
+        result = finished(answer, entry.position, stats, started)
         self._count("point", "ok", started)
         return result
 
@@ -408,7 +372,7 @@ class SqlEngine:
         plan = plan or self._plan(stmt, req, options.deadline)
         if stmt.explain:
             track[0] = "other"
-            return self._explain(plan), position, stats
+            return explain(plan, self.node), position, stats
         track[0] = plan_kind(plan)
         try:
             return self._run(plan, req, position, options, stats)
@@ -418,7 +382,7 @@ class SqlEngine:
 
     def _run(self, plan: QueryPlan, req: SqlRequest, position: Position, options: ReadOptions,
              stats: dict[str, Any], reuse: bool = True) -> tuple:
-        _check_deadline(options.deadline, "planning")
+        check_deadline(options.deadline, "planning")
         plan_key, watch = self._watched(plan, req, options) if reuse else (None, None)
         reused = self._reused(plan, watch, position, stats) if watch is not None else None
         if reused is not None:
@@ -426,7 +390,7 @@ class SqlEngine:
         seen = _Seen(known=watch.known.key if watch is not None else None)
         relations = self._read(plan, options, seen)
         seen.count_into(stats, plan)
-        _check_deadline(options.deadline, "reading the partitions")
+        check_deadline(options.deadline, "reading the partitions")
         if req.cancel is not None and req.cancel.cancelled:
             raise SqlError("TIMEOUT", "canceling statement due to user request")
         if watch is not None and not _read_at_known(seen, watch.known.at, plan, watch.stores):
@@ -434,7 +398,7 @@ class SqlEngine:
         answer = self._answer(plan, req, options, relations, seen, plan_key, watch, stats)
         return answer, position.merge(seen.position), stats
 
-    def _watched(self, plan: QueryPlan, req: SqlRequest, options: ReadOptions) -> tuple[tuple | None, _Watch | None]:
+    def _watched(self, plan: QueryPlan, req: SqlRequest, options: ReadOptions) -> tuple[tuple | None, Watch | None]:
         """The key ``plan``'s answer is kept under (None: it is neither taken from nor kept for
         another), and the watch that names the positions it would be at (see ``_watch``). Not
         for a plan rebound to the statement's values (``_kept_plan``): a text asked with ever
@@ -447,13 +411,13 @@ class SqlEngine:
         watch = self._watch(plan, plan_key, options) if plan_key is not None and not options.allow_stale else None
         return plan_key, watch
 
-    def _reused(self, plan: QueryPlan, watch: _Watch, position: Position, stats: dict[str, Any],
+    def _reused(self, plan: QueryPlan, watch: Watch, position: Position, stats: dict[str, Any],
                 small: bool = False) -> tuple[Answer, Position] | None:
         """The answer kept for ``plan`` at the watched positions (no owner asked), and its
         position; None when there is none (``small``: none small enough for the event loop)."""
-        kept = self._kept_answer(watch.key, plan)
+        kept = self._answers.get(watch.key, plan)
         if kept is None:
-            kept = self._followed(plan, watch)
+            kept = self._answers.followed(plan, watch)
             if kept is None:
                 return None
             stats["answer_followed_writes"] = True
@@ -465,17 +429,17 @@ class SqlEngine:
         # the Position kept with it: equal to ``known``, and its token made once
         return kept.answer(), position.merge(kept.at or watch.known.at)
 
-    def _watch(self, plan: QueryPlan, plan_key: tuple, options: ReadOptions) -> _Watch | None:
+    def _watch(self, plan: QueryPlan, plan_key: tuple, options: ReadOptions) -> Watch | None:
         """When every partition of ``plan``'s stores is known to be where it is now (its owners'
         watches say so) and reaches the request's bound: what names the answer at those
         positions. Still where this node last computed the statement, that answer is this one,
         and no owner is asked."""
-        stores = _stores_read(plan, self._stores())
+        stores = stores_read(plan, self._stores())
         found = self.dispatcher.known_positions(stores) if stores is not None else None
-        if stores is None or found is None or not _reaches(found[1], options.bound):
+        if stores is None or found is None or not reaches(found[1], options.bound):
             return None
-        known = _Known(*found)
-        return _Watch((plan_key, "watched", known.key), known, stores)
+        known = Known(*found)
+        return Watch((plan_key, "watched", known.key), known, stores)
 
     def _read(self, plan: QueryPlan, options: ReadOptions, seen: _Seen) -> dict[str, pa.Table]:
         """Every relation the statement reads: the catalog's tables and each store reference's
@@ -490,7 +454,7 @@ class SqlEngine:
         return relations
 
     def _answer(self, plan: QueryPlan, req: SqlRequest, options: ReadOptions, relations: dict[str, Relation],
-                seen: _Seen, plan_key: tuple | None, watch: _Watch | None, stats: dict[str, Any]) -> Answer:
+                seen: _Seen, plan_key: tuple | None, watch: Watch | None, stats: dict[str, Any]) -> Answer:
         """The statement's answer over the rows read: as the owners sent them, finished in
         Arrow (or in Python, for rows that came as Python values), kept from an earlier
         statement over the same rows, or DuckDB's; kept as the answer at the watched positions
@@ -498,94 +462,25 @@ class SqlEngine:
         watched, at = (watch.key, watch.known.at) if watch is not None else (None, None)
         if plan.columns_only is not None or plan.finish is not None:
             (rows,) = (relations[r.relation] for r in plan.refs)
-            table = _finished_without_duck(plan, rows, stats)
+            table = finished_without_duck(plan, rows, stats)
             if table is not None:
-                return self._keeping(watched, plan, _answer_of(table), at)
+                return self._answers.keeping(watched, plan, answer_of(table), at)
         key = None
         if plan_key is not None:
             key = (plan_key, seen.position.to_token(), frozenset(seen.partitions))
-            kept = self._kept_answer(key, plan)
+            kept = self._answers.get(key, plan)
             if kept is not None:
                 stats["answer_reused"] = True
-                return self._keeping(watched, plan, kept.answer(), at)
-        relations = {name: _arrow(r) for name, r in relations.items()}
+                return self._answers.keeping(watched, plan, kept.answer(), at)
+        relations = {name: as_arrow(r) for name, r in relations.items()}
         for ref in plan.refs:  # HUGEINT states as DuckDB's HUGEINT, not as the DECIMAL(38,0) they travel as
             if ref.rows_schema is not None:
                 relations[ref.relation] = as_typed(relations[ref.relation], ref.rows_schema)
         schema, batches = self.duck.stream(plan.sql, relations, options.deadline, cancel=req.cancel)
         if key is not None:
-            batches = self._kept(key, plan, schema, batches)
-        return self._keeping(watched, plan, (schema, batches), at)
+            batches = self._answers.kept(key, plan, schema, batches)
+        return self._answers.keeping(watched, plan, (schema, batches), at)
 
-    def _kept_answer(self, key: tuple, plan: QueryPlan) -> _KeptAnswer | None:
-        """The answer kept for ``key``, while it is ``plan``'s and young enough."""
-        with self._statement_answers_lock:
-            kept = self._statement_answers.get(key)
-            if kept is None:
-                return None
-            if kept.identity is not plan.identity or time.monotonic() - kept.when > self._reuse_seconds:
-                del self._statement_answers[key]
-                return None
-            return kept
-
-    def _keeping(self, key: tuple | None, plan: QueryPlan, answer: Answer, at: Position | None) -> Answer:
-        """``answer``, kept as ``key``'s answer at ``at`` (batches as they stream out; as it
-        is when ``key`` is None)."""
-        if key is None or self._statement_answers_max == 0:
-            return answer
-        if isinstance(answer, Rows):
-            if answer.num_rows <= AT_ONCE_ROWS:
-                self._keep_answer(key, _KeptAnswer(time.monotonic(), plan.identity, answer.schema, [], at, answer))
-            return answer
-        schema, batches = answer
-        return schema, self._kept(key, plan, schema, batches, at)
-
-    def _kept(self, key: tuple, plan: QueryPlan, schema: pa.Schema,
-              batches: Iterator[pa.RecordBatch], at: Position | None = None) -> Iterator[pa.RecordBatch]:
-        """The batches as they stream out, kept as the answer for ``key`` if it is small and whole."""
-        kept: list[pa.RecordBatch] | None = []
-        size = 0
-        for batch in batches:
-            if kept is not None:
-                # the buffers it holds alive, whole (a slice of a larger batch holds all of it),
-                # and read without walking them as nbytes does
-                size += batch.get_total_buffer_size()
-                if size <= _ANSWER_MAX_BYTES:
-                    kept.append(batch)
-                else:
-                    kept = None
-            yield batch
-        if kept is not None:
-            self._keep_answer(key, _KeptAnswer(time.monotonic(), plan.identity, schema, kept, at))
-
-    def _keep_answer(self, key: tuple, kept: _KeptAnswer) -> None:
-        with self._statement_answers_lock:
-            self._statement_answers[key] = kept
-            while len(self._statement_answers) > self._statement_answers_max:
-                self._statement_answers.popitem(last=False)
-            if key[1] == "watched" and kept.at is not None:
-                self._latest_answers[key[0]] = (key[2], kept)
-                self._latest_answers.move_to_end(key[0])
-                while len(self._latest_answers) > self._statement_answers_max:
-                    self._latest_answers.popitem(last=False)
-
-    def _followed(self, plan: QueryPlan, watch: _Watch) -> _KeptAnswer | None:
-        """The answer last kept for ``plan`` at earlier positions, when its stores' types say no
-        write since changed it (a top-10 that no new score reached): kept again at the watched
-        positions, whose answer it is, so its token names them."""
-        if not _followable(plan):
-            return None
-        with self._statement_answers_lock:
-            states, latest = self._latest_answers.get(watch.key[0], ((), None))
-        if latest is None or latest.at is None or latest.identity is not plan.identity \
-                or time.monotonic() - latest.when > self._reuse_seconds or not _same_epochs(states, watch.known.key):
-            return None
-        if not all(self.node.unchanged_since(ref.store.name, sq.query, latest.at)
-                   for ref in plan.refs for sq in ref.subqueries):
-            return None
-        moved = latest._replace(at=watch.known.at)
-        self._keep_answer(watch.key, moved)
-        return moved
 
     def _plan(self, stmt: Statement, req: SqlRequest, deadline: float, copartitioned: bool = True) -> QueryPlan:
         plan_key = None if stmt.explain or not copartitioned else _plan_key(req)
@@ -663,40 +558,7 @@ class SqlEngine:
         # with a key join, a node that does not know it runs work's join in DuckDB
         batches = gather(ref.subqueries, replace(ref.work, join=ref.joined, key_join=ref.key_join),
                          keep=keeps and ref.keep_answers).batches
-        return _relation_of(ref, batches)
-
-    def _explain(self, plan: QueryPlan) -> pa.Table:
-        rows: dict[str, list] = {k: [] for k in _EXPLAIN_COLUMNS}
-        view = self.node.view
-        at_receiver = "DuckDB: " + plan.sql + "".join(f" ({n})" for n in plan.notes)
-        for ref in plan.refs:
-            via = "; ".join(f"via {n}" for n in ref.notes)
-            pushed = ("rows built by the rule" if ref.combine is not None
-                      else ref.key_join.describe() if ref.key_join is not None else ref.work.describe())
-            if ref.store.is_global:
-                via = "; ".join(filter(None, [via, "via global store: this node's own copies"]))
-            for sq in ref.subqueries:
-                parts = sq.partitions if sq.partitions is not None else range(ref.store.partitions)
-                by_node: dict[str, list[int]] = {}
-                for p in parts:
-                    owner = None if ref.store.is_global else view.active_owner(ref.store.name, p)
-                    node_id = self.node.node_id if ref.store.is_global else owner.node_id if owner else "(no owner)"
-                    by_node.setdefault(node_id, []).append(p)
-                for node_id, ps in sorted(by_node.items()):
-                    rows["store"].append(ref.store.name)
-                    rows["query"].append(repr(sq.query) + (f" {via}" if via else ""))
-                    rows["partitions"].append(",".join(map(str, ps)))
-                    rows["node"].append(node_id + (" (local)" if node_id == self.node.node_id else ""))
-                    rows["pushed_down"].append(pushed)
-                    rows["at_receiver"].append(at_receiver)
-        for lr in plan.local:
-            for k, v in zip(_EXPLAIN_COLUMNS, ["(catalog)", lr.relation, "", self.node.node_id + " (local)",
-                                               "nothing", at_receiver]):
-                rows[k].append(v)
-        if not plan.refs and not plan.local:
-            for k, v in zip(_EXPLAIN_COLUMNS, ["(none)", "", "", self.node.node_id + " (local)", "nothing", at_receiver]):
-                rows[k].append(v)
-        return pa.table({k: pa.array(v, pa.string()) for k, v in rows.items()})
+        return relation_of(ref, batches)
 
 
 @dataclass(frozen=True)
@@ -731,13 +593,6 @@ def _point_key(plan: PointPlan, stmt: Statement, req: SqlRequest) -> tuple[Any, 
     return key, kb, partition_for(kb, plan.store.partitions)
 
 
-# What answer_now gives on the caller's event loop, which serves every other connection
-# meanwhile: a kept answer of at most AT_ONCE_MAX_BYTES (making a larger one's body would hold
-# the loop), and a global store's statement whose ORDER BY ... LIMIT keeps at most AT_ONCE_ROWS.
-AT_ONCE_MAX_BYTES = 64 * 1024
-AT_ONCE_ROWS = 1_000
-
-
 def _small_and_together(plan: QueryPlan) -> bool:
     """Whether ``plan`` reads only global stores, each with queries its store type answers from
     every partition at once and no SQL for the owners, and its answer is small (a rule builds
@@ -756,150 +611,10 @@ def _small_and_together(plan: QueryPlan) -> bool:
     return True
 
 
-def _same_epochs(then: tuple, now: tuple) -> bool:
-    """Whether each partition's state (Dispatcher.known_positions: store, partition, whose,
-    (epoch, offset)) is of the same epoch in both: an offset names a state only within one
-    (a copy rebuilt from a changelog created again starts its offsets over)."""
-    return len(then) == len(now) and all(a[:3] == b[:3] and a[3][0] == b[3][0] for a, b in zip(then, now))
-
-
-def _followable(plan: QueryPlan) -> bool:
-    """Whether ``plan`` reads only global stores, with queries whose store type can tell that
-    writes left their answer as it was, and nothing besides them (no rule's rows)."""
-    return bool(plan.refs) and not plan.local and all(
-        ref.store.is_global and ref.combine is None and ref.work.sql is None and ref.joined is None
-        and all(type(sq.query) in ref.store.store_type.together_followers for sq in ref.subqueries)
-        for ref in plan.refs)
-
-
-def _stats(partitions: int = 0, nodes: int = 0) -> dict[str, Any]:
-    """The stats an answer starts with: the partitions and nodes it read (its rows and time
-    are set when it is finished, ``_finished``)."""
-    return {"partitions_queried": partitions, "nodes": nodes, "rows": 0, "elapsed_ms": 0.0}
-
-
-def _relation_of(ref: StoreRef, batches: list) -> Relation:
-    """A store reference's rows as the owners answered them, as one table (or the Python
-    values a global store's type gave on this node, ``Rows``)."""
-    schema = wire_schema(ref.rows_schema) if ref.rows_schema is not None else ref.store.arrow_schema()
-    if batches and all(isinstance(b, Rows) for b in batches):  # a global store's rows read here at once
-        rows = concat_rows([b for b in batches if b.num_rows], schema)
-        if rows is not None:
-            return rows
-    if not batches:
-        return schema.empty_table()
-    return pa.Table.from_batches([b if b.schema.equals(schema) else b.cast(schema) for b in map(as_batch, batches)],
-                                 schema)
-
-
-def _finished_without_duck(plan: QueryPlan, rows: Relation, stats: dict[str, Any]) -> Relation | None:
-    """The answer over one store reference's ``rows`` when DuckDB has nothing to do: its
-    columns as the statement names them, or its finish (a merge of states, a top-k cut) in
-    Arrow (or in Python, for rows that came as Python values); None when DuckDB must finish it."""
-    if plan.columns_only is not None:  # nothing left to compute: the rows as the owners sent them
-        table = rows.select([c for c, _ in plan.columns_only]).rename_columns([n for _, n in plan.columns_only])
-        return _typed(table, plan.schema)
-    if plan.finish is not None:  # in Arrow unless the types need DuckDB
-        table = plan.finish.apply(rows, plan.schema) if isinstance(plan.finish, TopRows) \
-            else plan.finish.apply(_arrow(rows), plan.schema)
-        if table is not None:
-            stats["finished_in_arrow"] = True
-        return table
-    return None
-
-
-def _finished(table: pa.Table | PointAnswer | Rows, position: Position, stats: dict[str, Any],
-              started: float) -> SqlResult:
-    """A statement's whole answer (not streamed), with its row count and time in ``stats``."""
-    stats["rows"] = table.num_rows
-    stats["elapsed_ms"] = round((time.perf_counter() - started) * 1000, 3)
-    if isinstance(table, pa.Table):
-        return SqlResult(table.schema, iter(table.to_batches()), position.to_token(), stats)
-    return SqlResult(table.schema, table.batches(), position.to_token(), stats, rows=table.rows)
-
-
-def _arrow(rows: Relation) -> pa.Table:
-    return rows.to_table() if isinstance(rows, Rows) else rows
-
-
-def _typed(rows: Relation, schema: pa.Schema | None) -> Relation:
-    """``rows`` in DuckDB's types for the statement (``schema``; None: as they are), as ever;
-    Python values stay so where their types are those already."""
-    if schema is None:
-        return rows
-    if isinstance(rows, Rows):
-        if rows.schema.types == schema.types:
-            return Rows(schema, rows.rows)
-        rows = rows.to_table()
-    return rows.cast(schema)
-
-
-def _answer_of(table: Relation) -> Answer:
-    """A whole answer as ``_answer`` gives one: Rows as they are, a table as its batches."""
-    return table if isinstance(table, Rows) else (table.schema, iter(table.to_batches()))
-
-
-def _reaches(known: Position, bound: PositionBound) -> bool:
-    """Whether partitions at ``known`` satisfy ``bound`` (a consistency token's offsets)."""
-    if bound.position is None:
-        return True
-    return all((-1 if (k := known.get(t, p)) is None else k) >= o for t, p, o in bound.position)
-
-
-def _stores_read(plan: QueryPlan, stores: dict[str, StoreDefinition]) -> list[StoreDefinition] | None:
-    """Every store ``plan`` reads: its references' and the stores their owners join them with
-    (read beside them, named only by ``joined``); None when one of those is not defined now."""
-    out = {ref.store.name: ref.store for ref in plan.refs}
-    for ref in plan.refs:
-        if ref.joined is not None:
-            other = stores.get(ref.joined)
-            if other is None:
-                return None
-            out[other.name] = other
-    return list(out.values())
-
-
 def _put_bounded(kept: dict, key: tuple, value: Any, most: int) -> None:
     if len(kept) >= most:  # planning again is cheaper than tracking which plans are still asked for
         kept.clear()
     kept[key] = value
-
-
-class _Known(NamedTuple):
-    """Where every partition of some stores is now, as far as this node knows without asking
-    (``Dispatcher.known_positions``)."""
-
-    key: tuple  # each partition's state: its owner's epoch and offset
-    at: Position  # the offsets
-
-
-class _Watch(NamedTuple):
-    """A statement over stores whose partitions' positions are known: its answer's name there."""
-
-    key: tuple  # the answer at ``known``'s positions
-    known: _Known
-    stores: list[StoreDefinition]  # every store it reads
-
-
-class _KeptAnswer(NamedTuple):
-    """A statement's answer kept at the receiver."""
-
-    when: float  # time.monotonic() when kept
-    identity: Any  # the plan it answers (``QueryPlan.identity``)
-    schema: pa.Schema
-    batches: list[pa.RecordBatch]
-    at: Position | None  # the positions it was kept at, when known
-    rows: Rows | None = None  # the answer as Python values (then ``batches`` is empty)
-
-    def answer(self) -> Answer:
-        return self.rows if self.rows is not None else (self.schema, iter(self.batches))
-
-    def small(self) -> bool:
-        """Whether it is small enough to give on the HTTP server's event loop."""
-        if self.rows is not None:
-            return self.rows.num_rows <= AT_ONCE_ROWS
-        # the buffers it holds, read without walking them (nbytes walks them, and lets the GIL go)
-        return sum(b.get_total_buffer_size() for b in self.batches) <= AT_ONCE_MAX_BYTES
 
 
 @dataclass
@@ -967,9 +682,3 @@ def _read_at_known(seen: _Seen, known: Position, plan: QueryPlan, stores: list[S
     return all(read.get(t, p) == known.get(t, p) for store, p in seen.partitions for t in topics[store]) and \
         all(read.get(d.topic, p) == known.get(d.topic, p) for d in broadcast for p in range(d.partitions))
 
-
-# repeated statements' answers kept at the receiver (--statement-answers); larger answers cost more
-# to keep than DuckDB's fixed cost saves
-_ANSWER_MAX_BYTES = STATEMENT_ANSWER_MAX_BYTES
-
-_EXPLAIN_COLUMNS = ("store", "query", "partitions", "node", "pushed_down", "at_receiver")
