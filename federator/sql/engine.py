@@ -181,8 +181,8 @@ class SqlEngine:
                   stats: dict[str, Any], started: float) -> SqlResult:
         """A statement's streamed answer, counted (as ``kind``) when it ends."""
         schema, batches = answer
-        return SqlResult(schema, counted_batches(batches, stats, started, lambda outcome: self._count(kind, outcome, started)),
-                         position.to_token(), stats)
+        counted = counted_batches(batches, stats, started, lambda outcome: self._count(kind, outcome, started))
+        return SqlResult(schema, counted, position.to_token(), stats)
 
     def local_kept(self, req: SqlRequest) -> SqlResult | None:
         """A repeated statement's small answer kept at this node, when every partition it reads
