@@ -5,7 +5,8 @@ there, with no hand-over to another thread (federator.http.loop_answers); every 
 goes to the WSGI app on a bounded thread pool (``--threads``), and the loop writes its answer
 as it comes. Started and stopped like GranianServer: ``run`` blocks the main thread, ``stop``
 (from any thread) ends it; ``on_signal`` takes SIGINT/SIGTERM once it listens; a taken port is
-refused as it is constructed.
+refused as it is constructed. ``run_on_loop`` lets another thread's work run on the loop
+(the node's materializer applies small fetches there: see that method).
 """
 
 from __future__ import annotations
@@ -64,6 +65,24 @@ class LoopServer:
             except RuntimeError:  # the loop has ended already
                 pass
 
+    def run_on_loop(self, work: Callable[[], None]) -> bool:
+        """Run ``work`` on the loop's thread, between two of its callbacks, and wait for it to
+        end (its exception raised here); False, with ``work`` not run, when the loop is not
+        running (not started yet, or ended). So the materializer's applies of small fetches
+        take the GIL in turn with the answers on the loop, instead of the two threads handing
+        it back and forth: a thread that gives the GIL up for a syscall (each send and poll of
+        the loop) waits the interpreter's switch interval (5 ms) to have it back from a thread
+        that runs Python meanwhile."""
+        loop = self._loop
+        if loop is None or not loop.is_running():
+            return False
+        call = _Call(work)
+        try:
+            loop.call_soon_threadsafe(call.run)
+        except RuntimeError:  # the loop has closed
+            return False
+        return call.wait(loop)
+
     async def _serve(self) -> None:
         loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
@@ -85,6 +104,43 @@ class LoopServer:
         sweeper.cancel()
         await _close(server, served)
         pool.shutdown(wait=False, cancel_futures=True)
+
+
+class _Call:
+    """A piece of work another thread hands the loop (``LoopServer.run_on_loop``), run once:
+    by the loop, or given back when the loop ends before it ran."""
+
+    def __init__(self, work: Callable[[], None]) -> None:
+        self._work = work
+        self._lock = threading.Lock()
+        self._taken: str | None = None  # "loop" once the loop runs it, "back" once given back
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+
+    def run(self) -> None:
+        with self._lock:
+            if self._taken is not None:
+                return
+            self._taken = "loop"
+        try:
+            self._work()
+        except BaseException as e:  # noqa: BLE001 - raised again in the thread that waits
+            self._error = e
+        finally:
+            self._done.set()
+
+    def wait(self, loop: asyncio.AbstractEventLoop) -> bool:
+        """Whether the loop ran the work (after it ended); False when the loop stopped first."""
+        while not self._done.wait(0.2):
+            if loop.is_running():
+                continue
+            with self._lock:
+                if self._taken is None:
+                    self._taken = "back"
+                    return False
+        if self._error is not None:
+            raise self._error
+        return True
 
 
 async def _close_idle(served: Served, idle_s: float) -> None:

@@ -2,7 +2,8 @@
 
 One thread and one assign-mode consumer serve every hosted partition, so a node's cost
 does not grow with its shard count. Records are applied in batches, each batch in one
-atomic write with the shard's new position.
+atomic write with the shard's new position: on that thread, or, for a small fetch, where
+``apply_on`` hands it (a node on the loop server: its event loop, between two answers).
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ from federator.store.shard import Shard
 log = logging.getLogger(__name__)
 
 ACTIVE = "active"
+# The most records of one fetch applied where ``apply_on`` runs them (the HTTP server's event
+# loop): enough for any steady stream, while a restore's or catch-up's full batches, which take
+# tens of milliseconds, are applied on the materializer's thread and leave the loop answering.
+HANDED_RECORDS = 500
 STANDBY = "standby"
 TOPIC_CHECK_SECONDS = 2.0
 
@@ -77,6 +82,9 @@ class Materializer:
         self.open_store = open_store
         self.state_dir = state_dir
         self.on_change = on_change
+        # Runs a fetch's apply on another thread and waits (True), or declines (False): see
+        # apply_on. None applies every fetch on the materializer's thread.
+        self._apply_on: Callable[[Callable[[], None]], bool] | None = None
         self._hosted: dict[Key, HostedShard] = {}
         self._by_topic: dict[tuple[str, int], HostedShard] | None = None  # _hosted by (topic, partition), made when needed
         self._desired: Desired | None = None
@@ -116,6 +124,13 @@ class Materializer:
     def set_desired(self, definitions: dict[str, StoreDefinition], roles: dict[Key, str]) -> None:
         with self._lock:
             self._desired = Desired(dict(definitions), dict(roles))
+
+    def apply_on(self, run: Callable[[Callable[[], None]], bool] | None) -> None:
+        """Have fetches of at most HANDED_RECORDS records applied by ``run``, which runs what
+        it is given on its own thread and waits for it, or returns False without running it
+        (then this thread applies it): the HTTP server's event loop (``LoopServer.run_on_loop``),
+        so the applies and the answers there take the GIL in turn. None: all on this thread."""
+        self._apply_on = run
 
     def hosted(self, store: str, partition: int) -> HostedShard | None:
         return self._hosted.get((store, partition))
@@ -277,6 +292,20 @@ class Materializer:
         messages = kafka.next_batch(consumer, self.batch_size, 0.1)
         if not messages:
             return
+        out_of_range: set[tuple[str, int]] = set()
+        run = self._apply_on
+        if run is None or len(messages) > HANDED_RECORDS \
+                or not run(lambda: out_of_range.update(self._apply(messages, consumer))):
+            out_of_range = self._apply(messages, consumer)
+        if out_of_range:
+            # after the other partitions' records are applied: the assignment starts each of
+            # them past what it holds, not where this batch was fetched from
+            self._rebuild(out_of_range, consumer)
+
+    def _apply(self, messages: list, consumer) -> set[tuple[str, int]]:
+        """A fetch's records applied to their shards, and the waiters told; the partitions the
+        broker said are out of range, which the caller rebuilds (on this thread: it reassigns
+        the consumer)."""
         by_tp: dict[tuple[str, int], list] = defaultdict(list)
         eof: list[tuple[str, int, int]] = []
         out_of_range: set[tuple[str, int]] = set()
@@ -332,13 +361,12 @@ class Materializer:
         if moved:  # a full batch leaves more to read at once (restoring, catching up): no linger after it
             self._applied_at = time.monotonic() if len(messages) < self.batch_size else float("-inf")
         if out_of_range:
-            # after the other partitions' records are applied: the assignment starts each of
-            # them past what it holds, not where this batch was fetched from
-            self._rebuild(out_of_range, consumer)
-        elif changed:
+            return out_of_range  # the caller's _rebuild tells the waiters
+        if changed:
             self._changed()
         elif moved:
             self._moves_on()
+        return set()
 
     def _on_client_error(self, err: KafkaError) -> None:
         """Connection trouble (runs inside consume): the broker may come back empty, so no shard

@@ -462,3 +462,32 @@ def test_a_read_waiting_for_another_node_holds_no_query_slot_and_is_let_go_when_
         gone.close()
         time.sleep(0.3)
     assert node.let_go == ["far"]
+
+
+def test_work_handed_to_the_loop_runs_on_its_thread_and_its_error_reaches_the_caller() -> None:
+    ran: list[str] = []
+    with serving(echo) as server:
+        assert server.run_on_loop(lambda: ran.append(threading.current_thread().name))
+
+        def failing() -> None:
+            raise ValueError("applied badly")
+        with pytest.raises(ValueError, match="applied badly"):
+            server.run_on_loop(failing)
+        conn = Conn(server.port)  # the loop serves on after it
+        conn.send(get("/after"))
+        assert conn.answer()[0] == 200
+    assert ran and ran[0] != threading.current_thread().name
+
+
+def test_work_is_declined_when_the_loop_is_not_running() -> None:
+    """The caller then does it itself: before the loop runs, and after it ended."""
+    ran: list[int] = []
+    server = LoopServer(echo, "127.0.0.1", 0)
+    assert not server.run_on_loop(lambda: ran.append(1))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    assert server.listening.wait(10)
+    server.stop()
+    thread.join(15)
+    assert not server.run_on_loop(lambda: ran.append(2))
+    assert ran == []
