@@ -16,7 +16,7 @@ import logging
 import signal
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import uvloop
 
@@ -65,23 +65,24 @@ class LoopServer:
             except RuntimeError:  # the loop has ended already
                 pass
 
-    def run_on_loop(self, work: Callable[[], None]) -> bool:
-        """Run ``work`` on the loop's thread, between two of its callbacks, and wait for it to
-        end (its exception raised here); False, with ``work`` not run, when the loop is not
-        running (not started yet, or ended). So the materializer's applies of small fetches
-        take the GIL in turn with the answers on the loop, instead of the two threads handing
-        it back and forth: a thread that gives the GIL up for a syscall (each send and poll of
-        the loop) waits the interpreter's switch interval (5 ms) to have it back from a thread
-        that runs Python meanwhile."""
+    def run_on_loop(self, steps: Iterator[None]) -> bool:
+        """Run ``steps`` on the loop's thread, each step (a ``next``) one callback, with the
+        loop's other callbacks and I/O between them, and wait for the last (a step's exception
+        is raised here); False, with none run, when the loop is not running (not started yet,
+        or ended); when it ends midway, the rest run here. So the materializer's applies of
+        small fetches (a step a partition) take the GIL in turn with the answers on the loop,
+        instead of the two threads handing it back and forth: a thread that gives the GIL up
+        for a syscall (each send and poll of the loop) waits the interpreter's switch interval
+        (5 ms) to have it back from a thread that runs Python meanwhile."""
         loop = self._loop
         if loop is None or not loop.is_running():
             return False
-        call = _Call(work)
+        run = _Steps(steps, loop)
         try:
-            loop.call_soon_threadsafe(call.run)
+            loop.call_soon_threadsafe(run.step)
         except RuntimeError:  # the loop has closed
             return False
-        return call.wait(loop)
+        return run.wait()
 
     async def _serve(self) -> None:
         loop = asyncio.get_running_loop()
@@ -106,38 +107,45 @@ class LoopServer:
         pool.shutdown(wait=False, cancel_futures=True)
 
 
-class _Call:
-    """A piece of work another thread hands the loop (``LoopServer.run_on_loop``), run once:
-    by the loop, or given back when the loop ends before it ran."""
+class _Steps:
+    """Steps another thread hands the loop (``LoopServer.run_on_loop``), each run once: by the
+    loop, or, when the loop ends first, by the thread that waits for them."""
 
-    def __init__(self, work: Callable[[], None]) -> None:
-        self._work = work
+    def __init__(self, steps: Iterator[None], loop: asyncio.AbstractEventLoop) -> None:
+        self._steps, self._loop = steps, loop
         self._lock = threading.Lock()
-        self._taken: str | None = None  # "loop" once the loop runs it, "back" once given back
+        self._by: str | None = None  # "loop" once it ran a step, "caller" once it has them back
         self._done = threading.Event()
         self._error: BaseException | None = None
 
-    def run(self) -> None:
+    def step(self) -> None:
         with self._lock:
-            if self._taken is not None:
+            if self._by == "caller":
                 return
-            self._taken = "loop"
+            self._by = "loop"
         try:
-            self._work()
+            next(self._steps)
+        except StopIteration:
+            self._done.set()
         except BaseException as e:  # noqa: BLE001 - raised again in the thread that waits
             self._error = e
-        finally:
             self._done.set()
+        else:
+            self._loop.call_soon(self.step)  # after the callbacks and I/O that are ready meanwhile
 
-    def wait(self, loop: asyncio.AbstractEventLoop) -> bool:
-        """Whether the loop ran the work (after it ended); False when the loop stopped first."""
+    def wait(self) -> bool:
+        """Whether the steps ran (all of them, once this returns); False when the loop stopped
+        before the first."""
         while not self._done.wait(0.2):
-            if loop.is_running():
+            if self._loop.is_running():
                 continue
             with self._lock:
-                if self._taken is None:
-                    self._taken = "back"
-                    return False
+                started, self._by = self._by == "loop", "caller"
+            if not started:
+                return False
+            for _ in self._steps:  # the loop ended midway: the rest here
+                pass
+            return True
         if self._error is not None:
             raise self._error
         return True

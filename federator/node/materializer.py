@@ -14,7 +14,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 
@@ -82,9 +82,9 @@ class Materializer:
         self.open_store = open_store
         self.state_dir = state_dir
         self.on_change = on_change
-        # Runs a fetch's apply on another thread and waits (True), or declines (False): see
-        # apply_on. None applies every fetch on the materializer's thread.
-        self._apply_on: Callable[[Callable[[], None]], bool] | None = None
+        # Runs a fetch's apply steps on another thread and waits (True), or declines (False):
+        # see apply_on. None applies every fetch on the materializer's thread.
+        self._apply_on: Callable[[Iterator[None]], bool] | None = None
         self._hosted: dict[Key, HostedShard] = {}
         self._by_topic: dict[tuple[str, int], HostedShard] | None = None  # _hosted by (topic, partition), made when needed
         self._desired: Desired | None = None
@@ -125,11 +125,12 @@ class Materializer:
         with self._lock:
             self._desired = Desired(dict(definitions), dict(roles))
 
-    def apply_on(self, run: Callable[[Callable[[], None]], bool] | None) -> None:
-        """Have fetches of at most HANDED_RECORDS records applied by ``run``, which runs what
-        it is given on its own thread and waits for it, or returns False without running it
-        (then this thread applies it): the HTTP server's event loop (``LoopServer.run_on_loop``),
-        so the applies and the answers there take the GIL in turn. None: all on this thread."""
+    def apply_on(self, run: Callable[[Iterator[None]], bool] | None) -> None:
+        """Have fetches of at most HANDED_RECORDS records applied by ``run``, which runs the
+        steps it is given (a partition's write each) on its own thread and waits for the last,
+        or returns False without running any (then this thread applies them): the HTTP
+        server's event loop (``LoopServer.run_on_loop``), so the applies and the answers there
+        take the GIL in turn, a partition at a time. None: all on this thread."""
         self._apply_on = run
 
     def hosted(self, store: str, partition: int) -> HostedShard | None:
@@ -293,22 +294,23 @@ class Materializer:
         if not messages:
             return
         out_of_range: set[tuple[str, int]] = set()
+        steps = self._applying(messages, consumer, out_of_range)
         run = self._apply_on
-        if run is None or len(messages) > HANDED_RECORDS \
-                or not run(lambda: out_of_range.update(self._apply(messages, consumer))):
-            out_of_range = self._apply(messages, consumer)
+        if run is None or len(messages) > HANDED_RECORDS or not run(steps):
+            for _ in steps:
+                pass
         if out_of_range:
             # after the other partitions' records are applied: the assignment starts each of
             # them past what it holds, not where this batch was fetched from
             self._rebuild(out_of_range, consumer)
 
-    def _apply(self, messages: list, consumer) -> set[tuple[str, int]]:
-        """A fetch's records applied to their shards, and the waiters told; the partitions the
-        broker said are out of range, which the caller rebuilds (on this thread: it reassigns
-        the consumer)."""
+    def _applying(self, messages: list, consumer, out_of_range: set[tuple[str, int]]) -> Iterator[None]:
+        """A fetch's records applied to their shards, a step (a yield) after each partition's
+        write, and the waiters told at the end; ``out_of_range`` gets the partitions the broker
+        said are out of range, which the caller rebuilds (on its thread: that reassigns the
+        consumer)."""
         by_tp: dict[tuple[str, int], list] = defaultdict(list)
         eof: list[tuple[str, int, int]] = []
-        out_of_range: set[tuple[str, int]] = set()
         for m in messages:
             err = m.error()
             if err is None:
@@ -336,6 +338,7 @@ class Materializer:
                 hs.shard.apply(to_records(msgs))
                 hs.applied += len(msgs)
                 moved = True
+                yield
             _, high = consumer.get_watermark_offsets(TopicPartition(*tp), cached=True)
             if high is not None and high >= 0:
                 hs.end_offset = high
@@ -361,12 +364,11 @@ class Materializer:
         if moved:  # a full batch leaves more to read at once (restoring, catching up): no linger after it
             self._applied_at = time.monotonic() if len(messages) < self.batch_size else float("-inf")
         if out_of_range:
-            return out_of_range  # the caller's _rebuild tells the waiters
+            return  # the caller's _rebuild tells the waiters
         if changed:
             self._changed()
         elif moved:
             self._moves_on()
-        return set()
 
     def _on_client_error(self, err: KafkaError) -> None:
         """Connection trouble (runs inside consume): the broker may come back empty, so no shard
