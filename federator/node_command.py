@@ -308,8 +308,10 @@ def _main_thread_server(name: str, app: Any, sql: SqlService, host: str, port: i
         from federator.http.loop_answers import LoopAnswers
         from federator.http.loop_server import LoopServer
 
-        return LoopServer(app, host, port, threads=st.threads, on_signal=stopping.set, tls=sql.node.tls,
-                          front=LoopAnswers(sql, users))
+        server = LoopServer(app, host, port, threads=st.threads, on_signal=stopping.set, tls=sql.node.tls,
+                            front=LoopAnswers(sql, users))
+        sql.node.materializer.apply_on(server.run_on_loop)  # small fetches applied between the loop's answers
+        return server
     from federator.http.granian_server import GranianServer
 
     return GranianServer(app, host, port, threads=st.threads, on_signal=stopping.set, tls=sql.node.tls)

@@ -5,7 +5,8 @@ there, with no hand-over to another thread (federator.http.loop_answers); every 
 goes to the WSGI app on a bounded thread pool (``--threads``), and the loop writes its answer
 as it comes. Started and stopped like GranianServer: ``run`` blocks the main thread, ``stop``
 (from any thread) ends it; ``on_signal`` takes SIGINT/SIGTERM once it listens; a taken port is
-refused as it is constructed.
+refused as it is constructed. ``run_on_loop`` lets another thread's work run on the loop
+(the node's materializer applies small fetches there: see that method).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import logging
 import signal
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import uvloop
 
@@ -64,6 +65,25 @@ class LoopServer:
             except RuntimeError:  # the loop has ended already
                 pass
 
+    def run_on_loop(self, steps: Iterator[None]) -> bool:
+        """Run ``steps`` on the loop's thread, each step (a ``next``) one callback, with the
+        loop's other callbacks and I/O between them, and wait for the last (a step's exception
+        is raised here); False, with none run, when the loop is not running (not started yet,
+        or ended); when it ends midway, the rest run here. So the materializer's applies of
+        small fetches (a step a partition) take the GIL in turn with the answers on the loop,
+        instead of the two threads handing it back and forth: a thread that gives the GIL up
+        for a syscall (each send and poll of the loop) waits the interpreter's switch interval
+        (5 ms) to have it back from a thread that runs Python meanwhile."""
+        loop = self._loop
+        if loop is None or not loop.is_running():
+            return False
+        run = _Steps(steps, loop)
+        try:
+            loop.call_soon_threadsafe(run.step)
+        except RuntimeError:  # the loop has closed
+            return False
+        return run.wait()
+
     async def _serve(self) -> None:
         loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
@@ -85,6 +105,50 @@ class LoopServer:
         sweeper.cancel()
         await _close(server, served)
         pool.shutdown(wait=False, cancel_futures=True)
+
+
+class _Steps:
+    """Steps another thread hands the loop (``LoopServer.run_on_loop``), each run once: by the
+    loop, or, when the loop ends first, by the thread that waits for them."""
+
+    def __init__(self, steps: Iterator[None], loop: asyncio.AbstractEventLoop) -> None:
+        self._steps, self._loop = steps, loop
+        self._lock = threading.Lock()
+        self._by: str | None = None  # "loop" once it ran a step, "caller" once it has them back
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+
+    def step(self) -> None:
+        with self._lock:
+            if self._by == "caller":
+                return
+            self._by = "loop"
+        try:
+            next(self._steps)
+        except StopIteration:
+            self._done.set()
+        except BaseException as e:  # noqa: BLE001 - raised again in the thread that waits
+            self._error = e
+            self._done.set()
+        else:
+            self._loop.call_soon(self.step)  # after the callbacks and I/O that are ready meanwhile
+
+    def wait(self) -> bool:
+        """Whether the steps ran (all of them, once this returns); False when the loop stopped
+        before the first."""
+        while not self._done.wait(0.2):
+            if self._loop.is_running():
+                continue
+            with self._lock:
+                started, self._by = self._by == "loop", "caller"
+            if not started:
+                return False
+            for _ in self._steps:  # the loop ended midway: the rest here
+                pass
+            return True
+        if self._error is not None:
+            raise self._error
+        return True
 
 
 async def _close_idle(served: Served, idle_s: float) -> None:

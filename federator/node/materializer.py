@@ -2,7 +2,8 @@
 
 One thread and one assign-mode consumer serve every hosted partition, so a node's cost
 does not grow with its shard count. Records are applied in batches, each batch in one
-atomic write with the shard's new position.
+atomic write with the shard's new position: on that thread, or, for a small fetch, where
+``apply_on`` hands it (a node on the loop server: its event loop, between two answers).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 
@@ -27,6 +28,10 @@ from federator.store.shard import Shard
 log = logging.getLogger(__name__)
 
 ACTIVE = "active"
+# The most records of one fetch applied where ``apply_on`` runs them (the HTTP server's event
+# loop): enough for any steady stream, while a restore's or catch-up's full batches, which take
+# tens of milliseconds, are applied on the materializer's thread and leave the loop answering.
+HANDED_RECORDS = 500
 STANDBY = "standby"
 TOPIC_CHECK_SECONDS = 2.0
 
@@ -77,6 +82,9 @@ class Materializer:
         self.open_store = open_store
         self.state_dir = state_dir
         self.on_change = on_change
+        # Runs a fetch's apply steps on another thread and waits (True), or declines (False):
+        # see apply_on. None applies every fetch on the materializer's thread.
+        self._apply_on: Callable[[Iterator[None]], bool] | None = None
         self._hosted: dict[Key, HostedShard] = {}
         self._by_topic: dict[tuple[str, int], HostedShard] | None = None  # _hosted by (topic, partition), made when needed
         self._desired: Desired | None = None
@@ -116,6 +124,17 @@ class Materializer:
     def set_desired(self, definitions: dict[str, StoreDefinition], roles: dict[Key, str]) -> None:
         with self._lock:
             self._desired = Desired(dict(definitions), dict(roles))
+
+    def apply_on(self, run: Callable[[Iterator[None]], bool] | None) -> None:
+        """Have fetches of at most HANDED_RECORDS records applied by ``run``, which runs the
+        steps it is given (a partition's write each) on its own thread and waits for the last,
+        or returns False without running any (then this thread applies them): the HTTP
+        server's event loop (``LoopServer.run_on_loop``), so the applies and the answers there
+        take the GIL in turn, a partition at a time. A fetch that someone waits for (a
+        consistency token's read, another node's positions watch: ``wait_moved``) is applied on
+        this thread at once, so the waiter does not wait for the loop's turn as well. None: all
+        on this thread."""
+        self._apply_on = run
 
     def hosted(self, store: str, partition: int) -> HostedShard | None:
         return self._hosted.get((store, partition))
@@ -277,9 +296,24 @@ class Materializer:
         messages = kafka.next_batch(consumer, self.batch_size, 0.1)
         if not messages:
             return
+        out_of_range: set[tuple[str, int]] = set()
+        steps = self._applying(messages, consumer, out_of_range)
+        run = self._apply_on
+        if run is None or self._waited_for.is_set() or len(messages) > HANDED_RECORDS or not run(steps):
+            for _ in steps:
+                pass
+        if out_of_range:
+            # after the other partitions' records are applied: the assignment starts each of
+            # them past what it holds, not where this batch was fetched from
+            self._rebuild(out_of_range, consumer)
+
+    def _applying(self, messages: list, consumer, out_of_range: set[tuple[str, int]]) -> Iterator[None]:
+        """A fetch's records applied to their shards, a step (a yield) after each partition's
+        write, and the waiters told at the end; ``out_of_range`` gets the partitions the broker
+        said are out of range, which the caller rebuilds (on its thread: that reassigns the
+        consumer)."""
         by_tp: dict[tuple[str, int], list] = defaultdict(list)
         eof: list[tuple[str, int, int]] = []
-        out_of_range: set[tuple[str, int]] = set()
         for m in messages:
             err = m.error()
             if err is None:
@@ -307,6 +341,7 @@ class Materializer:
                 hs.shard.apply(to_records(msgs))
                 hs.applied += len(msgs)
                 moved = True
+                yield
             _, high = consumer.get_watermark_offsets(TopicPartition(*tp), cached=True)
             if high is not None and high >= 0:
                 hs.end_offset = high
@@ -332,10 +367,8 @@ class Materializer:
         if moved:  # a full batch leaves more to read at once (restoring, catching up): no linger after it
             self._applied_at = time.monotonic() if len(messages) < self.batch_size else float("-inf")
         if out_of_range:
-            # after the other partitions' records are applied: the assignment starts each of
-            # them past what it holds, not where this batch was fetched from
-            self._rebuild(out_of_range, consumer)
-        elif changed:
+            return  # the caller's _rebuild tells the waiters
+        if changed:
             self._changed()
         elif moved:
             self._moves_on()

@@ -462,3 +462,44 @@ def test_a_read_waiting_for_another_node_holds_no_query_slot_and_is_let_go_when_
         gone.close()
         time.sleep(0.3)
     assert node.let_go == ["far"]
+
+
+def test_steps_handed_to_the_loop_run_on_its_thread_and_an_error_stops_them_and_reaches_the_caller() -> None:
+    ran: list[str] = []
+
+    def steps(fail_at: int | None = None) -> Iterator[None]:
+        for i in range(3):
+            if i == fail_at:
+                raise ValueError("applied badly")
+            ran.append(threading.current_thread().name)
+            yield
+
+    with serving(echo) as server:
+        assert server.run_on_loop(steps())
+        assert len(ran) == 3 and len(set(ran)) == 1 and ran[0] != threading.current_thread().name
+        ran.clear()
+        with pytest.raises(ValueError, match="applied badly"):
+            server.run_on_loop(steps(fail_at=1))
+        assert len(ran) == 1
+        conn = Conn(server.port)  # the loop serves on after it
+        conn.send(get("/after"))
+        assert conn.answer()[0] == 200
+
+
+def test_steps_are_declined_when_the_loop_is_not_running() -> None:
+    """The caller then runs them itself: before the loop runs, and after it ended."""
+    ran: list[int] = []
+
+    def steps(n: int) -> Iterator[None]:
+        ran.append(n)
+        yield
+
+    server = LoopServer(echo, "127.0.0.1", 0)
+    assert not server.run_on_loop(steps(1))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    assert server.listening.wait(10)
+    server.stop()
+    thread.join(15)
+    assert not server.run_on_loop(steps(2))
+    assert ran == []
