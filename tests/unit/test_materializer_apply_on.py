@@ -1,6 +1,7 @@
 """The materializer's hand-over of small fetches (``Materializer.apply_on``): a node on the loop
 server has them applied on its event loop, between the answers there, and applies a large
-fetch (a restore's, a catch-up's) or one the loop declines on the materializer's own thread.
+fetch (a restore's, a catch-up's), one a reader waits for, or one the loop declines on the
+materializer's own thread.
 Real shards on RocksDB; the consumer is a fake that hands over one batch a poll."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from federator.node import materializer as materializing
 from federator.node.materializer import ACTIVE, HostedShard
 from federator.store import Shard
 from tests.unit.test_materializer_batches import Consumer, Message, contents, materializer, record
+from tests.unit.test_position_watch import until
 
 
 class Runner:
@@ -76,7 +78,7 @@ def test_a_fetch_the_runner_declines_is_applied_on_the_materializer_thread(tmp_p
     assert runner.seen == [("declined", [])] and contents(shard) == {"a": "v"}
 
 
-def test_a_reader_waiting_for_the_shards_to_move_is_woken_by_a_handed_apply(tmp_path) -> None:
+def test_a_fetch_a_reader_waits_for_is_applied_on_the_materializer_thread_and_wakes_it(tmp_path) -> None:
     m, shard = materializer(tmp_path)
     runner = Runner(shard)
     m.apply_on(runner)
@@ -85,20 +87,12 @@ def test_a_reader_waiting_for_the_shards_to_move_is_woken_by_a_handed_apply(tmp_
     moved: list[int] = []
     waiter = threading.Thread(target=lambda: moved.append(m.wait_moved(m.wait_moved(-1, 0), 20)))
     waiter.start()
-    wait_until_waited_for(m)
+    until(m._waited_for.is_set)
     m._consume(Consumer([[record(1, "b")]]))
     waiter.join(25)
     assert moved and moved[0] > seen + 1
     assert [thread.startswith("runner") for thread, _ in runner.seen] == [True]  # the waited-for fetch: not handed
     assert contents(shard) == {"a": "v", "b": "v"}
-
-
-def wait_until_waited_for(m) -> None:
-    for _ in range(2000):
-        if m._waited_for.is_set():
-            return
-        threading.Event().wait(0.005)
-    raise AssertionError("the waiter never waited")
 
 
 def test_an_error_in_a_handed_apply_reaches_the_materializer(tmp_path) -> None:
