@@ -97,7 +97,7 @@ class Materializer:
         self._moved = threading.Condition()
         self._moves = 0
         # Records fetched soon after others were applied gather for the linger (_linger), unless
-        # someone waits for the shards to move: set by a wait_moved that waits, until the next move.
+        # someone waits for the next records: set by a wait_moved that hurries, until the next move.
         self._waited_for = threading.Event()
         self._applied_at = float("-inf")  # when the last fetch that did not fill a batch was applied
         # Counts the changes other than records applied: a copy opened, closed, reset, rebuilt,
@@ -131,9 +131,8 @@ class Materializer:
         or returns False without running any (then this thread applies them): the HTTP
         server's event loop (``LoopServer.run_on_loop``), so the applies and the answers there
         take the GIL in turn, a partition at a time. A fetch that someone waits for (a
-        consistency token's read, another node's positions watch: ``wait_moved``) is applied on
-        this thread at once, so the waiter does not wait for the loop's turn as well. None: all
-        on this thread."""
+        consistency token's read: ``wait_moved``) is applied on this thread at once,
+        so the waiter does not wait for the loop's turn as well. None: all on this thread."""
         self._apply_on = run
 
     def hosted(self, store: str, partition: int) -> HostedShard | None:
@@ -143,12 +142,16 @@ class Materializer:
         with self._lock:
             return dict(self._hosted)
 
-    def wait_moved(self, seen: int, timeout: float) -> int:
+    def wait_moved(self, seen: int, timeout: float, hurry: bool = True) -> int:
         """The change count once it is past ``seen`` (at once if it already is), or after
-        ``timeout`` seconds; -1 to read it without waiting."""
+        ``timeout`` seconds; -1 to read it without waiting. ``hurry``: the waiter wants the
+        next records now (a read with a consistency token), so what is fetched meanwhile is
+        applied at once; False for one that only follows the changes (another node's
+        positions watch), which the linger then lets gather as for no one."""
         with self._moved:
             if seen >= 0 and self._moves == seen:
-                self._waited_for.set()
+                if hurry:
+                    self._waited_for.set()
                 self._moved.wait(timeout)
             return self._moves
 
@@ -214,8 +217,8 @@ class Materializer:
     def _linger(self) -> None:
         """Let records fetched soon after the last were applied gather until the linger since
         then has passed: a stream of small fetches then costs a write a partition per linger,
-        not per fetch. Cut short the moment anyone waits for the shards to move (a consistency
-        token, another node's positions watch)."""
+        not per fetch. Cut short the moment anyone waits for the next records (a read with a
+        consistency token this node has not reached, asked here or by another node)."""
         left = self._applied_at + self.apply_linger_s - time.monotonic()
         if left > 0:
             self._waited_for.wait(left)

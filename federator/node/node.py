@@ -167,6 +167,16 @@ def _project(columns: list[str], result: QueryResult) -> QueryResult:
     return result
 
 
+def _behind(bound: Position, defn: StoreDefinition | None, results: list[QueryResult]) -> dict[int, int]:
+    """Partition -> the offset ``bound`` asks of it, for the partitions of ``defn`` that
+    refused a read as not there yet (NOT_UP_TO_BOUND)."""
+    if defn is None:
+        return {}
+    wanted = {r.partition: bound.get(defn.topic, r.partition) for r in results
+              if r.failure is FailureReason.NOT_UP_TO_BOUND}
+    return {p: o for p, o in wanted.items() if o is not None}
+
+
 def _together_handler(request: StateQueryRequest, defn: StoreDefinition | None) -> TogetherHandler | None:
     """How a global store answers the request from every partition at once, if it does: for
     the query types its store type names, when the owners' work is at most keeping columns."""
@@ -257,7 +267,8 @@ class Node:
             host = self.config.listen.rpartition(":")[0]
             self.key_server = KeyServer(self.read_local, self._topic_of, self.cluster_secret, host,
                                         self.config.key_port, self.tls, self.answer_call,
-                                        watch=(self.answerable_offsets, self.materializer.wait_moved))
+                                        watch=(self.answerable_offsets,
+                                               functools.partial(self.materializer.wait_moved, hurry=False)))
             self.key_endpoint = f"{self.endpoint.rpartition(':')[0]}:{self.key_server.port}"
             self.key_server.start()
         kafka.check_reachable(self.config.bootstrap_servers)
@@ -551,6 +562,19 @@ class Node:
             return err.status, err.to_json()
 
     def execute(self, request: StateQueryRequest) -> list[QueryResult]:
+        results = self._execute(request)
+        if request.bound.position is None:  # no consistency token: nothing to wait for
+            return results
+        behind = _behind(request.bound.position, self.stores.get(request.store), results)
+        if behind:
+            # a token's read (often another node's) for records fetched or about to be: applied
+            # now, not after the linger, and answered, rather than refused and asked again when
+            # this node's positions watch tells the caller
+            self.wait_applied(request.store, behind, time.monotonic() + self.materializer.apply_linger_s)
+            results = self._execute(request)
+        return results
+
+    def _execute(self, request: StateQueryRequest) -> list[QueryResult]:
         defn = self.stores.get(request.store)
         partitions = request.partitions if request.partitions is not None else range(defn.partitions if defn else 0)
         together = _together_handler(request, defn)

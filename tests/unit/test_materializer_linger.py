@@ -1,13 +1,27 @@
 """The materializer's linger (--apply-linger-ms): records fetched soon after others were applied
-gather until it has passed and are then applied together; anyone waiting for the shards to move
-(a read with a consistency token, another node's positions watch) has them applied at once.
-Real shards on RocksDB; the consumer is a fake that hands over one batch a poll."""
+gather until it has passed and are then applied together; a reader that wants the next records
+(a read with a consistency token this node has not reached, asked here or by another node) has
+them applied at once, and one that only follows the changes (another node's positions watch)
+does not. Real shards on RocksDB, the consumer a fake that hands over one batch a poll; and a
+node's owner code (a MemoryCluster's) over a materializer with records not applied yet."""
 
 from __future__ import annotations
 
 import threading
 import time
+from typing import Callable
 
+import pytest
+
+from federator.catalog import StoreDefinition
+from federator.owner.duck import Duck, DuckConfig
+from federator.query.position import Position, PositionBound
+from federator.query.queries import KeyQuery
+from federator.query.request import StateQueryRequest
+from federator.query.result import FailureReason
+from tests.registry import REGISTRY
+from tests.unit import memory_cluster
+from tests.unit.memory_cluster import MemoryCluster
 from tests.unit.test_materializer_batches import Consumer, contents, materializer, record
 
 
@@ -28,19 +42,25 @@ def test_records_fetched_soon_after_others_were_applied_wait_out_the_linger(tmp_
     assert contents(shard) == {"a": "v", "b": "v"}
 
 
-def test_a_reader_waiting_for_the_shards_to_move_has_the_records_applied_at_once(tmp_path) -> None:
+@pytest.mark.parametrize("hurry", [True, False])
+def test_a_reader_that_wants_the_next_records_has_them_at_once_and_a_watch_that_follows_waits_the_linger(
+        tmp_path, hurry: bool) -> None:
+    """A read with a consistency token waits in a hurry; another node's positions watch only
+    follows the changes, and the records gather as for no one."""
     m, shard = materializer(tmp_path)
-    m.apply_linger_s = 30.0
+    m.apply_linger_s = 2.0
     consumer = Consumer([[record(0, "a")], [record(1, "b")]])
     stepped(m, consumer)
     seen = m.wait_moved(-1, 0)
     moved: list[int] = []
-    waiter = threading.Thread(target=lambda: moved.append(m.wait_moved(seen, 20)))
+    waiter = threading.Thread(target=lambda: moved.append(m.wait_moved(seen, 20, hurry=hurry)))
     waiter.start()
     try:
-        assert stepped(m, consumer) < 5
+        time.sleep(0.05)  # it waits
+        took = stepped(m, consumer)
     finally:
         waiter.join(25)
+    assert took < 1.5 if hurry else took >= 1.9
     assert moved and moved[0] > seen and shard.offset == 1
 
 
@@ -53,3 +73,48 @@ def test_no_linger_after_a_full_batch(tmp_path) -> None:
     assert stepped(m, consumer) < 5
     assert shard.offset == 2
 
+
+
+class Lingering(memory_cluster.Materializer):
+    """A node's materializer with fetched records it has not applied yet: they are applied
+    when a reader waits for them in a hurry (``wait_moved``'s default), not before."""
+
+    def __init__(self, shards: dict, fetched: Callable[[], None] | None, linger_s: float) -> None:
+        super().__init__(shards)
+        self.fetched, self.apply_linger_s, self.moves = fetched, linger_s, 0
+
+    def wait_moved(self, seen: int, timeout: float, hurry: bool = True) -> int:
+        if seen >= 0 and hurry and self.fetched is not None:
+            self.fetched, apply = None, self.fetched
+            apply()
+            self.moves += 1
+        elif seen >= 0:
+            time.sleep(min(timeout, 0.01))
+        return self.moves
+
+
+@pytest.mark.parametrize("fetched", [True, False])
+def test_a_read_for_offsets_not_applied_yet_has_them_applied_and_is_answered_or_is_refused_after_the_linger(
+        tmp_path, fetched: bool) -> None:
+    """Another node's read with a consistency token: answered once the records it asks for are
+    applied (at once, not after the linger), refused NOT_UP_TO_BOUND when they do not come
+    within the linger (the caller asks again when this node's positions watch says so)."""
+    defn = StoreDefinition.from_dict({"name": "scores", "type": "kv", "topic": "scores-changelog", "partitions": 2,
+                                      "key": {"name": "key", "format": "long"},
+                                      "value": {"name": "score", "format": "double"}}, REGISTRY)
+    cluster = MemoryCluster([defn], Duck(DuckConfig(memory_limit="64MB", spill_dir=tmp_path)))
+    p = cluster.write("scores", 7, 1.5)
+    node, offset = cluster.nodes["me"], cluster.shards[("scores", p)].offset
+    assert offset is not None
+    node.materializer = Lingering(node.materializer.shards, (lambda: cluster.write("scores", 7, 2.5)) if fetched
+                                  else None, linger_s=0.3)
+    bound = PositionBound.at(Position.of(defn.topic, p, offset + 1))
+    started = time.monotonic()
+    (result,) = node.execute(StateQueryRequest("scores", KeyQuery(7), (p,), bound, require_active=True))
+    took = time.monotonic() - started
+    if fetched:
+        assert result.failure is None and result.batch.to_pylist()[0]["score"] == 2.5
+        assert took < 0.25
+    else:
+        assert result.failure is FailureReason.NOT_UP_TO_BOUND
+        assert took >= 0.25
