@@ -598,6 +598,27 @@ class Board:
         return self.position(doc), (top_wrong(rows, 10) if len(doc["columns"]) == 2 else rank_wrong(rows))
 
 
+@dataclass(frozen=True)
+class Asked:
+    """What n0, the node the clients ask (all of them, or 4 of 10 spread), spent in one wrk run:
+    its CPU (applying the writes included) and the statements its event loop answered."""
+
+    cpu_s: float
+    seconds: float
+    answered: int
+
+    @property
+    def cores(self) -> float:
+        return self.cpu_s / self.seconds
+
+    @property
+    def us_per_answer(self) -> float:
+        return self.cpu_s / max(1, self.answered) * 1e6
+
+    def __str__(self) -> str:
+        return f"n0 {self.cores:.2f} cores, {self.us_per_answer:,.0f} us an answer"
+
+
 @dataclass
 class GamesRow:
     """One load's wrk runs (RUNS of them, back to back): its figures are their medians, as one
@@ -607,6 +628,7 @@ class GamesRow:
     writes: Writes
     query: str
     runs: list[WrkResult]
+    asked: list[Asked]  # n0's part of each run
     checked: int = 0
     positions: int = 0  # distinct positions among the answers checked: how far the states they reflect moved
     non_2xx: int = 0
@@ -635,7 +657,9 @@ class GamesRow:
                 f"({min(rates):,.0f}-{max(rates):,.0f}) | {statistics.median(w.p50_ms for w in runs):.2f} | "
                 f"{self.p99_ms:.2f} ({min(p99s):.2f}-{max(p99s):.2f}) | {failed} | {self.checked:,} | "
                 f"{self.positions:,} | {len(self.wrong)} | "
-                f"{statistics.median(w.server_us_per_req for w in runs):,.0f} | {self.stolen_cores:.2f} |" + said)
+                f"{statistics.median(w.server_us_per_req for w in runs):,.0f} | "
+                f"{statistics.median(a.cores for a in self.asked):.2f} | "
+                f"{statistics.median(a.us_per_answer for a in self.asked):,.0f} | {self.stolen_cores:.2f} |" + said)
 
 
 QUIET_SECONDS = 2.0
@@ -696,16 +720,21 @@ def games_rows(board: Board, scope: str, nodes: list, pids: list[int], broker: l
                 drained(*nodes)
                 got = read_answers(out.with_suffix(".warm"))
                 runs = []
+                asked = []
                 for run in range(RUNS):
                     before = [loop_requests(n) for n in nodes]
                     ran = out.with_suffix(f".{run}")
+                    n0_cpu = cpu_seconds(pids[0])
                     w = run_wrk(f"{query} [{what}, {writes}/s]", url, "body", path, CLIENTS, SECONDS, pids,
                                 answers=ran, spread=spread)
+                    n0_cpu = cpu_seconds(pids[0]) - n0_cpu
                     drained(*nodes)
-                    progress(f"{w.line()}; {on_loop(before, [loop_requests(n) for n in nodes])}")
+                    after = [loop_requests(n) for n in nodes]
+                    asked.append(Asked(n0_cpu, w.seconds, sum(after[0].values()) - sum(before[0].values())))
+                    progress(f"{w.line()}; {on_loop(before, after)}; {asked[-1]}")
                     runs.append(w)
                     got += read_answers(ran)
-                rows.append(GamesRow(what, writes, query, runs))
+                rows.append(GamesRow(what, writes, query, runs, asked))
                 answers[(what, query)] = got
         progress(f"{games.sent:,} games ended during the rows at {writes}/s")
         board.replay.settle()
@@ -908,7 +937,8 @@ def redis_games_rows(port: int, pid: int, players: int) -> tuple[list[str], list
             seqs = len({position[0] for position, _ in answers[query]})
             lines.append(f"| Redis sorted set, MULTI | {rate:,} | {query} | {r.rate:,.0f} | {r.p50_ms:.2f} | "
                          f"{r.p99_ms:.2f} | {r.errors} | {len(answers[query]):,} | {seqs:,} | {len(wrong)} | "
-                         f"{r.server_us_per_req:,.0f} | {r.stolen_cores:.2f} |" + (f" ({wrong[0]})" if wrong else ""))
+                         f"{r.server_us_per_req:,.0f} | {r.server_cpu_s / r.seconds:.2f} | {r.server_us_per_req:,.0f} | "
+                         f"{r.stolen_cores:.2f} |" + (f" ({wrong[0]})" if wrong else ""))
         lines += native
     client.close()
     return lines, wrong_answers
@@ -919,7 +949,7 @@ def redis_benchmark_row(port: int, pid: int, rate: int, command: list[str]) -> s
     rps, p50, p99, cpu = redis_benchmark(port, pid, command)
     what = "ZREVRANGE 0 9 WITHSCORES" if command[0] == "ZREVRANGE" else "ZREVRANK"
     return (f"| Redis sorted set, redis-benchmark (C client, answers not checked) | {rate:,} | {what} | "
-            f"{rps:,.0f} | {p50:.2f} | {p99:.2f} | 0 | | | | {cpu:,.0f} | |")
+            f"{rps:,.0f} | {p50:.2f} | {p99:.2f} | 0 | | | | {cpu:,.0f} | {rps * cpu / 1e6:.2f} | {cpu:,.0f} | |")
 
 
 def report_games(report: Report, runs: list[ScopeRun], redis_lines: list[str], load_before: float,
@@ -954,14 +984,17 @@ def report_games(report: Report, runs: list[ScopeRun], redis_lines: list[str], l
         "rank must fall among the tied). Under the same writes, redis-benchmark (Debian's, a C client, "
         f"{CLIENTS} connections, {REDIS_BENCHMARK_REQUESTS:,} commands, answers not checked) asks ZREVRANGE 0 9 "
         "WITHSCORES and ZREVRANK of one player: what redis-server answers when its client is not Python. "
-        "Server CPU: all three nodes (applying the writes included), or redis-server. The host's steal: CPU "
+        "Server CPU: all three nodes (applying the writes included), or redis-server. n0's cores and CPU an "
+        "answer: the CPU of n0, the node asked (by all the clients, or 4 of 10 spread), over the run, in cores "
+        "and per statement its event loop answered (applying the writes included): what an answer costs the "
+        "node that gives it, and how much of the machine it had (for Redis, redis-server's). The host's steal: CPU "
         "the machine's hypervisor gave to other guests while the row ran (/proc/stat's steal), in cores of "
         f"the machine's {os.cpu_count()}: the row had that much less machine than the others.",
         "",
         f"| what | new scores/s | query | q/s (target >= {T_GAMES_RATE:,}) | p50 ms | p99 ms (target <= "
         f"{T_GAMES_P99_MS:g}) | non-2xx (target 0) | answers checked | at positions | wrong | server CPU us/req | "
-        "host's steal, cores |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "n0's cores | n0's CPU us an answer | host's steal, cores |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         *(row.line() for row in rows),
         *redis_lines,
         "",
