@@ -74,7 +74,6 @@ def test_no_linger_after_a_full_batch(tmp_path) -> None:
     assert shard.offset == 2
 
 
-
 class Lingering(memory_cluster.Materializer):
     """A node's materializer with fetched records it has not applied yet: they are applied
     when a reader waits for them in a hurry (``wait_moved``'s default), not before."""
