@@ -19,7 +19,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 Addr = tuple[str, int]
 # (client index, that client's Random) -> (server address, request bytes)
@@ -119,6 +119,25 @@ def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+
+
+def jit_seconds(pids: Iterable[int]) -> float:
+    """CPU time so far of the JIT compiler threads (HotSpot's "C1/C2 CompilerThread") of the
+    processes ``pids``: a JVM that has just met a new load compiles its hot code for a minute or
+    so, and those cores are taken from everything else on the machine."""
+    total = 0
+    for pid in pids:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{task}/comm") as f:
+                    if "CompilerThre" not in f.read():
+                        continue
+                with open(f"/proc/{pid}/task/{task}/stat") as f:
+                    fields = f.read().rpartition(")")[2].split()
+            except (FileNotFoundError, ProcessLookupError):  # a thread that ended meanwhile
+                continue
+            total += int(fields[11]) + int(fields[12])
+    return total / _CLK_TCK
 
 
 def stolen_seconds() -> float:
