@@ -116,7 +116,12 @@ class Conn:
 
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of a process (all its threads) so far."""
-    with open(f"/proc/{pid}/stat") as f:
+    return _stat_cpu(f"/proc/{pid}/stat")
+
+
+def _stat_cpu(path: str) -> float:
+    """User + system CPU time so far in a /proc stat file (a process's, or one of its threads')."""
+    with open(path) as f:
         fields = f.read().rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) / _CLK_TCK
 
@@ -125,19 +130,16 @@ def jit_seconds(pids: Iterable[int]) -> float:
     """CPU time so far of the JIT compiler threads (HotSpot's "C1/C2 CompilerThread") of the
     processes ``pids``: a JVM that has just met a new load compiles its hot code for a minute or
     so, and those cores are taken from everything else on the machine."""
-    total = 0
+    total = 0.0
     for pid in pids:
         for task in os.listdir(f"/proc/{pid}/task"):
             try:
                 with open(f"/proc/{pid}/task/{task}/comm") as f:
-                    if "CompilerThre" not in f.read():
-                        continue
-                with open(f"/proc/{pid}/task/{task}/stat") as f:
-                    fields = f.read().rpartition(")")[2].split()
+                    if "CompilerThre" in f.read():
+                        total += _stat_cpu(f"/proc/{pid}/task/{task}/stat")
             except (FileNotFoundError, ProcessLookupError):  # a thread that ended meanwhile
                 continue
-            total += int(fields[11]) + int(fields[12])
-    return total / _CLK_TCK
+    return total
 
 
 def stolen_seconds() -> float:
