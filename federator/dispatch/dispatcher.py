@@ -453,9 +453,13 @@ class Dispatcher:
             try:
                 answered.append(_Answer(call.node_id, call.subquery, f.result()))
             except NodeCallError as e:
+                late = time.monotonic() >= deadline
                 for p in call.request.partitions or ():
-                    tries.reasons[(call.subquery, p)] = f"node {call.node_id} did not answer ({e})"
-                    tries.avoid[(call.subquery, p)].add(call.node_id)
+                    item = (call.subquery, p)
+                    if late and tries.behind.get(item) == call.node_id:
+                        continue  # the deadline came while the owner waited for the token: still behind it
+                    tries.reasons[item] = f"node {call.node_id} did not answer ({e})"
+                    tries.avoid[item].add(call.node_id)
         return answered
 
     def _take(self, out: Gathered, answer: _Answer, subqueries: list[SubQuery], work: OwnerWork | None,

@@ -60,6 +60,12 @@ from federator.query.result import FailureReason, QueryResult
 
 log = logging.getLogger(__name__)
 
+# How long an owner holds a read whose consistency token it has not reached before refusing it
+# (NOT_UP_TO_BOUND): long enough for records already fetched, or in the fetch under way, to be
+# applied (the wait cuts the apply linger short), short enough that a token far ahead is refused
+# while the asker still has time to ask again. Not the linger: that may be much longer.
+TOKEN_WAIT_S = 0.02
+
 
 @dataclass
 class _Execution:
@@ -570,7 +576,7 @@ class Node:
             # a token's read (often another node's) for records fetched or about to be: applied
             # now, not after the linger, and answered, rather than refused and asked again when
             # this node's positions watch tells the caller
-            self.wait_applied(request.store, behind, time.monotonic() + self.materializer.apply_linger_s)
+            self.wait_applied(request.store, behind, time.monotonic() + TOKEN_WAIT_S)
             results = self._execute(request)
         return results
 

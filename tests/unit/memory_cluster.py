@@ -111,14 +111,15 @@ class Materializer:
         self.shards = shards
         # no copy here is ever reset or handed over: a test that changes a copy's state moves it
         self.epoch = 0
-        self.apply_linger_s = 0.0  # writes here are applied as they are made: a read for more is refused at once
 
     def hosted(self, store: str, partition: int) -> Hosted | None:
         shard = self.shards.get((store, partition))
         return None if shard is None else Hosted(shard)
 
     def wait_moved(self, seen: int, timeout: float, hurry: bool = True) -> int:
-        return 0  # writes here are applied as they are made: nothing to wait for
+        if seen >= 0:  # writes here are applied as they are made: nothing more comes while one waits
+            time.sleep(timeout)
+        return 0
 
 
 class MemoryNode(Node):

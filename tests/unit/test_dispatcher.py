@@ -67,8 +67,8 @@ class World:
     """The cluster as the dispatcher on node ``me`` sees it: a view, and what each node answers.
 
     ``script[node]`` is a list of answers, one per call, the last repeated: a FailureReason
-    (every partition of the call fails so), UNREACHABLE, or "ok" (each partition answers one
-    row naming the node)."""
+    (every partition of the call fails so), UNREACHABLE, "ok" (each partition answers one
+    row naming the node), or a function run while the node holds the call, returning one."""
 
     def __init__(self, *nodes: NodeInfo) -> None:
         self.view = ClusterView()
@@ -87,6 +87,8 @@ class World:
         seen = sum(1 for c in self.calls if c[0] == node)
         script = self.script.get(node, ["ok"])
         what = script[min(seen, len(script)) - 1]
+        if callable(what):  # what happens while the node holds the call, then its answer
+            what = what()
         if what == UNREACHABLE:
             raise NodeCallError(f"{node}:1", "no answer (NewConnectionError: connection refused)")
         out = []
@@ -528,6 +530,27 @@ def test_a_token_read_behind_at_its_owner_is_asked_again_when_the_owner_says_it_
         assert clock.sleeps == []  # no back-off slept out
     else:
         assert doubling(clock.sleeps) and len(clock.sleeps) == 2  # the back-off as before
+
+
+@pytest.mark.parametrize("held", [True, False], ids=["held to the deadline", "unreachable"])
+def test_a_token_read_whose_owner_holds_the_call_to_the_deadline_fails_as_not_up_to_bound(
+        clock, make, monkeypatch, held) -> None:
+    """The owner was behind the token, and, asked again, holds the call waiting for the records
+    until the deadline ends it: the read fails NOT_UP_TO_BOUND, as the owner last said. An owner
+    that stopped answering before the deadline makes it UNAVAILABLE, as before."""
+    world = World(info("me"), info("n1", active=[0]))
+    deadline = clock.now + 1.0
+
+    def held_to_the_deadline() -> str:
+        clock.now = deadline
+        return UNREACHABLE
+
+    world.script["n1"] = [FailureReason.NOT_UP_TO_BOUND, held_to_the_deadline if held else UNREACHABLE]
+    d = make(world)
+    monkeypatch.setattr(d, "_watch", lambda endpoint: Watch(True))
+    with pytest.raises(SqlError) as e:
+        gather(d, clock, (0,), timeout=1.0, bound=PositionBound.at(Position({TOPIC: {0: 7}})))
+    assert e.value.code == ("NOT_UP_TO_BOUND" if held else "UNAVAILABLE"), e.value.message
 
 
 def test_a_token_read_behind_here_waits_for_this_nodes_copy_before_asking_again(clock, make, monkeypatch) -> None:
