@@ -89,7 +89,7 @@ class NodeSettings:
              "that holds every fetch for the whole wait (the development broker, tansu) adds up to this "
              "to every read-your-writes: 10 there", "kafka", metavar="MS")
     apply_linger_ms: int = _s(
-        20, "how long after applying a fetch of records the node may let the next ones gather before it applies "
+        100, "how long after applying a fetch of records the node may let the next ones gather before it applies "
             "them, so that a stream of small fetches (a producer's small batches) is applied a few fetches at a "
             "time, each partition's in one write: a read with a consistency token this node has not reached yet, "
             "asked here or by another node, has them applied at once; reads without a token may see the "
