@@ -99,6 +99,13 @@ class Materializer:
         # Records fetched soon after others were applied gather for the linger (_linger), unless
         # someone waits for the next records: set by a wait_moved that hurries, until the next move.
         self._waited_for = threading.Event()
+        # The partitions (topic, partition) the hurrying readers wait for, until the next move;
+        # None when one of them waits for any. Only theirs are applied before the linger is over.
+        self._wanted: set[tuple[str, int]] | None = set()
+        # Polled records of other partitions, held back while only the wanted ones were applied:
+        # applied with the next fetch, or dropped when the consumer is assigned again (it then
+        # reads them again, from past each shard's offset).
+        self._held: list = []
         self._applied_at = float("-inf")  # when the last fetch that did not fill a batch was applied
         # Counts the changes other than records applied: a copy opened, closed, reset, rebuilt,
         # current or not, its role. An offset names a shard's state only within one epoch.
@@ -142,15 +149,18 @@ class Materializer:
         with self._lock:
             return dict(self._hosted)
 
-    def wait_moved(self, seen: int, timeout: float, hurry: bool = True) -> int:
+    def wait_moved(self, seen: int, timeout: float, hurry: bool = True,
+                   want: set[tuple[str, int]] | None = None) -> int:
         """The change count once it is past ``seen`` (at once if it already is), or after
         ``timeout`` seconds; -1 to read it without waiting. ``hurry``: the waiter wants the
         next records now (a read with a consistency token), so what is fetched meanwhile is
-        applied at once; False for one that only follows the changes (another node's
-        positions watch), which the linger then lets gather as for no one."""
+        applied at once (only the partitions ``want`` names, (topic, partition), when it
+        names them); False for one that only follows the changes (another node's positions
+        watch), which the linger then lets gather as for no one."""
         with self._moved:
             if seen >= 0 and self._moves == seen:
                 if hurry:
+                    self._wanted = None if want is None or self._wanted is None else self._wanted | want
                     self._waited_for.set()
                 self._moved.wait(timeout)
             return self._moves
@@ -164,6 +174,7 @@ class Materializer:
         with self._moved:
             self._moves += 1
             self._waited_for.clear()  # each waiter wakes to this move, and waits again if it wants more
+            self._wanted = set()
             self._moved.notify_all()
 
     # ---- the materializer thread -----------------------------------------------------------
@@ -289,6 +300,7 @@ class Materializer:
         return changed
 
     def _assign(self, consumer) -> None:
+        self._held = []  # read again from past each shard's offset
         tps = []
         for hs in self._hosted.values():
             if not hs.gone:
@@ -296,11 +308,18 @@ class Materializer:
         consumer.assign(tps)
 
     def _consume(self, consumer) -> None:
-        messages = kafka.next_batch(consumer, self.batch_size, 0.1)
+        wanted = self._wanted_now()
+        wait = 0.1
+        if self._held:  # not past the linger: held records are applied when it is over
+            wait = 0.0 if wanted is None else min(wait, max(0.0, self._applied_at + self.apply_linger_s - time.monotonic()))
+        messages = self._held + kafka.next_batch(consumer, self.batch_size, wait)
+        self._held = []
+        if wanted is not None:  # the rest gathers on for the linger
+            messages, self._held = _split(messages, wanted)
         if not messages:
             return
         out_of_range: set[tuple[str, int]] = set()
-        steps = self._applying(messages, consumer, out_of_range)
+        steps = self._applying(messages, consumer, out_of_range, partial=wanted is not None)
         run = self._apply_on
         if run is None or self._waited_for.is_set() or len(messages) > HANDED_RECORDS or not run(steps):
             for _ in steps:
@@ -310,11 +329,22 @@ class Materializer:
             # them past what it holds, not where this batch was fetched from
             self._rebuild(out_of_range, consumer)
 
-    def _applying(self, messages: list, consumer, out_of_range: set[tuple[str, int]]) -> Iterator[None]:
+    def _wanted_now(self) -> set[tuple[str, int]] | None:
+        """The partitions to apply now while the others gather on: those the hurrying readers
+        named, while the linger lasts; None to apply everything fetched."""
+        with self._moved:
+            wanted = self._wanted if self._waited_for.is_set() else None
+        if not wanted or time.monotonic() >= self._applied_at + self.apply_linger_s:
+            return None
+        return set(wanted)
+
+    def _applying(self, messages: list, consumer, out_of_range: set[tuple[str, int]],
+                  partial: bool = False) -> Iterator[None]:
         """A fetch's records applied to their shards, a step (a yield) after each partition's
         write, and the waiters told at the end; ``out_of_range`` gets the partitions the broker
         said are out of range, which the caller rebuilds (on its thread: that reassigns the
-        consumer)."""
+        consumer). ``partial``: only the partitions readers wait for, the others held back,
+        which leaves the linger running."""
         by_tp: dict[tuple[str, int], list] = defaultdict(list)
         eof: list[tuple[str, int, int]] = []
         for m in messages:
@@ -367,7 +397,7 @@ class Materializer:
             if not hs.restored:
                 hs.restored = hs.caught_up = True
                 changed = True
-        if moved:  # a full batch leaves more to read at once (restoring, catching up): no linger after it
+        if moved and not partial:  # a full batch leaves more to read at once (restoring, catching up): no linger after it
             self._applied_at = time.monotonic() if len(messages) < self.batch_size else float("-inf")
         if out_of_range:
             return  # the caller's _rebuild tells the waiters
@@ -408,6 +438,18 @@ def _start(hs: HostedShard) -> int:
     if hs.shard.offset is not None:
         return hs.shard.offset + 1
     return OFFSET_BEGINNING if hs.log_start_moved else 0
+
+
+def _split(messages: list, wanted: set[tuple[str, int]]) -> tuple[list, list]:
+    """(the messages to apply now, those held back): the records and end-of-partition events of
+    partitions not ``wanted`` are held back, in order; an error is never held."""
+    now: list = []
+    held: list = []
+    for m in messages:
+        err = m.error()
+        hold = (err is None or err.code() == KafkaError._PARTITION_EOF) and (m.topic(), m.partition()) not in wanted
+        (held if hold else now).append(m)
+    return now, held
 
 
 def _past(messages: list, offset: int | None) -> list:

@@ -531,6 +531,7 @@ class Node:
         -> offset: a consistency token's), or until ``deadline`` (time.monotonic()): woken by
         each record applied, not polled."""
         m = self.materializer
+        defn = self.stores.get(store)
         seen = m.wait_moved(-1, 0)
         while True:
             behind = [p for p, o in offsets.items()
@@ -538,7 +539,9 @@ class Node:
             left = deadline - time.monotonic()
             if not behind or left <= 0:
                 return
-            seen = m.wait_moved(seen, min(left, 1.0))
+            # only these partitions' records are applied now; the others' gather on
+            want = None if defn is None else {(defn.topic, p) for p in behind}
+            seen = m.wait_moved(seen, min(left, 1.0), want=want)
 
     def _publish(self, info: NodeInfo | None = None) -> None:
         if self.refused is not None or not self._identity_checked.is_set():

@@ -116,7 +116,7 @@ class Materializer:
         shard = self.shards.get((store, partition))
         return None if shard is None else Hosted(shard)
 
-    def wait_moved(self, seen: int, timeout: float, hurry: bool = True) -> int:
+    def wait_moved(self, seen: int, timeout: float, hurry: bool = True, want: set | None = None) -> int:
         if seen >= 0:  # writes here are applied as they are made: nothing more comes while one waits
             time.sleep(timeout)
         return 0

@@ -12,18 +12,21 @@ import time
 from typing import Callable
 
 import pytest
+from confluent_kafka import KafkaError
 
 from federator.catalog import StoreDefinition
+from federator.node.materializer import ACTIVE, HostedShard, Materializer
 from federator.node.node import TOKEN_WAIT_S
 from federator.owner.duck import Duck, DuckConfig
 from federator.query.position import Position, PositionBound
 from federator.query.queries import KeyQuery
 from federator.query.request import StateQueryRequest
 from federator.query.result import FailureReason
+from federator.store import Shard
 from tests.registry import REGISTRY
 from tests.unit import memory_cluster
 from tests.unit.memory_cluster import MemoryCluster
-from tests.unit.test_materializer_batches import Consumer, contents, materializer, record
+from tests.unit.test_materializer_batches import TOPIC, Consumer, Message, contents, materializer, record
 
 
 def stepped(m, consumer: Consumer) -> float:
@@ -65,6 +68,63 @@ def test_a_reader_that_wants_the_next_records_has_them_at_once_and_a_watch_that_
     assert moved and moved[0] > seen and shard.offset == 1
 
 
+def two_partitions(tmp_path) -> tuple[Materializer, list[Shard]]:
+    defn = StoreDefinition.from_dict({"name": "s", "type": "kv", "topic": TOPIC, "partitions": 2,
+                                      "key": {"format": "string"}, "value": {"format": "string"}}, REGISTRY)
+    m = Materializer("unused:9092", tmp_path, fetch_wait_ms=10)
+    shards = [Shard(tmp_path / "s" / str(p), defn, p) for p in (0, 1)]
+    for shard in shards:
+        m._hosted[("s", shard.partition)] = HostedShard(shard, ACTIVE)
+    return m, shards
+
+
+def hurried_step(m, consumer: Consumer, want: set[tuple[str, int]]) -> float:
+    """The next step while a reader waits in a hurry for ``want``'s records; seconds it took."""
+    seen = m.wait_moved(-1, 0)
+    waiter = threading.Thread(target=lambda: m.wait_moved(seen, 20, want=want))
+    waiter.start()
+    try:
+        time.sleep(0.05)  # it waits
+        return stepped(m, consumer)
+    finally:
+        waiter.join(25)
+
+
+def test_a_reader_waiting_for_some_partitions_has_theirs_applied_at_once_and_the_rest_after_the_linger(
+        tmp_path) -> None:
+    """A read with a consistency token names the partitions it waits for: their fetched
+    records are applied at once; the other partitions' (their end-of-partition event too)
+    gather on until the linger is over, and none is lost."""
+    m, (s0, s1) = two_partitions(tmp_path)
+    m.apply_linger_s = 2.0
+    consumer = Consumer([[Message(0, 0, b"a", b"v"), Message(1, 0, b"b", b"v")],
+                         [Message(0, 1, b"c", b"v"), Message(1, 1, b"d", b"v"),
+                          Message(0, 2, code=KafkaError._PARTITION_EOF)], []])
+    stepped(m, consumer)
+    assert hurried_step(m, consumer, {(TOPIC, 1)}) < 1.5
+    assert (s0.offset, s1.offset) == (0, 1) and contents(s1) == {"b": "v", "d": "v"}
+    assert stepped(m, consumer) >= 1.5  # the rest, once the linger is over
+    assert (s0.offset, contents(s0)) == (1, {"a": "v", "c": "v"})
+
+
+def test_records_held_back_are_not_applied_to_a_shard_rebuilt_meanwhile(tmp_path) -> None:
+    """Partition 0's next record is held back while a reader waits for partition 1; then the
+    broker says partition 0's log is out of range (truncated, created anew): the rebuilt shard
+    gets what the log holds now, not the held record of the old log."""
+    m, (s0, s1) = two_partitions(tmp_path)
+    m.apply_linger_s = 2.0
+    consumer = Consumer([[Message(0, 0, b"a", b"v"), Message(1, 0, b"b", b"v")],
+                         [Message(0, 1, b"old", b"v"), Message(1, 1, b"d", b"v")],
+                         [Message(0, 2, code=KafkaError._AUTO_OFFSET_RESET), Message(1, 2, b"e", b"v")]])
+    stepped(m, consumer)
+    hurried_step(m, consumer, {(TOPIC, 1)})
+    hurried_step(m, consumer, {(TOPIC, 1)})
+    assert (s0.offset, s1.offset) == (None, 2)
+    consumer.batches = [[Message(0, 0, b"new", b"N")]]
+    stepped(m, consumer)
+    assert (s0.offset, contents(s0)) == (0, {"new": "N"})
+
+
 def test_no_linger_after_a_full_batch(tmp_path) -> None:
     """A fetch that filled the batch leaves more to read (restoring, catching up): read on."""
     m, shard = materializer(tmp_path)
@@ -83,7 +143,7 @@ class Lingering(memory_cluster.Materializer):
         super().__init__(shards)
         self.fetched, self.apply_linger_s, self.moves = fetched, linger_s, 0
 
-    def wait_moved(self, seen: int, timeout: float, hurry: bool = True) -> int:
+    def wait_moved(self, seen: int, timeout: float, hurry: bool = True, want: set | None = None) -> int:
         if seen >= 0 and hurry and self.fetched is not None:
             self.fetched, apply = None, self.fetched
             apply()
