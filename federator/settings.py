@@ -92,8 +92,9 @@ class NodeSettings:
         100, "how long after applying a fetch of records the node may let the next ones gather before it applies "
             "them, so that a stream of small fetches (a producer's small batches) is applied a few fetches at a "
             "time, each partition's in one write: a read with a consistency token this node has not reached yet, "
-            "asked here or by another node, has them applied at once; reads without a token may see the "
-            "changelog up to this much later. 0 applies each fetch as it comes", "kafka", metavar="MS")
+            "asked here or by another node, has the records of the partitions it waits for applied at once; reads "
+            "without a token may see the changelog up to this much later. 0 applies each fetch as it comes",
+        "kafka", metavar="MS")
     application_id: str | None = _s(
         None, "application id: names the catalog topic <APP>-catalog", "kafka",
         env="FEDERATOR_APPLICATION_ID", metavar="APP", required=True)
