@@ -106,6 +106,7 @@ class Materializer:
         # applied with the next fetch, or dropped when the consumer is assigned again (it then
         # reads them again, from past each shard's offset).
         self._held: list = []
+        self._read_again = False  # set when a fetch's apply failed: the consumer is assigned anew
         self._applied_at = float("-inf")  # when the last fetch that did not fill a batch was applied
         # Counts the changes other than records applied: a copy opened, closed, reset, rebuilt,
         # current or not, its role. An offset names a shard's state only within one epoch.
@@ -196,7 +197,7 @@ class Materializer:
             consumer.close()
 
     def _step(self, consumer, admin, next_check: float) -> float:
-        reassign = False
+        reassign = self._read_again
         with self._lock:
             desired, self._desired = self._desired, None
         if desired is not None:
@@ -222,7 +223,13 @@ class Materializer:
             self._stop.wait(0.1)
             return next_check
         self._linger()
-        self._consume(consumer)
+        try:
+            self._consume(consumer)
+        except Exception:
+            # the records polled and not applied are past the consumer's position: read them
+            # again, from past each shard's offset, or they would be skipped
+            self._read_again = True
+            raise
         return next_check
 
     def _linger(self) -> None:
@@ -306,6 +313,7 @@ class Materializer:
             if not hs.gone:
                 tps.append(TopicPartition(hs.shard.topic, hs.shard.partition, _start(hs)))
         consumer.assign(tps)
+        self._read_again = False
 
     def _consume(self, consumer) -> None:
         wanted = self._wanted_now()

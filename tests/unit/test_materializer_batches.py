@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 
 from federator.catalog import StoreDefinition
@@ -111,6 +112,26 @@ def test_records_fetched_before_an_out_of_range_answer_are_not_applied_to_the_re
     m._consume(consumer)
     assert (shard.offset, contents(shard)) == (1, {"alpha": "A", "b": "v"})
     assert m.hosted("s", 0).restored
+
+
+def test_records_polled_when_applying_them_failed_are_read_again(tmp_path) -> None:
+    """A fetch whose apply failed (a disk error): the next step reads its records again from
+    past what the shard holds, rather than going on past them."""
+    m, shard = materializer(tmp_path)
+    consumer = Consumer([[record(0, "a"), record(1, "b")]])
+    apply = shard.apply
+
+    def fail_once(*args, **kwargs):
+        shard.apply = apply
+        raise OSError("No space left on device")
+
+    shard.apply = fail_once
+    with pytest.raises(OSError):
+        m._step(consumer, None, float("inf"))
+    consumer.batches = [[record(0, "a"), record(1, "b")]]
+    m._step(consumer, None, float("inf"))
+    assert consumer.assigned[-1] == [(0, 0)]
+    assert (shard.offset, contents(shard)) == (1, {"a": "v", "b": "v"})
 
 
 def test_records_at_or_before_the_shards_position_do_not_take_it_back(tmp_path) -> None:
