@@ -236,10 +236,16 @@ class Materializer:
         """Let records fetched soon after the last were applied gather until the linger since
         then has passed: a stream of small fetches then costs a write a partition per linger,
         not per fetch. Cut short the moment anyone waits for the next records (a read with a
-        consistency token this node has not reached, asked here or by another node)."""
-        left = self._applied_at + self.apply_linger_s - time.monotonic()
+        consistency token this node has not reached, asked here or by another node); then
+        only the partitions such readers named are applied, and the others' records held back
+        (_consume)."""
+        left = self._linger_left()
         if left > 0:
             self._waited_for.wait(left)
+
+    def _linger_left(self) -> float:
+        """Seconds until the linger since the last apply is over (0 or less: it is)."""
+        return self._applied_at + self.apply_linger_s - time.monotonic()
 
     def _reconcile(self, desired: Desired, admin) -> bool:
         changed = False
@@ -319,7 +325,7 @@ class Materializer:
         wanted = self._wanted_now()
         wait = 0.1
         if self._held:  # not past the linger: held records are applied when it is over
-            wait = 0.0 if wanted is None else min(wait, max(0.0, self._applied_at + self.apply_linger_s - time.monotonic()))
+            wait = 0.0 if wanted is None else min(wait, max(0.0, self._linger_left()))
         messages = self._held + kafka.next_batch(consumer, self.batch_size, wait)
         self._held = []
         if wanted is not None:  # the rest gathers on for the linger
@@ -342,7 +348,7 @@ class Materializer:
         named, while the linger lasts; None to apply everything fetched."""
         with self._moved:
             wanted = self._wanted if self._waited_for.is_set() else None
-        if not wanted or time.monotonic() >= self._applied_at + self.apply_linger_s:
+        if not wanted or self._linger_left() <= 0:
             return None
         return set(wanted)
 
