@@ -110,6 +110,41 @@ def test_a_read_with_a_token_does_not_wait_out_the_apply_linger(apache_kafka, ap
         node.stop()
 
 
+def test_a_read_with_a_token_has_only_its_partitions_applied_at_once(apache_kafka, app_id, tmp_path) -> None:
+    """Two partitions, a long --apply-linger-ms: a write to one, fetched soon after the last
+    apply, gathers; a read with the token of a write to the other has that one applied at once
+    and not the first, which is applied when the linger is over. Were every partition applied
+    with the token's, the read without a token would see the first write at once."""
+    import itertools
+    import time
+
+    from federator.partitioner import partition_for
+    from tests.integration.cluster import write_with_token
+
+    linger_ms = 4000
+    defn, node, producer = _node_read_back(apache_kafka, app_id, tmp_path, "wanted", 2, "--apply-linger-ms", linger_ms)
+    bootstrap = apache_kafka.bootstrap_servers
+    of_k = partition_for(defn.key.serialize("k"), 2)
+    other = next(key for key in (f"o{i}" for i in itertools.count()) if partition_for(defn.key.serialize(key), 2) != of_k)
+    sql = "SELECT value FROM wanted WHERE key = 'k'"
+    try:
+        time.sleep(linger_ms / 1000)  # the linger since the read back is over: the next write is applied as it comes
+        written = time.monotonic()  # at most when it was applied, which starts the linger
+        write_with_token(bootstrap, defn, {"k": 1}, producer)
+        wait_for(lambda: node.sql(sql)[1].get("rows") == [[1]], 30, "the first write applied as it came")
+        write_with_token(bootstrap, defn, {"k": 2}, producer)
+        token = write_with_token(bootstrap, defn, {other: 3}, producer)
+        status, body = node.sql(f"SELECT value FROM wanted WHERE key = '{other}'",
+                                consistency_token=token.to_token(), timeout_ms=30_000)
+        assert (status, body.get("rows")) == (200, [[3]]), body
+        status, body = node.sql(sql)
+        if time.monotonic() - written < linger_ms / 1000 / 2:
+            assert (status, body.get("rows")) == (200, [[1]]), body
+        wait_for(lambda: node.sql(sql)[1].get("rows") == [[2]], 30, "the gathered write applied after the linger")
+    finally:
+        node.stop()
+
+
 def _node_read_back(apache_kafka, app_id, tmp_path, store: str, partitions: int, flag: str, value: int):
     """A node started with ``flag value`` over a new kv store (string -> long), its key 'k'
     written with -1 and read back with the write's token; (the store, the node, a producer

@@ -78,12 +78,19 @@ def record(offset: int, key: str, value: str = "v") -> Message:
 
 
 def materializer(tmp_path: Path) -> tuple[Materializer, Shard]:
-    defn = StoreDefinition.from_dict({"name": "s", "type": "kv", "topic": TOPIC, "partitions": 1,
-                                      "key": {"format": "string"}, "value": {"format": "string"}}, REGISTRY)
-    shard = Shard(tmp_path / "s" / "0", defn, 0)
-    m = Materializer("unused:9092", tmp_path, fetch_wait_ms=10)
-    m._hosted[("s", 0)] = HostedShard(shard, ACTIVE)
+    m, (shard,) = materializer_of(tmp_path, 1)
     return m, shard
+
+
+def materializer_of(tmp_path: Path, partitions: int) -> tuple[Materializer, list[Shard]]:
+    """A materializer hosting every partition of store ``s`` (string -> string), and its shards."""
+    defn = StoreDefinition.from_dict({"name": "s", "type": "kv", "topic": TOPIC, "partitions": partitions,
+                                      "key": {"format": "string"}, "value": {"format": "string"}}, REGISTRY)
+    m = Materializer("unused:9092", tmp_path, fetch_wait_ms=10)
+    shards = [Shard(tmp_path / "s" / str(p), defn, p) for p in range(partitions)]
+    for shard in shards:
+        m._hosted[("s", shard.partition)] = HostedShard(shard, ACTIVE)
+    return m, shards
 
 
 def contents(shard: Shard) -> dict[str, str]:

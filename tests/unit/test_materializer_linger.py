@@ -15,18 +15,17 @@ import pytest
 from confluent_kafka import KafkaError
 
 from federator.catalog import StoreDefinition
-from federator.node.materializer import ACTIVE, HostedShard, Materializer
 from federator.node.node import TOKEN_WAIT_S
 from federator.owner.duck import Duck, DuckConfig
 from federator.query.position import Position, PositionBound
 from federator.query.queries import KeyQuery
 from federator.query.request import StateQueryRequest
 from federator.query.result import FailureReason
-from federator.store import Shard
 from tests.registry import REGISTRY
 from tests.unit import memory_cluster
 from tests.unit.memory_cluster import MemoryCluster
-from tests.unit.test_materializer_batches import TOPIC, Consumer, Message, contents, materializer, record
+from tests.unit.test_materializer_batches import (TOPIC, Consumer, Message, contents, materializer,
+                                                  materializer_of, record)
 
 
 def stepped(m, consumer: Consumer) -> float:
@@ -68,16 +67,6 @@ def test_a_reader_that_wants_the_next_records_has_them_at_once_and_a_watch_that_
     assert moved and moved[0] > seen and shard.offset == 1
 
 
-def two_partitions(tmp_path) -> tuple[Materializer, list[Shard]]:
-    defn = StoreDefinition.from_dict({"name": "s", "type": "kv", "topic": TOPIC, "partitions": 2,
-                                      "key": {"format": "string"}, "value": {"format": "string"}}, REGISTRY)
-    m = Materializer("unused:9092", tmp_path, fetch_wait_ms=10)
-    shards = [Shard(tmp_path / "s" / str(p), defn, p) for p in (0, 1)]
-    for shard in shards:
-        m._hosted[("s", shard.partition)] = HostedShard(shard, ACTIVE)
-    return m, shards
-
-
 def hurried_step(m, consumer: Consumer, want: set[tuple[str, int]]) -> float:
     """The next step while a reader waits in a hurry for ``want``'s records; seconds it took."""
     seen = m.wait_moved(-1, 0)
@@ -95,7 +84,7 @@ def test_a_reader_waiting_for_some_partitions_has_theirs_applied_at_once_and_the
     """A read with a consistency token names the partitions it waits for: their fetched
     records are applied at once; the other partitions' (their end-of-partition event too)
     gather on until the linger is over, and none is lost."""
-    m, (s0, s1) = two_partitions(tmp_path)
+    m, (s0, s1) = materializer_of(tmp_path, 2)
     m.apply_linger_s = 2.0
     consumer = Consumer([[Message(0, 0, b"a", b"v"), Message(1, 0, b"b", b"v")],
                          [Message(0, 1, b"c", b"v"), Message(1, 1, b"d", b"v"),
@@ -111,7 +100,7 @@ def test_records_held_back_are_not_applied_to_a_shard_rebuilt_meanwhile(tmp_path
     """Partition 0's next record is held back while a reader waits for partition 1; then the
     broker says partition 0's log is out of range (truncated, created anew): the rebuilt shard
     gets what the log holds now, not the held record of the old log."""
-    m, (s0, s1) = two_partitions(tmp_path)
+    m, (s0, s1) = materializer_of(tmp_path, 2)
     m.apply_linger_s = 2.0
     consumer = Consumer([[Message(0, 0, b"a", b"v"), Message(1, 0, b"b", b"v")],
                          [Message(0, 1, b"old", b"v"), Message(1, 1, b"d", b"v")],
