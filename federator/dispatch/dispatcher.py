@@ -37,7 +37,7 @@ from federator.query.owner_work import OwnerWork
 from federator.query.queries import UnknownQueryType
 from federator.query.position import Position, PositionBound
 from federator.query.request import StateQueryRequest
-from federator.query.result import FailureReason, QueryResult
+from federator.query.result import FailureReason, QueryResult, all_ok
 from federator.query.wire import NOT_COLOCATED
 from federator.route.read_options import ReadOptions
 from federator.store.layer import StoredEntry
@@ -339,7 +339,7 @@ class Dispatcher:
         for sq in subqueries:
             results = self.node.execute(StateQueryRequest(store, sq.query, sq.partitions, options.bound,
                                                           require_active=not options.allow_stale, work=work))
-            if not all(r.ok for r in results):
+            if not all_ok(results):
                 return None
             answers.append(results)
         return answers

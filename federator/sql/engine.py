@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import functools
+import itertools
+import operator
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Any, Awaitable, Callable, Iterator
+from typing import Any, Awaitable, Callable, Hashable, Iterator
 
 import pyarrow as pa
 
@@ -41,6 +43,9 @@ from federator.sql.point import PointPlan, point_plan
 from federator.sql.pushdown import is_volatile
 from federator.sql.result import SqlRequest, SqlResult
 from federator.store.layer import UNBOUNDED, StoredEntry
+
+_POSITION, _BATCH = operator.attrgetter("position"), operator.attrgetter("batch")
+_IS_SOME = functools.partial(operator.is_not, None)
 
 
 def _plan_key(req: SqlRequest) -> tuple | None:
@@ -86,6 +91,7 @@ class SqlEngine:
         # more than answering a repeated aggregate over kept scans
         self._plans: dict[tuple, QueryPlan] = {}
         self._templates: dict[tuple, QueryPlan] = {}  # (text, dialect, parameter types) -> a plan to rebind
+        self._shapes: dict[int, tuple[QueryPlan, bool]] = {}  # id(plan) -> (plan, _small_and_together(plan))
         self.duck: Duck = node.duck
         # store references of one statement are fetched side by side (the dispatcher's own pool
         # makes the node calls; a separate pool cannot wait on itself)
@@ -184,14 +190,15 @@ class SqlEngine:
         counted = counted_batches(batches, stats, started, lambda outcome: self._count(kind, outcome, started))
         return SqlResult(schema, counted, position.to_token(), stats)
 
-    def local_kept(self, req: SqlRequest) -> SqlResult | None:
+    def local_kept(self, req: SqlRequest, plan_key: tuple | None = None) -> SqlResult | None:
         """A repeated statement's small answer kept at this node, when every partition it reads
         is known to be where it was then: at once, without planning, reading or waiting; None
-        otherwise, and then ``execute`` answers it, the same (see ``point_now``)."""
+        otherwise, and then ``execute`` answers it, the same (see ``point_now``). ``plan_key``:
+        ``_plan_key(req)``, when the caller has it."""
         if req.consistency_token or req.allow_stale or self._reuse_seconds <= 0:
             return None
         started = time.perf_counter()
-        plan_key = _plan_key(req)
+        plan_key = plan_key or _plan_key(req)
         plan = self._plans.get(plan_key) if plan_key is not None else None
         stores = self._stores()
         # execute takes the point path for a point text, and plans again after a store changed
@@ -216,17 +223,22 @@ class SqlEngine:
         statement over this node's global stores that their store type answers in one read
         (``local_global``). None otherwise (planning a new text, a consistency token to wait
         for, a copy too far behind), and ``execute`` answers it. For the HTTP server's event loop."""
-        return self.point_now(req) or self.local_kept(req) or self.local_global(req)
+        found = self.point_now(req)
+        if found is not None or req.consistency_token:
+            return found
+        plan_key = _plan_key(req)  # once for both
+        return None if plan_key is None else self.local_kept(req, plan_key) or self.local_global(req, plan_key)
 
-    def local_global(self, req: SqlRequest) -> SqlResult | None:
+    def local_global(self, req: SqlRequest, plan_key: tuple | None = None) -> SqlResult | None:
         """A statement over this node's global stores whose small answer their store type
         builds from every partition in one read (a leaderboard's ranks and top-k), with nothing
-        for DuckDB to do, when every copy answers now; None otherwise (see ``point_now``)."""
-        plan_key = _plan_key(req)
+        for DuckDB to do, when every copy answers now; None otherwise (see ``point_now``).
+        ``plan_key``: ``_plan_key(req)``, when the caller has it."""
+        plan_key = plan_key or _plan_key(req)
         if req.consistency_token or plan_key is None:
             return None
         # kept only for a SELECT that planned (not for EXPLAIN): no parse, so no error, here
-        plan = self._kept_plan(req, plan_key, _small_and_together)
+        plan = self._kept_plan(req, plan_key, self._small_and_together)
         if plan is None:
             return None
         try:
@@ -257,9 +269,10 @@ class SqlEngine:
             answers = self.dispatcher.read_here(defn.name, subqueries, work, options, range(defn.partitions))
             if answers is None:
                 raise NotNow("a copy cannot answer now", [])
-            results = [r for rs in answers for r in rs]
-            read.append(Position().merge_all([r.position for r in results if r.position is not None]))
-            return Gathered(batches=[r.batch for r in results if r.batch is not None], position=read[-1])
+            # a result a partition, most with neither rows nor a position (together_reads): sifted in C
+            results = list(itertools.chain.from_iterable(answers))
+            read.append(Position().merge_all(filter(_IS_SOME, map(_POSITION, results))))
+            return Gathered(batches=list(filter(_IS_SOME, map(_BATCH, results))), position=read[-1])
 
         if ref.combine is not None:
             rows = ref.combine(_RuleFetch(gather, keeps=False))
@@ -526,6 +539,15 @@ class SqlEngine:
         # generation's took longer; rebinding costs tens of µs
         return template.rebind(list(req.parameters))
 
+    def _small_and_together(self, plan: QueryPlan) -> bool:
+        """``_small_and_together(plan)``, judged once a plan: every rank of a text asks it of
+        the same template (kept by identity, with the plan, as a plan is replaced, not changed)."""
+        judged = self._shapes.get(id(plan))
+        if judged is None or judged[0] is not plan:
+            judged = (plan, _small_and_together(plan))
+            _put_bounded(self._shapes, id(plan), judged, STATEMENT_PLANS + PLAN_TEMPLATES)
+        return judged[1]
+
     def _keep_plan(self, plan_key: tuple, plan: QueryPlan) -> None:
         _put_bounded(self._plans, plan_key, plan, STATEMENT_PLANS)  # one entry per distinct SQL text and parameters
 
@@ -611,7 +633,7 @@ def _small_and_together(plan: QueryPlan) -> bool:
     return True
 
 
-def _put_bounded(kept: dict, key: tuple, value: Any, most: int) -> None:
+def _put_bounded(kept: dict, key: Hashable, value: Any, most: int) -> None:
     if len(kept) >= most:  # planning again is cheaper than tracking which plans are still asked for
         kept.clear()
     kept[key] = value

@@ -113,15 +113,17 @@ class TopRows:
         for i, desc, nulls_first in sort_keys:
             kept = _sorted(kept, i, desc, nulls_first)
         stop = None if self.limit is None else self.offset + self.limit
-        return Rows(out, [pick(r) for r in kept[self.offset:stop]])
+        kept = kept[self.offset:stop]
+        return Rows(out, kept if pick is None else list(map(pick, kept)))
 
 
 @by_identity
 def _rows_layout(top: TopRows, source: pa.Schema, schema: pa.Schema | None
-                 ) -> tuple[list[tuple[int, bool, bool]], Callable[[tuple], tuple], pa.Schema] | None:
+                 ) -> tuple[list[tuple[int, bool, bool]], Callable[[tuple], tuple] | None, pa.Schema] | None:
     """For ``TopRows._apply_rows``, made once per statement and schema (a schema costs more to
     build than a row to cut): the sort keys as column indices (the last key first), what picks
-    the columns of a row, and the answer's schema; None where Arrow must answer."""
+    the columns of a row (None: every column, in order), and the answer's schema; None where
+    Arrow must answer."""
     names = source.names
     columns = top.columns if top.columns is not None else tuple((n, n) for n in names)
     if any(c not in names for c, _ in columns) or any(c not in names for c, _, _ in top.order) \
@@ -134,7 +136,17 @@ def _rows_layout(top: TopRows, source: pa.Schema, schema: pa.Schema | None
     if out is None or out.types != picked.types:
         return None
     sort_keys = [(names.index(c), desc, first) for c, desc, first in reversed(top.order)]
-    return sort_keys, lambda row: tuple([row[i] for i in at]), out
+    return sort_keys, _picker(at, len(names)), out
+
+
+def _picker(at: list[int], width: int) -> Callable[[tuple], tuple] | None:
+    """What picks the columns ``at`` of a row of ``width`` as a tuple, in C; None when that is
+    the whole row (a rank's answer keeps every column of its rule's rows)."""
+    if at == list(range(width)):
+        return None
+    if len(at) == 1:
+        return lambda row: (row[at[0]],)
+    return itemgetter(*at)
 
 
 def _sorted(rows: list[tuple], i: int, descending: bool, nulls_first: bool) -> list[tuple]:

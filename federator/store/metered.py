@@ -30,8 +30,11 @@ class Meter:
 
     def table(self, store: str, partition: int) -> dict[str, list[int]]:
         """query type -> [queries, rows, failed, nanoseconds], for one layer to update."""
-        with self._lock:
-            return self._tables.setdefault((store, partition), {})
+        table = self._tables.get((store, partition))  # never dropped: no lock to find one (a global read asks each time)
+        if table is None:
+            with self._lock:
+                table = self._tables.setdefault((store, partition), {})
+        return table
 
     def stats(self) -> dict[str, dict[str, dict[str, float]]]:
         """{store: {query type: {queries, rows, failed, ms}}}, as node metadata shows it."""

@@ -6,6 +6,7 @@ a time. All or nothing: one partition refused refuses them all, as a part alone 
 from __future__ import annotations
 
 import functools
+import operator
 
 from federator.query.position import Position, PositionBound
 from federator.query.queries import Query
@@ -37,7 +38,10 @@ def answer_together(shards: list[Shard], query: Query, bound: PositionBound, han
         refused = {u.partition for u in unmet}
         return unmet + [together_refused(s.partition, unmet[0]) for s in shards if s.partition not in refused]
     assert first.batch is not None, "an answer carries its rows"
-    return [first, *[_in_the_first(s.partition) for s in shards[1:]]]
+    return [first, *map(_in_the_first, map(_PARTITION, shards[1:]))]  # in C: a read answers thousands a second
+
+
+_PARTITION = operator.attrgetter("partition")
 
 
 @functools.cache

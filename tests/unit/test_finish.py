@@ -46,7 +46,7 @@ def top_k_statements(draw) -> str:
     keys = draw(st.lists(st.sampled_from(list(COLUMNS)), min_size=0, max_size=3, unique=True))
     order = [f"{k}{draw(st.sampled_from(['', ' DESC']))}{draw(st.sampled_from(['', ' NULLS FIRST', ' NULLS LAST']))}"
              for k in keys]
-    picked = draw(st.sampled_from(["*", "id, s", "s AS name, i, id", "r0.t, id", "i AS s, s AS i, id, b AS d"]))
+    picked = draw(st.sampled_from(["*", "i", "id, s", "s AS name, i, id", "r0.t, id", "i AS s, s AS i, id, b AS d"]))
     sql = f"SELECT {picked} FROM r0 ORDER BY {', '.join(order + ['id'])}"  # id last: a total order
     if draw(st.booleans()):
         sql += f" LIMIT {draw(st.integers(0, 14))}"
