@@ -194,9 +194,10 @@ def answer(shard: StoreLayer, query: Query, bound: PositionBound, collect_execut
             f"{query.type_name} {outcome}, {rows} rows in {took:.0f} us at offset {shard.offset}"
         )
         return result
-    unmet = unmet_bound(shard, bound, shard.position)
-    if unmet is not None:
-        return unmet
+    if bound.position is not None:  # (most reads have no token: nothing to check)
+        unmet = unmet_bound(shard, bound, shard.position)
+        if unmet is not None:
+            return unmet
     try:
         batch, position = read()
     except UnsupportedQuery as e:
