@@ -348,9 +348,8 @@ class Materializer:
         named, while the linger lasts; None to apply everything fetched."""
         with self._moved:
             wanted = self._wanted if self._waited_for.is_set() else None
-        if not wanted or self._linger_left() <= 0:
-            return None
-        return set(wanted)
+        # (never changed in place: a waiter's wish makes a new set, and each move another)
+        return None if not wanted or self._linger_left() <= 0 else wanted
 
     def _applying(self, messages: list, consumer, out_of_range: set[tuple[str, int]],
                   partial: bool = False) -> Iterator[None]:

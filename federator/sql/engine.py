@@ -9,7 +9,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Any, Awaitable, Callable, Hashable, Iterator
+from typing import Any, Awaitable, Callable, Iterator
 
 import pyarrow as pa
 
@@ -17,6 +17,7 @@ from federator.catalog.definition import StoreDefinition
 from federator.dispatch.dispatcher import Dispatcher, Gathered
 from federator.dispatch.errors import DispatchError, NotColocated, NotNow
 from federator.errors import SqlError
+from federator.memo import by_identity
 from federator.node.protocol import ServingNode
 from federator.owner.duck import Duck
 from federator.owner.duck_types import as_typed
@@ -91,7 +92,6 @@ class SqlEngine:
         # more than answering a repeated aggregate over kept scans
         self._plans: dict[tuple, QueryPlan] = {}
         self._templates: dict[tuple, QueryPlan] = {}  # (text, dialect, parameter types) -> a plan to rebind
-        self._shapes: dict[int, tuple[QueryPlan, bool]] = {}  # id(plan) -> (plan, _small_and_together(plan))
         self.duck: Duck = node.duck
         # store references of one statement are fetched side by side (the dispatcher's own pool
         # makes the node calls; a separate pool cannot wait on itself)
@@ -238,7 +238,7 @@ class SqlEngine:
         if req.consistency_token or plan_key is None:
             return None
         # kept only for a SELECT that planned (not for EXPLAIN): no parse, so no error, here
-        plan = self._kept_plan(req, plan_key, self._small_and_together)
+        plan = self._kept_plan(req, plan_key, _small_and_together)
         if plan is None:
             return None
         try:
@@ -539,15 +539,6 @@ class SqlEngine:
         # generation's took longer; rebinding costs tens of µs
         return template.rebind(list(req.parameters))
 
-    def _small_and_together(self, plan: QueryPlan) -> bool:
-        """``_small_and_together(plan)``, judged once a plan: every rank of a text asks it of
-        the same template (kept by identity, with the plan, as a plan is replaced, not changed)."""
-        judged = self._shapes.get(id(plan))
-        if judged is None or judged[0] is not plan:
-            judged = (plan, _small_and_together(plan))
-            _put_bounded(self._shapes, id(plan), judged, STATEMENT_PLANS + PLAN_TEMPLATES)
-        return judged[1]
-
     def _keep_plan(self, plan_key: tuple, plan: QueryPlan) -> None:
         _put_bounded(self._plans, plan_key, plan, STATEMENT_PLANS)  # one entry per distinct SQL text and parameters
 
@@ -615,6 +606,8 @@ def _point_key(plan: PointPlan, stmt: Statement, req: SqlRequest) -> tuple[Any, 
     return key, kb, partition_for(kb, plan.store.partitions)
 
 
+# judged once a plan (a plan is replaced, not changed): every rank of a text asks it of the same template
+@functools.partial(by_identity, by_value=False)
 def _small_and_together(plan: QueryPlan) -> bool:
     """Whether ``plan`` reads only global stores, each with queries its store type answers from
     every partition at once and no SQL for the owners, and its answer is small (a rule builds
@@ -633,7 +626,7 @@ def _small_and_together(plan: QueryPlan) -> bool:
     return True
 
 
-def _put_bounded(kept: dict, key: Hashable, value: Any, most: int) -> None:
+def _put_bounded(kept: dict, key: tuple, value: Any, most: int) -> None:
     if len(kept) >= most:  # planning again is cheaper than tracking which plans are still asked for
         kept.clear()
     kept[key] = value

@@ -1,3 +1,5 @@
+import functools
+
 import pyarrow as pa
 
 from federator.memo import by_identity
@@ -27,3 +29,17 @@ def test_an_entry_keeps_its_arguments_so_their_ids_stay_theirs():
 
     for i in range(300):  # made and dropped at once: ids would be reused if entries did not hold them
         assert names(pa.schema([(f"c{i}", pa.int64())])) == [f"c{i}"]
+
+
+def test_arguments_that_cannot_be_hashed_are_found_by_identity_alone():
+    built = []
+
+    @functools.partial(by_identity, by_value=False)
+    def width(row: list) -> int:
+        built.append(row)
+        return len(row)
+
+    row = [1, 2]
+    assert width(row) == 2 and width(row) == 2
+    assert width([1, 2, 3]) == 3  # another object: built, with no hash asked of it
+    assert len(built) == 2
