@@ -4,6 +4,7 @@ view every node builds from them. (DescribeGroups is not used: not every broker 
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -136,6 +137,9 @@ class ClusterView:
         self._lock = threading.Lock()
         self.dead_after = dead_after
         self.changed = threading.Event()
+        # live() as last worked out, and the wall-clock span (ms) it holds for: routing asks it
+        # once per partition of every read, and it changes only with a beat or when one goes stale
+        self._live: tuple[float, float, list[NodeInfo]] | None = None
 
     def apply(self, msg: Message) -> bool:
         """Fold one heartbeat in; True if it changed who the node is or what it hosts (its
@@ -155,6 +159,7 @@ class ClusterView:
                 except (ValueError, KeyError):
                     return False
                 changed = before is None or before.routing() != info.routing()
+            self._live = None
         self.changed.set()
         return changed
 
@@ -162,19 +167,28 @@ class ClusterView:
         """Our own heartbeat counts at once, before it comes back from the topic."""
         with self._lock:
             self._nodes[info.node_id] = info
+            self._live = None
 
     def clear(self) -> None:
         with self._lock:
             self._nodes.clear()
+            self._live = None
 
     def live(self) -> list[NodeInfo]:
+        """The nodes that beat within ``dead_after`` and are not shutting down, by id (one list,
+        shared by the callers until the view changes: not to be changed in place)."""
         now_ms = time.time() * 1000
+        kept = self._live
+        if kept is not None and kept[0] <= now_ms < kept[1]:
+            return kept[2]
         with self._lock:
-            return sorted(
-                (n for n in self._nodes.values()
-                 if now_ms - n.timestamp_ms < self.dead_after * 1000 and n.state != "PENDING_SHUTDOWN"),
-                key=lambda n: n.node_id,
-            )
+            dead_ms = self.dead_after * 1000
+            nodes = sorted((n for n in self._nodes.values()
+                            if now_ms - n.timestamp_ms < dead_ms and n.state != "PENDING_SHUTDOWN"),
+                           key=lambda n: n.node_id)
+            # until the first of them goes stale (none comes back to life without a beat)
+            self._live = (now_ms, min((n.timestamp_ms + dead_ms for n in nodes), default=math.inf), nodes)
+            return nodes
 
     def get(self, node_id: str) -> NodeInfo | None:
         return next((n for n in self.live() if n.node_id == node_id), None)

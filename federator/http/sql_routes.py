@@ -336,9 +336,20 @@ class _slot_now:
             self.slot.release()
 
 
+_READ = "federator.sql_request"  # the environ's request as read: the loop's, for the thread that answers after it
+
+
 def _sql_request(environ: dict[str, Any], limits: Limits) -> tuple[SqlRequest, str, int | None]:
     """A ``POST /v1/sql``'s request, its answer's format and the timeout_ms it asked for when
-    that was capped; SqlError says what is wrong with it."""
+    that was capped; SqlError says what is wrong with it. Read once a request: a statement the
+    loop could not answer at once is answered on a thread from what the loop read."""
+    read = environ.get(_READ)
+    if read is None:
+        read = environ[_READ] = _read_sql_request(environ, limits)
+    return read
+
+
+def _read_sql_request(environ: dict[str, Any], limits: Limits) -> tuple[SqlRequest, str, int | None]:
     body = _read_body(environ, limits)
     req, requested = sql_request_from_body(body, limits)
     capped_from = timeout_capped(body, req)

@@ -18,7 +18,7 @@ from typing import Any, Iterator
 import pytest
 
 from federator.auth import Users, Verifier
-from federator.http import create_app
+from federator.http import create_app, sql_routes
 from federator.http.formats import failure_at_end
 from federator.http.loop_answers import LoopAnswers
 from federator.http.loop_server import LoopServer
@@ -387,6 +387,18 @@ def test_answers_given_on_the_loop_are_byte_for_byte_the_routes() -> None:
         == [(["alice"], None), (["far"], None), ([], "t")]
     assert [k for k in on_loop.asked_at_once if isinstance(k, str)] == ["alice", "nobody", "far"]
     assert [r.parameters for r in on_loop.requests] == [["alice"], ["far"], [], []]
+
+
+def test_a_statement_the_loop_hands_to_a_thread_is_read_once(monkeypatch) -> None:
+    read: list[Any] = []
+    real = sql_routes.sql_request_from_body
+    monkeypatch.setattr(sql_routes, "sql_request_from_body", lambda body, limits: read.append(body) or real(body, limits))
+    requests = [r for r in POINT_REQUESTS if r.startswith(b"POST")]
+    answers_of(PointNode(), requests, False)
+    on_threads, read[:] = list(read), []
+    answers_of(PointNode(), requests, True)
+    # as many reads as on threads alone; a body in error is read again, on the thread that answers it
+    assert read == on_threads + [{"sql": 5}]
 
 
 def test_the_loop_checks_bearer_tokens_as_the_app_does(tmp_path: Path) -> None:

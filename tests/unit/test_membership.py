@@ -51,6 +51,29 @@ def test_the_view_routes_by_live_heartbeats() -> None:
     assert view.to_public()["nodes"][0]["node_id"] == "n2"
 
 
+def test_a_node_drops_out_of_the_view_when_its_beat_goes_stale_and_comes_back_with_a_beat(monkeypatch) -> None:
+    now = [1_000_000.0]
+    monkeypatch.setattr(time, "time", lambda: now[0])
+    view = ClusterView(dead_after=6)
+    view.apply(Msg(b"n1", info("n1", {"s": [0]}).to_json()))
+    now[0] += 4
+    view.apply(Msg(b"n2", info("n2", {"s": [1]}).to_json()))
+    assert [n.node_id for n in view.live()] == ["n1", "n2"]
+    now[0] += 1.5  # n1 last beat 5.5 s ago
+    assert [n.node_id for n in view.live()] == ["n1", "n2"]
+    now[0] += 1  # 6.5 s
+    assert [n.node_id for n in view.live()] == ["n2"]
+    assert view.active_owner("s", 0) is None
+    view.update_local(info("n1", {"s": [0]}))  # its beat again
+    assert [n.node_id for n in view.live()] == ["n1", "n2"]
+    assert view.active_owner("s", 0).node_id == "n1"
+    now[0] += 10
+    assert view.live() == []
+    view.clear()
+    now[0] -= 100  # a wall clock set back finds no view kept from the future
+    assert view.live() == []
+
+
 def test_heartbeats_round_trip() -> None:
     i = NodeInfo("n", "h:1", "RUNNING", {"s": [1]}, {"t": [2]}, {"s": {1: 10}}, {"s": {1: 0}}, {"s": [1]}, 5, "inc1", 3)
     assert NodeInfo.from_json(i.to_json()) == i
