@@ -1,6 +1,6 @@
 """Leaderboard plugin: a ``leaderboard`` store type (player → score with a score index),
-TopKQuery, RankQuery, AroundQuery, PlayerRanksQuery and RanksAroundQuery, and the SQL rules that
-use them. See docs/plugins.md."""
+TopKQuery, RankQuery, PlacesQuery, ScoresQuery, AroundQuery, PlayerRanksQuery and RanksAroundQuery,
+and the SQL rules that use them. See docs/plugins.md."""
 
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ def register_store_types():
 
 @hookimpl
 def register_query_types():
-    from federator_plugins.leaderboard.queries import (AroundQuery, PlayerRanksQuery, RankQuery, RanksAroundQuery,
-                                                       TopKQuery)
+    from federator_plugins.leaderboard.queries import (AroundQuery, PlacesQuery, PlayerRanksQuery, RankQuery,
+                                                       RanksAroundQuery, ScoresQuery, TopKQuery)
 
-    return [TopKQuery, RankQuery, AroundQuery, PlayerRanksQuery, RanksAroundQuery]
+    return [TopKQuery, RankQuery, PlacesQuery, ScoresQuery, AroundQuery, PlayerRanksQuery, RanksAroundQuery]
 
 
 @hookimpl

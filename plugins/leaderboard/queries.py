@@ -1,12 +1,13 @@
 """The leaderboard's queries, each answered from a partition's order-statistics index in
 O(log n) (plus the rows returned): the best rows of a partition, how many rows rank before
-given ones, and the rows ranked near a player; and on a global leaderboard, the players'
-ranks, and the rows ranked around a player, from every partition at once."""
+given ones or before the players it holds, the rows ranked near a player, and every score it
+holds; and on a global leaderboard, the players' ranks, and the rows ranked around a player,
+from every partition at once."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 from federator.query.queries import Query, decode_value, encode_value
 
@@ -56,13 +57,11 @@ class RankQuery(Query):
 
 
 @dataclass(frozen=True)
-class PlayerRanksQuery(Query):
-    """The rows of ``players`` with their ranks (column ``__rank``), read from every partition
-    of a global leaderboard at once on the node asked (a store type's ``together_handlers``):
-    each player's score and how many rows rank before it, in one read. Ranked as RankQuery's
-    fields say."""
+class _PlayersRanked(Query):
+    """Players' rows, and what ranks them: by score (``descending`` or not), ties left tied
+    (RANK), broken by the key (``tie_key`` ``"asc"`` or ``"desc"``: row numbers), or counted
+    once (``dense``: DENSE_RANK)."""
 
-    type_name: ClassVar[str] = "PlayerRanksQuery"
     players: tuple[Any, ...] = ()
     descending: bool = True
     tie_key: str | None = None
@@ -73,9 +72,48 @@ class PlayerRanksQuery(Query):
                 "descending": self.descending, "tie_key": self.tie_key, "dense": self.dense}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> PlayerRanksQuery:
+    def from_dict(cls, d: dict[str, Any]) -> Self:
         return cls(tuple(decode_value(p) for p in d.get("players") or ()), bool(d.get("descending", True)),
                    d.get("tie_key"), bool(d.get("dense", False)))
+
+
+@dataclass(frozen=True)
+class PlacesQuery(_PlayersRanked):
+    """The rows of ``players`` the partition holds and, from the same read, what RankQuery says
+    beside its rows with the players' own scores as the places (``__place``: the row's index
+    among the rows returned), and how many rows the partition holds (``__rows``, in the first
+    row after the players'). The partition that holds a player answers for itself in one call
+    what ranks the player there."""
+
+    type_name: ClassVar[str] = "PlacesQuery"
+
+
+@dataclass(frozen=True)
+class ScoresQuery(Query):
+    """Every score of the partition as its index orders them (sortable uint64s, ascending;
+    column ``__score``) when it holds at most ``most`` rows; else one null score. The answer
+    depends on the partition's state alone: a receiver keeps it while the partition has not
+    moved (federator.dispatch.partition_answers) and counts from it what ranks before any
+    score, with no call."""
+
+    type_name: ClassVar[str] = "ScoresQuery"
+    most: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.type_name, "most": self.most}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ScoresQuery:
+        return cls(int(d.get("most", 0)))
+
+
+@dataclass(frozen=True)
+class PlayerRanksQuery(_PlayersRanked):
+    """The rows of ``players`` with their ranks (column ``__rank``), read from every partition
+    of a global leaderboard at once on the node asked (a store type's ``together_handlers``):
+    each player's score and how many rows rank before it, in one read."""
+
+    type_name: ClassVar[str] = "PlayerRanksQuery"
 
 
 @dataclass(frozen=True)

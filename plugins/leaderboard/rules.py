@@ -7,9 +7,13 @@ order-statistics indexes (federator_plugins.leaderboard.index) in O(log n).
   ASC|DESC])`` (ROW_NUMBER only with the key breaking ties: without it DuckDB numbers tied rows
   in no set order), selected with one of three QUALIFY clauses (DuckDB and others run them as
   they are):
-  - ``QUALIFY player = ?`` (``IN (...)`` for several): the players' scores (KeysQuery), then
-    every partition counts the rows that rank before them (RankQuery), summed; DENSE_RANK
-    merges the partitions' distinct better scores instead, as distinct counts do not add up.
+  - ``QUALIFY player = ?`` (``IN (...)`` for several): players one partition holds are ranked
+    there from one read (PlacesQuery), and in the other partitions from their whole scores,
+    kept by the node asked while they have not moved (ScoresQuery), or where those are too many
+    or ties are broken by the key, by each partition's count (RankQuery). Players of several
+    partitions: their scores (KeysQuery), then every partition counts the rows that rank
+    before them (RankQuery), summed. DENSE_RANK merges distinct better scores instead, as
+    distinct counts do not add up.
   - ``QUALIFY rank <= k`` (``<``, ``=``, ``BETWEEN``; with other filters beside it): each
     partition's best rows down to rank k (TopKQuery; DENSE_RANK: its k best scores), which
     hold every row ranked k or better and every row better than those, so DuckDB ranks them
@@ -22,8 +26,9 @@ order-statistics indexes (federator_plugins.leaderboard.index) in O(log n).
 On a global leaderboard the node asked holds every partition, and reads the players' scores
 and what it ranks them from in one read (PlayerRanksQuery, RanksAroundQuery, TopKQuery).
 
-A rank read in two rounds is of one state: the second round reads the players' rows again
-beside the counts, and is asked again if a write moved a player in between.
+A rank read in two rounds is of one state where it matters: a partition's count and the rows
+of the players it holds come from one read (the second round reads the players' rows again
+beside the counts, and is asked again if a write moved a player in between).
 """
 
 from __future__ import annotations
@@ -46,14 +51,17 @@ from federator.query.queries import KeysQuery
 from federator.query.rows import Rows, as_batch, concat_rows
 
 from federator_plugins.leaderboard.index import Order, before, key_order, score_of
-from federator_plugins.leaderboard.queries import (AroundQuery, PlayerRanksQuery, RankQuery, RanksAroundQuery,
-                                                   TopKQuery)
-from federator_plugins.leaderboard.store import (ANCHOR, AFTER, BEFORE, COUNT, ENTRY, PLACE, RANK, SCORE, ranked_schema,
-                                                  sortable_score)
+from federator_plugins.leaderboard.queries import (AroundQuery, PlacesQuery, PlayerRanksQuery, RankQuery,
+                                                   RanksAroundQuery, ScoresQuery, TopKQuery)
+from federator_plugins.leaderboard.store import (ANCHOR, AFTER, BEFORE, COUNT, ENTRY, PLACE, RANK, ROWS, SCORE,
+                                                  ranked_schema, sortable_score)
 
 RANK_COLUMN = RANK  # the rank the rule computed, as PlayerRanksQuery and RanksAroundQuery name it too
 ANCHOR_COLUMN = ANCHOR  # the player's rank the rows around it are chosen by, as RanksAroundQuery names it
 TRIES = 20  # second rounds asked again because writes kept moving the players in between
+# a partition's scores sent whole to the node asked, which keeps them while the partition has not
+# moved and counts ranks from them, up to this many rows (128 KiB); a larger one counts for itself
+LISTED_SCORES = 16_384
 _FUNCTIONS = {exp.Rank: "rank", exp.DenseRank: "dense", exp.RowNumber: "row"}
 
 
@@ -199,6 +207,8 @@ def _players_plan(named: list[exp.Expression], ranked: Ranking, store: StoreDefi
     if store.is_global:
         return _together_plan(players, named, ranked, store, remaining)
     by_partition = tuple(sorted({partition_for(store.key.serialize(k), store.partitions) for k in players}))
+    if len(by_partition) == 1:
+        return _home_plan(players, by_partition[0], named, ranked, store, remaining)
     lookups = [SubQuery(KeysQuery(players), by_partition)]
 
     def combine(fetch: Fetch) -> pa.Table:
@@ -224,6 +234,70 @@ def _players_plan(named: list[exp.Expression], ranked: Ranking, store: StoreDefi
         f"read the players' scores, then count the {what} in every partition's score index "
         "(reading the players again beside the counts)",
         combine=combine, remaining=remaining, rebind=rebind)
+
+
+def _home_plan(players: tuple, home: int, named: list[exp.Expression], ranked: Ranking, store: StoreDefinition,
+               remaining: exp.Select | None) -> RulePlan:
+    """Ranks players that one partition (``home``) holds: it says their rows and what ranks
+    before them there, from one read (PlacesQuery); the other partitions' scores, sent whole
+    while small and kept while they have not moved (ScoresQuery), are counted here, so a rank
+    asked again makes one call. Where they are not (too many rows, a tie broken by the key, no
+    answers kept), each other partition counts what ranks before the players' scores (RankQuery):
+    their rows are not in it, so no write there can move them between the two rounds."""
+    here = [SubQuery(PlacesQuery(players, ranked.order.descending, ranked.order.tie_key, ranked.dense), (home,))]
+    others = tuple(p for p in range(store.partitions) if p != home)
+    listed = [SubQuery(ScoresQuery(LISTED_SCORES), others)]
+
+    def combine(fetch: Fetch) -> pa.Table:
+        rows, said = _split(fetch(here), store)
+        if not rows.num_rows:
+            return rows.append_column(RANK_COLUMN, pa.array([], pa.int64()))
+        scores = rows.column(_score_column(store)).to_pylist()
+        places = np.array([sortable_score(store, s) for s in scores], np.uint64)
+        lists = _listed_scores(fetch, listed) if others and ranked.order.tie_key is None and fetch.keeps \
+            and max(said.column(ROWS).drop_null().to_pylist()) <= LISTED_SCORES else None
+        counted = [said]
+        if lists is None and others:
+            keys = tuple(rows.column(store.key_name).to_pylist()) if ranked.order.tie_key else ()
+            query = RankQuery((), tuple(scores), keys, ranked.order.descending, ranked.order.tie_key, ranked.dense)
+            counted.append(_split(fetch([SubQuery(query, others)]), store)[1])
+        return rows.append_column(RANK_COLUMN, _counted_ranks(places, counted, lists or [], ranked))
+
+    def rebind(parameters: list[exp.Expression]) -> RulePlan | None:
+        return _players_plan([_rebound(node, parameters) for node in named], ranked, store, None)
+
+    what = "distinct better scores" if ranked.dense else "rows that rank before them"
+    return RulePlan(
+        [*here, *listed],
+        f"read the players' rows and count the {what} in their partition's score index, in one read; "
+        f"count them here in every other partition's scores, kept while it has not moved (up to "
+        f"{LISTED_SCORES:,} rows a partition; past that, or with ties broken by the key, each partition counts)",
+        combine=combine, remaining=remaining, rebind=rebind)
+
+
+def _listed_scores(fetch: Fetch, listed: list[SubQuery]) -> list[np.ndarray] | None:
+    """Each partition's scores ``listed`` asks for (kept answers where they are current), or
+    None when a partition holds too many to send."""
+    columns = [b.column(0) for b in fetch(listed, keep=True)]
+    return None if any(c.null_count for c in columns) else [c.to_numpy() for c in columns]
+
+
+def _counted_ranks(places: np.ndarray, counted: list[pa.Table], lists: list[np.ndarray], ranked: Ranking) -> pa.Array:
+    """The ranks of ``places`` (sortable scores, in the rows' order) from what partitions said
+    beside their rows (``counted``: PlacesQuery's and RankQuery's) and other partitions' whole
+    scores (``lists``, ascending)."""
+    descending = ranked.order.descending
+    if ranked.dense:
+        better = np.unique(np.concatenate([t.column(SCORE).drop_null().to_numpy() for t in counted] + lists))
+        mine = len(better) - np.searchsorted(better, places, side="right") if descending \
+            else np.searchsorted(better, places, side="left")
+    else:
+        mine = sum(np.bincount(t.column(PLACE).drop_null().to_numpy(), t.column(COUNT).drop_null().to_numpy(),
+                               len(places)).astype(np.int64) for t in counted)
+        for scores in lists:
+            mine += len(scores) - np.searchsorted(scores, places, side="right") if descending \
+                else np.searchsorted(scores, places, side="left")
+    return pa.array(mine + 1, pa.int64())
 
 
 def _together_plan(players: tuple, named: list[exp.Expression], ranked: Ranking, store: StoreDefinition,

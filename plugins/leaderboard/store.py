@@ -18,6 +18,7 @@ import operator
 import struct
 from typing import Any, Callable, Iterable, Mapping
 
+import numpy as np
 import pyarrow as pa
 from rocksdict import WriteBatch
 from sortedcontainers import SortedList
@@ -34,8 +35,8 @@ from federator.store.types import stored_value
 
 from federator_plugins.leaderboard.index import (Order, ScoreIndex, TogetherIndex, around, before, distinct_better,
                                                  entry, key_order, nth, score_of, top, together)
-from federator_plugins.leaderboard.queries import (AroundQuery, PlayerRanksQuery, RankQuery, RanksAroundQuery,
-                                                   TopKQuery)
+from federator_plugins.leaderboard.queries import (AroundQuery, PlacesQuery, PlayerRanksQuery, RankQuery,
+                                                   RanksAroundQuery, ScoresQuery, TopKQuery)
 
 INDEX = "by_score"
 ENTRY = "__entry"  # AroundQuery's column: each row's index entry
@@ -44,6 +45,10 @@ PLACE, COUNT, SCORE, BEFORE, AFTER = "__place", "__count", "__score", "__before"
 RANK = "__rank"  # PlayerRanksQuery's column, and RanksAroundQuery's
 ANCHOR = "__anchor_rank"  # RanksAroundQuery's column: the player's rank the rows were chosen around
 RANK_FIELDS = [pa.field(PLACE, pa.int64()), pa.field(COUNT, pa.int64()), pa.field(SCORE, pa.uint64())]
+ROWS = "__rows"  # PlacesQuery's: how many rows the partition holds
+PLACES_FIELDS = [*RANK_FIELDS, pa.field(ROWS, pa.int64())]
+SCORES_SCHEMA = pa.schema([pa.field(SCORE, pa.uint64())])  # ScoresQuery's answer
+_SCORE_BYTES = operator.itemgetter(slice(0, 8))  # an index entry's sortable score, as the entry starts with it
 AROUND_FIELDS = [pa.field(BEFORE, pa.int64()), pa.field(AFTER, pa.int64()), pa.field(SCORE, pa.uint64())]
 SCORE_FORMATS = ("long", "int", "double")
 _U64 = struct.Struct(">Q")
@@ -181,18 +186,50 @@ def _tail_layout(schema: pa.Schema, extra: tuple[pa.Field, ...], n: int) -> tupl
 
 def rank(view: ShardView, q: RankQuery) -> pa.RecordBatch:
     defn = view.definition
-    order, key_bytes = Order(q.descending, q.tie_key), key_order(defn.key_format)
+    key_bytes = key_order(defn.key_format)
     places = [(sortable_score(defn, s), key_bytes(defn.key.serialize(k)) if q.tie_key else b"")
               for s, k in zip(q.scores, q.keys or [None] * len(q.scores))]
     index = _index(view)
     with index.lock:
-        if q.dense:
-            worst = (min if q.descending else max)((s for s, _ in places), default=None)
-            values = {SCORE: [] if worst is None else distinct_better(index.entries, worst, q.descending)}
-        else:
-            values = {PLACE: list(range(len(places))), COUNT: [before(index.entries, s, k, order) for s, k in places]}
+        values = _before(index.entries, places, Order(q.descending, q.tie_key), q.dense)
     rows = keys_query(view, KeysQuery(q.players)) if q.players else empty_batch(view.schema)
     return _with_tail(rows, RANK_FIELDS, values)
+
+
+def places(view: ShardView, q: PlacesQuery) -> pa.RecordBatch:
+    """PlacesQuery: the players' rows, then what ranks before each in this partition, and its size."""
+    defn = view.definition
+    rows = keys_query(view, KeysQuery(q.players)) if q.players else empty_batch(view.schema)
+    key_bytes = key_order(defn.key_format)
+    held = [(sortable_score(defn, s), key_bytes(defn.key.serialize(k)) if q.tie_key else b"")
+            for k, s in zip(rows.column(defn.key_name).to_pylist(), rows.column(defn.value_columns[0]).to_pylist())]
+    if not held:  # none of them here: nothing to say beside no rows
+        return _with_tail(rows, PLACES_FIELDS, {})
+    index = _index(view)
+    with index.lock:
+        values = _before(index.entries, held, Order(q.descending, q.tie_key), q.dense)
+        values[ROWS] = [len(index.entries)]
+    tail = max(map(len, values.values()))  # one list a column, each as long as the longest
+    return _with_tail(rows, PLACES_FIELDS, {name: v + [None] * (tail - len(v)) for name, v in values.items()})
+
+
+def _before(entries: SortedList, places: list[tuple[int, bytes]], order: Order, dense: bool) -> dict[str, list]:
+    """What RankQuery and PlacesQuery say of ``places`` (sortable score, ordered key) beside
+    their rows: how many entries rank before each (``__place``: its index, ``__count``), or
+    with ``dense`` the distinct scores better than the worst place (``__score``)."""
+    if dense:
+        worst = (min if order.descending else max)((s for s, _ in places), default=None)
+        return {SCORE: [] if worst is None else distinct_better(entries, worst, order.descending)}
+    return {PLACE: list(range(len(places))), COUNT: [before(entries, s, k, order) for s, k in places]}
+
+
+def scores(view: ShardView, q: ScoresQuery) -> pa.RecordBatch:
+    """ScoresQuery: the partition's scores, ascending, or one null past ``q.most`` rows."""
+    index = _index(view)
+    with index.lock:
+        packed = b"".join(map(_SCORE_BYTES, index.entries)) if len(index.entries) <= q.most else None
+    column = pa.nulls(1, pa.uint64()) if packed is None else pa.array(np.frombuffer(packed, ">u8").astype(np.uint64))
+    return pa.RecordBatch.from_arrays([column], schema=SCORES_SCHEMA)
 
 
 def player_ranks(views: list[ShardView], q: PlayerRanksQuery) -> Rows:
@@ -297,7 +334,8 @@ def _ranked_rows(views: list[ShardView], entries: list[bytes], ranks: list[int],
 class LeaderboardStoreType(KeyValueStoreType):
     name = "leaderboard"
     column_families = (INDEX,)
-    handlers = {**KeyValueStoreType.handlers, TopKQuery: top_k, RankQuery: rank, AroundQuery: around_rows}
+    handlers = {**KeyValueStoreType.handlers, TopKQuery: top_k, RankQuery: rank, PlacesQuery: places, ScoresQuery: scores,
+                AroundQuery: around_rows}
     together_handlers = {PlayerRanksQuery: player_ranks, TopKQuery: top_k_together, RanksAroundQuery: ranks_around}
     together_followers = {TopKQuery: top_k_unchanged}
 

@@ -22,6 +22,7 @@ from federator.store import ChangelogRecord, Shard
 from federator.store.layer import UNBOUNDED
 from federator.store.shard import TogetherReads
 from federator.store.together import answer_together
+from federator_plugins.leaderboard import rules
 from federator_plugins.leaderboard.rules import RankRule, TopKRule
 from tests.registry import REGISTRY
 
@@ -34,12 +35,12 @@ class Fetch:
     between rounds), and ``during`` once, inside the first read of every partition at once, after
     it has read them (a write landing during the read; ``raced`` then says it ran)."""
 
-    keeps = False
     refreshed_rows = 0
 
     def __init__(self, shards: list[Shard], between: Callable[[], None] | None = None,
-                 during: Callable[[], None] | None = None) -> None:
+                 during: Callable[[], None] | None = None, keeps: bool = False) -> None:
         self.shards, self.asked, self.between, self.during, self.raced = shards, [], between, during, False
+        self.keeps = keeps  # whether it says it keeps partitions' answers (``keep=True``): the engine's for a partitioned store
 
     def racing(self, handler):
         """``handler``, with ``during`` run once after it read."""
@@ -103,10 +104,12 @@ class Board:
         for p, records in batches.items():
             self.shards[p].apply(records)
 
-    def duckdb(self, text: str, params: list) -> list[tuple]:
+    def duckdb(self, text: str, params: list, scores: dict[str, float] | None = None) -> list[tuple]:
+        """DuckDB's answer over the board's rows (or over ``scores``)."""
+        scores = self.scores if scores is None else scores
         db = duckdb.connect()
         kind = pa.float64() if self.defn.value_format == "double" else pa.int64()
-        db.register("lb", pa.table({"player": list(self.scores), "score": pa.array(list(self.scores.values()), kind)}))
+        db.register("lb", pa.table({"player": list(scores), "score": pa.array(list(scores.values()), kind)}))
         return db.execute(text, params).fetchall()
 
     def answer(self, text: str, params: list, fetch: Fetch, planned_with: list | None = None) -> list[tuple]:
@@ -171,6 +174,7 @@ def written_global(tmp_path):
 
 
 PLAYERS = ["p000", "p017", "p150", "nobody", "p299"]
+NEIGHBOURS = [p for p in (f"p{i:03d}" for i in range(300)) if partition_for(p.encode(), P) == partition_for(b"p017", P)][:3]
 WITH_PLAYERS = "QUALIFY player IN (?, ?, ?, ?, ?) ORDER BY player"
 AROUND = ("WITH me AS (SELECT {f} OVER (ORDER BY score {d}{t}) AS r FROM lb QUALIFY player = ?) "
           "SELECT player, score, {f} OVER (ORDER BY score {d}{t}) AS r FROM lb "
@@ -178,8 +182,15 @@ AROUND = ("WITH me AS (SELECT {f} OVER (ORDER BY score {d}{t}) AS r FROM lb QUAL
 STATEMENTS = [  # (text, parameters, the rule's queries, and on a global leaderboard)
     ("SELECT player, score, RANK() OVER (ORDER BY score {d}) AS r FROM lb " + WITH_PLAYERS, PLAYERS, "Keys Rank",
      "PlayerRanks"),
-    ("SELECT RANK() OVER (ORDER BY score {d}) AS r, player FROM lb QUALIFY player = ?", ["p017"], "Keys Rank",
+    # players one partition holds: it says what ranks before them there, the others count after
+    ("SELECT RANK() OVER (ORDER BY score {d}) AS r, player FROM lb QUALIFY player = ?", ["p017"], "Places Rank",
      "PlayerRanks"),
+    ("SELECT player, score, DENSE_RANK() OVER (ORDER BY score {d}) AS r FROM lb QUALIFY player = ?", ["p150"],
+     "Places Rank", "PlayerRanks"),
+    ("SELECT player, ROW_NUMBER() OVER (ORDER BY score {d}, player DESC) AS n FROM lb QUALIFY player = ?", ["p000"],
+     "Places Rank", "PlayerRanks"),
+    ("SELECT player, score, RANK() OVER (ORDER BY score {d}) AS r FROM lb QUALIFY player IN (?, ?, ?) ORDER BY player",
+     NEIGHBOURS, "Places Rank", "PlayerRanks"),
     ("SELECT player, DENSE_RANK() OVER (ORDER BY score {d}) AS r FROM lb " + WITH_PLAYERS, PLAYERS, "Keys Rank",
      "PlayerRanks"),
     ("SELECT player, ROW_NUMBER() OVER (ORDER BY score {d}, player) AS n FROM lb " + WITH_PLAYERS, PLAYERS,
@@ -207,7 +218,8 @@ STATEMENTS = [  # (text, parameters, the rule's queries, and on a global leaderb
     (AROUND.format(f="RANK()", d="{d}", t="", a=-2, b=9), ["p017"], "Keys Around", "RanksAround"),  # after it alone
     (AROUND.format(f="RANK()", d="{d}", t="", a=5, b=5), ["nobody"], "Keys", "RanksAround"),
 ]
-ROUNDS = [s for s in STATEMENTS if s[2] != "TopK" and s[1] != ["nobody"]]  # a player's score, then what ranks it
+ROUNDS = [s for s in STATEMENTS if s[2] not in ("TopK", "Places Rank") and s[1] != ["nobody"]]  # a player's score, then what ranks it
+HOME = [s for s in STATEMENTS if s[2] == "Places Rank"]
 
 
 def check_statement(board: Board, text: str, params: list, asked: str) -> None:
@@ -262,6 +274,56 @@ def test_a_write_between_the_rounds_is_read_again(written, text, params, asked, 
     got = written.answer(text, params, fetch)
     assert got == written.duckdb(text, params)
     assert fetch.asked.count("RankQuery") + fetch.asked.count("AroundQuery") > 1  # asked again
+
+
+@pytest.mark.parametrize("direction", ["DESC", "ASC"])
+@pytest.mark.parametrize("text, params, _, __", HOME)
+def test_the_other_partitions_scores_kept_are_counted_where_the_player_is_asked(board, direction, text, params, _,
+                                                                                __) -> None:
+    """With answers kept (a partitioned store's), the players' partition says what ranks before
+    them there and the others' whole scores are counted by the node asked: no second round but
+    where ties are broken by the key."""
+    text = text.format(d=direction)
+    fetch = Fetch(board.shards, keeps=True)
+    assert board.answer(text, params, fetch) == board.duckdb(text, params)
+    assert " ".join(q.removesuffix("Query") for q in fetch.asked) == ("Places Rank" if "player DESC" in text
+                                                                       else "Places Scores")
+
+
+def test_a_partition_too_large_to_send_counts_for_itself(written, monkeypatch) -> None:
+    """Past LISTED_SCORES rows a partition sends no scores (one null): the players' ranks are
+    then counted by every other partition, as without kept answers."""
+    home = partition_for(b"p017", P)
+    monkeypatch.setattr(rules, "LISTED_SCORES", sum(partition_for(p.encode(), P) == home for p in written.scores))
+    other = (home + 1) % P
+    written.write(*[(f"x{i}", 100) for i in range(400) if partition_for(f"x{i}".encode(), P) == other])
+    for dense in ("RANK()", "DENSE_RANK()"):
+        text = f"SELECT player, score, {dense} OVER (ORDER BY score DESC) AS r FROM lb QUALIFY player = ?"
+        fetch = Fetch(written.shards, keeps=True)
+        assert written.answer(text, ["p017"], fetch) == written.duckdb(text, ["p017"])
+        assert fetch.asked == ["PlacesQuery", "ScoresQuery", "RankQuery"]
+
+
+@pytest.mark.parametrize("keeps", [False, True])
+def test_each_partition_counts_as_the_round_that_read_it(written, keeps) -> None:
+    """A write to the player's partition after its one read is not in the answer, not even
+    half (its row and what ranks before it are of one read), and a write to another partition
+    before that partition is read is: each partition as of the read that asked it, as its
+    position in the answer's token says."""
+    text = "SELECT player, score, RANK() OVER (ORDER BY score DESC) AS r FROM lb QUALIFY player = ?"
+    home = partition_for(b"p017", P)
+    neighbour = next(p for p in written.scores if p != "p017" and partition_for(p.encode(), P) == home)
+    elsewhere = next(p for p, score in written.scores.items()  # ranked after the player, then before it
+                     if partition_for(p.encode(), P) != home and score < written.scores["p017"])
+    was = dict(written.scores)
+
+    def write() -> None:
+        written.write(("p017", 70), (neighbour, 80), (elsewhere, written.scores["p017"] + 1))
+
+    fetch = Fetch(written.shards, write, keeps=keeps)
+    got = written.answer(text, ["p017"], fetch)
+    as_read = {p: (was if partition_for(p.encode(), P) == home else written.scores)[p] for p in was}
+    assert got == written.duckdb(text, ["p017"], as_read) != written.duckdb(text, ["p017"], was)
 
 
 @pytest.mark.parametrize("text, params, _, in_one_read", ROUNDS)

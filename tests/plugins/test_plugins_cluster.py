@@ -143,11 +143,13 @@ def test_rank_of_one_player_and_its_plan(plugin_cluster) -> None:
     text = "SELECT RANK() OVER (ORDER BY score DESC) AS r, player FROM lb QUALIFY player = ?"
     assert sql(c.nodes[2], text, [tied])["rows"] == duck(db, text, [tied])
     rows = sql(c.nodes[2], "EXPLAIN " + text, [tied])["rows"]
-    nodes = len({r[3] for r in rows})
-    keys, ranks = ([r for r in rows if r[1].startswith(q)] for q in ("KeysQuery", "RankQuery"))
-    assert len(ranks) == nodes and len(keys) == 1 and len(rows) == nodes + 1
-    assert keys[0][1].startswith("KeysQuery(keys=('%s',))" % tied)
-    assert keys[0][2] == str(partition_for(tied.encode(), P))
+    # the player's partition says what ranks before it there; the others send their scores
+    home = partition_for(tied.encode(), P)
+    places, listed = ([r for r in rows if r[1].startswith(q)] for q in ("PlacesQuery", "ScoresQuery"))
+    assert len(places) == 1 and places[0][1].startswith("PlacesQuery(players=('%s',)" % tied)
+    assert places[0][2] == str(home)
+    assert sorted(int(p) for r in listed for p in r[2].split(",")) == [p for p in range(P) if p != home]
+    assert len(rows) == len(places) + len(listed)
 
 
 RANKS = [  # every shape the leaderboard's rank rule answers, in one direction or the other
