@@ -500,10 +500,10 @@ class Rewriter(Paced):
 
 
 def test_rank_while_the_leaderboard_is_written(broker, topics, data: Data, report: Report, tmp_path_factory) -> None:
-    """A player's rank at 10 clients while records arrive: with the defaults, each rank uses the
-    partitions' indexes kept since their last write and reads the moved ones again; with
-    --reuse-answers-seconds 0 nothing is kept and every rank takes the two rounds (the path
-    before indexes were kept: the baseline)."""
+    """A player's rank at 10 clients while records arrive: with the defaults, each rank counts
+    the other partitions' scores kept since their last write and reads the moved ones again;
+    with --reuse-answers-seconds 0 nothing is kept and every rank takes two rounds (the
+    baseline)."""
     pick, rank_ok = pick_player(data), rank_checker(data)
     lines: list[str] = []
     errors: list[str] = []
@@ -528,9 +528,10 @@ def test_rank_while_the_leaderboard_is_written(broker, topics, data: Data, repor
         f"at the rate named ({', '.join(map(str, WRITE_RATES))} records/s, spread over the partitions): each "
         "record moves its partition's offset, so what a receiver kept for it is read again, and leaves every rank "
         "as it was, so every answer is still checked against the data (the Python clients' rows, and 50 answers "
-        "after each). Defaults: each rank ranks from the partitions' indexes, those written since read again; "
+        "after each). Defaults: the player's partition counts what ranks before it, and the other partitions' "
+        "scores, kept at the receiver, are counted there, those written since read again; "
         "`--reuse-answers-seconds 0`: nothing kept at the receiver, every rank takes two rounds of calls "
-        "(the player's score, then every partition's count of better scores), the path before the indexes.",
+        "(the player's partition's count, then every other partition's count of better scores).",
         "",
         "| what | clients | req/s | p50 ms | p99 ms | server CPU us/req | client CPU us/req |",
         "|---|---:|---:|---:|---:|---:|---:|",
