@@ -334,18 +334,9 @@ def _ranks(rows: pa.Table, said: pa.Table, keys: list, query: RankQuery, ranked:
            store: StoreDefinition) -> pa.Array:
     """The ranks of ``rows`` (the players ``keys``, at ``query``'s places) from what every
     partition said beside them."""
-    if not ranked.dense:
-        mine = np.bincount(said.column(PLACE).drop_null().to_numpy(), said.column(COUNT).drop_null().to_numpy(),
-                           len(query.scores)).astype(np.int64)
-    else:
-        better = np.unique(said.column(SCORE).drop_null().to_numpy())
-        places = np.array([sortable_score(store, s) for s in query.scores], np.uint64)
-        if ranked.order.descending:
-            mine = len(better) - np.searchsorted(better, places, side="right")
-        else:
-            mine = np.searchsorted(better, places, side="left")
-    by_player = dict(zip(keys, mine.tolist()))
-    return pa.array([by_player[k] + 1 for k in rows.column(store.key_name).to_pylist()], pa.int64())
+    places = np.array([sortable_score(store, s) for s in query.scores], np.uint64)
+    by_player = dict(zip(keys, _counted_ranks(places, [said], [], ranked).to_pylist()))
+    return pa.array([by_player[k] for k in rows.column(store.key_name).to_pylist()], pa.int64())
 
 
 def _kept_moving(store: StoreDefinition) -> SqlError:
