@@ -228,3 +228,18 @@ def write_with_token(bootstrap: str, defn, items: dict, producer=None) -> Positi
                   partition=partition_for(kb, defn.partitions), on_delivery=done)
     assert p.flush(30) == 0 and not failed, failed
     return Position({defn.topic: offsets})
+
+
+def scrape(node) -> dict[tuple[str, tuple], float]:
+    """GET /metrics from ``node`` (no secret needed), every sample by name and labels."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    resp = _HTTP.request("GET", f"http://{node.endpoint}/metrics")
+    assert resp.status == 200 and resp.headers["Content-Type"].startswith("text/plain")
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(resp.data.decode()) for s in f.samples}
+
+
+def total(samples: dict, name: str, **labels: str) -> float:
+    """The sum of ``name``'s samples whose labels include ``labels``."""
+    return sum(v for (n, ls), v in samples.items() if n == name and set(labels.items()) <= set(ls))

@@ -20,7 +20,7 @@ import urllib3
 from federator.partitioner import partition_for
 from federator.store.layout import window_key
 from tests.integration.changelog_util import produce, register
-from tests.integration.cluster import Cluster, wait_for
+from tests.integration.cluster import Cluster, scrape, total, wait_for
 
 P = 8
 HTTP = urllib3.PoolManager()
@@ -695,21 +695,6 @@ def test_the_sql_command_prints_a_table(sql_cluster) -> None:
     bad = subprocess.run(federator_cmd("sql", "--url", f"http://{cluster.nodes[2].endpoint}", "SELECT * FROM nope"),
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "UNKNOWN_STORE" in bad.stderr
-
-
-def scrape(node) -> dict[tuple[str, tuple], float]:
-    """GET /metrics from ``node`` (no secret needed), every sample by name and labels."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    resp = HTTP.request("GET", f"http://{node.endpoint}/metrics")
-    assert resp.status == 200 and resp.headers["Content-Type"].startswith("text/plain")
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for f in text_string_to_metric_families(resp.data.decode()) for s in f.samples}
-
-
-def total(samples: dict, name: str, **labels: str) -> float:
-    """The sum of ``name``'s samples whose labels include ``labels``."""
-    return sum(v for (n, ls), v in samples.items() if n == name and set(labels.items()) <= set(ls))
 
 
 def test_metrics_count_queries_by_kind_and_outcome_and_show_the_partitions(sql_cluster) -> None:

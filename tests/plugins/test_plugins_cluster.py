@@ -22,7 +22,7 @@ from federator import kafka
 from federator.partitioner import partition_for
 from federator.query.position import Position
 from tests.integration.changelog_util import produce, read_partition, register
-from tests.integration.cluster import Cluster, NodeProcess, wait_for
+from tests.integration.cluster import Cluster, NodeProcess, scrape, total, wait_for
 
 HTTP = urllib3.PoolManager()
 EXAMPLE_PLUGIN = Path(__file__).resolve().parents[2] / "docs" / "example-plugin"
@@ -150,6 +150,32 @@ def test_rank_of_one_player_and_its_plan(plugin_cluster) -> None:
     assert places[0][2] == str(home)
     assert sorted(int(p) for r in listed for p in r[2].split(",")) == [p for p in range(P) if p != home]
     assert len(rows) == len(places) + len(listed)
+
+
+def test_a_rank_asked_again_calls_the_players_partition_alone(plugin_cluster) -> None:
+    """The node asked keeps the other partitions' scores while they have not moved: once its
+    positions watches say so, a rank calls another node only when that node owns the player's
+    partition, one call a rank, and every answer is still DuckDB's. (Each round ranks players
+    not ranked before, whose whole answers no node has kept.)"""
+    c, db, scores, *_ = plugin_cluster
+    node = c.nodes[0]
+    owners = c.active_map("lb", via=node)
+    text = "SELECT player, score, RANK() OVER (ORDER BY score DESC) AS r FROM lb QUALIFY player = ?"
+    rounds = iter([sorted(scores)[i:i + 6] for i in range(200, 300, 6)])  # players no other test asks
+
+    def calls_as_kept() -> bool:
+        players = next(rounds, None)
+        if players is None:  # every round called more: the scores were not kept
+            return False
+        before = scrape(node)
+        for p in players:
+            assert sql(node, text, [p])["rows"] == duck(db, text, [p]), p
+        calls = total(scrape(node), "federator_internal_calls_total", call="query") \
+            - total(before, "federator_internal_calls_total", call="query")
+        return calls == sum(owners[partition_for(p.encode(), P)] != node.node_id for p in players)
+
+    wait_for(calls_as_kept, 20, "ranks that call the player's partition's owner alone")
+    assert calls_as_kept() and calls_as_kept()
 
 
 RANKS = [  # every shape the leaderboard's rank rule answers, in one direction or the other
