@@ -16,7 +16,7 @@ import sys
 import unicodedata
 from typing import Any, BinaryIO, Sequence, TextIO
 
-from federator.http.formats import failure_at_end
+from federator.http.failure_marks import failure_at_end
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 NUMERIC_TYPES = ("TINYINT", "SMALLINT", "INTEGER", "BIGINT", "UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT",

@@ -35,7 +35,6 @@ takes a short result for a whole one.
 from __future__ import annotations
 
 import base64
-import csv
 import datetime as _dt
 import io
 import json
@@ -46,12 +45,14 @@ from collections import OrderedDict
 from decimal import Decimal
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
+import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 import pyarrow.ipc as pa_ipc
 
 from federator.errors import SqlError, as_error
+from federator.http.failure_marks import ARROW_ERROR_MESSAGE, CSV_ERROR_FIELD
 from federator.memo import by_identity
 from federator.settings import JSON_ROWS, JSON_ROWS_MAX_CHARS
 from federator.sql.types import _is, sql_type_name
@@ -78,13 +79,21 @@ _UTC = _dt.timezone.utc
 _UNIT_DIGITS = {"s": 0, "ms": 3, "us": 6, "ns": 9}
 _UNIT_PER_SECOND = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}
 
-# One encoder for everything: compact, UTF-8 text (smaller than \u escapes), and
-# allow_nan=False so a stray NaN fails loudly instead of writing invalid JSON.
-# check_circular=False: values come from to_pylist and cannot be cyclic, and skipping the
-# check saves ~20% per row.
+# JSON is written by orjson, in C: compact UTF-8, floats in shortest round-trip form, and what
+# it cannot take through ``jsonable``, as the json module writes it; datetimes and dataclasses
+# go there too (orjson would write them its own way), and a NaN that reached it would be null.
+# What it refuses (an int past 64 bits, a map's non-string keys) the json module writes.
+_ORJSON_OPTIONS = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
 _encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False, check_circular=False,
                             default=lambda o: jsonable(o))
-_encode = _encoder.encode
+
+
+def _encode(value: Any) -> str:
+    try:
+        return orjson.dumps(value, default=jsonable, option=_ORJSON_OPTIONS).decode()
+    except TypeError:  # orjson.JSONEncodeError
+        return _encoder.encode(value)
+
 
 Converter = Callable[[pa.Array], list]
 
@@ -423,27 +432,10 @@ def _csv_column(field: pa.Field, col: pa.Array, conv: Converter) -> pa.Array:
     return pa.array(conv(col), pa.string())  # timestamps, binary
 
 
-CSV_ERROR_FIELD = b'"federator_error",'
-# An IPC message whose 8 metadata bytes are no valid flatbuffer: every Arrow reader stops on it.
-ARROW_ERROR_MESSAGE = b"\xff\xff\xff\xff\x08\x00\x00\x00FEDERROR"
-
-
 def csv_error_line(e: BaseException, columns: int) -> bytes:
     err = error_body(e)["error"]
     text = f"{err['code']}: {err['message']}".replace('"', '""')
     return CSV_ERROR_FIELD + f'"{text}"'.encode() + b"," * (columns - 1) + b"\n"
-
-
-def failure_at_end(fmt: str, tail: bytes) -> str | None:
-    """What went wrong, when a streamed CSV or Arrow body ends with the error marker above."""
-    if fmt == "csv":
-        line = tail.rstrip(b"\n").rpartition(b"\n")[2]
-        if line.startswith(CSV_ERROR_FIELD):
-            fields = next(csv.reader([line.decode("utf-8", "replace")]))
-            return fields[1] if len(fields) > 1 else "the answer failed after it had started"
-    if fmt == "arrow" and tail.endswith(ARROW_ERROR_MESSAGE):
-        return "the answer failed after it had started; ask again (the server log says why)"
-    return None
 
 
 def csv_chunks(schema: pa.Schema, batches: Iterable[pa.RecordBatch]) -> Iterator[bytes]:

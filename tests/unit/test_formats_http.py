@@ -57,6 +57,18 @@ def test_integers_stay_exact_at_the_extremes() -> None:
     assert b"[9223372036854775807]" in text  # a number, not a string and not a float
 
 
+def test_values_past_64_bits_and_maps_keep_their_exact_text() -> None:
+    # an integer SUM is DuckDB's HUGEINT (decimal, scale 0): past 64 bits its JSON writer
+    # (orjson) refuses it, and the json module writes it, the same number
+    huge = 2**70 + 1
+    assert rows_both_paths(pa.array([Decimal(huge), Decimal(-huge), None], pa.decimal128(38, 0))) == [huge, -huge, None]
+    schema = pa.schema([("c", pa.decimal128(38, 0))])
+    text = b"".join(json_chunks(schema, [pa.record_batch([pa.array([Decimal(huge)], schema[0].type)], schema=schema)],
+                                trailer))
+    assert f"[[{huge}]]".encode() in text
+    assert rows_both_paths(pa.array([[(1, 2.5), (2, None)]], pa.map_(pa.int64(), pa.float64()))) == [[[1, 2.5], [2, None]]]
+
+
 def test_floats_nan_and_infinity_become_null() -> None:
     vals = rows_both_paths(pa.array([1.5, float("nan"), float("inf"), float("-inf"), None, -0.0, 1e300]))
     assert vals == [1.5, None, None, None, None, -0.0, 1e300]
@@ -355,7 +367,8 @@ def test_a_failure_mid_stream_leaves_csv_and_arrow_no_reader_accepts() -> None:
     import pyarrow.csv as pa_csv
     import pyarrow.ipc as pa_ipc
 
-    from federator.http.formats import arrow_chunks, csv_chunks, failure_at_end
+    from federator.http.failure_marks import failure_at_end
+    from federator.http.formats import arrow_chunks, csv_chunks
     from federator.errors import SqlError
 
     schema = pa.schema([("a", pa.int64()), ("b", pa.string())])

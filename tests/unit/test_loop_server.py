@@ -19,7 +19,7 @@ import pytest
 
 from federator.auth import Users, Verifier
 from federator.http import create_app, sql_routes
-from federator.http.formats import failure_at_end
+from federator.http.failure_marks import failure_at_end
 from federator.http.loop_answers import LoopAnswers
 from federator.http.loop_server import LoopServer
 from federator.metrics import Metrics
