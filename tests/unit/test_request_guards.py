@@ -173,6 +173,23 @@ def test_invalid_utf8_is_a_400_that_says_so() -> None:
     assert status == 400 and "0xff" in out["error"]["message"] and "UTF-8" in out["error"]["message"]
 
 
+def test_parameters_read_from_the_body_keep_their_exact_values() -> None:
+    # the body is read in C (orjson) unless it holds a number it would not keep exact (an int past
+    # 64 bits) or a value only the json module takes (NaN): then as the json module reads it
+    huge, node = 2**70 + 3, Node()
+    for body, expected in ((b'{"sql": "SELECT ?", "parameters": [%d, -%d]}' % (huge, huge), [huge, -huge]),
+                           (b'{"sql": "SELECT ?", "parameters": [18446744073709551615, 0.1, "\u00e9"]}',
+                            [2**64 - 1, 0.1, "\u00e9"]),
+                           (b'{"sql": "SELECT ?", "parameters": [1e400, 2]}', [float("inf"), 2])):
+        assert answer(body, node)[0] == 200
+        got = node.requests[-1].parameters
+        assert got == expected and list(map(type, got)) == list(map(type, expected)), body
+    assert answer(b'{"sql": "SELECT ?", "parameters": [NaN]}', node)[0] == 200
+    assert node.requests[-1].parameters[0] != node.requests[-1].parameters[0]  # NaN, as the json module reads it
+    status, out = answer(b'{"sql": "SELECT 1",}')
+    assert status == 400 and "not valid JSON: Expecting property name enclosed in double quotes" in out["error"]["message"]
+
+
 def test_a_body_over_the_cap_is_refused_unread() -> None:
     status, out = answer(b"{}", CONTENT_LENGTH=str(MAX_BODY_BYTES + 1))
     assert status == 413 and out["error"]["code"] == "REQUEST_TOO_LARGE"
