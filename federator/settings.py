@@ -211,7 +211,7 @@ POINT_PLANS = 4096  # SQL texts the engine knows to be (or not be) a point looku
 STATEMENT_PLANS = 1024  # statements' plans by text and parameters; past it all are forgotten
 PLAN_TEMPLATES = 256  # plans by text and parameter types, to bind other parameters into
 JSON_ROWS = 64  # answers given again whose JSON rows are kept, so they are not encoded again
-JSON_ROWS_MAX_CHARS = 64 * 1024  # the longest such JSON kept
+JSON_ROWS_MAX_BYTES = 64 * 1024  # the largest such JSON kept (UTF-8)
 
 
 @dataclass(frozen=True)
@@ -244,7 +244,7 @@ CACHES: tuple[Cache, ...] = (
     Cache("point plans", "whether a statement's text is a point lookup, and its plan", f"{POINT_PLANS} texts, then "
           "all forgotten", "federator.sql.engine"),
     Cache("JSON rows", "the JSON rows of answers given again, so a repeated answer is not encoded again",
-          f"{JSON_ROWS} answers of at most {JSON_ROWS_MAX_CHARS >> 10}K characters", "federator.http.formats"),
+          f"{JSON_ROWS} answers of at most {JSON_ROWS_MAX_BYTES >> 10} KiB", "federator.http.formats"),
 )
 
 

@@ -54,7 +54,7 @@ import pyarrow.ipc as pa_ipc
 from federator.errors import SqlError, as_error
 from federator.http.failure_marks import ARROW_ERROR_MESSAGE, CSV_ERROR_FIELD
 from federator.memo import by_identity
-from federator.settings import JSON_ROWS, JSON_ROWS_MAX_CHARS
+from federator.settings import JSON_ROWS, JSON_ROWS_MAX_BYTES
 from federator.sql.types import _is, sql_type_name
 
 log = logging.getLogger(__name__)
@@ -88,11 +88,12 @@ _encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan
                             default=lambda o: jsonable(o))
 
 
-def _encode(value: Any) -> str:
+def _encode(value: Any) -> bytes:
+    """``value`` as JSON in UTF-8, as the body takes it (not made text and encoded again)."""
     try:
-        return orjson.dumps(value, default=jsonable, option=_ORJSON_OPTIONS).decode()
+        return orjson.dumps(value, default=jsonable, option=_ORJSON_OPTIONS)
     except TypeError:  # orjson.JSONEncodeError
-        return _encoder.encode(value)
+        return _encoder.encode(value).encode()
 
 
 Converter = Callable[[pa.Array], list]
@@ -315,7 +316,7 @@ def json_rows_body(schema: pa.Schema, rows: list[tuple], trailer: Mapping[str, A
         return None
     out = [[conv(v) for conv, v in zip(converters, row)] for row in rows]
     body = _encode({"rows": out, **trailer})
-    return ('{"columns":' + _layout(schema)[1] + "," + body[1:]).encode()
+    return b'{"columns":' + _layout(schema)[1] + b"," + body[1:]
 
 
 def json_object_body(schema: pa.Schema, row: tuple) -> bytes | None:
@@ -324,19 +325,19 @@ def json_object_body(schema: pa.Schema, row: tuple) -> bytes | None:
     converters = _row_layout(schema)
     if converters is None:
         return None
-    return _encode({f.name: conv(v) for f, conv, v in zip(schema, converters, row)}).encode()
+    return _encode({f.name: conv(v) for f, conv, v in zip(schema, converters, row)})
 
 
 def json_object_from_arrow(batch: pa.RecordBatch) -> bytes:
     """The first row of ``batch`` as a JSON object, written as ``json_chunks`` writes a row."""
     converters = _layout(batch.schema)[0]
     first = batch.slice(0, 1)
-    return _encode({f.name: conv(col)[0] for f, conv, col in zip(batch.schema, converters, first.columns)}).encode()
+    return _encode({f.name: conv(col)[0] for f, conv, col in zip(batch.schema, converters, first.columns)})
 
 
 @by_identity
-def _layout(schema: pa.Schema) -> tuple[list[Converter], str]:
-    """Converters and the JSON "columns" text per schema; made once, because building them
+def _layout(schema: pa.Schema) -> tuple[list[Converter], bytes]:
+    """Converters and the JSON "columns" array per schema; made once, because building them
     costs as much as the rest of a one-row answer."""
     columns = [{"name": f.name, "type": sql_type_name(f.type)} for f in schema]
     return [converter_for(f.type) for f in schema], _encode(columns)
@@ -349,11 +350,11 @@ def _columns(batch: pa.RecordBatch, converters: list[Converter]) -> list[list]:
 # The JSON rows of kept answers' batches (the engine gives the same batch objects again while
 # the answer is unchanged): a repeated leaderboard or dashboard statement then costs no encoding.
 # Each entry holds its batch, so the id names it while remembered.
-_ROWS_JSON: OrderedDict[int, tuple[pa.RecordBatch, str]] = OrderedDict()
+_ROWS_JSON: OrderedDict[int, tuple[pa.RecordBatch, bytes]] = OrderedDict()
 _ROWS_JSON_LOCK = threading.Lock()
 
 
-def _rows_json(batch: pa.RecordBatch, converters: list[Converter], remember: bool) -> str:
+def _rows_json(batch: pa.RecordBatch, converters: list[Converter], remember: bool) -> bytes:
     """``batch``'s rows as a JSON list: one encode call, the C encoder doing every row tuple."""
     if remember:
         with _ROWS_JSON_LOCK:
@@ -361,7 +362,7 @@ def _rows_json(batch: pa.RecordBatch, converters: list[Converter], remember: boo
         if hit is not None and hit[0] is batch:
             return hit[1]
     rows = _encode(list(zip(*_columns(batch, converters))))
-    if remember and len(rows) <= JSON_ROWS_MAX_CHARS:
+    if remember and len(rows) <= JSON_ROWS_MAX_BYTES:
         with _ROWS_JSON_LOCK:
             _ROWS_JSON[id(batch)] = (batch, rows)
             while len(_ROWS_JSON) > JSON_ROWS:
@@ -386,19 +387,19 @@ def json_chunks(schema: pa.Schema, batches: Iterable[pa.RecordBatch], trailer: C
     while unchanged: their rows' JSON is remembered (``_rows_json``).
     """
     converters, columns = _layout(schema)
-    yield ('{"columns":' + columns + ',"rows":[').encode()
-    sep = ""
+    yield b'{"columns":' + columns + b',"rows":['
+    sep = b""
     try:
         for batch in batches:
             if batch.num_rows:
                 rows = _rows_json(batch, converters, kept)
-                yield (sep + rows[1:-1]).encode()
-                sep = ","
+                yield sep + rows[1:-1]
+                sep = b","
         tail = _encode(dict(trailer()))
     except Exception as e:  # the status is sent already: say so in the body (see module doc)
         log.warning("SQL result failed while streaming JSON: %s", e, exc_info=not isinstance(e, SqlError))
         tail = _encode(error_body(e))
-    yield ("]," + tail[1:] if tail != "{}" else "]}").encode()
+    yield b"]," + tail[1:] if tail != b"{}" else b"]}"
 
 
 def ndjson_chunks(schema: pa.Schema, batches: Iterable[pa.RecordBatch]) -> Iterator[bytes]:
@@ -409,11 +410,11 @@ def ndjson_chunks(schema: pa.Schema, batches: Iterable[pa.RecordBatch]) -> Itera
         for batch in batches:
             if batch.num_rows:
                 lines = [_encode(dict(zip(names, row))) for row in zip(*_columns(batch, converters))]
-                lines.append("")
-                yield "\n".join(lines).encode()
+                lines.append(b"")
+                yield b"\n".join(lines)
     except Exception as e:
         log.warning("SQL result failed while streaming NDJSON: %s", e, exc_info=not isinstance(e, SqlError))
-        yield (_encode(error_body(e)) + "\n").encode()
+        yield _encode(error_body(e)) + b"\n"
 
 
 def _csv_column(field: pa.Field, col: pa.Array, conv: Converter) -> pa.Array:
@@ -428,7 +429,7 @@ def _csv_column(field: pa.Field, col: pa.Array, conv: Converter) -> pa.Array:
     if conv is _plain or conv is _as_text or pa.types.is_date(t):
         return col  # Arrow writes these exactly as JSON does
     if conv is _nested:
-        return pa.array([None if v is None else (v if isinstance(v, str) else _encode(v)) for v in conv(col)], pa.string())
+        return pa.array([None if v is None else (v if isinstance(v, str) else _encode(v).decode()) for v in conv(col)], pa.string())
     return pa.array(conv(col), pa.string())  # timestamps, binary
 
 

@@ -69,7 +69,7 @@ def _side_by_side(write: Callable[[], object], each: int = 1) -> tuple[float, fl
 def _json_module() -> Iterator[None]:
     """The same path with the json module's encoder in place of orjson: the baseline."""
     node_writer = formats._encode
-    formats._encode = formats._encoder.encode
+    formats._encode = lambda value: formats._encoder.encode(value).encode()
     try:
         yield
     finally:
