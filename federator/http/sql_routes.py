@@ -9,7 +9,6 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-import re
 import reprlib
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Callable, Coroutine, Iterator, Protocol
@@ -151,9 +150,16 @@ def _drain(stream: Any, length: int) -> None:
         left -= len(chunk)
 
 
-# orjson reads an integer past 64 bits as a float: a body with a number of 19 digits or more
-# is read by the json module, exactly
-_LONG_NUMBER = re.compile(rb"[0-9]{19}")
+def _holds_float(value: Any) -> bool:
+    """Whether a decoded JSON value holds a float anywhere: orjson reads an integer past 64
+    bits as one, so a body that does is read again by the json module, exactly (looking over
+    the few decoded values costs less than scanning the body's bytes for long numbers)."""
+    kind = type(value)
+    if kind is float:
+        return True
+    if kind is dict:
+        return any(map(_holds_float, value.values()))
+    return kind is list and any(map(_holds_float, value))
 
 
 def _read_body(environ: dict[str, Any], limits: Limits = DEFAULT_LIMITS) -> Any:
@@ -172,11 +178,13 @@ def _read_body(environ: dict[str, Any], limits: Limits = DEFAULT_LIMITS) -> Any:
             raise limits.body_too_large(f"more than {cap:,}")
     if not raw:
         raise SqlError("INVALID_PARAMETER", 'the request body is empty; send a JSON object like {"sql": "SELECT ..."}')
-    if raw[:1] == b"{" and not _LONG_NUMBER.search(raw):
+    if raw[:1] == b"{":
         try:  # an object in UTF-8, as nearly every client sends: read in C
-            return orjson.loads(raw)
+            body = orjson.loads(raw)
         except orjson.JSONDecodeError:
-            pass  # the json module accepts more (NaN) and says what is wrong as it always has
+            body = None  # the json module accepts more (NaN) and says what is wrong as it always has
+        if body is not None and not _holds_float(body):
+            return body
     try:
         # an object in UTF-8 skips json's guess at the encoding
         return json.loads(raw.decode() if raw[:1] == b"{" and raw[1:2] != b"\x00" else raw)
