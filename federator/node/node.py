@@ -45,7 +45,7 @@ from federator.owner import keyjoin
 from federator.owner.duck import Duck, DuckConfig
 from federator.owner.keyjoin import LEFT, RIGHT
 from federator.owner.work import followed_answer, owners_sql
-from federator.store.layer import LocalKeyQuery, StoredEntry
+from federator.store.layer import UNBOUNDED, LocalKeyQuery, StoredEntry
 from federator.store.together import answer_together, together_refused, unchanged_since
 from federator.store.types import TogetherHandler
 from federator.store.metered import Meter, count
@@ -697,6 +697,26 @@ class Node:
             owners_sql(self.duck, sql, [(answered[i], shard) for i, shard in run.owned], self.scan_cache)
         return answered
 
+    def read_together(self, store: str, query: Query, require_active: bool) -> QueryResult | None:
+        """A global store's ``query`` answered by its store type from this node's copies of
+        every partition at once: the result holds the rows and the Position it read of each.
+        None when the store is not global here, its type does not answer ``query`` so, or a
+        copy may not answer now (``execute`` then says why)."""
+        defn = self.stores.get(store)
+        handler = defn.store_type.together_handlers.get(type(query)) if defn is not None and defn.is_global else None
+        shards = self._serving_copies(defn, require_active) if handler is not None else None
+        if shards is None:
+            return None
+        results = self._read_shards_together(defn, shards, query, UNBOUNDED, handler)
+        return results[0] if results[0].ok else None
+
+    def _read_shards_together(self, defn: StoreDefinition, shards: list[Any], query: Query, bound: PositionBound,
+                              handler: TogetherHandler) -> list[QueryResult]:
+        started = time.perf_counter_ns()
+        results = answer_together(shards, query, bound, handler, self.together_reads[defn.name])
+        count(self.meter.table(defn.name, 0), query, results[0], time.perf_counter_ns() - started)
+        return results
+
     def _answer_together(self, request: StateQueryRequest, defn: StoreDefinition, partitions: list[int],
                          handler: TogetherHandler) -> list[QueryResult]:
         """A global store's query answered from all of its partitions here at once."""
@@ -712,9 +732,7 @@ class Node:
             if refused:
                 return refused + [together_refused(hs.shard.partition, refused[0]) for hs, r in copies if r is None]
             shards = [hs.shard.base for hs, _ in copies]  # each became current since: the next epoch's
-        started = time.perf_counter_ns()
-        results = answer_together(shards, request.query, request.bound, handler, self.together_reads[defn.name])
-        count(self.meter.table(defn.name, partitions[0]), request.query, results[0], time.perf_counter_ns() - started)
+        results = self._read_shards_together(defn, shards, request.query, request.bound, handler)
         if request.work is not None:  # only columns to keep (_together_handler)
             results = [_project(list(request.work.columns), r) if r.ok else r for r in results]
         return results

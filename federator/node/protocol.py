@@ -82,6 +82,11 @@ class ServingNode(Protocol):
         """This node's answers to a per-partition query over partitions it hosts."""
         ...
 
+    def read_together(self, store: str, query: Query, require_active: bool) -> QueryResult | None:
+        """A global store's ``query`` answered from this node's copies of every partition at
+        once (its rows, and the Position read of each); None when it cannot be so now."""
+        ...
+
     def read_local(self, store: str, partition: int, key: bytes, bound: PositionBound) -> StoredEntry | None:
         """A key's stored entry from this node's active, current copy; None when it cannot serve it so."""
         ...

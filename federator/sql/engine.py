@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import functools
-import itertools
-import operator
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -29,6 +27,7 @@ from federator.query.position import Position, PositionBound
 from federator.query.queries import KeyQuery, UnknownQueryType
 from federator.query.rows import Rows
 from federator.route.read_options import ReadOptions
+from federator.route.router import local_refusals
 from federator.settings import PLAN_TEMPLATES, POINT_PLANS, STATEMENT_PLANS
 from federator.sql import writeback
 from federator.sql.answers import (AT_ONCE_ROWS, Answer, Relation, answer_of, answer_stats, as_arrow, check_deadline,
@@ -45,8 +44,6 @@ from federator.sql.pushdown import is_volatile
 from federator.sql.result import SqlRequest, SqlResult
 from federator.store.layer import UNBOUNDED, StoredEntry
 
-_POSITION, _BATCH = operator.attrgetter("position"), operator.attrgetter("batch")
-_IS_SOME = functools.partial(operator.is_not, None)
 
 
 def _plan_key(req: SqlRequest) -> tuple | None:
@@ -237,55 +234,48 @@ class SqlEngine:
         plan_key = plan_key or _plan_key(req)
         if req.consistency_token or plan_key is None:
             return None
-        # kept only for a SELECT that planned (not for EXPLAIN): no parse, so no error, here
-        plan = self._kept_plan(req, plan_key, _small_and_together)
-        if plan is None:
-            return None
         try:
-            if plan.origin is not None and len(plan.refs) == 1:  # rebound: its answer is not kept (_watched)
-                return self._counted(functools.partial(self._together_now, req, plan))
-            return self.execute(req, plan, at_once=True)
+            # kept only for a SELECT that planned (not for EXPLAIN): no parse, so no error, here
+            plan = self._kept_plan(req, plan_key, _small_and_together, rebound=False)
+            if plan is not None:
+                return self.execute(req, plan, at_once=True)
+            # the text asked with other values (a rank of any player): its rule read with these
+            template = self._template(req)
+            if template is None or not _small_and_together(template):
+                return None
+            return self._counted(functools.partial(self._together_now, req, template))
         except NotNow:  # a copy must catch up first: asked again where that may be waited for
             return None
 
-    def _together_now(self, req: SqlRequest, plan: QueryPlan, started: float, track: list[Any]) -> SqlResult:
-        """``execute``'s answer to ``plan``, rebound to the statement's values, over one global
-        store (``_small_and_together``), read straight from this node's copies: none of the
-        general path's routing, watching and keeping, which such a read has no use for (a
-        rank of one of many players is not kept: ``_watched``), and which cost more than the
-        read. NotNow when a copy may not answer now, or the answer needs more (DuckDB, a
-        rule's later round)."""
-        track[0] = plan_kind(plan)
-        (ref,) = plan.refs
+    def _together_now(self, req: SqlRequest, template: QueryPlan, started: float, track: list[Any]) -> SqlResult:
+        """``execute``'s answer to ``template`` (its text's plan) with the statement's values,
+        over one global store (``_small_and_together``): its rule's plan for the values, read
+        straight from this node's copies. None of the general path's planning, routing,
+        watching and keeping, which such a read has no use for (a rank of one of many players
+        is not kept: ``_watched``), and which cost more than the read. NotNow when the rule
+        plans these values otherwise, a copy may not answer now, or the answer needs more
+        (DuckDB, a rule's later round)."""
+        track[0] = plan_kind(template)
+        (ref,) = template.refs
+        assert ref.rebind is not None, "a template's rule rebinds (_template)"
+        ruled = ref.rebind([literal(p, i) for i, p in enumerate(req.parameters)])
+        if ruled is None or ruled.combine is None:
+            raise NotNow("the rule plans these values otherwise", [])
         defn = ref.store
-        options = ReadOptions(PositionBound.unbounded(), req.allow_stale, req.max_lag,
-                              time.monotonic() + req.timeout_ms / 1000, at_once=True)
-        read: list[Position] = []
-
-        def gather(subqueries: list[SubQuery], work: OwnerWork | None = None, keep: bool = False,
-                   after: Position | None = None) -> Gathered:
-            if after is not None and not after.is_empty():  # a later round's bound, which may need a wait
-                raise NotNow("a rule's later round over a global store", [])
-            answers = self.dispatcher.read_here(defn.name, subqueries, work, options, range(defn.partitions))
-            if answers is None:
-                raise NotNow("a copy cannot answer now", [])
-            # a result a partition, most with neither rows nor a position (together_reads): sifted in C
-            results = list(itertools.chain.from_iterable(answers))
-            read.append(Position().merge_all(filter(_IS_SOME, map(_POSITION, results))))
-            return Gathered(batches=list(filter(_IS_SOME, map(_BATCH, results))), position=read[-1])
-
-        if ref.combine is not None:
-            rows = ref.combine(_RuleFetch(gather, keeps=False))
-        else:
-            rows = relation_of(ref, gather(ref.subqueries, replace(ref.work, join=ref.joined, key_join=ref.key_join)).batches)
-        check_deadline(options.deadline, "reading the partitions")
+        deadline = time.monotonic() + req.timeout_ms / 1000
+        if req.allow_stale and local_refusals(ReadOptions(UNBOUNDED, True, req.max_lag, deadline), range(defn.partitions),
+                                              functools.partial(self.node.local_lag, defn.name)):
+            raise NotNow("a copy is further behind than max_lag", [])
+        fetch = _TogetherFetch(self.node, defn.name, require_active=not req.allow_stale)
+        rows = ruled.combine(fetch)
+        check_deadline(deadline, "reading the partitions")
         if req.cancel is not None and req.cancel.cancelled:
             raise SqlError("TIMEOUT", "canceling statement due to user request")
         stats = answer_stats(partitions=defn.partitions, nodes=1)
-        table = finished_without_duck(plan, rows, stats)
+        table = finished_without_duck(template, rows, stats)
         if table is None:
             raise NotNow("DuckDB finishes the answer", [])
-        return finished(table, read[0], stats, started)
+        return finished(table, fetch.position or Position(), stats, started)
 
     def point_now(self, req: SqlRequest) -> SqlResult | RoutedPoint | None:
         """A point query's answer read from this node's own current copy, at once; or, when
@@ -518,26 +508,36 @@ class SqlEngine:
                 _put_bounded(self._templates, text_key, plan, PLAN_TEMPLATES)
         return plan
 
-    def _kept_plan(self, req: SqlRequest, plan_key: tuple,
-                   shaped: Callable[[QueryPlan], bool] | None = None) -> QueryPlan | None:
-        """The plan kept for the statement and its parameters, or its text's plan rebound to
-        them; None when it must be planned, or (``shaped``) when the plan is not of the shape
-        asked for: judged on the text's plan before rebinding it, which changes only values."""
+    def _kept_plan(self, req: SqlRequest, plan_key: tuple, shaped: Callable[[QueryPlan], bool] | None = None,
+                   rebound: bool = True) -> QueryPlan | None:
+        """The plan kept for the statement and its parameters, or (``rebound``) its text's plan
+        rebound to them; None when it must be planned, or (``shaped``) when the plan is not of
+        the shape asked for: judged on the text's plan before rebinding it, which changes only
+        values."""
         stores = self._stores()
         kept = self._plans.get(plan_key)
         if kept is not None and all(stores.get(r.store.name) is r.store for r in kept.refs):
             return kept if shaped is None or shaped(kept) else None
-        if not req.parameters:
+        template = self._template(req) if rebound else None
+        if template is None or (shaped is not None and not shaped(template)):
             return None
-        # the same text with other values: its plan rebound, where only a rule's calls read them
-        template = self._templates.get((req.sql, req.dialect, tuple(map(type, req.parameters))))
-        if template is None or template.rebind is None or (shaped is not None and not shaped(template)) \
-                or not all(stores.get(r.store.name) is r.store for r in template.refs):
-            return None
+        assert template.rebind is not None
         # not kept per value: a rank of random players kept ~500 plans alive, each garbage
         # collection of the young objects walked them (holding the GIL each time), and an older
         # generation's took longer; rebinding costs tens of µs
         return template.rebind(list(req.parameters))
+
+    def _template(self, req: SqlRequest) -> QueryPlan | None:
+        """The plan of the statement's text that other values of its parameters rebind
+        (``QueryPlan.rebind``: where only a rule's calls read them), while the stores it reads
+        are the ones it was planned over; None otherwise."""
+        if not req.parameters:
+            return None
+        template = self._templates.get((req.sql, req.dialect, tuple(map(type, req.parameters))))
+        if template is None or template.rebind is None:
+            return None
+        stores = self._stores()
+        return template if all(stores.get(r.store.name) is r.store for r in template.refs) else None
 
     def _keep_plan(self, plan_key: tuple, plan: QueryPlan) -> None:
         _put_bounded(self._plans, plan_key, plan, STATEMENT_PLANS)  # one entry per distinct SQL text and parameters
@@ -675,6 +675,35 @@ class _RuleFetch:
         self._read = self._read.merge(gathered.position)
         self.refreshed_rows = gathered.refreshed_rows
         return gathered.batches
+
+
+class _TogetherFetch:
+    """A rule's ``fetch`` over one global store on this node (``SqlEngine._together_now``):
+    each subquery answered by the store type from every partition's copy at once, in one
+    round (a later round could read some partition at an older state than the first did;
+    NotNow sends the statement where that is checked)."""
+
+    keeps = False  # nothing is kept for a global store: its read is the whole answer
+    refreshed_rows = 0
+
+    def __init__(self, node: ServingNode, store: str, require_active: bool) -> None:
+        self._node, self._store, self._require_active = node, store, require_active
+        self.position: Position | None = None  # where the round read every partition
+
+    def __call__(self, subqueries: list[SubQuery], keep: bool = False) -> list[pa.RecordBatch]:
+        if self.position is not None:
+            raise NotNow("a rule's later round over a global store", [])
+        batches, read = [], []
+        for sq in subqueries:
+            result = self._node.read_together(self._store, sq.query, self._require_active) \
+                if sq.partitions is None else None
+            if result is None:
+                raise NotNow("a copy cannot answer now", [])
+            read.append(result.position)
+            if result.batch is not None:
+                batches.append(result.batch)
+        self.position = read[0] if len(read) == 1 else Position().merge_all(read)
+        return batches
 
 
 def _at_least(bound: PositionBound, position: Position) -> PositionBound:

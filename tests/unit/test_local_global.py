@@ -92,6 +92,23 @@ def test_a_global_leaderboards_rank_and_top_are_answered_at_once_as_execute_answ
     assert top == rows(engine.execute(SqlRequest(TOP))) and len(top) == 5
 
 
+def test_a_rank_answered_at_once_is_counted_as_the_stores_query_as_execute_counts_it(cluster) -> None:
+    engine, node = cluster.engine(), cluster.nodes["me"]
+    engine.execute(SqlRequest(RANK, ["p001"]))
+
+    def ranks_read() -> dict:
+        return node.meter.stats()["board"]["PlayerRanksQuery"]
+
+    before = ranks_read()
+    assert engine.local_global(SqlRequest(RANK, ["p007"])) is not None
+    at_once = ranks_read()
+    engine.execute(SqlRequest(RANK, ["p150"]))
+    executed = ranks_read()
+    # one read of every partition, with the one row it found, each way
+    assert at_once["queries"] - before["queries"] == executed["queries"] - at_once["queries"] == 1
+    assert at_once["rows"] - before["rows"] == executed["rows"] - at_once["rows"] == 1
+
+
 @pytest.mark.parametrize("sql, params, options", [
     (RANK, ["p007"], {"consistency_token": "e30"}),  # a token may have to be waited for
     (RANK.replace("board", "local"), ["p007"], {}),  # a partitioned store: its owners are asked
