@@ -196,11 +196,9 @@ class SqlEngine:
             return None
         started = time.perf_counter()
         plan_key = plan_key or _plan_key(req)
-        plan = self._plans.get(plan_key) if plan_key is not None else None
-        stores = self._stores()
-        # execute takes the point path for a point text, and plans again after a store changed
-        if plan is None or self._points.get(_point_text(req), False) is not None \
-                or any(stores.get(r.store.name) is not r.store for r in plan.refs):
+        plan = self._exact_plan(plan_key) if plan_key is not None else None
+        # execute takes the point path for a point text
+        if plan is None or self._points.get(_point_text(req), False) is not None:
             return None
         stats = answer_stats()
         options = ReadOptions(PositionBound.unbounded(), False, req.max_lag, time.monotonic() + req.timeout_ms / 1000)
@@ -213,6 +211,7 @@ class SqlEngine:
             self._count(plan_kind(plan), "ok", started)
             return result
         return self._streamed(reused[0], plan_kind(plan), reused[1], stats, started)
+
     def answer_now(self, req: SqlRequest) -> SqlResult | RoutedPoint | None:
         """``execute``'s answer, given when nothing in it can wait: a point query this node
         reads from its own copy, or what reads it from the key's owner elsewhere on the event
@@ -236,9 +235,9 @@ class SqlEngine:
             return None
         try:
             # kept only for a SELECT that planned (not for EXPLAIN): no parse, so no error, here
-            plan = self._kept_plan(req, plan_key, _small_and_together, rebound=False)
+            plan = self._exact_plan(plan_key)
             if plan is not None:
-                return self.execute(req, plan, at_once=True)
+                return self.execute(req, plan, at_once=True) if _small_and_together(plan) else None
             # the text asked with other values (a rank of any player): its rule read with these
             template = self._template(req)
             if template is None or not _small_and_together(template):
@@ -508,24 +507,26 @@ class SqlEngine:
                 _put_bounded(self._templates, text_key, plan, PLAN_TEMPLATES)
         return plan
 
-    def _kept_plan(self, req: SqlRequest, plan_key: tuple, shaped: Callable[[QueryPlan], bool] | None = None,
-                   rebound: bool = True) -> QueryPlan | None:
-        """The plan kept for the statement and its parameters, or (``rebound``) its text's plan
-        rebound to them; None when it must be planned, or (``shaped``) when the plan is not of
-        the shape asked for: judged on the text's plan before rebinding it, which changes only
-        values."""
-        stores = self._stores()
-        kept = self._plans.get(plan_key)
-        if kept is not None and all(stores.get(r.store.name) is r.store for r in kept.refs):
-            return kept if shaped is None or shaped(kept) else None
-        template = self._template(req) if rebound else None
-        if template is None or (shaped is not None and not shaped(template)):
+    def _kept_plan(self, req: SqlRequest, plan_key: tuple) -> QueryPlan | None:
+        """The plan kept for the statement and its parameters, or its text's plan rebound to
+        them; None when it must be planned."""
+        kept = self._exact_plan(plan_key)
+        if kept is not None:
+            return kept
+        template = self._template(req)
+        if template is None:
             return None
         assert template.rebind is not None
         # not kept per value: a rank of random players kept ~500 plans alive, each garbage
         # collection of the young objects walked them (holding the GIL each time), and an older
         # generation's took longer; rebinding costs tens of µs
         return template.rebind(list(req.parameters))
+
+    def _exact_plan(self, plan_key: tuple) -> QueryPlan | None:
+        """The plan kept for a statement and its very parameters, while the stores it reads
+        are the ones it was planned over."""
+        kept = self._plans.get(plan_key)
+        return kept if kept is not None and _same_stores(kept, self._stores()) else None
 
     def _template(self, req: SqlRequest) -> QueryPlan | None:
         """The plan of the statement's text that other values of its parameters rebind
@@ -536,8 +537,7 @@ class SqlEngine:
         template = self._templates.get((req.sql, req.dialect, tuple(map(type, req.parameters))))
         if template is None or template.rebind is None:
             return None
-        stores = self._stores()
-        return template if all(stores.get(r.store.name) is r.store for r in template.refs) else None
+        return template if _same_stores(template, self._stores()) else None
 
     def _keep_plan(self, plan_key: tuple, plan: QueryPlan) -> None:
         _put_bounded(self._plans, plan_key, plan, STATEMENT_PLANS)  # one entry per distinct SQL text and parameters
@@ -604,6 +604,12 @@ def _point_key(plan: PointPlan, stmt: Statement, req: SqlRequest) -> tuple[Any, 
         return None
     kb = plan.store.key.serialize(key)
     return key, kb, partition_for(kb, plan.store.partitions)
+
+
+def _same_stores(plan: QueryPlan, stores: dict[str, StoreDefinition]) -> bool:
+    """Whether the stores ``plan`` reads are still the definitions it was planned over (a store
+    defined again is planned again)."""
+    return all(stores.get(r.store.name) is r.store for r in plan.refs)
 
 
 # judged once a plan (a plan is replaced, not changed): every rank of a text asks it of the same template
@@ -695,6 +701,7 @@ class _TogetherFetch:
             raise NotNow("a rule's later round over a global store", [])
         batches, read = [], []
         for sq in subqueries:
+            # a together read is of every partition: a subquery naming some goes the general way
             result = self._node.read_together(self._store, sq.query, self._require_active) \
                 if sq.partitions is None else None
             if result is None:
