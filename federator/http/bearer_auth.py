@@ -39,16 +39,23 @@ class BearerAuth:
     def refusal(self, environ: dict[str, Any]) -> SqlError | None:
         """Why a request may not pass (None: it may; an authenticated user's name is put in
         ``environ`` under USER_KEY). Each failed login is counted once, here."""
-        if not needs_token(environ.get("PATH_INFO", "")):
-            return None
-        token = bearer(environ.get("HTTP_AUTHORIZATION"))
-        if token is None:
-            return SqlError("UNAUTHENTICATED", _NO_TOKEN)
-        login = self.users.login(token, environ.get("REMOTE_ADDR") or "unknown")
-        refused = login.error()
-        if refused is None:
-            environ[USER_KEY] = login.user
+        refused, user = self.check(environ.get("PATH_INFO", ""), environ.get("HTTP_AUTHORIZATION"),
+                                   environ.get("REMOTE_ADDR"))
+        if user is not None:
+            environ[USER_KEY] = user
         return refused
+
+    def check(self, path: str, authorization: str | None, address: str | None) -> tuple[SqlError | None, str | None]:
+        """``refusal`` from the request's path, Authorization header and client address: why it
+        may not pass, or the authenticated user's name (None for both: an open path)."""
+        if not needs_token(path):
+            return None, None
+        token = bearer(authorization)
+        if token is None:
+            return SqlError("UNAUTHENTICATED", _NO_TOKEN), None
+        login = self.users.login(token, address or "unknown")
+        refused = login.error()
+        return refused, login.user if refused is None else None
 
 
 _NO_TOKEN = ("this node needs a bearer token: send 'Authorization: Bearer <token>' (the DB-API driver's "

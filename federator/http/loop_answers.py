@@ -16,13 +16,13 @@ from typing import Any, Callable
 from federator.auth import Users
 from federator.metrics import Metrics
 from federator.errors import SqlError
-from federator.http.bearer_auth import BearerAuth
+from federator.http.bearer_auth import USER_KEY, BearerAuth
 from federator.http.errors import error_response, wsgi_error
 from federator.http.sql_routes import SqlNode, hot_route, lookup_at_once, sql_at_once
-from federator.http.wsgi_bridge import WsgiApp
+from federator.http.wsgi_bridge import Request, WsgiApp
 from federator.sql.limits import limits_of
 
-_AT_ONCE: dict[str | None, Callable[[SqlNode, dict[str, Any]], WsgiApp | Awaitable[WsgiApp | None] | None]] = {
+_AT_ONCE: dict[str | None, Callable[[SqlNode, Request], WsgiApp | Awaitable[WsgiApp | None] | None]] = {
     "sql": sql_at_once, "lookup": lookup_at_once}
 _INTERNAL = "/internal"  # node-to-node calls: the cluster secret guards them, and their bodies are the nodes' own
 
@@ -34,19 +34,22 @@ class LoopAnswers:
         self.metrics: Metrics | None = getattr(node, "metrics", None)  # the node's (a SqlService's)
         self.auth = BearerAuth(_no_app, users) if users is not None else None
 
-    def at_once(self, env: dict[str, Any]) -> WsgiApp | Awaitable[WsgiApp | None] | None:
+    def at_once(self, req: Request) -> WsgiApp | Awaitable[WsgiApp | None] | None:
         """The answer to give on the loop (or what gives it there), or None: the app answers on a thread."""
-        route = hot_route(env)
+        route = hot_route(req.method, req.path)
         answer = _AT_ONCE.get(route)
         if answer is None:
             return None
         assert route is not None
         if self.auth is not None:
-            refused = self.auth.refusal(env)  # each login counted once: here, not again on a thread
+            # each login counted once: here, not again on a thread
+            refused, user = self.auth.check(req.path, req.header(b"authorization"), req.peer)
             if refused is not None:
                 self._count(route, "at_once")
                 return _Refused(refused)
-        got = answer(self.node, env)
+            if user is not None:
+                req.hand_on(USER_KEY, user)
+        got = answer(self.node, req)
         if isinstance(got, Awaitable):
             return self._from_owner(route, got)
         self._count(route, "at_once" if got is not None else "threads")

@@ -25,7 +25,7 @@ import httptools
 from federator.errors import SqlError
 from federator.http.errors import error_response
 from federator.http.sql_routes import DRAIN_MAX
-from federator.http.wsgi_bridge import Request, WsgiApp, answer_in_pool, environ, head, run_whole, split_url
+from federator.http.wsgi_bridge import NOTED, Request, Whole, WsgiApp, answer_in_pool, environ, head, run_whole, split_url
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 class Front(Typing):
     """What the server asks of the node's routes (federator.http.loop_answers)."""
 
-    def at_once(self, env: dict[str, Any]) -> WsgiApp | Awaitable[WsgiApp | None] | None: ...
+    def at_once(self, req: Request) -> WsgiApp | Awaitable[WsgiApp | None] | None: ...
     def body_cap(self, path: str) -> int | None: ...
     def too_large(self, size: str) -> WsgiApp: ...
 
@@ -115,15 +115,19 @@ class HttpProtocol(asyncio.Protocol):
 
     # ---- httptools' callbacks ---------------------------------------------------------------
     def on_message_begin(self) -> None:
-        self.req = Request()
+        self.req = Request(self.peer[0])
 
     def on_url(self, url: bytes) -> None:
         assert self.req is not None
         self.req.url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        assert self.req is not None
-        self.req.headers.append((name, value))
+        req = self.req
+        assert req is not None
+        req.headers.append((name, value))
+        low = name.lower()
+        if low in NOTED:
+            req.note(low, value)
 
     def on_headers_complete(self) -> None:
         req = self.req
@@ -138,11 +142,11 @@ class HttpProtocol(asyncio.Protocol):
             return
         front = self.served.front
         req.cap = front.body_cap(req.path) if front is not None else None
-        length, expect = _length_and_expect(req)
+        length, expect = req.noted.get(b"content-length"), req.noted.get(b"expect")
         if front is not None and req.cap is not None and length is not None and length.isdigit() \
                 and int(length) > req.cap:
             req.refuse(front.too_large(f"{int(length):,}"))
-        if expect == b"100-continue":
+        if expect is not None and expect.lower() == b"100-continue":
             if req.answer is not None:  # refused before its body: answer now, and end the connection
                 req.keep_alive = False
                 self._queue(req)
@@ -189,53 +193,57 @@ class HttpProtocol(asyncio.Protocol):
             if not self.reading and len(self.waiting) < MAX_PIPELINED // 2 and self.transport is not None:
                 self.transport.resume_reading()
                 self.reading = True
-            env = environ(req, self.served.address, self.peer, self.served.scheme)
-            app = req.answer or self._at_once(env)
+            app = req.answer or self._at_once(req)
             if app is None:
-                self._to_pool(req, env)
+                self._to_pool(req)
             elif isinstance(app, Awaitable):  # an answer that waits on the loop (another node's read)
                 self.busy = True
-                self.task = self.served.loop.create_task(self._awaited(req, env, app))
+                self.task = self.served.loop.create_task(self._awaited(req, app))
             else:
-                self._write_whole(req, env, app)
+                self._write_whole(req, app)
         if self.continue_owed and self._idle() and self.req is not None:
             self.continue_owed = False
             self._write(_CONTINUE)
 
-    def _at_once(self, env: dict[str, Any]) -> WsgiApp | Awaitable[WsgiApp | None] | None:
+    def _at_once(self, req: Request) -> WsgiApp | Awaitable[WsgiApp | None] | None:
         front = self.served.front
         if front is None:
             return None
         try:
-            return front.at_once(env)
+            return front.at_once(req)
         except Exception:  # noqa: BLE001 - the pool's answer tells the client; the log keeps why
-            _failed_on_loop(env)
+            _failed_on_loop(req)
             return None
 
-    async def _awaited(self, req: Request, env: dict[str, Any], pending: Awaitable[WsgiApp | None]) -> None:
+    async def _awaited(self, req: Request, pending: Awaitable[WsgiApp | None]) -> None:
         """The answer ``pending`` gives, written when it comes; the pool's when it gives none.
         Cancelled when the client goes away."""
         try:
             app = await pending
         except Exception:  # noqa: BLE001 - as _at_once
-            _failed_on_loop(env)
+            _failed_on_loop(req)
             app = None
         self.task = None
         if app is None:
-            self._to_pool(req, env)
+            self._to_pool(req)
         else:
-            self._write_whole(req, env, app)
+            self._write_whole(req, app)
 
-    def _write_whole(self, req: Request, env: dict[str, Any], app: WsgiApp) -> None:
-        status, headers, data = _whole(app, env)
+    def _write_whole(self, req: Request, app: WsgiApp) -> None:
+        if isinstance(app, Whole):  # made on the loop: no environ, no WSGI call
+            status, headers, data = app.status, app.headers, app.body
+        else:
+            status, headers, data = _whole(app, self._environ(req))
         first = head(req, status, headers, len(data))[0]
         self._write(first if req.method == "HEAD" else first + data)
         self._done(req)
 
-    def _to_pool(self, req: Request, env: dict[str, Any]) -> None:
+    def _to_pool(self, req: Request) -> None:
         self.busy = True
-        env["wsgi.input"].seek(0)  # the loop's attempt may have read the body
-        self.served.pool.submit(answer_in_pool, self, req, env, self.served.app)
+        self.served.pool.submit(answer_in_pool, self, req, self._environ(req), self.served.app)
+
+    def _environ(self, req: Request) -> dict[str, Any]:
+        return environ(req, self.served.address, self.peer, self.served.scheme)
 
     def _done(self, req: Request) -> None:
         if not req.keep_alive or self.served.stopping or (self.unreadable and not self.waiting):
@@ -294,8 +302,8 @@ class HttpProtocol(asyncio.Protocol):
             self.transport.close()
 
 
-def _failed_on_loop(env: dict[str, Any]) -> None:
-    log.exception("the loop's answer to %s %s failed; answering it on a thread", env["REQUEST_METHOD"], env["PATH_INFO"])
+def _failed_on_loop(req: Request) -> None:
+    log.exception("the loop's answer to %s %s failed; answering it on a thread", req.method, req.path)
 
 
 def _whole(app: WsgiApp, env: dict[str, Any]) -> tuple[str, list[tuple[str, str]], bytes]:
@@ -304,16 +312,3 @@ def _whole(app: WsgiApp, env: dict[str, Any]) -> tuple[str, list[tuple[str, str]
     except Exception as e:  # noqa: BLE001 - the JSON 500 the app gives for any other failure
         log.exception("unexpected error answering %s %s", env["REQUEST_METHOD"], env["PATH_INFO"])
         return run_whole(error_response(e), env)
-
-
-def _length_and_expect(req: Request) -> tuple[bytes | None, bytes | None]:
-    """The request's Content-Length and its Expect (lower case), read in one pass over its headers."""
-    length = expect = None
-    for name, value in req.headers:
-        low = name.lower()
-        if low == b"content-length":
-            length = value
-        elif low == b"expect":
-            expect = value.lower()
-    return length, expect
-

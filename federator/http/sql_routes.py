@@ -11,6 +11,7 @@ import json
 import logging
 import reprlib
 from dataclasses import asdict
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any, Callable, Coroutine, Iterator, Protocol
 
 import orjson
@@ -21,6 +22,7 @@ from werkzeug.wsgi import get_input_stream
 
 from federator.http.errors import error_response
 from federator.http.formats import MEDIA_TYPES, body_chunks, choose_format, json_object_body, json_object_from_arrow, json_rows_body, jsonable
+from federator.http.wsgi_bridge import Request, Whole
 from federator.errors import FederatorError, SqlError
 from federator.sql.limits import (DEFAULT_LIMITS, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_TIMEOUT_MS, Limits,
                                   Slot, admit, limits_of)
@@ -158,8 +160,14 @@ def _holds_float(value: Any) -> bool:
     if kind is float:
         return True
     if kind is dict:
-        return any(map(_holds_float, value.values()))
-    return kind is list and any(map(_holds_float, value))
+        value = value.values()
+    elif kind is not list:
+        return False
+    for item in value:  # a call only for what nests: most bodies hold strings
+        held = type(item)
+        if held is float or ((held is dict or held is list) and _holds_float(item)):
+            return True
+    return False
 
 
 def _read_body(environ: dict[str, Any], limits: Limits = DEFAULT_LIMITS) -> Any:
@@ -176,6 +184,11 @@ def _read_body(environ: dict[str, Any], limits: Limits = DEFAULT_LIMITS) -> Any:
         raw = get_input_stream(environ).read(cap + 1)
         if len(raw) > cap:
             raise limits.body_too_large(f"more than {cap:,}")
+    return _decoded(raw)
+
+
+def _decoded(raw: bytes) -> Any:
+    """A request body's JSON; SqlError says what is wrong with it."""
     if not raw:
         raise SqlError("INVALID_PARAMETER", 'the request body is empty; send a JSON object like {"sql": "SELECT ..."}')
     if raw[:1] == b"{":
@@ -235,18 +248,18 @@ def _whole_if_small(chunks: Iterator[bytes]) -> bytes | Iterator[bytes]:
     return b"".join(head)
 
 
-class _JsonBody:
-    """A whole JSON answer as a bare WSGI app: building a Werkzeug Response and running it
-    cost more than the point query it carries."""
+class _JsonBody(Whole):
+    """A whole JSON answer, without a Werkzeug Response: building one and running it cost more
+    than the point query it carries."""
 
-    __slots__ = ("body",)
+    __slots__ = ()
 
     def __init__(self, body: bytes) -> None:
-        self.body = body
+        self.status, self.body = "200 OK", body
+        self.headers = [("Content-Type", _JSON), ("Content-Length", str(len(body)))]
 
-    def __call__(self, environ: dict[str, Any], start_response: Any) -> list[bytes]:
-        start_response("200 OK", [("Content-Type", MEDIA_TYPES["json"]), ("Content-Length", str(len(self.body)))])
-        return [self.body]
+
+_JSON = MEDIA_TYPES["json"]
 
 
 def sql_response(node: SqlNode, environ: dict[str, Any]) -> Response | _JsonBody:
@@ -284,22 +297,34 @@ def sql_response(node: SqlNode, environ: dict[str, Any]) -> Response | _JsonBody
             slot.release()
 
 
-def sql_at_once(node: SqlNode, environ: dict[str, Any]) -> Response | _JsonBody | Coroutine[Any, Any, Any] | None:
+def sql_at_once(node: SqlNode, http: Request) -> Response | _JsonBody | Coroutine[Any, Any, Any] | None:
     """``sql_response``'s answer given on the calling thread's event loop (the loop server's):
     for a JSON query without a consistency token that this node answers at once
     (``answer_now``: a point query it reads from its own copy, a kept answer still current, a
     leaderboard's rank on a global store) while a query slot is free; or what gives it on the
     loop, for a point query whose key another node owns (a RoutedPoint, see ``_from_owner``).
     None for any other request, which ``sql_response`` answers (the same way: the same
-    functions make both answers)."""
+    functions make both answers), from what this read of it (``Request.hand_on``)."""
     now = getattr(node, "answer_now", None)
     if now is None:
         return None
     limits = limits_of(node)
+    if len(http.body) > limits.max_body_bytes:
+        return None  # sql_response gives the error
     try:
-        req, fmt, capped_from = _sql_request(environ, limits)
+        read = _sql_request_of(_decoded(bytes(http.body)), http.header(b"accept"), limits)
     except SqlError:
         return None  # sql_response gives the error
+    got = _sql_now(node, now, read, limits)
+    if got is None or isinstance(got, Awaitable):  # a thread may answer it
+        http.hand_on(_READ, read)
+    return got
+
+
+def _sql_now(node: SqlNode, now: Callable[[SqlRequest], SqlResult | RoutedPoint | None],
+             read: tuple[SqlRequest, str, int | None], limits: Limits) -> Response | _JsonBody | Coroutine[Any, Any, Any] | None:
+    """``sql_at_once``'s answer to the request as read (``_sql_request``)."""
+    req, fmt, capped_from = read
     if fmt != "json" or capped_from is not None:
         return None
     with _slot_now(node) as slot:
@@ -365,16 +390,15 @@ def _sql_request(environ: dict[str, Any], limits: Limits) -> tuple[SqlRequest, s
     loop could not answer at once is answered on a thread from what the loop read."""
     read = environ.get(_READ)
     if read is None:
-        read = environ[_READ] = _read_sql_request(environ, limits)
+        read = environ[_READ] = _sql_request_of(_read_body(environ, limits), environ.get("HTTP_ACCEPT"), limits)
     return read
 
 
-def _read_sql_request(environ: dict[str, Any], limits: Limits) -> tuple[SqlRequest, str, int | None]:
-    body = _read_body(environ, limits)
+def _sql_request_of(body: Any, accept: str | None, limits: Limits) -> tuple[SqlRequest, str, int | None]:
+    """``_sql_request`` from the decoded body and the Accept header."""
     req, requested = sql_request_from_body(body, limits)
     capped_from = timeout_capped(body, req)
     limits.check_sql(req.sql)
-    accept = environ.get("HTTP_ACCEPT")
     # the common headers need no parsing (Werkzeug's Accept matching costs ~50 us a request)
     fmt = choose_format(requested, None if accept in _JSON_ACCEPTS else parse_accept_header(accept, MIMEAccept))
     return req, fmt, capped_from
@@ -438,14 +462,14 @@ def lookup_response(node: SqlNode, name: str, key: str) -> Response | _JsonBody:
             slot.release()
 
 
-def lookup_at_once(node: SqlNode, environ: dict[str, Any]) -> Response | _JsonBody | Coroutine[Any, Any, Any] | None:
+def lookup_at_once(node: SqlNode, http: Request) -> Response | _JsonBody | Coroutine[Any, Any, Any] | None:
     """``lookup_response``'s answer given on the calling thread's event loop (see
     ``sql_at_once``): when this node reads the key from its own copy while a query slot is free,
     or reads it from the key's owner elsewhere on the loop; None otherwise."""
     now = getattr(node, "lookup_now", None)
     if now is None:
         return None
-    name, key = _lookup_names(environ)
+    name, key = _lookup_names(http.path)
     with _slot_now(node) as slot:
         if slot is False:
             return None
@@ -471,16 +495,16 @@ def _lookup_answer(result: SqlResult, name: str, key: str) -> Response | _JsonBo
     return _JsonBody(json_object_from_arrow(batch))
 
 
-def _lookup_names(environ: dict[str, Any]) -> tuple[str, str]:
+def _lookup_names(path: str) -> tuple[str, str]:
     """The store's name and the key of a lookup's path, decoded as Werkzeug decodes a path
     (WSGI gives its bytes as latin-1)."""
-    name, _, key = environ["PATH_INFO"][len(_STORES):].partition(_KEYS)
+    name, _, key = path[len(_STORES):].partition(_KEYS)
     return name.encode("latin-1").decode("utf-8", "replace"), key.encode("latin-1").decode("utf-8", "replace")
 
 
 def _lookup_fast(node: SqlNode, environ: dict[str, Any]) -> Response | _JsonBody:
     try:
-        return lookup_response(node, *_lookup_names(environ))
+        return lookup_response(node, *_lookup_names(environ["PATH_INFO"]))
     except FederatorError as e:
         return error_response(e)
     except Exception as e:  # noqa: BLE001 - the same JSON 500 the app gives for any other route
@@ -503,7 +527,7 @@ class SqlFastPath:
         self.app, self.node = app, node
 
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Any:
-        route = hot_route(environ)
+        route = hot_route(environ.get("REQUEST_METHOD", ""), environ.get("PATH_INFO", ""))
         if route == "sql":
             return sql_response(self.node, environ)(environ, start_response)
         if route == "lookup":
@@ -511,10 +535,8 @@ class SqlFastPath:
         return self.app(environ, start_response)
 
 
-def hot_route(environ: dict[str, Any]) -> str | None:
+def hot_route(method: str, path: str) -> str | None:
     """Which hot route a request is for: "sql" (POST /v1/sql), "lookup" (the REST key lookup), or None."""
-    path = environ.get("PATH_INFO", "")
-    method = environ.get("REQUEST_METHOD")
     if path == "/v1/sql" and method == "POST":
         return "sql"
     if method == "GET" and path.startswith(_STORES) and _is_lookup(path):

@@ -1,6 +1,7 @@
 """A WSGI app's side of the loop server (federator.http.loop_server): the environ of a request
 read on the event loop, the head of its answer, and the answer made on a pool thread and
 handed to the loop as it comes, the producer held back while the connection cannot take more.
+An answer made on the loop itself (a ``Whole``) needs no environ: it is written as it is.
 """
 
 from __future__ import annotations
@@ -22,26 +23,63 @@ WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 # pool thread making it waits: a slow reader holds its producer back instead of filling memory
 IN_FLIGHT_BYTES = 1 << 20
 _HOP_BY_HOP = frozenset({"connection", "transfer-encoding", "keep-alive"})  # the server's to set
+# the headers the loop reads itself (``Request.header``), noted as they are parsed
+NOTED = frozenset({b"content-length", b"expect", b"accept", b"authorization"})
 
 
 class Request:
     """One HTTP request as the loop reads it."""
 
     __slots__ = ("method", "url", "path", "query", "version", "headers", "body", "keep_alive", "answer", "dropped",
-                 "queued", "cap")
+                 "queued", "cap", "peer", "ahead", "noted")
 
-    def __init__(self) -> None:
+    def __init__(self, peer: str = "") -> None:
         self.method, self.url, self.path, self.query, self.version = "GET", b"", "/", "", "1.1"
         self.headers: list[tuple[bytes, bytes]] = []
+        self.noted: dict[bytes, bytes] = {}  # the NOTED headers by lower-case name, repeated ones joined with commas
         self.body = bytearray()
         self.keep_alive = True
         self.answer: WsgiApp | None = None  # set when the server answers it itself (a refusal)
         self.dropped = 0  # body bytes read and dropped after a refusal
         self.queued = False  # waiting for (or given) its answer, before its body was read
         self.cap: int | None = None  # the most body bytes it may have
+        self.peer = peer  # the client's address
+        self.ahead: dict[str, Any] | None = None  # environ entries the loop worked out already, for a thread
 
     def refuse(self, answer: WsgiApp) -> None:
         self.answer, self.body = answer, bytearray()
+
+    def note(self, low: bytes, value: bytes) -> None:
+        """Header ``low`` (one of NOTED, in lower case) as it was sent, once more."""
+        had = self.noted.get(low)
+        self.noted[low] = value if had is None else had + b"," + value
+
+    def header(self, name: bytes) -> str | None:
+        """Header ``name`` (one of NOTED, in lower case) as its environ entry has it: latin-1
+        text, repeated ones joined with commas; None when it was not sent."""
+        assert name in NOTED, f"{name!r} is not noted as it is parsed"
+        value = self.noted.get(name)
+        return None if value is None else value.decode("latin-1")
+
+    def hand_on(self, key: str, value: Any) -> None:
+        """Put ``key`` in the environ the app is given if the request goes to a thread (what the
+        loop read of it, so that it is not read twice)."""
+        if self.ahead is None:
+            self.ahead = {}
+        self.ahead[key] = value
+
+
+class Whole:
+    """An answer made whole in memory: written by the loop as it is, and a WSGI app for a thread."""
+
+    __slots__ = ("status", "headers", "body")
+
+    def __init__(self, status: str, headers: list[tuple[str, str]], body: bytes) -> None:
+        self.status, self.headers, self.body = status, headers, body
+
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        start_response(self.status, self.headers)
+        return [self.body]
 
 
 def environ(req: Request, server: tuple[str, int], peer: tuple[str, int], scheme: str) -> dict[str, Any]:
@@ -58,6 +96,8 @@ def environ(req: Request, server: tuple[str, int], peer: tuple[str, int], scheme
     for raw_name, raw_value in req.headers:
         name, value = _env_name(raw_name), raw_value.decode("latin-1")
         env[name] = f"{env[name]},{value}" if name in env else value
+    if req.ahead:
+        env.update(req.ahead)
     return env
 
 
@@ -73,6 +113,8 @@ def split_url(url: bytes) -> tuple[str, str]:
     ValueError for one that is neither."""
     if url == b"*":  # OPTIONS * asks about the server, not a path
         return "*", ""
+    if url[:1] == b"/" and b"%" not in url and b"?" not in url and b"#" not in url:  # nothing to decode or split
+        return url.decode("latin-1"), ""
     if not url.startswith(b"/"):
         scheme, sep, rest = url.partition(b"://")
         if not sep or scheme.lower() not in (b"http", b"https"):

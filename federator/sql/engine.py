@@ -88,7 +88,7 @@ class SqlEngine:
         # (SQL text, parameters) -> a store query's plan and its pipeline as sent: planning costs
         # more than answering a repeated aggregate over kept scans
         self._plans: dict[tuple, QueryPlan] = {}
-        self._templates: dict[tuple, QueryPlan] = {}  # (text, dialect, parameter types) -> a plan to rebind
+        self._templates: dict[tuple, _Template] = {}  # (text, dialect, parameter types) -> a plan to rebind
         self.duck: Duck = node.duck
         # store references of one statement are fetched side by side (the dispatcher's own pool
         # makes the node calls; a separate pool cannot wait on itself)
@@ -222,6 +222,10 @@ class SqlEngine:
         found = self.point_now(req)
         if found is not None or req.consistency_token:
             return found
+        # a rank of any player: its text's rule read straight from the copies, with no plan to look up
+        template = self._template(req)
+        if template is not None and template.together:
+            return self._together_or_none(req, template.plan)
         plan_key = _plan_key(req)  # once for both
         return None if plan_key is None else self.local_kept(req, plan_key) or self.local_global(req, plan_key)
 
@@ -233,15 +237,22 @@ class SqlEngine:
         plan_key = plan_key or _plan_key(req)
         if req.consistency_token or plan_key is None:
             return None
-        try:
-            # kept only for a SELECT that planned (not for EXPLAIN): no parse, so no error, here
-            plan = self._exact_plan(plan_key)
-            if plan is not None:
-                return self.execute(req, plan, at_once=True) if _small_and_together(plan) else None
-            # the text asked with other values (a rank of any player): its rule read with these
-            template = self._template(req)
-            if template is None or not _small_and_together(template):
+        # kept only for a SELECT that planned (not for EXPLAIN): no parse, so no error, here
+        plan = self._exact_plan(plan_key)
+        if plan is not None:
+            if not _small_and_together(plan):
                 return None
+            try:
+                return self.execute(req, plan, at_once=True)
+            except NotNow:  # a copy must catch up first: asked again where that may be waited for
+                return None
+        # the text asked with other values (a rank of any player): its rule read with these
+        template = self._template(req)
+        return self._together_or_none(req, template.plan) if template is not None and template.together else None
+
+    def _together_or_none(self, req: SqlRequest, template: QueryPlan) -> SqlResult | None:
+        """``_together_now``'s answer, counted; None when it is not to be given now (NotNow)."""
+        try:
             return self._counted(functools.partial(self._together_now, req, template))
         except NotNow:  # a copy must catch up first: asked again where that may be waited for
             return None
@@ -504,7 +515,7 @@ class SqlEngine:
         if plan_key is not None:
             self._keep_plan(plan_key, plan)
             if text_key is not None and plan.rebind is not None:
-                _put_bounded(self._templates, text_key, plan, PLAN_TEMPLATES)
+                _put_bounded(self._templates, text_key, _Template(plan, _small_and_together(plan)), PLAN_TEMPLATES)
         return plan
 
     def _kept_plan(self, req: SqlRequest, plan_key: tuple) -> QueryPlan | None:
@@ -516,11 +527,11 @@ class SqlEngine:
         template = self._template(req)
         if template is None:
             return None
-        assert template.rebind is not None
+        assert template.plan.rebind is not None
         # not kept per value: a rank of random players kept ~500 plans alive, each garbage
         # collection of the young objects walked them (holding the GIL each time), and an older
         # generation's took longer; rebinding costs tens of µs
-        return template.rebind(list(req.parameters))
+        return template.plan.rebind(list(req.parameters))
 
     def _exact_plan(self, plan_key: tuple) -> QueryPlan | None:
         """The plan kept for a statement and its very parameters, while the stores it reads
@@ -528,16 +539,14 @@ class SqlEngine:
         kept = self._plans.get(plan_key)
         return kept if kept is not None and _same_stores(kept, self._stores()) else None
 
-    def _template(self, req: SqlRequest) -> QueryPlan | None:
+    def _template(self, req: SqlRequest) -> _Template | None:
         """The plan of the statement's text that other values of its parameters rebind
         (``QueryPlan.rebind``: where only a rule's calls read them), while the stores it reads
         are the ones it was planned over; None otherwise."""
         if not req.parameters:
             return None
         template = self._templates.get((req.sql, req.dialect, tuple(map(type, req.parameters))))
-        if template is None or template.rebind is None:
-            return None
-        return template if _same_stores(template, self._stores()) else None
+        return template if template is not None and _same_stores(template.plan, self._stores()) else None
 
     def _keep_plan(self, plan_key: tuple, plan: QueryPlan) -> None:
         _put_bounded(self._plans, plan_key, plan, STATEMENT_PLANS)  # one entry per distinct SQL text and parameters
@@ -572,6 +581,16 @@ class SqlEngine:
         batches = gather(ref.subqueries, replace(ref.work, join=ref.joined, key_join=ref.key_join),
                          keep=keeps and ref.keep_answers).batches
         return relation_of(ref, batches)
+
+
+@dataclass(frozen=True)
+class _Template:
+    """A text's plan that other values of its parameters rebind (a plan with ``rebind``), and
+    whether each of its statements is answered at once from this node's copies
+    (``_small_and_together``), judged once as it is kept."""
+
+    plan: QueryPlan
+    together: bool
 
 
 @dataclass(frozen=True)
@@ -612,7 +631,7 @@ def _same_stores(plan: QueryPlan, stores: dict[str, StoreDefinition]) -> bool:
     return all(stores.get(r.store.name) is r.store for r in plan.refs)
 
 
-# judged once a plan (a plan is replaced, not changed): every rank of a text asks it of the same template
+# judged once a plan (a plan is replaced, not changed): every top-10 asked again asks it of the same kept plan
 @functools.partial(by_identity, by_value=False)
 def _small_and_together(plan: QueryPlan) -> bool:
     """Whether ``plan`` reads only global stores, each with queries its store type answers from

@@ -44,8 +44,8 @@ class HelloOnTheLoop:
     def __init__(self, app: Flask) -> None:
         self.app = app
 
-    def at_once(self, env: dict[str, Any]) -> Any:
-        return self.app if env.get("PATH_INFO") == "/hello" else None
+    def at_once(self, req: Any) -> Any:
+        return self.app if req.path == "/hello" else None
 
     def body_cap(self, path: str) -> int | None:
         return None
