@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Protocol
 import pyarrow as pa
 from sqlglot import exp
 
+from federator.plan.keys import NotALiteral, literal_value
+
 if TYPE_CHECKING:
     from federator.catalog.definition import StoreDefinition
     from federator.plan.keys import SubQuery
@@ -89,8 +91,6 @@ def is_plain_column(node: exp.Expression, name: str) -> bool:
 
 def literal(node: exp.Expression) -> Any:
     """The Python value of a literal (parameters are literals by the time rules run); raises ValueError."""
-    from federator.plan.keys import NotALiteral, literal_value
-
     try:
         return literal_value(node, [])
     except NotALiteral:
