@@ -10,8 +10,8 @@ import itertools
 import json
 import logging
 import reprlib
-from dataclasses import asdict
 from collections.abc import Awaitable
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Callable, Coroutine, Iterator, Protocol
 
 import orjson
