@@ -226,8 +226,14 @@ class SqlEngine:
         template = self._template(req)
         if template is not None and template.together:
             return self._together_or_none(req, template.plan)
-        plan_key = _plan_key(req)  # once for both
-        return None if plan_key is None else self.local_kept(req, plan_key) or self.local_global(req, plan_key)
+        plan_key = _plan_key(req)
+        if plan_key is None:
+            return None
+        kept = self.local_kept(req, plan_key)
+        if kept is not None:
+            return kept
+        plan = self._exact_plan(plan_key)
+        return None if plan is None else self._kept_global_now(req, plan)
 
     def local_global(self, req: SqlRequest, plan_key: tuple | None = None) -> SqlResult | None:
         """A statement over this node's global stores whose small answer their store type
@@ -240,15 +246,19 @@ class SqlEngine:
         # kept only for a SELECT that planned (not for EXPLAIN): no parse, so no error, here
         plan = self._exact_plan(plan_key)
         if plan is not None:
-            if not _small_and_together(plan):
-                return None
-            try:
-                return self.execute(req, plan, at_once=True)
-            except NotNow:  # a copy must catch up first: asked again where that may be waited for
-                return None
+            return self._kept_global_now(req, plan)
         # the text asked with other values (a rank of any player): its rule read with these
         template = self._template(req)
         return self._together_or_none(req, template.plan) if template is not None and template.together else None
+
+    def _kept_global_now(self, req: SqlRequest, plan: QueryPlan) -> SqlResult | None:
+        """``local_global``'s answer for the plan kept for the statement and its very values."""
+        if not _small_and_together(plan):
+            return None
+        try:
+            return self.execute(req, plan, at_once=True)
+        except NotNow:  # a copy must catch up first: asked again where that may be waited for
+            return None
 
     def _together_or_none(self, req: SqlRequest, template: QueryPlan) -> SqlResult | None:
         """``_together_now``'s answer, counted; None when it is not to be given now (NotNow)."""
